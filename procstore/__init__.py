@@ -1,0 +1,61 @@
+"""procstore: multi-step procedures whose state survives crashes, on any fsspec store.
+
+The public surface is re-exported here; see `api.md` for the contract.
+"""
+
+from procstore.errors import (
+    DuplicateProcedure,
+    Fenced,
+    LoaderConflict,
+    LockConflict,
+    ManagerNotStarted,
+    ManagerStopped,
+    ProcedureError,
+    ProcedureFailed,
+    RetryLater,
+    StoreError,
+    StoreUnavailable,
+    SubmissionsPaused,
+    TooManyRunningProcedures,
+)
+from procstore.ids import ProcedureId
+from procstore.lock_key import LockKey, LockMode, StringKey
+from procstore.procedure import Context, ContextProvider, Procedure, ProcedureWithId, Status, StatusKind
+from procstore.runtime.manager import ProcedureManager
+from procstore.runtime.watcher import Watcher
+from procstore.state import ProcedureInfo, ProcedureState, ProcedureStateKind
+from procstore.store.procedure_store import LoadProblem
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Context",
+    "ContextProvider",
+    "DuplicateProcedure",
+    "Fenced",
+    "LoadProblem",
+    "LoaderConflict",
+    "LockConflict",
+    "LockKey",
+    "LockMode",
+    "ManagerNotStarted",
+    "ManagerStopped",
+    "Procedure",
+    "ProcedureError",
+    "ProcedureFailed",
+    "ProcedureId",
+    "ProcedureInfo",
+    "ProcedureManager",
+    "ProcedureState",
+    "ProcedureStateKind",
+    "ProcedureWithId",
+    "RetryLater",
+    "Status",
+    "StatusKind",
+    "StoreError",
+    "StoreUnavailable",
+    "SubmissionsPaused",
+    "TooManyRunningProcedures",
+    "Watcher",
+    "__version__",
+]

@@ -1,0 +1,6 @@
+"""`python -m procstore` and the `procstore` command."""
+
+from procstore.cli import main
+
+if __name__ == "__main__":
+    main()

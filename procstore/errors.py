@@ -1,0 +1,140 @@
+"""Every exception procstore raises, in one place.
+
+All derive from `ProcedureError`. Errors about the store name the key (or URL) and say
+what to do next; errors about a procedure name its id.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from procstore.ids import ProcedureId
+    from procstore.state import ProcedureState
+
+
+class ProcedureError(Exception):
+    """Base class of every procstore error."""
+
+
+class RetryLater(ProcedureError):
+    """Raised by `execute()` for a transient failure: the step is retried with backoff.
+
+    After the manager's `max_retry_times` retries of the same step the procedure fails
+    (and rolls back if it supports rollback).
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    @classmethod
+    def from_exc(cls, exc: BaseException) -> RetryLater:
+        """Wrap `exc` as a transient failure, keeping it as `__cause__`."""
+        err = cls(f"{type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        return err
+
+
+class ProcedureFailed(ProcedureError):
+    """Raised by `Watcher.wait()` when the procedure ended without success.
+
+    `error` is the failure's text (all that survives a restart); `cause` is the exception
+    object when the failure happened in this process, else `None`.
+    """
+
+    def __init__(self, procedure_id: ProcedureId, state: ProcedureState) -> None:
+        self.procedure_id = procedure_id
+        self.state = state
+        self.error = state.error or "unknown error"
+        self.cause = state.cause
+        super().__init__(f"procedure {procedure_id} {state.kind.value.lower()}: {self.error}")
+        self.__cause__ = state.cause
+
+
+class DuplicateProcedure(ProcedureError):
+    """`submit()` of an id the manager already knows, or that already has stored steps."""
+
+    def __init__(self, procedure_id: ProcedureId, detail: str = "") -> None:
+        self.procedure_id = procedure_id
+        super().__init__(f"procedure {procedure_id} already exists{detail}")
+
+
+class TooManyRunningProcedures(ProcedureError):
+    """`submit()` while `max_running_procedures` procedures are unfinished."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(
+            f"{limit} procedures are already running (max_running_procedures={limit}); "
+            "wait for some to finish or raise the limit"
+        )
+
+
+class ManagerNotStarted(ProcedureError):
+    """A call that needs a started manager was made before `start()` or after `stop()`."""
+
+    def __init__(self, what: str = "submit") -> None:
+        super().__init__(f"{what}: the procedure manager is not started; call `await manager.start()` first")
+
+
+class ManagerStopped(ProcedureError):
+    """`Watcher.wait()` on a procedure whose manager was stopped before it ended.
+
+    Nothing is lost: the procedure resumes from its last stored step at the next `start()`.
+    """
+
+    def __init__(self, procedure_id: ProcedureId) -> None:
+        self.procedure_id = procedure_id
+        super().__init__(
+            f"procedure {procedure_id}: the manager stopped before it ended; "
+            "it resumes from its last stored step when a manager starts on the same store"
+        )
+
+
+class SubmissionsPaused(ProcedureError):
+    """`submit()` while new submissions are paused (`pause_submissions()`)."""
+
+    def __init__(self) -> None:
+        super().__init__("new submissions are paused; call `resume_submissions()` to accept them again")
+
+
+class LoaderConflict(ProcedureError):
+    """`register_loader()` with a type name that already has a loader."""
+
+    def __init__(self, type_name: str) -> None:
+        self.type_name = type_name
+        super().__init__(f"a loader for procedure type {type_name!r} is already registered")
+
+
+class LockConflict(ProcedureError):
+    """A subprocedure asked for a lock key that conflicts with one its ancestor holds.
+
+    The child would wait forever for a lock its waiting parent holds, so the parent fails
+    instead. Children do not inherit locks: lock a finer key (`table/1/region-0`).
+    """
+
+    def __init__(self, parent_id: ProcedureId, child_id: ProcedureId, keys: list[str]) -> None:
+        self.parent_id = parent_id
+        self.child_id = child_id
+        self.keys = keys
+        super().__init__(
+            f"subprocedure {child_id} wants lock key(s) {keys} that conflict with those held by "
+            f"its ancestor {parent_id}; it would deadlock. Give the child finer keys."
+        )
+
+
+class StoreError(ProcedureError):
+    """A store operation failed. Transient ones are retried; the text names the key."""
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        self.key = key
+        super().__init__(message)
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be used at all: bad URL, missing bucket or directory, no access."""
+
+
+class Fenced(StoreError):
+    """A create-only write found the key already written by someone else."""

@@ -1,0 +1,138 @@
+"""Writing a procedure: `Procedure`, the `Status` its `execute` returns, and its `Context`."""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol, Self
+
+import orjson
+
+from procstore.ids import ProcedureId
+from procstore.lock_key import LockKey, StringKey
+from procstore.state import ProcedureState
+
+
+class Procedure(abc.ABC):
+    """A multi-step operation whose state is persisted between steps.
+
+    The manager calls `execute` until it returns `Status.done()`. After a crash the
+    procedure is rebuilt with `load(data)` from the last persisted `dump()` and `execute`
+    runs again from there, so every step must be safe to run twice.
+
+    Subclasses set `type_name` (the loader's key, unique per manager) and, if they can
+    undo their partial work, `rollback_supported = True` and `rollback()`.
+    """
+
+    type_name: ClassVar[str]
+    rollback_supported: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    async def execute(self, ctx: Context) -> Status:
+        """Run one step. Raise `RetryLater` for a transient failure; any other exception fails the procedure."""
+
+    @abc.abstractmethod
+    def dump(self) -> str:
+        """The state to persist, stored as the message's `data`."""
+
+    @classmethod
+    def load(cls, data: str) -> Self:
+        """Rebuild a procedure from `dump()`'s output. The default passes the parsed JSON to `cls(...)`."""
+        return cls(orjson.loads(data))  # type: ignore[call-arg]
+
+    def lock_key(self) -> LockKey:
+        """The keys locked before the first `execute` and held until the procedure ends."""
+        return LockKey()
+
+    async def rollback(self, ctx: Context) -> None:  # noqa: B027 - optional hook
+        """Undo partial work after a failure. Must be idempotent: it may run again after a restart."""
+
+
+class StatusKind(enum.Enum):
+    EXECUTING = "executing"
+    SUSPENDED = "suspended"
+    DONE = "done"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcedureWithId:
+    """A procedure and the id it runs under."""
+
+    id: ProcedureId
+    procedure: Procedure
+
+    @classmethod
+    def new(cls, procedure: Procedure) -> ProcedureWithId:
+        """`procedure` under a new random id."""
+        return cls(ProcedureId.random(), procedure)
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """What `execute` returns: more steps, wait for subprocedures, or done."""
+
+    kind: StatusKind
+    persist: bool = True
+    subprocedures: tuple[ProcedureWithId, ...] = field(default=())
+    output: object = None
+
+    @classmethod
+    def executing(cls, persist: bool = True) -> Status:
+        """More steps to run; persist the state first if `persist`."""
+        return _EXECUTING_PERSIST if persist else _EXECUTING
+
+    @classmethod
+    def suspended(cls, subprocedures: Sequence[ProcedureWithId], persist: bool = True) -> Status:
+        """Run `subprocedures`; `execute` is called again once all of them have ended."""
+        return cls(StatusKind.SUSPENDED, persist, tuple(subprocedures))
+
+    @classmethod
+    def done(cls, output: object = None) -> Status:
+        """Finished; `output` is what `Watcher.wait()` returns."""
+        return cls(StatusKind.DONE, persist=False, output=output)
+
+    @property
+    def need_persist(self) -> bool:
+        return self.persist and self.kind is not StatusKind.DONE
+
+    def is_executing(self) -> bool:
+        return self.kind is StatusKind.EXECUTING
+
+    def is_suspended(self) -> bool:
+        return self.kind is StatusKind.SUSPENDED
+
+    def is_done(self) -> bool:
+        return self.kind is StatusKind.DONE
+
+
+_EXECUTING_PERSIST = Status(StatusKind.EXECUTING, True)
+_EXECUTING = Status(StatusKind.EXECUTING, False)
+
+
+class ContextProvider(Protocol):
+    """What a running procedure may ask of its manager."""
+
+    def procedure_state(self, procedure_id: ProcedureId) -> ProcedureState | None:
+        """The state of any procedure this manager knows (children included), else None."""
+        ...
+
+    async def wait_state_change(self, procedure_id: ProcedureId) -> ProcedureState | None:
+        """Wait until the procedure's state changes and return the new one (None if unknown)."""
+        ...
+
+    def acquire_lock(self, key: StringKey) -> AbstractAsyncContextManager[None]:
+        """Hold `key` for the body of an `async with` (a lock within one step)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """Passed to `execute` and `rollback`."""
+
+    procedure_id: ProcedureId
+    provider: ContextProvider
+    is_retrying: bool = False
+    """True when this call repeats a step that raised `RetryLater` (or hit a store error)."""

@@ -1,0 +1,238 @@
+"""`ManagerContext`: the state a manager's runners share, and the `ContextProvider` they see."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from procstore.errors import ProcedureError
+from procstore.ids import ProcedureId
+from procstore.lock_key import LockKey, StringKey
+from procstore.procedure import Procedure
+from procstore.runtime.locks import KeyRwLock
+from procstore.runtime.meta import ProcedureMeta
+from procstore.runtime.retry import RetryPolicy
+from procstore.state import ProcedureState
+from procstore.store.message import ProcedureMessage
+from procstore.store.procedure_store import LoadProblem, ProcedureStore
+
+logger = logging.getLogger("procstore.runtime")
+
+Loader = Callable[[str], Procedure]
+
+
+class LoadFailed(ProcedureError):
+    """A stored procedure could not be rebuilt; `problem` says where and what to do."""
+
+    def __init__(self, problem: LoadProblem) -> None:
+        self.problem = problem
+        super().__init__(str(problem))
+
+
+@dataclass(slots=True)
+class StoredProcedures:
+    """Subprocedures found at recovery, kept until their parent claims them.
+
+    Only roots are resubmitted at start; a parent's stored children resume when the parent
+    runs again (or when it re-submits their ids).
+    """
+
+    messages: dict[ProcedureId, tuple[ProcedureMessage, bool]] = field(default_factory=dict)
+    """Unfinished children: their latest message and whether they were rolling back."""
+    committed: dict[ProcedureId, str] = field(default_factory=dict)
+    """Committed children of unfinished parents, with their type names ("" if unknown)."""
+    children_of: dict[ProcedureId, list[ProcedureId]] = field(default_factory=dict)
+    unreadable: dict[ProcedureId, LoadProblem] = field(default_factory=dict)
+
+    def add_child(self, parent_id: ProcedureId, child_id: ProcedureId) -> None:
+        self.children_of.setdefault(parent_id, []).append(child_id)
+
+    def descendants(self, procedure_id: ProcedureId) -> list[ProcedureId]:
+        out: list[ProcedureId] = []
+        queue = list(self.children_of.get(procedure_id, ()))
+        while queue:
+            child = queue.pop()
+            out.append(child)
+            queue.extend(self.children_of.get(child, ()))
+        return out
+
+
+class ManagerContext:
+    """Everything runners share: the store, metadata, locks, loaders and their tasks."""
+
+    def __init__(self, store: ProcedureStore, policy: RetryPolicy, loaders: dict[str, Loader]) -> None:
+        self.store = store
+        self.policy = policy
+        self.loaders = loaders
+        self.metas: dict[ProcedureId, ProcedureMeta] = {}
+        self.locks = KeyRwLock()
+        self.dynamic_locks = KeyRwLock()
+        self.stored = StoredProcedures()
+        self.running = False
+        self.unfinished = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._finished_trees: deque[tuple[float, list[ProcedureId]]] = deque()
+
+    # -- ContextProvider -------------------------------------------------------------
+
+    def procedure_state(self, procedure_id: ProcedureId) -> ProcedureState | None:
+        meta = self.metas.get(procedure_id)
+        return None if meta is None else meta.state
+
+    async def wait_state_change(self, procedure_id: ProcedureId) -> ProcedureState | None:
+        meta = self.metas.get(procedure_id)
+        return None if meta is None else await meta.wait_state_change()
+
+    @asynccontextmanager
+    async def acquire_lock(self, key: StringKey) -> AsyncIterator[None]:
+        async with self.dynamic_locks.hold(key):
+            yield
+
+    # -- metadata --------------------------------------------------------------------
+
+    def new_meta(
+        self,
+        procedure_id: ProcedureId,
+        type_name: str,
+        parent_id: ProcedureId | None,
+        procedure: Procedure | None,
+        state: ProcedureState,
+    ) -> ProcedureMeta:
+        """Create and register the metadata of a procedure (the id must be new)."""
+        lock_key = procedure.lock_key() if procedure is not None else LockKey()
+        meta = ProcedureMeta(procedure_id, type_name, parent_id, lock_key, state, self._on_end)
+        if procedure_id in self.metas:
+            raise AssertionError(f"procedure {procedure_id} registered twice")
+        self.metas[procedure_id] = meta
+        if not state.is_ended():
+            self.unfinished += 1
+        return meta
+
+    def _on_end(self, meta: ProcedureMeta) -> None:
+        if meta.id in self.metas:
+            self.unfinished -= 1
+
+    def is_known(self, procedure_id: ProcedureId) -> bool:
+        return (
+            procedure_id in self.metas
+            or procedure_id in self.stored.messages
+            or procedure_id in self.stored.committed
+            or procedure_id in self.stored.unreadable
+        )
+
+    def ancestors(self, meta: ProcedureMeta) -> list[ProcedureMeta]:
+        out: list[ProcedureMeta] = []
+        parent_id = meta.parent_id
+        while parent_id is not None and (parent := self.metas.get(parent_id)) is not None:
+            out.append(parent)
+            parent_id = parent.parent_id
+        return out
+
+    def tree_ids(self, root: ProcedureMeta) -> list[ProcedureId]:
+        """The root and every descendant, in memory or only in the store, root first."""
+        ids: list[ProcedureId] = []
+        seen: set[ProcedureId] = set()
+        queue = deque([root.id])
+        while queue:
+            pid = queue.popleft()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            ids.append(pid)
+            meta = self.metas.get(pid)
+            if meta is not None:
+                queue.extend(meta.children)
+            queue.extend(self.stored.children_of.get(pid, ()))
+        return ids
+
+    def on_tree_finished(self, ids: list[ProcedureId]) -> None:
+        """Start the metadata TTL of a finished tree; forget the stored children it claimed."""
+        for pid in ids:
+            self.stored.messages.pop(pid, None)
+            self.stored.committed.pop(pid, None)
+            self.stored.children_of.pop(pid, None)
+        self._finished_trees.append((time.monotonic(), ids))
+
+    def remove_outdated_metadata(self, ttl: float, now: float | None = None) -> int:
+        """Forget finished trees that ended more than `ttl` seconds ago; returns how many procedures."""
+        now = time.monotonic() if now is None else now
+        removed = 0
+        while self._finished_trees and now - self._finished_trees[0][0] > ttl:
+            _, ids = self._finished_trees.popleft()
+            for pid in ids:
+                if self.metas.pop(pid, None) is not None:
+                    removed += 1
+        return removed
+
+    # -- loading ---------------------------------------------------------------------
+
+    def load(self, procedure_id: ProcedureId, message: ProcedureMessage, key: str) -> Procedure:
+        """Rebuild a procedure from a stored message; raises `LoadFailed` saying why."""
+        loader = self.loaders.get(message.type_name)
+        if loader is None:
+            known = ", ".join(sorted(self.loaders)) or "none"
+            raise LoadFailed(
+                LoadProblem(
+                    key,
+                    procedure_id,
+                    f"no loader is registered for type {message.type_name!r} (registered: {known})",
+                    "Register its loader with `manager.register(...)` before `start()`; the keys "
+                    "were left untouched",
+                    message.type_name,
+                )
+            )
+        try:
+            procedure = loader(message.data)
+        except Exception as e:
+            raise LoadFailed(
+                LoadProblem(
+                    key,
+                    procedure_id,
+                    f"its loader rejected the stored data: {type(e).__name__}: {e}",
+                    "Fix the loader (old data must keep loading) or the stored value; the keys "
+                    "were left untouched",
+                    message.type_name,
+                )
+            ) from e
+        if not isinstance(procedure, Procedure):
+            raise LoadFailed(
+                LoadProblem(
+                    key,
+                    procedure_id,
+                    f"its loader returned {type(procedure).__name__}, not a Procedure",
+                    "Make the loader return a Procedure",
+                    message.type_name,
+                )
+            )
+        return procedure
+
+    # -- tasks -----------------------------------------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # Only a BaseException gets here (the runner turns errors into FAILED): a
+            # simulated crash or an interpreter exit. The task is simply gone, as in a kill.
+            logger.debug("runner task %s ended by %r", task.get_name(), exc)
+
+    async def cancel_all(self) -> None:
+        """Cancel every runner and wait until each has stopped."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for meta in self.metas.values():
+            if not meta.state.is_ended():
+                meta.abandon()

@@ -1,0 +1,99 @@
+"""`KeyRwLock`: reader/writer locks by string key, granted first come, first served."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from procstore.lock_key import StringKey
+
+
+@dataclass(slots=True)
+class _Entry:
+    readers: int = 0
+    writer: bool = False
+    waiters: deque[tuple[bool, asyncio.Future[None]]] = field(default_factory=deque)
+
+    def can_grant(self, exclusive: bool) -> bool:
+        if exclusive:
+            return not self.writer and self.readers == 0
+        return not self.writer
+
+    def grant(self, exclusive: bool) -> None:
+        if exclusive:
+            self.writer = True
+        else:
+            self.readers += 1
+
+    @property
+    def idle(self) -> bool:
+        return not self.writer and self.readers == 0 and not self.waiters
+
+
+class KeyRwLock:
+    """Shared/exclusive locks on string keys.
+
+    Waiters are served in arrival order: a shared request behind a waiting exclusive one
+    waits too, so writers are not starved. Entries are dropped once nobody holds or waits.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+
+    async def acquire(self, key: StringKey) -> None:
+        """Wait until `key` is held in its mode. Cancellation while waiting takes nothing."""
+        exclusive = key.is_exclusive
+        entry = self._entries.get(key.key)
+        if entry is None:
+            entry = self._entries[key.key] = _Entry()
+        if not entry.waiters and entry.can_grant(exclusive):
+            entry.grant(exclusive)
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        item = (exclusive, waiter)
+        entry.waiters.append(item)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release(key)  # granted in the same tick we were cancelled
+            else:
+                entry.waiters.remove(item)
+                self._wake(key.key, entry)
+            raise
+
+    def release(self, key: StringKey) -> None:
+        entry = self._entries[key.key]
+        if key.is_exclusive:
+            entry.writer = False
+        else:
+            entry.readers -= 1
+        self._wake(key.key, entry)
+
+    def _wake(self, name: str, entry: _Entry) -> None:
+        while entry.waiters and entry.can_grant(entry.waiters[0][0]):
+            exclusive, waiter = entry.waiters.popleft()
+            entry.grant(exclusive)
+            waiter.set_result(None)
+        if entry.idle:
+            del self._entries[name]
+
+    @asynccontextmanager
+    async def hold(self, key: StringKey) -> AsyncIterator[None]:
+        """`async with lock.hold(key):` holds `key` for the body."""
+        await self.acquire(key)
+        try:
+            yield
+        finally:
+            self.release(key)
+
+    def is_held(self, name: str) -> bool:
+        entry = self._entries.get(name)
+        return entry is not None and (entry.writer or entry.readers > 0)
+
+    def __len__(self) -> int:
+        """How many keys are held or waited on."""
+        return len(self._entries)

@@ -1,0 +1,256 @@
+"""`ProcedureManager`: the public entry point that runs procedures on a store."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from types import TracebackType
+from typing import Any, Self
+
+from procstore.errors import (
+    DuplicateProcedure,
+    LoaderConflict,
+    ManagerNotStarted,
+    SubmissionsPaused,
+    TooManyRunningProcedures,
+)
+from procstore.ids import ProcedureId
+from procstore.procedure import Procedure, ProcedureWithId
+from procstore.runtime.context import Loader, ManagerContext
+from procstore.runtime.recovery import recover
+from procstore.runtime.retry import RetryPolicy
+from procstore.runtime.runner import Runner, type_name_of
+from procstore.runtime.watcher import Watcher
+from procstore.state import ProcedureInfo, ProcedureState
+from procstore.store.local import LocalDirStore
+from procstore.store.open import open_state_store
+from procstore.store.procedure_store import LoadProblem, ProcedureStore
+from procstore.store.state_store import StateStore
+
+logger = logging.getLogger("procstore.manager")
+
+DEFAULT_METADATA_TTL = 600.0
+
+
+class ProcedureManager:
+    """Runs procedures, persisting each one's state to a store after every persisting step.
+
+    `start()` opens the store and resumes whatever an earlier process left unfinished;
+    `stop()` behaves like a process exit. Use it as `async with manager:`.
+
+    Args:
+        url: any fsspec URL or a local path (`/var/lib/cp`, `s3://bucket/prefix/`,
+            `gs://bucket/prefix/`, `memory://name/`), or a `StateStore` to use as it is
+            (a wrapped store in tests, for example; `stop()` then leaves it open).
+        storage_options: passed to fsspec (credentials, `endpoint_url`, ...).
+        max_retry_times: retries of one step (after `RetryLater` or a store error) before
+            the procedure fails; also the retries of a failing `rollback()`.
+        retry_delay: the first backoff delay, in seconds; it doubles each retry, plus jitter.
+        max_retry_delay: the cap on one backoff delay, in seconds.
+        max_running_procedures: `submit()` raises `TooManyRunningProcedures` beyond this
+            many unfinished procedures (subprocedures and recovered ones are not refused).
+        metadata_ttl: seconds a finished tree stays visible to `procedure_state()` and
+            `list_procedures()`.
+        gc_interval: seconds between sweeps of expired metadata (a task `start()` creates
+            and `stop()` cancels).
+        parent_path: a path inside the store under which `procedure/` lives (GreptimeDB's
+            `parent_path`); empty by default.
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str] | StateStore,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        max_retry_times: int = 3,
+        retry_delay: float = 0.5,
+        max_retry_delay: float = 30.0,
+        max_running_procedures: int = 128,
+        metadata_ttl: float = DEFAULT_METADATA_TTL,
+        gc_interval: float = 60.0,
+        parent_path: str = "",
+    ) -> None:
+        self._given_store = url if isinstance(url, StateStore) else None
+        self.url = url.url if isinstance(url, StateStore) else os.fspath(url)
+        self.storage_options = dict(storage_options or {})
+        self.policy = RetryPolicy(max_retry_times, retry_delay, max_retry_delay)
+        self.max_running_procedures = max_running_procedures
+        self.metadata_ttl = metadata_ttl
+        self.gc_interval = gc_interval
+        self.parent_path = parent_path
+        self.recovery_problems: list[LoadProblem] = []
+        """Procedures the last `start()` found but could not resume, with what to do."""
+        self._loaders: dict[str, Loader] = {}
+        self._ctx: ManagerContext | None = None
+        self._state_store: StateStore | None = None
+        self._gc_task: asyncio.Task[None] | None = None
+        self._paused = False
+        self._submitting: set[ProcedureId] = set()
+
+    # -- registration ----------------------------------------------------------------
+
+    def register_loader(self, type_name: str, loader: Loader) -> None:
+        """Register how to rebuild procedures of `type_name` from their stored data.
+
+        Raises `LoaderConflict` if `type_name` already has a loader.
+        """
+        if type_name in self._loaders:
+            raise LoaderConflict(type_name)
+        self._loaders[type_name] = loader
+
+    def register(self, procedure_class: type[Procedure]) -> None:
+        """`register_loader(cls.type_name, cls.load)`."""
+        name = getattr(procedure_class, "type_name", None)
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{procedure_class.__qualname__} has no `type_name` class attribute")
+        self.register_loader(name, procedure_class.load)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        return self._ctx is not None and self._ctx.running
+
+    @property
+    def store(self) -> ProcedureStore:
+        """The procedure store (after `start()`), for tools and tests."""
+        return self._started("store").store
+
+    async def start(self) -> None:
+        """Open the store and resume unfinished procedures; a no-op if already started.
+
+        Returns once recovered procedures are registered and running (not finished).
+        Raises `StoreUnavailable` if the store cannot be used; procedures that cannot be
+        loaded are skipped and listed in `recovery_problems`.
+        """
+        if self.is_running:
+            return
+        state_store = self._given_store or open_state_store(self.url, self.storage_options)
+        try:
+            await state_store.check_access()
+        except BaseException:
+            if self._given_store is None:
+                await state_store.close()
+            raise
+        store = ProcedureStore(state_store, self.parent_path)
+        if isinstance(state_store, LocalDirStore):
+            try:
+                await state_store.remove_stale_temps(store.proc_path)
+            except Exception as e:
+                logger.warning("could not remove stale temp files: %s", e)
+        ctx = ManagerContext(store, self.policy, self._loaders)
+        ctx.running = True
+        self._ctx, self._state_store = ctx, state_store
+        try:
+            self.recovery_problems = await recover(ctx)
+        except BaseException:
+            await self.stop()
+            raise
+        self._gc_task = asyncio.get_running_loop().create_task(self._collect_garbage(), name="procstore:gc")
+
+    async def stop(self) -> None:
+        """Stop like a process exit: cancel every runner at its next await and wait for it.
+
+        Nothing more is written once this returns. Unfinished procedures resume at the next
+        `start()` on the same store; their watchers raise `ManagerStopped`. Metadata stays
+        readable until the next `start()`.
+        """
+        ctx = self._ctx
+        if ctx is None or not ctx.running:
+            return
+        ctx.running = False
+        if self._gc_task is not None:
+            self._gc_task.cancel()
+            await asyncio.gather(self._gc_task, return_exceptions=True)
+            self._gc_task = None
+        await ctx.cancel_all()
+        if self._state_store is not None and self._given_store is None:
+            await self._state_store.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    # -- submitting ------------------------------------------------------------------
+
+    def pause_submissions(self) -> None:
+        """Refuse new `submit()` calls with `SubmissionsPaused`; running procedures go on."""
+        self._paused = True
+
+    def resume_submissions(self) -> None:
+        self._paused = False
+
+    @property
+    def submissions_paused(self) -> bool:
+        return self._paused
+
+    async def submit(self, procedure: ProcedureWithId) -> Watcher:
+        """Store the procedure's submitted state as its first step, then start running it.
+
+        Durable: once this returns, the procedure is never lost, whatever crashes next.
+        Raises `ManagerNotStarted`, `SubmissionsPaused`, `DuplicateProcedure` (the id is
+        known here or already has stored steps), `TooManyRunningProcedures`, or a
+        `StoreError` if the first write fails (then nothing runs).
+        """
+        ctx = self._started("submit")
+        if self._paused:
+            raise SubmissionsPaused()
+        pid = procedure.id
+        if ctx.is_known(pid) or pid in self._submitting:
+            raise DuplicateProcedure(pid)
+        if ctx.unfinished + len(self._submitting) >= self.max_running_procedures:
+            raise TooManyRunningProcedures(self.max_running_procedures)
+        proc = procedure.procedure
+        type_name = type_name_of(proc)
+        if type_name not in self._loaders:
+            logger.warning("procedure type %r has no loader: it cannot be resumed after a restart", type_name)
+        data = proc.dump()
+        self._submitting.add(pid)
+        try:
+            created = await ctx.store.create_procedure(pid, type_name, data, None)
+        finally:
+            self._submitting.discard(pid)
+        if not created:
+            raise DuplicateProcedure(pid, " in the store (it has stored steps)")
+        if not ctx.running:
+            raise ManagerNotStarted("submit")
+        meta = ctx.new_meta(pid, type_name, None, proc, ProcedureState.running())
+        Runner(ctx, meta, proc, 1, data).start()
+        return Watcher(meta)
+
+    # -- observing -------------------------------------------------------------------
+
+    def procedure_state(self, procedure_id: ProcedureId) -> ProcedureState | None:
+        """The state of a procedure this manager knows (None if unknown or forgotten)."""
+        return None if self._ctx is None else self._ctx.procedure_state(procedure_id)
+
+    def procedure_watcher(self, procedure_id: ProcedureId) -> Watcher | None:
+        """A watcher for any known procedure, e.g. one resumed by `start()`."""
+        meta = None if self._ctx is None else self._ctx.metas.get(procedure_id)
+        return None if meta is None else Watcher(meta)
+
+    def list_procedures(self) -> list[ProcedureInfo]:
+        """Every procedure this manager knows, finished ones until their metadata expires."""
+        return [] if self._ctx is None else [m.info() for m in self._ctx.metas.values()]
+
+    def remove_outdated_metadata(self) -> int:
+        """Forget finished trees older than `metadata_ttl` now; returns how many procedures."""
+        return 0 if self._ctx is None else self._ctx.remove_outdated_metadata(self.metadata_ttl)
+
+    async def _collect_garbage(self) -> None:
+        while True:
+            await asyncio.sleep(self.gc_interval)
+            removed = self.remove_outdated_metadata()
+            if removed:
+                logger.debug("forgot %d finished procedures", removed)
+
+    def _started(self, what: str) -> ManagerContext:
+        if self._ctx is None or not self._ctx.running:
+            raise ManagerNotStarted(what)
+        return self._ctx

@@ -1,0 +1,103 @@
+"""`ProcedureMeta`: what the manager keeps in memory about one procedure."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from procstore.ids import ProcedureId
+from procstore.lock_key import LockKey
+from procstore.state import ProcedureInfo, ProcedureState
+
+
+class ProcedureMeta:
+    """A procedure's identity, current state and children, with change notification.
+
+    Each state change sets the current `asyncio.Event` and replaces it, so a waiter that
+    took the event before the change is always woken (no lost wake-ups).
+    """
+
+    def __init__(
+        self,
+        procedure_id: ProcedureId,
+        type_name: str,
+        parent_id: ProcedureId | None,
+        lock_key: LockKey,
+        state: ProcedureState,
+        on_end: Callable[[ProcedureMeta], None] | None = None,
+    ) -> None:
+        self.id = procedure_id
+        self.type_name = type_name
+        self.parent_id = parent_id
+        self.lock_key = lock_key
+        self.is_root = parent_id is None
+        """Whether it ends its own tree (a root, or an orphan resumed as one)."""
+        self.children: list[ProcedureId] = []
+        self.start_time: datetime | None = None
+        self.end_time: datetime | None = None
+        self.ended_at: float | None = None
+        """`time.monotonic()` when it ended, for the metadata TTL."""
+        self.abandoned = False
+        """Set by `stop()`: no more state changes will come from this process."""
+        self.keep_keys = False
+        """Its stored keys must survive the tree's deletion (rollback failed, unreadable)."""
+        self._state = state
+        self._changed = asyncio.Event()
+        self.ended = asyncio.Event()
+        self._on_end = on_end
+        if state.is_ended():
+            self._mark_ended()
+
+    @property
+    def state(self) -> ProcedureState:
+        return self._state
+
+    def set_state(self, state: ProcedureState) -> None:
+        if self._state.is_ended():
+            return  # final states are final; a late writer must not resurrect it
+        self._state = state
+        if state.is_ended():
+            self._mark_ended()
+        self._notify()
+
+    def _mark_ended(self) -> None:
+        self.end_time = datetime.now(UTC)
+        self.ended_at = time.monotonic()
+        self.ended.set()
+        if self._on_end is not None:
+            self._on_end(self)
+
+    def mark_started(self) -> None:
+        self.start_time = datetime.now(UTC)
+
+    def abandon(self) -> None:
+        """The manager stopped: wake every waiter so none hangs on a state that will not change."""
+        self.abandoned = True
+        self._notify()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait_state_change(self) -> ProcedureState:
+        """Wait for the next state change (or for the manager to stop) and return the state."""
+        if not self.abandoned:
+            await self._changed.wait()
+        return self._state
+
+    def add_child(self, child_id: ProcedureId) -> None:
+        if child_id not in self.children:
+            self.children.append(child_id)
+
+    def info(self) -> ProcedureInfo:
+        return ProcedureInfo(
+            id=self.id,
+            type_name=self.type_name,
+            state=self._state,
+            start_time=self.start_time,
+            end_time=self.end_time,
+            lock_keys=list(self.lock_key.keys_to_lock()),
+            parent_id=self.parent_id,
+        )

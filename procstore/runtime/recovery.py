@@ -1,0 +1,131 @@
+"""Recovery at `start()`: load every procedure and resume the unfinished ones.
+
+Order, as in GreptimeDB: rolling-back roots first (they may hold locks the others need),
+then unfinished roots. Subprocedures are not resubmitted: they wait in
+`ManagerContext.stored` until their parent runs again and claims them. Committed roots,
+and committed children whose parent is gone, have their keys deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from procstore.errors import ProcedureError
+from procstore.ids import ProcedureId
+from procstore.runtime.context import LoadFailed, ManagerContext
+from procstore.runtime.runner import Runner
+from procstore.state import ProcedureState, ProcedureStateKind
+from procstore.store.keys import KeyType
+from procstore.store.message import ProcedureMessage
+from procstore.store.procedure_store import LoadProblem, ProcedureMessages
+
+logger = logging.getLogger("procstore.recovery")
+
+ORPHAN_HINT = (
+    "Nothing will resume it: delete its folder if its parent finished, or restore the "
+    "parent's keys and restart"
+)
+
+
+async def recover(ctx: ManagerContext) -> list[LoadProblem]:
+    """Resume what the store holds; returns the procedures that could not be resumed."""
+    loaded = await ctx.store.load_messages()
+    problems = list(loaded.problems)
+    for problem in loaded.problems:
+        if problem.procedure_id is not None:
+            ctx.stored.unreadable[problem.procedure_id] = problem
+    alive = set(loaded.messages) | set(loaded.rollback_messages) | loaded.unreadable_ids
+
+    to_delete = _plan_finished(ctx, loaded, alive)
+    rolling_back_roots = _plan_unfinished(ctx, loaded.rollback_messages, alive, rolling_back=True, problems=problems)
+    running_roots = _plan_unfinished(ctx, loaded.messages, alive, rolling_back=False, problems=problems)
+
+    if to_delete:
+        logger.info("deleting %d finished procedures left by an interrupted cleanup", len(to_delete))
+        try:
+            await ctx.store.delete_procedures(to_delete)
+        except ProcedureError as e:
+            logger.warning("could not delete finished procedures (%s); the next start tries again", e)
+
+    for pid, message in rolling_back_roots:
+        _resume_root(ctx, pid, message, rolling_back=True, problems=problems)
+    for pid, message in running_roots:
+        _resume_root(ctx, pid, message, rolling_back=False, problems=problems)
+    logger.info(
+        "recovered %d rolling back and %d unfinished procedures; %d could not be loaded",
+        len(rolling_back_roots),
+        len(running_roots),
+        len(problems),
+    )
+    return problems
+
+
+def _plan_finished(ctx: ManagerContext, loaded: ProcedureMessages, alive: set[ProcedureId]) -> list[ProcedureId]:
+    """Committed children of live parents are kept (the parent will look at them); the rest go."""
+    to_delete: list[ProcedureId] = []
+    for pid in loaded.finished_ids:
+        message = loaded.finished_messages.get(pid)
+        parent = message.parent_id if message is not None else None
+        if message is not None and parent is not None and parent in alive:
+            ctx.stored.committed[pid] = message.type_name
+            ctx.stored.add_child(parent, pid)
+        else:
+            to_delete.append(pid)
+    return to_delete
+
+
+def _plan_unfinished(
+    ctx: ManagerContext,
+    messages: dict[ProcedureId, ProcedureMessage],
+    alive: set[ProcedureId],
+    *,
+    rolling_back: bool,
+    problems: list[LoadProblem],
+) -> list[tuple[ProcedureId, ProcedureMessage]]:
+    """Split into roots to resume now and children to keep for their parents."""
+    roots: list[tuple[ProcedureId, ProcedureMessage]] = []
+    for pid, message in messages.items():
+        parent = message.parent_id
+        if parent is None:
+            roots.append((pid, message))
+        elif parent in alive:
+            ctx.stored.messages[pid] = (message, rolling_back)
+            ctx.stored.add_child(parent, pid)
+        elif rolling_back:
+            # Its tree was deleted around it (a rollback that failed is kept on purpose):
+            # finishing its rollback needs no parent.
+            roots.append((pid, message))
+        else:
+            key = ctx.store.key(pid, message.step, KeyType.STEP)
+            problem = LoadProblem(
+                key, pid, f"orphaned subprocedure: its parent {parent} has no unfinished state", ORPHAN_HINT,
+                message.type_name,
+            )
+            logger.error("skipping %s", problem)
+            problems.append(problem)
+    return roots
+
+
+def _resume_root(
+    ctx: ManagerContext,
+    pid: ProcedureId,
+    message: ProcedureMessage,
+    *,
+    rolling_back: bool,
+    problems: list[LoadProblem],
+) -> None:
+    key = ctx.store.key(pid, message.step, KeyType.ROLLBACK if rolling_back else KeyType.STEP)
+    try:
+        procedure = ctx.load(pid, message, key)
+    except LoadFailed as e:
+        logger.error("skipping %s", e.problem)
+        problems.append(e.problem)
+        ctx.stored.unreadable[pid] = e.problem
+        return
+    if rolling_back:
+        state = ProcedureState.with_error(ProcedureStateKind.ROLLING_BACK, message.error or "unknown error")
+    else:
+        state = ProcedureState.running()
+    meta = ctx.new_meta(pid, message.type_name, message.parent_id, procedure, state)
+    meta.is_root = True
+    Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=not rolling_back).start()

@@ -1,0 +1,88 @@
+"""Retry with exponential backoff and jitter, on top of tenacity.
+
+`max_retry_times` counts retries of one step (attempts = retries + 1); the delay before
+retry n is `retry_delay * 2**(n-1)` plus up to `retry_delay` of random jitter, capped at
+`max_retry_delay`, so that many procedures failing together do not retry in lockstep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from procstore.errors import RetryLater, StoreError
+
+T = TypeVar("T")
+
+OnRetry = Callable[[BaseException, int, float], None]
+"""Called before each backoff sleep with (the error, the retry number from 1, the delay)."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """`RetryLater` and store errors are retried; anything else fails the procedure."""
+    return isinstance(exc, RetryLater | StoreError)
+
+
+def is_any_error(exc: BaseException) -> bool:
+    return isinstance(exc, Exception)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_retry_times: int = 3
+    retry_delay: float = 0.5
+    max_retry_delay: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_retry_times < 0:
+            raise ValueError(f"max_retry_times must be >= 0, got {self.max_retry_times}")
+        if self.retry_delay < 0 or self.max_retry_delay < 0:
+            raise ValueError("retry delays must be >= 0")
+
+    async def call(
+        self,
+        fn: Callable[[int], Awaitable[T]],
+        *,
+        retry_on: Callable[[BaseException], bool] = is_transient,
+        on_retry: OnRetry | None = None,
+    ) -> T:
+        """Await `fn(attempt)` (attempt counts from 1) until it succeeds or retries run out.
+
+        An error `retry_on` rejects is raised at once; after the last retry the last error
+        is raised unchanged.
+        """
+
+        def before_sleep(state: RetryCallState) -> None:
+            if on_retry is None or state.outcome is None:
+                return
+            exc = state.outcome.exception()
+            delay = state.next_action.sleep if state.next_action is not None else 0.0
+            if exc is not None:
+                on_retry(exc, state.attempt_number, delay)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.max_retry_times + 1),
+            wait=wait_exponential_jitter(
+                multiplier=self.retry_delay, max=self.max_retry_delay, jitter=self.retry_delay
+            ),
+            retry=retry_if_exception(retry_on),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        attempt = 0
+
+        async def once() -> T:
+            nonlocal attempt
+            attempt += 1
+            return await fn(attempt)
+
+        return await retrying(once)

@@ -1,0 +1,368 @@
+"""`Runner`: drives one procedure from its locks to its final state.
+
+The loop, by state:
+
+- RUNNING / RETRYING: call `execute` (retrying `RetryLater` and store errors with backoff),
+  persist if asked, then continue, start subprocedures and wait for them, or commit.
+- PREPARE_ROLLBACK: write the `.rollback` key, then ROLLING_BACK.
+- ROLLING_BACK: call `rollback()` (retried with backoff), then FAILED.
+
+Step numbers: every persisting write uses `self.step` and then increments it; the commit
+and rollback keys too. A root that ends deletes its tree's keys before reporting the end,
+children first and itself last, so a crash part way still leaves it marked finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from collections.abc import Awaitable, Callable, Sequence
+
+from procstore.errors import LockConflict, ProcedureError
+from procstore.ids import ProcedureId
+from procstore.lock_key import StringKey
+from procstore.procedure import Context, Procedure, ProcedureWithId, Status
+from procstore.runtime.context import LoadFailed, ManagerContext
+from procstore.runtime.meta import ProcedureMeta
+from procstore.runtime.retry import is_any_error, is_transient
+from procstore.state import ProcedureState, ProcedureStateKind
+from procstore.store.keys import KeyType
+from procstore.store.message import ProcedureMessage
+
+logger = logging.getLogger("procstore.runtime")
+
+_RUNNING_KINDS = (ProcedureStateKind.RUNNING, ProcedureStateKind.RETRYING)
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def type_name_of(procedure: Procedure) -> str:
+    name = getattr(procedure, "type_name", None)
+    if not isinstance(name, str) or not name:
+        raise TypeError(
+            f"{type(procedure).__qualname__} has no `type_name`: set the class attribute "
+            "`type_name = \"app::Name\"` (the key its loader is registered under)"
+        )
+    return name
+
+
+class Runner:
+    """Runs one procedure in its own task until it ends or the manager stops."""
+
+    def __init__(
+        self,
+        ctx: ManagerContext,
+        meta: ProcedureMeta,
+        procedure: Procedure,
+        step: int,
+        stored_data: str,
+        *,
+        resume_children: bool = False,
+    ) -> None:
+        self.ctx = ctx
+        self.meta = meta
+        self.procedure = procedure
+        self.step = step
+        """The step number of the next key this runner writes."""
+        self._stored_data = stored_data
+        """The last `data` known to be stored: the rollback message's fallback if `dump()` fails."""
+        self._resume_children = resume_children
+
+    def start(self) -> None:
+        self.ctx.spawn(self.run(), name=f"procstore:{self.meta.type_name}:{self.meta.id}")
+
+    async def run(self) -> None:
+        held: list[StringKey] = []
+        try:
+            for key in self.meta.lock_key.keys_to_lock():
+                await self.ctx.locks.acquire(key)
+                held.append(key)
+            self.meta.mark_started()
+            if self._resume_children:
+                await self._resume_stored_children()
+            await self._drive()
+        except Exception as e:
+            # A bug in procstore or in a hook outside execute(): end the procedure rather
+            # than leave its watchers waiting forever. (BaseExceptions such as a cancel or a
+            # simulated crash end the task as a killed process would.)
+            logger.exception("procedure %s (%s) crashed its runner", self.meta.id, self.meta.type_name)
+            self.meta.set_state(_failed(e, prefix="internal error: "))
+        finally:
+            for key in reversed(held):
+                self.ctx.locks.release(key)
+
+    async def _drive(self) -> None:
+        while True:
+            kind = self.meta.state.kind
+            if kind in _RUNNING_KINDS:
+                await self._execute_step()
+            elif kind is ProcedureStateKind.PREPARE_ROLLBACK:
+                await self._prepare_rollback()
+            elif kind is ProcedureStateKind.ROLLING_BACK:
+                await self._rollback()
+            else:
+                return
+
+    # -- executing -------------------------------------------------------------------
+
+    def _context(self, attempt: int) -> Context:
+        return Context(self.meta.id, self.ctx, is_retrying=attempt > 1)
+
+    async def _execute_once(self, attempt: int) -> Status:
+        status = await self.procedure.execute(self._context(attempt))
+        if not isinstance(status, Status):
+            raise TypeError(f"execute() returned {status!r}, not a Status")
+        return status
+
+    def _on_retry(self, exc: BaseException, retry: int, delay: float) -> None:
+        logger.info("procedure %s: retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc))
+        self.meta.set_state(ProcedureState.with_error(ProcedureStateKind.RETRYING, describe(exc), exc))
+
+    async def _execute_step(self) -> None:
+        try:
+            status = await self.ctx.policy.call(self._execute_once, on_retry=self._on_retry)
+        except Exception as e:
+            await self._fail(e)
+            return
+        if status.is_suspended():
+            conflict = self._lock_conflict(status.subprocedures)
+            if conflict is not None:
+                await self._fail(conflict)
+                return
+        if status.need_persist and not await self._with_store_retries(self._persist):
+            return
+        if status.is_done():
+            if await self._with_store_retries(self._commit):
+                await self._finish(ProcedureState.done(status.output))
+            return
+        if self.meta.state.kind is not ProcedureStateKind.RUNNING:
+            self.meta.set_state(ProcedureState.running())
+        if status.is_suspended():
+            subprocedures = status.subprocedures
+            if await self._with_store_retries(lambda: self._submit_children(subprocedures)):
+                await self._wait_children()
+
+    async def _with_store_retries(self, write: Callable[[], Awaitable[None]]) -> bool:
+        """Run a store write with retries; on final failure fail the procedure and return False."""
+
+        async def attempt(_n: int) -> None:
+            await write()
+
+        try:
+            await self.ctx.policy.call(attempt, on_retry=self._on_retry)
+        except Exception as e:
+            await self._fail(e)
+            return False
+        return True
+
+    async def _persist(self) -> None:
+        data = self.procedure.dump()
+        await self.ctx.store.store_procedure(self.meta.id, self.step, self.meta.type_name, data, self.meta.parent_id)
+        self.step += 1
+        self._stored_data = data
+
+    async def _commit(self) -> None:
+        await self.ctx.store.commit_procedure(self.meta.id, self.step)
+        self.step += 1
+
+    # -- subprocedures ---------------------------------------------------------------
+
+    def _lock_conflict(self, subprocedures: Sequence[ProcedureWithId]) -> LockConflict | None:
+        holders = [self.meta, *self.ctx.ancestors(self.meta)]
+        for sub in subprocedures:
+            child_keys = sub.procedure.lock_key()
+            for holder in holders:
+                keys = holder.lock_key.conflicts_with(child_keys)
+                if keys:
+                    return LockConflict(holder.id, sub.id, keys)
+        return None
+
+    async def _submit_children(self, subprocedures: Sequence[ProcedureWithId]) -> None:
+        """Start each child that is not known yet; a known id is never started twice."""
+        new: list[tuple[ProcedureWithId, str, str]] = []
+        for sub in subprocedures:
+            self.meta.add_child(sub.id)
+            if sub.id not in self.ctx.metas and not self._claim_stored(sub.id):
+                new.append((sub, type_name_of(sub.procedure), sub.procedure.dump()))
+        created = await asyncio.gather(
+            *(self.ctx.store.create_procedure(sub.id, name, data, self.meta.id) for sub, name, data in new)
+        )
+        for (sub, name, data), ok in zip(new, created, strict=True):
+            if ok:
+                meta = self.ctx.new_meta(sub.id, name, self.meta.id, sub.procedure, ProcedureState.running())
+                Runner(self.ctx, meta, sub.procedure, 1, data).start()
+            else:
+                self._poison_child(sub.id, name, "its id already has stored steps that this manager could not load")
+
+    async def _resume_stored_children(self) -> None:
+        """After a restart, resume the children this procedure had stored, then wait for them."""
+        children = self.ctx.stored.children_of.get(self.meta.id, [])
+        for child_id in list(children):
+            self.meta.add_child(child_id)
+            if child_id not in self.ctx.metas:
+                self._claim_stored(child_id)
+        if children:
+            await self._wait_children()
+
+    def _claim_stored(self, child_id: ProcedureId) -> bool:
+        """Take over a child found in the store at start; False if there is none."""
+        stored = self.ctx.stored
+        if child_id in stored.committed:
+            name = stored.committed.pop(child_id)
+            self.ctx.new_meta(child_id, name, self.meta.id, None, ProcedureState.done())
+            return True
+        if child_id in stored.unreadable:
+            problem = stored.unreadable[child_id]
+            self._poison_child(child_id, problem.type_name or "", problem.reason)
+            return True
+        entry = stored.messages.pop(child_id, None)
+        if entry is None:
+            return False
+        message, rolling_back = entry
+        key = self.ctx.store.key(child_id, message.step, KeyType.ROLLBACK if rolling_back else KeyType.STEP)
+        try:
+            procedure = self.ctx.load(child_id, message, key)
+        except LoadFailed as e:
+            logger.error("cannot resume subprocedure: %s", e.problem)
+            stored.unreadable[child_id] = e.problem
+            self._poison_child(child_id, message.type_name, e.problem.reason)
+            return True
+        state = (
+            ProcedureState.with_error(ProcedureStateKind.ROLLING_BACK, message.error or "unknown error")
+            if rolling_back
+            else ProcedureState.running()
+        )
+        meta = self.ctx.new_meta(child_id, message.type_name, self.meta.id, procedure, state)
+        Runner(self.ctx, meta, procedure, message.step + 1, message.data, resume_children=not rolling_back).start()
+        return True
+
+    def _poison_child(self, child_id: ProcedureId, type_name: str, reason: str) -> None:
+        state = ProcedureState.with_error(
+            ProcedureStateKind.POISONED, f"subprocedure {child_id} cannot run: {reason}; its keys were kept"
+        )
+        meta = self.ctx.new_meta(child_id, type_name, self.meta.id, None, state)
+        meta.keep_keys = True
+
+    async def _wait_children(self) -> None:
+        for child_id in list(self.meta.children):
+            child = self.ctx.metas.get(child_id)
+            if child is not None:
+                await child.ended.wait()
+
+    # -- failing and rolling back ----------------------------------------------------
+
+    async def _fail(self, exc: BaseException) -> None:
+        """Record the failure: PREPARE_ROLLBACK, or for a procedure without rollback, FAILED."""
+        failed = _failed(exc, gave_up_after=self.ctx.policy.max_retry_times if is_transient(exc) else None)
+        logger.warning("procedure %s (%s) failed: %s", self.meta.id, self.meta.type_name, failed.error)
+        if self.procedure.rollback_supported:
+            self.meta.set_state(_with_kind(failed, ProcedureStateKind.PREPARE_ROLLBACK))
+            return
+        recorded = await self._write_rollback_key(failed.error or "")
+        await self._finish(failed if recorded else _not_recorded(failed, self.step), delete=recorded)
+
+    async def _prepare_rollback(self) -> None:
+        state = self.meta.state
+        if await self._write_rollback_key(state.error or ""):
+            self.meta.set_state(_with_kind(state, ProcedureStateKind.ROLLING_BACK))
+        else:
+            await self._finish(_not_recorded(_with_kind(state, ProcedureStateKind.FAILED), self.step), delete=False)
+
+    async def _write_rollback_key(self, error: str) -> bool:
+        """Write `{step}.rollback` with the failure; False if the store refused every retry."""
+
+        async def write(_attempt: int) -> None:
+            try:
+                data = self.procedure.dump()
+            except Exception:
+                data = self._stored_data
+            message = ProcedureMessage(self.meta.type_name, data, self.meta.parent_id, self.step, error)
+            await self.ctx.store.rollback_procedure(self.meta.id, message)
+            self.step += 1
+
+        try:
+            await self.ctx.policy.call(write)
+        except Exception as e:
+            logger.error("procedure %s: cannot write its rollback key: %s", self.meta.id, describe(e))
+            return False
+        return True
+
+    async def _rollback(self) -> None:
+        state = self.meta.state
+        failed = _with_kind(state, ProcedureStateKind.FAILED)
+        if not self.procedure.rollback_supported:
+            await self._finish(failed)
+            return
+
+        def on_retry(exc: BaseException, retry: int, delay: float) -> None:
+            logger.warning("procedure %s: rollback retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc))
+
+        async def attempt(n: int) -> None:
+            await self.procedure.rollback(self._context(n))
+
+        try:
+            await self.ctx.policy.call(attempt, retry_on=is_any_error, on_retry=on_retry)
+        except Exception as e:
+            error = f"{state.error}; then its rollback failed: {describe(e)} (it runs again at the next start)"
+            await self._finish(ProcedureState.with_error(ProcedureStateKind.FAILED, error, e, _format_tb(e)), delete=False)
+            return
+        await self._finish(failed)
+
+    # -- ending ----------------------------------------------------------------------
+
+    async def _finish(self, state: ProcedureState, *, delete: bool = True) -> None:
+        """Set the final state; a root first deletes its tree's keys (if `delete`)."""
+        if not delete:
+            self.meta.keep_keys = True
+        if self.meta.is_root:
+            ids = self.ctx.tree_ids(self.meta)
+            await self._delete_tree(ids)
+            self.ctx.on_tree_finished(ids)
+        self.meta.set_state(state)
+
+    async def _delete_tree(self, ids: list[ProcedureId]) -> None:
+        doomed = [
+            pid
+            for pid in ids
+            if pid not in self.ctx.stored.unreadable and not ((m := self.ctx.metas.get(pid)) and m.keep_keys)
+        ]
+        if not doomed:
+            return
+        try:
+            children = [pid for pid in doomed if pid != self.meta.id]
+            await self.ctx.store.delete_procedures(children)
+            if doomed[0] == self.meta.id:
+                await self.ctx.store.delete_procedure(self.meta.id)
+        except ProcedureError as e:
+            logger.warning(
+                "procedure %s ended but deleting its keys failed (%s); the next start() deletes them",
+                self.meta.id,
+                e,
+            )
+
+
+def _format_tb(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))
+
+
+def _failed(exc: BaseException, *, gave_up_after: int | None = None, prefix: str = "") -> ProcedureState:
+    error = prefix + describe(exc)
+    if gave_up_after is not None:
+        error = f"gave up after {gave_up_after} retries: {error}"
+    return ProcedureState.with_error(ProcedureStateKind.FAILED, error, exc, _format_tb(exc))
+
+
+def _with_kind(state: ProcedureState, kind: ProcedureStateKind) -> ProcedureState:
+    return ProcedureState(kind, error=state.error, cause=state.cause, traceback=state.traceback)
+
+
+def _not_recorded(state: ProcedureState, step: int) -> ProcedureState:
+    error = (
+        f"{state.error}; the failure could not be written to the store (as step {step}), so "
+        "the procedure resumes from its last stored step at the next start"
+    )
+    return ProcedureState(ProcedureStateKind.FAILED, error=error, cause=state.cause, traceback=state.traceback)

@@ -1,0 +1,138 @@
+"""`FsspecStore`: a store on any fsspec filesystem (S3, GCS, memory, ...).
+
+Async filesystems (s3fs, gcsfs) are driven through their coroutine methods on the running
+loop. Blocking ones run in a thread, except `memory://`, which never blocks and is called
+inline. Listings bypass fsspec's listing cache, which otherwise hides keys written by
+another client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from fsspec.spec import AbstractFileSystem
+
+from procstore.store.errors import store_errors, unavailable
+from procstore.store.state_store import StateStore, run_blocking
+
+T = TypeVar("T")
+
+_CREATE_ONLY_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "memory"})
+_BULK_DELETE_CHUNK = 1000
+
+
+def _protocol(fs: AbstractFileSystem) -> str:
+    proto = fs.protocol
+    return proto if isinstance(proto, str) else proto[0]
+
+
+class FsspecStore(StateStore):
+    """A `StateStore` over an fsspec filesystem, rooted at `root` (`bucket/prefix`)."""
+
+    def __init__(self, fs: AbstractFileSystem, root: str, url: str) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.url = url if url.endswith("/") else url + "/"
+        self.protocol = _protocol(fs)
+        self._async = bool(getattr(fs, "async_impl", False)) and bool(getattr(fs, "asynchronous", False))
+        self._inline = self.protocol == "memory"
+        self.supports_create_only = self.protocol in _CREATE_ONLY_PROTOCOLS
+
+    def _full(self, key: str) -> str:
+        return f"{self.root}/{key}" if self.root else key
+
+    def _key(self, path: str) -> str:
+        prefix = f"{self.root}/" if self.root else ""
+        return path[len(prefix) :] if path.startswith(prefix) else path
+
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call filesystem method `name`: its coroutine, inline, or in a thread."""
+        if self._async:
+            method: Callable[..., Awaitable[Any]] = getattr(self.fs, "_" + name)
+            return await method(*args, **kwargs)
+        sync_method: Callable[..., Any] = getattr(self.fs, name)
+        if self._inline:
+            return sync_method(*args, **kwargs)
+        return await run_blocking(lambda: sync_method(*args, **kwargs))
+
+    async def put(self, key: str, value: bytes) -> None:
+        with store_errors("writing", self.url, key):
+            await self._call("pipe_file", self._full(key), value)
+
+    async def put_if_absent(self, key: str, value: bytes) -> bool:
+        with store_errors("creating", self.url, key):
+            try:
+                await self._call("pipe_file", self._full(key), value, mode="create")
+            except FileExistsError:
+                return False
+            return True
+
+    async def get(self, key: str) -> bytes | None:
+        with store_errors("reading", self.url, key):
+            try:
+                data: bytes = await self._call("cat_file", self._full(key))
+            except FileNotFoundError:
+                return None
+            return data
+
+    async def walk(self, prefix: str) -> list[str]:
+        with store_errors("listing", self.url, prefix):
+            self.fs.invalidate_cache()
+            base = self._full(prefix).rstrip("/")
+            try:
+                paths: list[str] = await self._call("find", base)
+            except FileNotFoundError:
+                return []
+            keys = [self._key(p) for p in paths]
+            keys.sort()
+            return keys
+
+    async def batch_delete(self, keys: Sequence[str]) -> None:
+        if not keys:
+            return
+        with store_errors("deleting", self.url, keys[0]):
+            paths = [self._full(k) for k in keys]
+            for i in range(0, len(paths), _BULK_DELETE_CHUNK):
+                chunk = paths[i : i + _BULK_DELETE_CHUNK]
+                try:
+                    await self._call("rm", chunk)
+                except FileNotFoundError:
+                    await self._delete_each(chunk)
+
+    async def _delete_each(self, paths: Sequence[str]) -> None:
+        for path in paths:
+            try:
+                await self._call("rm_file", path)
+            except FileNotFoundError:
+                continue
+
+    async def delete(self, key: str) -> None:
+        if key.endswith("/"):
+            # Object stores have no folders: the prefix is gone with its last key. Only
+            # memory:// keeps pseudo-folders, and those are harmless.
+            return
+        with store_errors("deleting", self.url, key):
+            await self._delete_each([self._full(key)])
+
+    async def check_access(self) -> None:
+        try:
+            self.fs.invalidate_cache()
+            if self.protocol in ("s3", "s3a", "gs", "gcs"):
+                bucket = self.root.split("/", 1)[0]
+                await self._call("ls", bucket)
+            else:
+                await self.walk("")
+        except Exception as e:
+            raise unavailable(self.url, e.__cause__ or e) from e
+
+    async def close(self) -> None:
+        if self.protocol in ("s3", "s3a") and self._async:
+            creator = getattr(self.fs, "_s3creator", None)
+            if creator is not None:
+                await creator.__aexit__(None, None, None)
+                self.fs._s3 = None  # noqa: SLF001 - s3fs keeps no public way to close
+        elif self.protocol in ("gs", "gcs") and self._async:
+            session = getattr(self.fs, "_session", None)
+            if session is not None:
+                await session.close()

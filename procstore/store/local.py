@@ -1,0 +1,211 @@
+"""`LocalDirStore`: a store in a local directory, with durable, atomic writes.
+
+fsspec's local `pipe_file` truncates the target and writes in place, so a crash can leave
+an empty or half-written step file. Here every write goes to a temp file in the same
+directory, is fsynced, renamed (or hard-linked, for create-only) over the key, and the
+directory is fsynced: after a crash a key holds either its whole value or nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from procstore.store.errors import store_errors, unavailable
+from procstore.store.state_store import StateStore, run_blocking
+
+TEMP_PREFIX = ".tmp-"
+"""Temp files start with this; they never parse as procedure keys and walks skip them."""
+
+_STALE_TEMP_SECONDS = 3600.0
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _make_dirs(path: Path) -> None:
+    """Create `path` and its missing parents, fsyncing each parent so the folders survive a crash."""
+    missing: list[Path] = []
+    probe = path
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        _fsync_dir(folder.parent)
+
+
+class LocalDirStore(StateStore):
+    """A `StateStore` rooted at a local directory. All file work runs in a thread."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).absolute()
+        self.url = f"{self.root}/"
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def _write(self, key: str, value: bytes, create_only: bool) -> bool:
+        target = self._path(key)
+        folder = target.parent
+        if not folder.is_dir():
+            _make_dirs(folder)
+        temp = folder / f"{TEMP_PREFIX}{uuid.uuid4().hex}"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            try:
+                _write_all(fd, value)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if create_only:
+                os.link(temp, target)  # the OS's exclusive create: exactly one winner
+            else:
+                os.replace(temp, target)
+        except FileExistsError:
+            return False
+        finally:
+            temp.unlink(missing_ok=True)
+        _fsync_dir(folder)
+        return True
+
+    async def put(self, key: str, value: bytes) -> None:
+        with store_errors("writing", self.url, key):
+            await run_blocking(self._write, key, value, False)
+
+    async def put_if_absent(self, key: str, value: bytes) -> bool:
+        with store_errors("creating", self.url, key):
+            return await run_blocking(self._write, key, value, True)
+
+    def _read(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    async def get(self, key: str) -> bytes | None:
+        with store_errors("reading", self.url, key):
+            return await run_blocking(self._read, key)
+
+    def _read_many(self, keys: Sequence[str]) -> list[bytes | None | Exception]:
+        out: list[bytes | None | Exception] = []
+        for key in keys:
+            try:
+                out.append(self._read(key))
+            except Exception as e:  # one unreadable file must not hide the others
+                out.append(e)
+        return out
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None | Exception]:
+        # One thread hop for the whole batch: per-key hops dominate when recovering thousands.
+        return await run_blocking(self._read_many, keys)
+
+    def _walk(self, prefix: str) -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        if not base.is_dir():
+            if not self.root.is_dir():
+                raise FileNotFoundError(f"no such directory: {self.root}")
+            return []
+        keys: list[str] = []
+        root_text = str(self.root)
+        for dirpath, _dirs, files in os.walk(base):
+            rel = dirpath[len(root_text) + 1 :].replace(os.sep, "/")
+            for name in files:
+                if not name.startswith(TEMP_PREFIX):
+                    keys.append(f"{rel}/{name}" if rel else name)
+        keys.sort()
+        return keys
+
+    async def walk(self, prefix: str) -> list[str]:
+        with store_errors("listing", self.url, prefix):
+            return await run_blocking(self._walk, prefix)
+
+    def _delete_files(self, keys: Sequence[str]) -> None:
+        folders = set()
+        for key in keys:
+            path = self._path(key)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            folders.add(path.parent)
+        for folder in folders:
+            _fsync_dir(folder)
+
+    async def batch_delete(self, keys: Sequence[str]) -> None:
+        if not keys:
+            return
+        with store_errors("deleting", self.url, keys[0]):
+            await run_blocking(self._delete_files, keys)
+
+    def _delete_one(self, key: str) -> None:
+        path = self._path(key.rstrip("/"))
+        if key.endswith("/"):
+            try:
+                path.rmdir()
+            except (FileNotFoundError, OSError):
+                return  # already gone, or not empty: something else lives there
+            _fsync_dir(path.parent)
+        else:
+            self._delete_files([key])
+
+    async def delete(self, key: str) -> None:
+        with store_errors("deleting", self.url, key):
+            await run_blocking(self._delete_one, key)
+
+    def _check(self) -> None:
+        if not self.root.exists():
+            _make_dirs(self.root)
+        if not self.root.is_dir():
+            raise NotADirectoryError(f"not a directory: {self.root}")
+        if not os.access(self.root, os.W_OK):
+            raise PermissionError(f"directory is not writable: {self.root}")
+
+    async def check_access(self) -> None:
+        """Create the root directory if needed; raise `StoreUnavailable` if it is unusable."""
+        try:
+            await run_blocking(self._check)
+        except OSError as e:
+            raise unavailable(self.url, e) from e
+
+    def _remove_stale_temps(self, prefix: str, older_than: float) -> int:
+        base = self._path(prefix)
+        removed = 0
+        cutoff = time.time() - older_than
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith(TEMP_PREFIX):
+                    path = Path(dirpath) / name
+                    try:
+                        if path.stat().st_mtime < cutoff:
+                            path.unlink()
+                            removed += 1
+                    except FileNotFoundError:
+                        continue
+        return removed
+
+    async def remove_stale_temps(self, prefix: str, older_than: float = _STALE_TEMP_SECONDS) -> int:
+        """Delete temp files a crashed writer left under `prefix`; returns how many.
+
+        Only files older than `older_than` seconds go, so a live writer's temp is never taken.
+        """
+        with store_errors("cleaning temp files in", self.url, prefix):
+            return await run_blocking(self._remove_stale_temps, prefix, older_than)
+
+
+def _write_all(fd: int, value: bytes) -> None:
+    view = memoryview(value)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]

@@ -1,0 +1,58 @@
+"""`open_state_store`: from a URL or a local path to the right `StateStore`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from procstore.errors import StoreUnavailable
+from procstore.store.fsspec_store import FsspecStore
+from procstore.store.local import LocalDirStore
+from procstore.store.state_store import StateStore
+
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+_ASYNC_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs"})
+
+
+def _protocol_of(url: str) -> str:
+    return url.split("://", 1)[0].lower() if "://" in url else "file"
+
+
+def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> StateStore:
+    """Build the store for `url` without touching the network or the disk.
+
+    A plain path or `file://` URL gives a `LocalDirStore` (durable writes); anything else
+    goes through fsspec with `storage_options`. Must be called inside the event loop that
+    will use the store, because async filesystems bind to it.
+
+    Raises `StoreUnavailable` for an unknown protocol or a backend that is not installed.
+    """
+    text = os.fspath(url)
+    protocol = _protocol_of(text)
+    options = dict(storage_options or {})
+    if protocol == "file":
+        path = text[len("file://") :] if text.startswith("file://") else text
+        return LocalDirStore(os.path.expanduser(path))
+    if protocol in _ASYNC_PROTOCOLS:
+        options.setdefault("asynchronous", True)
+        options.setdefault("skip_instance_cache", True)
+        options.setdefault("use_listings_cache", False)
+    elif protocol == "memory":
+        options.setdefault("skip_instance_cache", True)
+    try:
+        fs, path = fsspec.core.url_to_fs(text, **options)
+    except ImportError as e:
+        extra = _EXTRAS.get(protocol)
+        hint = f"pip install 'procstore[{extra}]'" if extra else f"install the fsspec backend for {protocol!r}"
+        raise StoreUnavailable(f"cannot open {text}: {e}; {hint}") from e
+    except (ValueError, TypeError) as e:
+        raise StoreUnavailable(
+            f"cannot open {text}: {e}; expected a local path, file://, s3://, gs://, memory:// "
+            "or another fsspec URL, with valid storage_options"
+        ) from e
+    if isinstance(fs, LocalFileSystem):
+        return LocalDirStore(path)
+    return FsspecStore(fs, path, text)

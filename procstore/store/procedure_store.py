@@ -1,0 +1,227 @@
+"""`ProcedureStore`: procedures' steps, commits and rollbacks on a `StateStore`.
+
+The layout and the rules are GreptimeDB's (see `store-format.md`): one folder per
+procedure, one key per persisted step, and the highest step decides what a procedure is
+on recovery. A value that cannot be read is reported with its key and skipped; it is never
+deleted and never stops the others from loading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from procstore.ids import ProcedureId
+from procstore.store.keys import PROC_PATH, KeyType, ParsedKey, procedure_dir
+from procstore.store.message import MessageDecodeError, ProcedureMessage
+from procstore.store.state_store import StateStore
+
+logger = logging.getLogger("procstore.store")
+
+_DELETE_CONCURRENCY = 32
+
+
+@dataclass(frozen=True, slots=True)
+class LoadProblem:
+    """A procedure that could not be loaded, and what an operator can do about it."""
+
+    key: str
+    procedure_id: ProcedureId | None
+    reason: str
+    hint: str
+    type_name: str | None = None
+
+    def __str__(self) -> str:
+        who = f"procedure {self.procedure_id}" if self.procedure_id else "a key"
+        kind = f" ({self.type_name})" if self.type_name else ""
+        return f"{who}{kind} at {self.key}: {self.reason}. {self.hint}"
+
+
+UNREADABLE_HINT = (
+    "It was skipped and left untouched: inspect the key, then restore a good value or delete "
+    "the procedure's folder, and restart"
+)
+
+
+@dataclass(slots=True)
+class ProcedureMessages:
+    """What `load_messages` found, by the suffix of each procedure's highest key."""
+
+    messages: dict[ProcedureId, ProcedureMessage] = field(default_factory=dict)
+    """Unfinished procedures (highest key `.step`), to resume."""
+    rollback_messages: dict[ProcedureId, ProcedureMessage] = field(default_factory=dict)
+    """Failed procedures (highest key `.rollback`), whose rollback must be (re)run."""
+    finished_ids: list[ProcedureId] = field(default_factory=list)
+    """Committed procedures (highest key `.commit`), whose keys are to be deleted."""
+    finished_messages: dict[ProcedureId, ProcedureMessage | None] = field(default_factory=dict)
+    """Each committed procedure's last `.step` message (its parent and type), None if unreadable."""
+    problems: list[LoadProblem] = field(default_factory=list)
+    """Procedures skipped because their highest value could not be read."""
+
+    @property
+    def unreadable_ids(self) -> set[ProcedureId]:
+        return {p.procedure_id for p in self.problems if p.procedure_id is not None}
+
+
+class ProcedureStore:
+    """Reads and writes procedures under `{parent_path}procedure/` of a `StateStore`."""
+
+    def __init__(self, store: StateStore, parent_path: str = "") -> None:
+        if parent_path and not parent_path.endswith("/"):
+            parent_path += "/"
+        self.store = store
+        self.proc_path = f"{parent_path}{PROC_PATH}"
+
+    def key(self, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
+        return str(ParsedKey(self.proc_path, procedure_id, step, key_type))
+
+    async def store_procedure(
+        self,
+        procedure_id: ProcedureId,
+        step: int,
+        type_name: str,
+        data: str,
+        parent_id: ProcedureId | None,
+    ) -> None:
+        """Write one persisted state as `{step}.step`."""
+        message = ProcedureMessage(type_name, data, parent_id, step)
+        await self.store.put(self.key(procedure_id, step, KeyType.STEP), message.encode())
+
+    async def create_procedure(
+        self,
+        procedure_id: ProcedureId,
+        type_name: str,
+        data: str,
+        parent_id: ProcedureId | None,
+    ) -> bool:
+        """Write a new procedure's submitted state as `0.step`, only if it does not exist.
+
+        Returns `False` if that key already holds something else. A value equal to ours
+        counts as written: it is our own earlier write whose answer was lost.
+        """
+        key = self.key(procedure_id, 0, KeyType.STEP)
+        value = ProcedureMessage(type_name, data, parent_id, 0).encode()
+        if await self.store.put_if_absent(key, value):
+            return True
+        return await self.store.get(key) == value
+
+    async def commit_procedure(self, procedure_id: ProcedureId, step: int) -> None:
+        """Mark the procedure finished: an empty `{step}.commit`."""
+        await self.store.put(self.key(procedure_id, step, KeyType.COMMIT), b"")
+
+    async def rollback_procedure(self, procedure_id: ProcedureId, message: ProcedureMessage) -> None:
+        """Mark the procedure failed: `{message.step}.rollback` holding `message` (with `error`)."""
+        key = self.key(procedure_id, message.step, KeyType.ROLLBACK)
+        await self.store.put(key, message.encode())
+
+    async def procedure_keys(self, procedure_id: ProcedureId) -> list[ParsedKey]:
+        """Every key of one procedure, by step."""
+        keys = await self.store.walk(procedure_dir(self.proc_path, procedure_id))
+        parsed = [ParsedKey.parse(self.proc_path, k) for k in keys]
+        return sorted((p for p in parsed if p is not None), key=lambda p: p.step)
+
+    async def delete_procedure(self, procedure_id: ProcedureId) -> None:
+        """Delete a procedure's keys: every `.step`, then `.commit`/`.rollback`, then the folder.
+
+        A crash part way leaves the terminal key, so the procedure still reads as finished.
+        """
+        folder = procedure_dir(self.proc_path, procedure_id)
+        keys = await self.store.walk(folder)
+        step_keys: list[str] = []
+        finish_keys: list[str] = []
+        for key in keys:
+            parsed = ParsedKey.parse(self.proc_path, key)
+            if parsed is None:
+                logger.warning("unknown key while deleting procedure %s: %s", procedure_id, key)
+            elif parsed.key_type is KeyType.STEP:
+                step_keys.append(key)
+            else:
+                finish_keys.append(key)
+        await self.store.batch_delete(step_keys)
+        await self.store.batch_delete(finish_keys)
+        await self.store.delete(folder)
+
+    async def delete_procedures(self, procedure_ids: Iterable[ProcedureId]) -> None:
+        """`delete_procedure` for each id, several at a time, in no particular order."""
+        limit = asyncio.Semaphore(_DELETE_CONCURRENCY)
+
+        async def one(pid: ProcedureId) -> None:
+            async with limit:
+                await self.delete_procedure(pid)
+
+        await asyncio.gather(*(one(pid) for pid in procedure_ids))
+
+    async def load_messages(self) -> ProcedureMessages:
+        """Scan every procedure and classify it by its highest key (the latest-step rule)."""
+        by_id: dict[ProcedureId, list[ParsedKey]] = defaultdict(list)
+        for key in await self.store.walk(self.proc_path):
+            parsed = ParsedKey.parse(self.proc_path, key)
+            if parsed is None:
+                logger.warning("ignoring a key that is not a procedure key: %s", key)
+                continue
+            by_id[parsed.procedure_id].append(parsed)
+
+        to_read: list[ParsedKey] = []
+        latest_of: dict[ProcedureId, ParsedKey] = {}
+        for pid, keys in by_id.items():
+            latest = max(keys, key=lambda k: (k.step, k.key_type.is_terminal))
+            latest_of[pid] = latest
+            if latest.key_type is not KeyType.COMMIT:
+                to_read.append(latest)
+            else:
+                last_step = max((k for k in keys if k.key_type is KeyType.STEP), default=None, key=lambda k: k.step)
+                if last_step is not None:
+                    to_read.append(last_step)
+        values = await self.store.get_many([str(k) for k in to_read])
+
+        result = ProcedureMessages()
+        read: dict[ProcedureId, bytes | None | Exception] = {
+            k.procedure_id: v for k, v in zip(to_read, values, strict=True)
+        }
+        for pid, latest in latest_of.items():
+            if latest.key_type is KeyType.COMMIT:
+                result.finished_ids.append(pid)
+                result.finished_messages[pid] = _message_or_none(read.get(pid))
+                continue
+            message = self._decode(latest, read[pid], result.problems)
+            if message is None:
+                continue
+            if latest.key_type is KeyType.STEP:
+                result.messages[pid] = message
+            else:
+                result.rollback_messages[pid] = message
+        return result
+
+    def _decode(
+        self, key: ParsedKey, raw: bytes | None | Exception, problems: list[LoadProblem]
+    ) -> ProcedureMessage | None:
+        if raw is None:
+            logger.info("key %s vanished while loading (deleted by another manager?)", key)
+            return None
+        if isinstance(raw, Exception):
+            reason = f"cannot be read: {type(raw).__name__}: {raw}"
+        else:
+            try:
+                message = ProcedureMessage.decode(raw)
+            except MessageDecodeError as e:
+                reason = f"is not a valid procedure message: {e}"
+            else:
+                # The key decides the step: resuming writes at key step + 1, never over a key.
+                return message if message.step == key.step else dataclasses.replace(message, step=key.step)
+        problem = LoadProblem(str(key), key.procedure_id, reason, UNREADABLE_HINT)
+        logger.error("skipping %s", problem)
+        problems.append(problem)
+        return None
+
+
+def _message_or_none(raw: bytes | None | Exception) -> ProcedureMessage | None:
+    if not isinstance(raw, bytes):
+        return None
+    try:
+        return ProcedureMessage.decode(raw)
+    except MessageDecodeError:
+        return None

@@ -1,0 +1,133 @@
+"""Shared fixtures: real stores (memory://, a local directory, S3 on a moto server, GCS emulator)."""
+
+from __future__ import annotations
+
+import os
+
+# gcsfs probes for hierarchical-namespace support over gRPC, which the emulator does not
+# answer: every call would wait 60 s. Must be set before gcsfs is imported.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class StoreTarget:
+    """A store URL and the storage options that reach it."""
+
+    kind: str
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1, reached over HTTP like real S3."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def s3_options(endpoint: str) -> dict[str, Any]:
+    return {"key": "testing", "secret": "testing", "endpoint_url": endpoint}
+
+
+@pytest.fixture
+def s3_bucket(moto_endpoint: str) -> str:
+    """A fresh bucket on the moto server."""
+    import boto3
+
+    name = f"procstore-{uuid.uuid4().hex[:12]}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def s3_target(moto_endpoint: str, s3_bucket: str) -> StoreTarget:
+    return StoreTarget("s3", f"s3://{s3_bucket}/cp/", s3_options(moto_endpoint))
+
+
+@pytest.fixture
+def local_target(tmp_path: Path) -> StoreTarget:
+    return StoreTarget("local", str(tmp_path / "store"))
+
+
+@pytest.fixture
+def memory_target() -> StoreTarget:
+    return StoreTarget("memory", f"memory://procstore-test-{uuid.uuid4().hex}/")
+
+
+@pytest.fixture(params=["memory", "local", "s3"])
+def store_target(request: pytest.FixtureRequest) -> StoreTarget:
+    """The same test on memory://, a local directory and S3 (moto server)."""
+    target: StoreTarget = request.getfixturevalue(f"{request.param}_target")
+    return target
+
+
+@pytest.fixture(scope="session")
+def gcs_endpoint() -> Iterator[str]:
+    """gcp-storage-emulator on 127.0.0.1, reached through gcsfs."""
+    exe = shutil.which("gcp-storage-emulator") or str(Path(sys.executable).parent / "gcp-storage-emulator")
+    port = free_port()
+    proc = subprocess.Popen(
+        [exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        raise RuntimeError("gcp-storage-emulator did not start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def gcs_target(gcs_endpoint: str) -> StoreTarget:
+    import gcsfs
+
+    bucket = f"procstore-{uuid.uuid4().hex[:12]}"
+    options = {"token": "anon", "endpoint_url": gcs_endpoint, "project": "test"}
+    fs = gcsfs.GCSFileSystem(skip_instance_cache=True, **options)
+    fs.mkdir(bucket)
+    return StoreTarget("gcs", f"gs://{bucket}/cp/", options)

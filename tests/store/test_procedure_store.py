@@ -1,0 +1,105 @@
+"""`ProcedureStore`: steps, commit, rollback, deletion order and the latest-step loading rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from procstore import ProcedureId
+from procstore.store import KeyType, LocalDirStore, ProcedureMessage, ProcedureStore
+from procstore.testing import FaultyStore
+
+
+def make_store(tmp_path: Path) -> tuple[ProcedureStore, FaultyStore]:
+    recorder = FaultyStore(LocalDirStore(tmp_path))
+    return ProcedureStore(recorder, "data/"), recorder
+
+
+async def test_store_commit_and_load(tmp_path: Path) -> None:
+    store, _ = make_store(tmp_path)
+    a, b, c = ProcedureId.random(), ProcedureId.random(), ProcedureId.random()
+    for step in range(3):
+        await store.store_procedure(a, step, "T", f"a-{step}", None)
+    await store.store_procedure(b, 0, "T", "b-0", None)
+    await store.store_procedure(b, 1, "T", "b-1", None)
+    await store.commit_procedure(b, 2)
+    await store.store_procedure(c, 0, "T", "c-0", a)
+    loaded = await store.load_messages()
+    assert loaded.messages == {
+        a: ProcedureMessage("T", "a-2", None, 2),
+        c: ProcedureMessage("T", "c-0", a, 0),
+    }
+    assert loaded.finished_ids == [b]
+    assert loaded.finished_messages[b] == ProcedureMessage("T", "b-1", None, 1)
+    assert loaded.rollback_messages == {}
+    assert loaded.problems == []
+    assert (tmp_path / "data" / "procedure" / str(b) / "0000000002.commit").read_bytes() == b""
+
+
+async def test_rollback_key_holds_the_error(tmp_path: Path) -> None:
+    store, _ = make_store(tmp_path)
+    pid = ProcedureId.random()
+    await store.store_procedure(pid, 0, "T", "d", None)
+    await store.rollback_procedure(pid, ProcedureMessage("T", "d", None, 1, "boom"))
+    loaded = await store.load_messages()
+    assert loaded.messages == {}
+    assert loaded.rollback_messages == {pid: ProcedureMessage("T", "d", None, 1, "boom")}
+    raw = (tmp_path / "data" / "procedure" / str(pid) / "0000000001.rollback").read_bytes()
+    assert raw == b'{"type_name":"T","data":"d","parent_id":null,"step":1,"error":"boom"}'
+
+
+async def test_delete_order_steps_then_commit_then_folder(tmp_path: Path) -> None:
+    store, recorder = make_store(tmp_path)
+    pid = ProcedureId.random()
+    await store.store_procedure(pid, 0, "T", "d", None)
+    await store.store_procedure(pid, 1, "T", "d", None)
+    await store.commit_procedure(pid, 2)
+    recorder.ops.clear()
+    await store.delete_procedure(pid)
+    folder = f"data/procedure/{pid}/"
+    assert [(op.kind, op.key) for op in recorder.ops] == [
+        ("batch_delete", f"{folder}0000000000.step,{folder}0000000001.step"),
+        ("batch_delete", f"{folder}0000000002.commit"),
+        ("delete", folder),
+    ]
+    assert not (tmp_path / "data" / "procedure" / str(pid)).exists()
+    loaded = await store.load_messages()
+    assert not loaded.messages and not loaded.finished_ids
+
+
+async def test_corrupt_value_is_reported_with_its_key_and_skipped(tmp_path: Path) -> None:
+    store, _ = make_store(tmp_path)
+    good, torn, empty = ProcedureId.random(), ProcedureId.random(), ProcedureId.random()
+    await store.store_procedure(good, 0, "T", "fine", None)
+    await store.store_procedure(torn, 0, "T", "fine", None)
+    torn_key = store.key(torn, 1, KeyType.STEP)
+    (tmp_path / torn_key).write_bytes(b'{"type_name":"T","data":"trunc')
+    empty_key = store.key(empty, 0, KeyType.STEP)
+    (tmp_path / empty_key).parent.mkdir(parents=True)
+    (tmp_path / empty_key).write_bytes(b"")
+    (tmp_path / "data" / "procedure" / "stray-file").write_text("ignored")
+    loaded = await store.load_messages()
+    assert set(loaded.messages) == {good}
+    assert {p.key for p in loaded.problems} == {torn_key, empty_key}
+    problem = next(p for p in loaded.problems if p.procedure_id == torn)
+    assert "not JSON" in problem.reason
+    assert str(torn) in str(problem) and torn_key in str(problem) and "restart" in str(problem)
+    # Nothing was deleted: the operator decides.
+    assert (tmp_path / torn_key).exists()
+
+
+async def test_create_procedure_is_create_only(tmp_path: Path) -> None:
+    store, _ = make_store(tmp_path)
+    pid = ProcedureId.random()
+    assert await store.create_procedure(pid, "T", "d", None)
+    assert await store.create_procedure(pid, "T", "d", None)  # our own earlier write: same bytes
+    assert not await store.create_procedure(pid, "T", "other", None)
+    assert (await store.load_messages()).messages[pid].data == "d"
+
+
+async def test_message_step_follows_the_key(tmp_path: Path) -> None:
+    store, _ = make_store(tmp_path)
+    pid = ProcedureId.random()
+    key = store.key(pid, 5, KeyType.STEP)
+    (tmp_path / key).parent.mkdir(parents=True)
+    (tmp_path / key).write_bytes(ProcedureMessage("T", "d", None, 3).encode())
+    assert (await store.load_messages()).messages[pid].step == 5
