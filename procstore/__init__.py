@@ -52,6 +52,7 @@ __all__ = [
     "RetryLater",
     "Status",
     "StatusKind",
+    "StringKey",
     "StoreError",
     "StoreUnavailable",
     "SubmissionsPaused",

@@ -89,7 +89,7 @@ class Steps(JsonProcedure):
                 self.world.counts[f"{name}/is_retrying"] += 1
             if self.world.counts[f"{name}/attempts/{at}"] <= self.data.get("retries", 0):
                 raise RetryLater(f"{name} not ready at step {at}")
-        if self.data.get("block"):
+        if self.data.get("block") and self.data.get("block_at", at) == at:
             await BLOCKERS[self.data["block"]].wait()
         self.world.apply(f"{name}/{at}")
         self.data["at"] = at + 1

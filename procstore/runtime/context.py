@@ -182,8 +182,7 @@ class ManagerContext:
                     key,
                     procedure_id,
                     f"no loader is registered for type {message.type_name!r} (registered: {known})",
-                    "Register its loader with `manager.register(...)` before `start()`; the keys "
-                    "were left untouched",
+                    "Register its loader with `manager.register(...)` before `start()`; the keys were left untouched",
                     message.type_name,
                 )
             )
@@ -195,8 +194,7 @@ class ManagerContext:
                     key,
                     procedure_id,
                     f"its loader rejected the stored data: {type(e).__name__}: {e}",
-                    "Fix the loader (old data must keep loading) or the stored value; the keys "
-                    "were left untouched",
+                    "Fix the loader (old data must keep loading) or the stored value; the keys were left untouched",
                     message.type_name,
                 )
             ) from e

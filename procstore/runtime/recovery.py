@@ -22,8 +22,7 @@ from procstore.store.procedure_store import LoadProblem, ProcedureMessages
 logger = logging.getLogger("procstore.recovery")
 
 ORPHAN_HINT = (
-    "Nothing will resume it: delete its folder if its parent finished, or restore the "
-    "parent's keys and restart"
+    "Nothing will resume it: delete its folder if its parent finished, or restore the parent's keys and restart"
 )
 
 
@@ -98,7 +97,10 @@ def _plan_unfinished(
         else:
             key = ctx.store.key(pid, message.step, KeyType.STEP)
             problem = LoadProblem(
-                key, pid, f"orphaned subprocedure: its parent {parent} has no unfinished state", ORPHAN_HINT,
+                key,
+                pid,
+                f"orphaned subprocedure: its parent {parent} has no unfinished state",
+                ORPHAN_HINT,
                 message.type_name,
             )
             logger.error("skipping %s", problem)

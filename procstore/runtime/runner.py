@@ -14,11 +14,11 @@ children first and itself last, so a crash part way still leaves it marked finis
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 
+from procstore.aio import gather_settled
 from procstore.errors import LockConflict, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
@@ -45,7 +45,7 @@ def type_name_of(procedure: Procedure) -> str:
     if not isinstance(name, str) or not name:
         raise TypeError(
             f"{type(procedure).__qualname__} has no `type_name`: set the class attribute "
-            "`type_name = \"app::Name\"` (the key its loader is registered under)"
+            '`type_name = "app::Name"` (the key its loader is registered under)'
         )
     return name
 
@@ -183,15 +183,15 @@ class Runner:
 
     async def _submit_children(self, subprocedures: Sequence[ProcedureWithId]) -> None:
         """Start each child that is not known yet; a known id is never started twice."""
-        new: list[tuple[ProcedureWithId, str, str]] = []
+        new: dict[ProcedureId, tuple[ProcedureWithId, str, str]] = {}
         for sub in subprocedures:
             self.meta.add_child(sub.id)
-            if sub.id not in self.ctx.metas and not self._claim_stored(sub.id):
-                new.append((sub, type_name_of(sub.procedure), sub.procedure.dump()))
-        created = await asyncio.gather(
-            *(self.ctx.store.create_procedure(sub.id, name, data, self.meta.id) for sub, name, data in new)
+            if sub.id not in new and sub.id not in self.ctx.metas and not self._claim_stored(sub.id):
+                new[sub.id] = (sub, type_name_of(sub.procedure), sub.procedure.dump())
+        created = await gather_settled(
+            *(self.ctx.store.create_procedure(sub.id, name, data, self.meta.id) for sub, name, data in new.values())
         )
-        for (sub, name, data), ok in zip(new, created, strict=True):
+        for (sub, name, data), ok in zip(new.values(), created, strict=True):
             if ok:
                 meta = self.ctx.new_meta(sub.id, name, self.meta.id, sub.procedure, ProcedureState.running())
                 Runner(self.ctx, meta, sub.procedure, 1, data).start()
@@ -299,7 +299,9 @@ class Runner:
             return
 
         def on_retry(exc: BaseException, retry: int, delay: float) -> None:
-            logger.warning("procedure %s: rollback retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc))
+            logger.warning(
+                "procedure %s: rollback retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc)
+            )
 
         async def attempt(n: int) -> None:
             await self.procedure.rollback(self._context(n))
@@ -308,7 +310,9 @@ class Runner:
             await self.ctx.policy.call(attempt, retry_on=is_any_error, on_retry=on_retry)
         except Exception as e:
             error = f"{state.error}; then its rollback failed: {describe(e)} (it runs again at the next start)"
-            await self._finish(ProcedureState.with_error(ProcedureStateKind.FAILED, error, e, _format_tb(e)), delete=False)
+            await self._finish(
+                ProcedureState.with_error(ProcedureStateKind.FAILED, error, e, _format_tb(e)), delete=False
+            )
             return
         await self._finish(failed)
 

@@ -23,8 +23,7 @@ def store_errors(op: str, url: str, key: str | None = None) -> Iterator[None]:
     except PermissionError as e:
         where = f"{url}{key or ''}"
         raise StoreError(
-            f"{op} {where} was denied ({describe(e)}); check the credentials and the "
-            "permissions on the store",
+            f"{op} {where} was denied ({describe(e)}); check the credentials and the permissions on the store",
             key=key,
         ) from e
     except Exception as e:

@@ -13,8 +13,9 @@ from typing import Any, TypeVar
 
 from fsspec.spec import AbstractFileSystem
 
+from procstore.aio import run_blocking
 from procstore.store.errors import store_errors, unavailable
-from procstore.store.state_store import StateStore, run_blocking
+from procstore.store.state_store import StateStore
 
 T = TypeVar("T")
 
@@ -131,7 +132,7 @@ class FsspecStore(StateStore):
             creator = getattr(self.fs, "_s3creator", None)
             if creator is not None:
                 await creator.__aexit__(None, None, None)
-                self.fs._s3 = None  # noqa: SLF001 - s3fs keeps no public way to close
+                self.fs._s3 = None
         elif self.protocol in ("gs", "gcs") and self._async:
             session = getattr(self.fs, "_session", None)
             if session is not None:

@@ -14,8 +14,9 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from procstore.aio import run_blocking
 from procstore.store.errors import store_errors, unavailable
-from procstore.store.state_store import StateStore, run_blocking
+from procstore.store.state_store import StateStore
 
 TEMP_PREFIX = ".tmp-"
 """Temp files start with this; they never parse as procedure keys and walks skip them."""
@@ -98,8 +99,8 @@ class LocalDirStore(StateStore):
         with store_errors("reading", self.url, key):
             return await run_blocking(self._read, key)
 
-    def _read_many(self, keys: Sequence[str]) -> list[bytes | None | Exception]:
-        out: list[bytes | None | Exception] = []
+    def _read_many(self, keys: Sequence[str]) -> list[bytes | Exception | None]:
+        out: list[bytes | Exception | None] = []
         for key in keys:
             try:
                 out.append(self._read(key))
@@ -107,7 +108,7 @@ class LocalDirStore(StateStore):
                 out.append(e)
         return out
 
-    async def get_many(self, keys: Sequence[str]) -> list[bytes | None | Exception]:
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | Exception | None]:
         # One thread hop for the whole batch: per-key hops dominate when recovering thousands.
         return await run_blocking(self._read_many, keys)
 

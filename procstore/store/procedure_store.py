@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from procstore.aio import gather_settled
 from procstore.ids import ProcedureId
 from procstore.store.keys import PROC_PATH, KeyType, ParsedKey, procedure_dir
 from procstore.store.message import MessageDecodeError, ProcedureMessage
@@ -153,7 +154,7 @@ class ProcedureStore:
             async with limit:
                 await self.delete_procedure(pid)
 
-        await asyncio.gather(*(one(pid) for pid in procedure_ids))
+        await gather_settled(*(one(pid) for pid in procedure_ids))
 
     async def load_messages(self) -> ProcedureMessages:
         """Scan every procedure and classify it by its highest key (the latest-step rule)."""
@@ -179,7 +180,7 @@ class ProcedureStore:
         values = await self.store.get_many([str(k) for k in to_read])
 
         result = ProcedureMessages()
-        read: dict[ProcedureId, bytes | None | Exception] = {
+        read: dict[ProcedureId, bytes | Exception | None] = {
             k.procedure_id: v for k, v in zip(to_read, values, strict=True)
         }
         for pid, latest in latest_of.items():
@@ -197,7 +198,7 @@ class ProcedureStore:
         return result
 
     def _decode(
-        self, key: ParsedKey, raw: bytes | None | Exception, problems: list[LoadProblem]
+        self, key: ParsedKey, raw: bytes | Exception | None, problems: list[LoadProblem]
     ) -> ProcedureMessage | None:
         if raw is None:
             logger.info("key %s vanished while loading (deleted by another manager?)", key)
@@ -218,7 +219,7 @@ class ProcedureStore:
         return None
 
 
-def _message_or_none(raw: bytes | None | Exception) -> ProcedureMessage | None:
+def _message_or_none(raw: bytes | Exception | None) -> ProcedureMessage | None:
     if not isinstance(raw, bytes):
         return None
     try:

@@ -3,18 +3,15 @@
 Keys are `/`-separated paths relative to the store's root (`procedure/<id>/0000000001.step`).
 Every method is async; a backend over a blocking filesystem runs its calls in a thread and
 waits for that thread even when cancelled, so nothing is written after the awaiting task
-has been cancelled (see `run_blocking`).
+has been cancelled (see `procstore.aio.run_blocking`).
 """
 
 from __future__ import annotations
 
 import abc
-import asyncio
-import functools
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
-T = TypeVar("T")
+from procstore.aio import gather_settled
 
 
 class StateStore(abc.ABC):
@@ -42,15 +39,16 @@ class StateStore(abc.ABC):
     async def get(self, key: str) -> bytes | None:
         """The value under `key`, or `None` if there is none."""
 
-    async def get_many(self, keys: Sequence[str]) -> list[bytes | None | Exception]:
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | Exception | None]:
         """The values of `keys`, in order; a failed read is returned as its exception."""
-        results = await asyncio.gather(*(self.get(k) for k in keys), return_exceptions=True)
-        out: list[bytes | None | Exception] = []
-        for r in results:
-            if isinstance(r, BaseException) and not isinstance(r, Exception):
-                raise r
-            out.append(r)
-        return out
+
+        async def one(key: str) -> bytes | Exception | None:
+            try:
+                return await self.get(key)
+            except Exception as e:  # one unreadable value must not hide the others
+                return e
+
+        return await gather_settled(*(one(k) for k in keys))
 
     @abc.abstractmethod
     async def walk(self, prefix: str) -> list[str]:
@@ -70,18 +68,3 @@ class StateStore(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - most backends hold nothing
         """Release connections. The store must not be used afterwards."""
-
-
-async def run_blocking(fn: Callable[..., T], *args: object) -> T:
-    """Run blocking `fn(*args)` in a thread; if cancelled, wait for the thread, then re-raise.
-
-    A thread cannot be interrupted, so returning on cancellation would let a write land
-    after the caller believed everything had stopped.
-    """
-    loop = asyncio.get_running_loop()
-    future = loop.run_in_executor(None, functools.partial(fn, *args))
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        await asyncio.wait([future])
-        raise

@@ -40,6 +40,10 @@ class FaultyStore(StateStore):
     around the write next to it.
     """
 
+    def landed(self) -> list[StoreOp]:
+        """The recorded operations that completed (the one crashed "after" included)."""
+        return [op for op in self.ops if op.index in self.completed]
+
     def __init__(
         self,
         inner: StateStore,
@@ -53,6 +57,8 @@ class FaultyStore(StateStore):
         self.crash_at = crash_at
         self.crash_when = crash_when
         self.ops: list[StoreOp] = []
+        self.completed: set[int] = set()
+        """Indexes of the recorded operations that returned (a cancelled one may not have landed)."""
         self.crashed = asyncio.Event()
 
     async def _op(self, kind: str, key: str, call: Callable[[], Awaitable[T]]) -> T:
@@ -66,6 +72,7 @@ class FaultyStore(StateStore):
         if hit and self.crash_when == "before":
             self._crash(op)
         result = await call()
+        self.completed.add(op.index)
         if hit and self.crash_when == "after":
             self._crash(op)
         return result
@@ -83,7 +90,7 @@ class FaultyStore(StateStore):
     async def get(self, key: str) -> bytes | None:
         return await self._op("get", key, lambda: self.inner.get(key))
 
-    async def get_many(self, keys: Sequence[str]) -> list[bytes | None | Exception]:
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | Exception | None]:
         return await self._op("get_many", ",".join(keys[:1]), lambda: self.inner.get_many(keys))
 
     async def walk(self, prefix: str) -> list[str]:

@@ -89,7 +89,7 @@ async def test_submit_errors(tmp_path: Path) -> None:
         await manager.submit(steps(world))
 
 
-def StoreTargetLike(path: Path) -> StoreTarget:  # noqa: N802 - reads like a constructor
+def StoreTargetLike(path: Path) -> StoreTarget:
     return StoreTarget("local", str(path / "store"))
 
 

@@ -17,8 +17,7 @@ def test_vectors_are_byte_exact() -> None:
     assert message.encode() == b'{"type_name":"TestMessage","data":"no parent id","parent_id":null,"step":4}'
     message = ProcedureMessage("TestMessage", "no parent id", PARENT, 4)
     assert message.encode() == (
-        b'{"type_name":"TestMessage","data":"no parent id",'
-        b'"parent_id":"9f805a1f-05f7-490c-9f91-bd56e3cc54c1","step":4}'
+        b'{"type_name":"TestMessage","data":"no parent id","parent_id":"9f805a1f-05f7-490c-9f91-bd56e3cc54c1","step":4}'
     )
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m benchmarks` (see issue 5; not yet written)."""

@@ -1,0 +1,38 @@
+"""Asyncio helpers that keep the promise "nothing is written after stop() returns"."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def run_blocking(fn: Callable[..., T], *args: object) -> T:
+    """Run blocking `fn(*args)` in a thread; if cancelled, wait for the thread, then re-raise.
+
+    A thread cannot be interrupted, so returning on cancellation would let a write land
+    after the caller believed everything had stopped.
+    """
+    loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(None, functools.partial(fn, *args))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait([future])
+        raise
+
+
+async def gather_settled(*awaitables: Awaitable[T]) -> list[T]:
+    """Like `asyncio.gather`, but when one fails, wait for all the others before raising.
+
+    Plain `gather` raises at the first failure and leaves its siblings running, so their
+    writes could land after the caller has given up (or the manager has stopped).
+    """
+    results = await asyncio.gather(*awaitables, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results  # type: ignore[return-value]

@@ -1,0 +1,181 @@
+"""Recovery at `start()`: GreptimeDB-format stores, the latest-step rule, bad input, ordering."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from procstore import ProcedureId, ProcedureManager, ProcedureWithId
+from procstore.store import LocalDirStore
+from procstore.testing import FaultyStore
+from tests.conftest import StoreTarget
+from tests.procedures import Steps, Undoable, World
+from tests.runtime.helpers import blocker, eventually, manager_for, steps, wait_for_state
+
+
+def write_raw(root: Path, key: str, value: bytes) -> None:
+    path = root / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(value)
+
+
+def greptime_step(type_name: str, data: str, step: int, parent: str | None = None, error: str | None = None) -> bytes:
+    """A message exactly as GreptimeDB's serde_json writes it."""
+    parent_json = "null" if parent is None else f'"{parent}"'
+    error_json = "" if error is None else f',"error":{json.dumps(error)}'
+    return (
+        f'{{"type_name":"{type_name}","data":{json.dumps(data)},"parent_id":{parent_json},"step":{step}{error_json}}}'
+    ).encode()
+
+
+async def test_recovers_a_greptimedb_written_store(tmp_path: Path) -> None:
+    """Hand-written keys in GreptimeDB's format (no durable submit: steps start at 0)."""
+    world = World.new()
+    pid = "4f2a1c3e-8a47-4b1e-9d55-1c2b3d4e5f60"
+    folder = f"procedure/{pid}"
+    first = json.dumps({"world": world.name, "steps": 4, "at": 1})
+    latest = json.dumps({"world": world.name, "steps": 4, "at": 2})
+    write_raw(tmp_path, f"{folder}/0000000000.step", greptime_step("test::Steps", first, 0))
+    write_raw(tmp_path, f"{folder}/0000000001.step", greptime_step("test::Steps", latest, 1))
+    done_id = "0d6c9a59-9a3c-4a8f-8a8e-3f7b1f0c2d11"
+    write_raw(tmp_path, f"procedure/{done_id}/0000000000.step", greptime_step("test::Steps", first, 0))
+    write_raw(tmp_path, f"procedure/{done_id}/0000000001.commit", b"")
+
+    recorder = FaultyStore(LocalDirStore(tmp_path))
+    async with manager_for(recorder) as manager:
+        assert manager.recovery_problems == []
+        watcher = manager.procedure_watcher(ProcedureId.parse(pid))
+        assert watcher is not None
+        assert await watcher.wait() == "steps done"
+    # Resumed from the latest step (at=2): steps 2 and 3 ran, not 0 or 1.
+    assert world.log == ["steps/2", "steps/3"]
+    puts = [op.key for op in recorder.ops if op.kind == "put"]
+    # The next state goes at latest step + 1; nothing is overwritten.
+    assert puts == [f"{folder}/0000000002.step", f"{folder}/0000000003.commit"]
+    # The committed one was deleted at start; the finished one after it ended.
+    assert not (tmp_path / "procedure" / done_id).exists()
+    assert await LocalDirStore(tmp_path).walk("procedure/") == []
+
+
+async def test_greptimedb_rollback_key_resumes_rollback(tmp_path: Path) -> None:
+    world = World.new()
+    world.effects.add("steps/0")
+    pid = "7a1d6f0e-2b3c-4d5e-8f90-a1b2c3d4e5f6"
+    data = json.dumps({"world": world.name, "steps": 3, "at": 1})
+    write_raw(tmp_path, f"procedure/{pid}/0000000000.step", greptime_step("test::Undoable", data, 0))
+    write_raw(tmp_path, f"procedure/{pid}/0000000001.rollback", greptime_step("test::Undoable", data, 1, error="boom"))
+    async with manager_for(StoreTarget("local", str(tmp_path))) as manager:
+        state = await wait_for_state(manager, ProcedureId.parse(pid))
+        assert state.is_failed() and state.error == "boom"
+    assert world.effects == {"steps/rolled-back"}
+
+
+async def test_unknown_type_and_corrupt_values_are_skipped_and_kept(tmp_path: Path) -> None:
+    world = World.new()
+    unknown = "11111111-2222-4333-8444-555555555555"
+    corrupt = "66666666-7777-4888-8999-aaaaaaaaaaaa"
+    bad_data = "bbbbbbbb-cccc-4ddd-8eee-ffffffffffff"
+    write_raw(tmp_path, f"procedure/{unknown}/0000000000.step", greptime_step("app::Unregistered", "{}", 0))
+    write_raw(tmp_path, f"procedure/{corrupt}/0000000000.step", b'{"type_name":"test::Steps","da')
+    write_raw(tmp_path, f"procedure/{bad_data}/0000000000.step", greptime_step("test::Steps", "not json", 0))
+    good = steps(world, 2)
+    async with manager_for(StoreTarget("local", str(tmp_path))) as manager:
+        await manager.submit(good)
+    async with manager_for(StoreTarget("local", str(tmp_path))) as manager:
+        problems = {str(p.procedure_id): p for p in manager.recovery_problems}
+        assert set(problems) == {unknown, corrupt, bad_data}
+        assert "app::Unregistered" in problems[unknown].reason and "register" in problems[unknown].hint.lower()
+        assert problems[corrupt].key == f"procedure/{corrupt}/0000000000.step"
+        assert "loader rejected" in problems[bad_data].reason
+        # The good one went on.
+        watcher = manager.procedure_watcher(good.id)
+        assert watcher is not None and await watcher.wait() == "steps done"
+        assert manager.procedure_state(ProcedureId.parse(unknown)) is None
+    for pid in (unknown, corrupt, bad_data):
+        assert (tmp_path / "procedure" / pid / "0000000000.step").exists()
+
+
+async def test_rolling_back_procedures_are_resumed_first(tmp_path: Path) -> None:
+    """Both want the same exclusive lock: the rolling-back one must get it first."""
+    world = World.new()
+    world.effects.add("rb/0")
+    rb = "aaaaaaaa-0000-4000-8000-000000000001"
+    run = "00000000-0000-4000-8000-000000000002"  # sorts first, so order is not an accident
+    rb_data = json.dumps({"world": world.name, "steps": 3, "at": 1, "name": "rb", "exclusive": ["t"]})
+    run_data = json.dumps({"world": world.name, "steps": 1, "name": "run", "exclusive": ["t"]})
+    write_raw(tmp_path, f"procedure/{rb}/0000000001.rollback", greptime_step("test::Undoable", rb_data, 1, error="x"))
+    write_raw(tmp_path, f"procedure/{run}/0000000000.step", greptime_step("test::Steps", run_data, 0))
+    async with manager_for(StoreTarget("local", str(tmp_path))) as manager:
+        await wait_for_state(manager, ProcedureId.parse(rb))
+        await wait_for_state(manager, ProcedureId.parse(run))
+    assert world.log == ["undo:rb/0", "rb/rolled-back", "run/0"]
+
+
+async def test_restart_resumes_where_it_stopped(store_target: StoreTarget) -> None:
+    world = World.new()
+    name, gate = blocker()
+    async with manager_for(store_target) as manager:
+        watcher = await manager.submit(steps(world, 4, block=name, block_at=2))
+        # Wait until step 1's result is stored (on S3 the write outlasts the step itself).
+        while not any(k.endswith("0000000002.step") for k in await manager.store.store.walk("procedure/")):
+            await asyncio.sleep(0.005)
+    assert world.log == ["steps/0", "steps/1"]
+    gate.set()
+    async with manager_for(store_target) as manager:
+        resumed = manager.procedure_watcher(watcher.procedure_id)
+        assert resumed is not None
+        assert await resumed.wait() == "steps done"
+    # Step 1 persisted its result before the stop, so only steps 2 and 3 ran after it.
+    assert world.log == ["steps/0", "steps/1", "steps/2", "steps/3"]
+
+
+async def test_crashed_rollback_resumes_after_restart(tmp_path: Path) -> None:
+    target = StoreTarget("local", str(tmp_path))
+    world = World.new()
+    data = {"world": world.name, "steps": 3, "fail_at": 1, "rollback_failures": 100}
+    async with manager_for(target, max_retry_times=100, retry_delay=0.01) as manager:
+        watcher = await manager.submit(ProcedureWithId.new(Undoable(data)))
+        await eventually(lambda: watcher.state.is_rolling_back() and world.counts["steps/rollbacks"] >= 1)
+    # "Crashed" mid-rollback; the rollback is not recorded as done, so it runs again.
+    Undoable_data_fix = {**data, "rollback_failures": 0}
+    key = (await LocalDirStore(tmp_path).walk("procedure/"))[-1]
+    assert key.endswith(".rollback")
+    raw = json.loads((tmp_path / key).read_bytes())
+    raw["data"] = json.dumps({**json.loads(raw["data"]), **Undoable_data_fix})
+    (tmp_path / key).write_bytes(json.dumps(raw, separators=(",", ":")).encode())
+    async with manager_for(target) as manager:
+        state = await wait_for_state(manager, watcher.procedure_id)
+        assert state.is_failed() and "failed at step 1" in (state.error or "")
+    assert "steps/rolled-back" in world.effects
+
+
+async def test_committed_but_not_deleted_is_deleted_at_start(memory_target: StoreTarget) -> None:
+    manager = ProcedureManager(memory_target.url)
+    async with manager:
+        pid = ProcedureId.random()
+        await manager.store.store_procedure(pid, 0, "x", "d", None)
+        await manager.store.commit_procedure(pid, 1)
+    async with ProcedureManager(memory_target.url) as manager:
+        assert await manager.store.store.walk("procedure/") == []
+        assert manager.list_procedures() == []
+
+
+@pytest.mark.parametrize("persist", [True, False])
+async def test_recovered_procedure_keeps_step_numbers(tmp_path: Path, persist: bool) -> None:
+    world = World.new()
+    pid = ProcedureId.random()
+    data = json.dumps({"world": world.name, "steps": 3, "at": 1, "persist": persist})
+    write_raw(tmp_path, f"procedure/{pid}/0000000004.step", greptime_step("test::Steps", data, 4))
+    recorder = FaultyStore(LocalDirStore(tmp_path))
+    async with manager_for(recorder) as manager:
+        await wait_for_state(manager, pid)
+    names = [op.key.rsplit("/", 1)[1] for op in recorder.ops if op.kind == "put"]
+    assert names == (["0000000005.step", "0000000006.commit"] if persist else ["0000000005.commit"])
+
+
+def test_default_loader_is_inverse_of_dump() -> None:
+    proc = Steps({"world": "w", "steps": 2, "at": 1})
+    assert Steps.load(proc.dump()).data == proc.data

@@ -1,0 +1,192 @@
+"""Subprocedures: suspension, children persisted with their parent, no double start, lock conflicts."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from procstore import (
+    Context,
+    LockConflict,
+    ProcedureFailed,
+    ProcedureId,
+    ProcedureWithId,
+    Status,
+    StringKey,
+)
+from procstore.store import LocalDirStore, ProcedureMessage
+from procstore.testing import FaultyStore
+from tests.conftest import StoreTarget
+from tests.procedures import Child, JsonProcedure, Parent, World
+from tests.runtime.helpers import manager_for
+
+
+async def test_parent_waits_for_children_and_sees_their_states(store_target: StoreTarget) -> None:
+    world = World.new()
+    async with manager_for(store_target) as manager:
+        parent = Parent.create(world, ["a", "b", "c"])
+        watcher = await manager.submit(ProcedureWithId.new(parent))
+        assert await watcher.wait() == "joined"
+        assert world.effects == {
+            "parent/prepared",
+            *(f"child/{n}/{s}" for n in "abc" for s in (0, 1)),
+            "parent/joined",
+        }
+        assert world.log.index("parent/joined") > max(world.log.index(f"child/{n}/1") for n in "abc")
+        infos = {str(i.id): i for i in manager.list_procedures()}
+        for cid in parent.data["children"].values():
+            assert infos[cid].parent_id == watcher.procedure_id and infos[cid].state.is_done()
+        assert await manager.store.store.walk("procedure/") == []
+
+
+async def test_children_are_persisted_with_parent_id(tmp_path: Path) -> None:
+    recorder = FaultyStore(LocalDirStore(tmp_path))
+    world = World.new()
+    parent = Parent.create(world, ["a"])
+    child_id = parent.data["children"]["a"]
+    seen: list[ProcedureMessage] = []
+    inner_put_if_absent = recorder.inner.put_if_absent
+
+    async def spy(key: str, value: bytes) -> bool:
+        if child_id in key:
+            seen.append(ProcedureMessage.decode(value))
+        return await inner_put_if_absent(key, value)
+
+    recorder.inner.put_if_absent = spy  # type: ignore[method-assign]
+    async with manager_for(recorder) as manager:
+        watcher = await manager.submit(ProcedureWithId.new(parent))
+        await watcher.wait()
+    assert [(m.type_name, m.parent_id, m.step) for m in seen] == [("test::Child", watcher.procedure_id, 0)]
+    # The parent's suspended state is stored before its children's first steps.
+    puts = [op.key for op in recorder.ops if op.kind.startswith("put")]
+    parent_suspend = next(i for i, k in enumerate(puts) if str(watcher.procedure_id) in k and "0000000002" in k)
+    assert parent_suspend < next(i for i, k in enumerate(puts) if child_id in k)
+
+
+async def test_failed_child_is_seen_by_its_parent(memory_target: StoreTarget) -> None:
+    world = World.new()
+    async with manager_for(memory_target) as manager:
+        parent = Parent.create(world, ["a", "b"], child_extra={"fail": True})
+        watcher = await manager.submit(ProcedureWithId.new(parent))
+        with pytest.raises(ProcedureFailed, match="children failed"):
+            await watcher.wait()
+        for cid in parent.data["children"].values():
+            state = manager.procedure_state(ProcedureId.parse(cid))
+            assert state is not None and state.is_failed()
+        assert await manager.store.store.walk("procedure/") == []
+
+
+class Resubmits(JsonProcedure):
+    """Suspends on the same child id three times, and once on a duplicate within one list."""
+
+    type_name = "test::Resubmits"
+
+    async def execute(self, ctx: Context) -> Status:
+        rounds = self.data.get("rounds", 0)
+        child = ProcedureWithId(
+            ProcedureId.parse(self.data["child"]), Child({"world": self.data["world"], "name": "only"})
+        )
+        if rounds < 3:
+            self.data["rounds"] = rounds + 1
+            return Status.suspended([child, child])
+        return Status.done(rounds)
+
+
+async def test_known_child_id_is_not_started_twice(memory_target: StoreTarget) -> None:
+    world = World.new()
+    manager = manager_for(memory_target)
+    manager.register(Resubmits)
+    async with manager:
+        data = {"world": world.name, "child": str(ProcedureId.random())}
+        watcher = await manager.submit(ProcedureWithId.new(Resubmits(data)))
+        assert await watcher.wait() == 3
+    assert world.counts["child/only/0"] == 1 and world.counts["child/only/1"] == 1
+
+
+@pytest.mark.parametrize(
+    ("parent_keys", "child_keys", "conflicts"),
+    [
+        (["table/1"], ["table/1"], True),
+        ([], [], False),
+        (["table/1"], ["table/1/region/0"], False),
+    ],
+)
+async def test_child_lock_conflicting_with_parent_fails_the_parent(
+    memory_target: StoreTarget, parent_keys: list[str], child_keys: list[str], conflicts: bool
+) -> None:
+    world = World.new()
+    async with manager_for(memory_target) as manager:
+        parent = Parent.create(world, ["a"], exclusive=parent_keys, child_extra={"exclusive": child_keys})
+        watcher = await manager.submit(ProcedureWithId.new(parent))
+        if conflicts:
+            with pytest.raises(ProcedureFailed, match="table/1.*conflict") as info:
+                await asyncio.wait_for(watcher.wait(), 5)
+            assert isinstance(info.value.cause, LockConflict)
+        else:
+            assert await asyncio.wait_for(watcher.wait(), 5) == "joined"
+
+
+class SharedParent(JsonProcedure):
+    """Holds `catalog` shared and `table` exclusive; its child shares `catalog` and wants `table` shared."""
+
+    type_name = "test::SharedParent"
+
+    async def execute(self, ctx: Context) -> Status:
+        if not self.data.get("spawned"):
+            self.data["spawned"] = True
+            child = ProcedureWithId.new(Child({"world": self.data["world"], "name": "x", "exclusive": []}))
+            child_keys = self.data["child_keys"]
+            child.procedure.lock_key = lambda: _lock(child_keys)  # type: ignore[method-assign]
+            return Status.suspended([child])
+        return Status.done("ok")
+
+    def lock_key(self):  # type: ignore[no-untyped-def]
+        return _lock([["share", "catalog"], ["exclusive", "table"]])
+
+
+def _lock(keys: list[list[str]]):  # type: ignore[no-untyped-def]
+    from procstore import LockKey
+
+    return LockKey([StringKey.share(k) if mode == "share" else StringKey.exclusive(k) for mode, k in keys])
+
+
+@pytest.mark.parametrize(
+    ("child_keys", "ok"),
+    [([["share", "catalog"]], True), ([["share", "table"]], False), ([["exclusive", "catalog"]], False)],
+)
+async def test_shared_keys_between_parent_and_child(memory_target: StoreTarget, child_keys: list, ok: bool) -> None:  # type: ignore[type-arg]
+    world = World.new()
+    manager = manager_for(memory_target)
+    manager.register(SharedParent)
+    async with manager:
+        watcher = await manager.submit(
+            ProcedureWithId.new(SharedParent({"world": world.name, "child_keys": child_keys}))
+        )
+        if ok:
+            assert await asyncio.wait_for(watcher.wait(), 5) == "ok"
+        else:
+            with pytest.raises(ProcedureFailed, match="conflict"):
+                await asyncio.wait_for(watcher.wait(), 5)
+
+
+async def test_children_resume_from_their_stored_state_after_restart(tmp_path: Path) -> None:
+    """Parent stored as suspended, child half-way: the child resumes at its stored step."""
+    target = StoreTarget("local", str(tmp_path))
+    world = World.new()
+    parent = Parent.create(world, ["a"])
+    pid = ProcedureId.random()
+    child_id = ProcedureId.parse(parent.data["children"]["a"])
+    async with manager_for(target) as manager:
+        store = manager.store
+        parent.data["stage"] = "join"
+        await store.store_procedure(pid, 0, "test::Parent", parent.dump(), None)
+        await store.store_procedure(child_id, 0, "test::Child", Child({"world": world.name, "name": "a"}).dump(), pid)
+        half = Child({"world": world.name, "name": "a", "stage": 1})
+        await store.store_procedure(child_id, 1, "test::Child", half.dump(), pid)
+    async with manager_for(target) as manager:
+        watcher = manager.procedure_watcher(pid)
+        assert watcher is not None
+        assert await watcher.wait() == "joined"
+    assert world.log == ["child/a/1", "parent/joined"]
