@@ -88,6 +88,37 @@ def memory_target() -> StoreTarget:
     return StoreTarget("memory", f"memory://procstore-test-{uuid.uuid4().hex}/")
 
 
+class WrappedFS:
+    """Registers `wrapped://`: fsspec's DirFileSystem over another filesystem, as fault
+    injectors outside the project build theirs (object-storage-facts.md)."""
+
+    registered = False
+
+    @classmethod
+    def register(cls) -> None:
+        if cls.registered:
+            return
+        import fsspec
+        from fsspec.implementations.dirfs import DirFileSystem
+
+        class Wrapped(DirFileSystem):  # type: ignore[misc]
+            protocol = "wrapped"
+
+        fsspec.register_implementation("wrapped", Wrapped, clobber=True)
+        cls.registered = True
+
+
+@pytest.fixture
+def wrapped_target(tmp_path: Path) -> StoreTarget:
+    """A `wrapped://` URL over a local directory, reached only through fsspec."""
+    import fsspec
+
+    WrappedFS.register()
+    return StoreTarget(
+        "wrapped", "wrapped://store/", {"fs": fsspec.filesystem("file"), "path": str(tmp_path), "fo": str(tmp_path)}
+    )
+
+
 @pytest.fixture(params=["memory", "local", "s3"])
 def store_target(request: pytest.FixtureRequest) -> StoreTarget:
     """The same test on memory://, a local directory and S3 (moto server)."""

@@ -44,7 +44,9 @@ class FsspecStore(StateStore):
         return f"{self.root}/{key}" if self.root else key
 
     def _key(self, path: str) -> str:
-        prefix = f"{self.root}/" if self.root else ""
+        # Filesystems disagree on a leading "/" (memory:// adds one, wrappers may drop it).
+        path = path.lstrip("/")
+        prefix = f"{self.root.lstrip('/')}/" if self.root.strip("/") else ""
         return path[len(prefix) :] if path.startswith(prefix) else path
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -57,14 +59,23 @@ class FsspecStore(StateStore):
             return sync_method(*args, **kwargs)
         return await run_blocking(lambda: sync_method(*args, **kwargs))
 
+    async def _pipe(self, key: str, value: bytes, **kwargs: Any) -> None:
+        path = self._full(key)
+        try:
+            await self._call("pipe_file", path, value, **kwargs)
+        except FileNotFoundError:
+            # A filesystem with real folders (local behind a wrapper, sftp...): make them.
+            await self._call("makedirs", path.rsplit("/", 1)[0], exist_ok=True)
+            await self._call("pipe_file", path, value, **kwargs)
+
     async def put(self, key: str, value: bytes) -> None:
         with store_errors("writing", self.url, key):
-            await self._call("pipe_file", self._full(key), value)
+            await self._pipe(key, value)
 
     async def put_if_absent(self, key: str, value: bytes) -> bool:
         with store_errors("creating", self.url, key):
             try:
-                await self._call("pipe_file", self._full(key), value, mode="create")
+                await self._pipe(key, value, mode="create")
             except FileExistsError:
                 return False
             return True
@@ -96,6 +107,10 @@ class FsspecStore(StateStore):
             paths = [self._full(k) for k in keys]
             for i in range(0, len(paths), _BULK_DELETE_CHUNK):
                 chunk = paths[i : i + _BULK_DELETE_CHUNK]
+                if self._async and self.protocol in ("s3", "s3a"):
+                    # One DeleteObjects request; `rm` would first expand the paths.
+                    await self.fs._bulk_delete(chunk)
+                    continue
                 try:
                     await self._call("rm", chunk)
                 except FileNotFoundError:

@@ -32,9 +32,15 @@ def written(recorder: FaultyStore, pid: ProcedureId) -> list[str]:
     return [op.key.rsplit("/", 1)[1] for op in recorder.ops if op.kind.startswith("put") and str(pid) in op.key]
 
 
-async def test_submit_runs_to_done_on_every_store(store_target: StoreTarget) -> None:
+@pytest.fixture(params=["memory", "local", "s3", "gcs", "wrapped"])
+def every_target(request: pytest.FixtureRequest) -> StoreTarget:
+    target: StoreTarget = request.getfixturevalue(f"{request.param}_target")
+    return target
+
+
+async def test_submit_runs_to_done_on_every_store(every_target: StoreTarget) -> None:
     world = World.new()
-    async with manager_for(store_target) as manager:
+    async with manager_for(every_target) as manager:
         watcher = await manager.submit(steps(world, 3))
         assert await watcher.wait() == "steps done"
         assert world.effects == {"steps/0", "steps/1", "steps/2"}
