@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from procstore import ProcedureWithId, RetryLater, Status
 from procstore.machine import (
-    Duration,
     DuplicateStateName,
+    Duration,
     MachineContext,
     MachineDataError,
     State,
@@ -22,7 +22,6 @@ from procstore.machine import (
     StateRegistry,
 )
 from tests.conftest import StoreTarget
-from tests.runtime.helpers import FAST
 
 registry = StateRegistry("demo_state", machine="test::Counter")
 
@@ -129,7 +128,7 @@ def test_old_data_with_fewer_fields_loads_with_defaults() -> None:
 
 
 def test_externally_tagged_single_field_state() -> None:
-    persistent, state = Counter.decode('{"persistent_ctx":{"name":"a","peer":{"id":1}},"state":{"Finish":"slow"}}')
+    _, state = Counter.decode('{"persistent_ctx":{"name":"a","peer":{"id":1}},"state":{"Finish":"slow"}}')
     assert state == Finish(Mode.SLOW)
 
 
@@ -204,7 +203,7 @@ async def test_state_is_replaced_only_when_next_returns(memory_target: StoreTarg
         volatiles.append(Volatile(fail_next=True))
         return volatiles[-1]
 
-    manager = ProcedureManager(memory_target.url, **FAST)
+    manager = ProcedureManager(memory_target.url, retry_delay=0.001)
     Counter.register_with(manager, tracking_factory)
     async with manager:
         machine = Counter.create(Persistent("done!", Peer(1)), tracking_factory)
