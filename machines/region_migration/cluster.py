@@ -1,0 +1,271 @@
+"""A simulated cluster for region migration: durable metadata, datanodes and a mailbox.
+
+- Table routes (which datanode leads each region) live in object storage under
+  `cluster/tables/{table_id}.json`, updated by compare-and-set on a version number.
+- Each datanode keeps its replicas (role and last entry id) durably under
+  `cluster/datanodes/{id}.json`, as a real datanode keeps them on its disk.
+- The mailbox carries instructions to datanodes and can be made slow, time out, fail, or
+  cut a datanode off (a partition). A cut-off datanode gives up leadership once its lease
+  has run out, as GreptimeDB's datanodes do.
+
+Everything survives the procedure manager being killed: only the mailbox is in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+import orjson
+
+from procstore.machine.codec import to_builtins
+from procstore.store.state_store import StateStore
+
+Role = Literal["leader", "follower"]
+
+REGION_LEASE_SECONDS = 0.3
+"""How long a leader keeps serving without hearing from the metasrv (short, for tests)."""
+
+
+def region_id(table_id: int, region_number: int) -> int:
+    """GreptimeDB's RegionId: the table id in the high 32 bits."""
+    return (table_id << 32) | region_number
+
+
+def table_of(region: int) -> int:
+    return region >> 32
+
+
+@dataclass
+class RegionRoute:
+    region_id: int
+    leader: int
+    followers: list[int] = field(default_factory=list)
+    leader_downgrading: bool = False
+
+
+@dataclass
+class TableRoute:
+    table_id: int
+    version: int
+    regions: list[RegionRoute]
+
+    def route(self, region: int) -> RegionRoute | None:
+        return next((r for r in self.regions if r.region_id == region), None)
+
+
+@dataclass
+class Replica:
+    role: Role
+    last_entry_id: int = 0
+
+
+class VersionConflict(Exception):
+    """The route changed since it was read (another writer won the compare-and-set)."""
+
+
+class MailboxTimeout(Exception):
+    """No reply in time: retryable."""
+
+
+class DatanodeError(Exception):
+    """The datanode refused the instruction."""
+
+
+class ClusterMetadata:
+    """Table routes on durable storage."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self._lock = asyncio.Lock()
+
+    @staticmethod
+    def _key(table_id: int) -> str:
+        return f"cluster/tables/{table_id}.json"
+
+    async def get_route(self, table_id: int) -> TableRoute | None:
+        raw = await self.store.get(self._key(table_id))
+        return None if raw is None else msgspec.convert(orjson.loads(raw), TableRoute)
+
+    async def put_route(self, route: TableRoute) -> None:
+        await self.store.put(self._key(route.table_id), orjson.dumps(to_builtins(route)))
+
+    async def update_route(self, table_id: int, expected_version: int, route: TableRoute) -> TableRoute:
+        """Store `route` as the next version if the stored one is still `expected_version`."""
+        async with self._lock:
+            current = await self.get_route(table_id)
+            if current is None or current.version != expected_version:
+                raise VersionConflict(f"table {table_id}: route changed since version {expected_version}")
+            route.version = expected_version + 1
+            await self.put_route(route)
+            return route
+
+    async def table_ids(self) -> list[int]:
+        keys = await self.store.walk("cluster/tables/")
+        return sorted(int(k.rsplit("/", 1)[1].split(".")[0]) for k in keys)
+
+
+class Datanode:
+    """One datanode: its replicas, persisted after every change."""
+
+    def __init__(self, node_id: int, store: StateStore) -> None:
+        self.id = node_id
+        self.store = store
+        self.replicas: dict[int, Replica] = {}
+
+    @property
+    def key(self) -> str:
+        return f"cluster/datanodes/{self.id}.json"
+
+    async def load(self) -> None:
+        raw = await self.store.get(self.key)
+        if raw is not None:
+            self.replicas = msgspec.convert(orjson.loads(raw), dict[int, Replica], strict=False)
+
+    async def save(self) -> None:
+        await self.store.put(self.key, orjson.dumps(to_builtins(self.replicas)))
+
+    async def handle(self, instruction: str, region: int, **args: Any) -> dict[str, Any]:
+        replica = self.replicas.get(region)
+        if instruction == "open":
+            if replica is None:
+                self.replicas[region] = Replica("follower")
+                await self.save()
+            return {"opened": True}
+        if instruction == "downgrade":
+            if replica is None:
+                return {"exists": False, "last_entry_id": None}
+            if replica.role == "leader":
+                replica.role = "follower"
+                await self.save()
+            return {"exists": True, "last_entry_id": replica.last_entry_id}
+        if instruction == "upgrade":
+            if replica is None:
+                raise DatanodeError(f"region {region} is not open on datanode {self.id}")
+            if replica.role != "leader":
+                replica.role = "leader"
+                replica.last_entry_id = max(replica.last_entry_id, args.get("last_entry_id") or 0)
+                await self.save()
+            return {"ready": True}
+        if instruction == "close":
+            if self.replicas.pop(region, None) is not None:
+                await self.save()
+            return {"closed": True}
+        raise DatanodeError(f"unknown instruction {instruction!r}")
+
+
+@dataclass
+class Fault:
+    """How the mailbox treats one datanode."""
+
+    delay: float = 0.0
+    timeouts: int = 0
+    """The next `timeouts` instructions time out."""
+    failures: int = 0
+    """The next `failures` instructions are refused."""
+    partitioned_since: float | None = None
+    """Unreachable since this `time.monotonic()`; its leases run out after REGION_LEASE_SECONDS."""
+
+
+class Mailbox:
+    """Delivers instructions to datanodes, with the faults set in `faults`."""
+
+    def __init__(self, datanodes: dict[int, Datanode]) -> None:
+        self.datanodes = datanodes
+        self.faults: dict[int, Fault] = {}
+        self.sent: list[tuple[int, str, int]] = []
+
+    def fault(self, node_id: int) -> Fault:
+        return self.faults.setdefault(node_id, Fault())
+
+    async def send(  # noqa: ASYNC109 - the timeout is simulated, part of the fault model
+        self, node_id: int, instruction: str, region: int, timeout: float, **args: Any
+    ) -> dict[str, Any]:
+        self.sent.append((node_id, instruction, region))
+        fault = self.faults.get(node_id, Fault())
+        if fault.partitioned_since is not None:
+            await asyncio.sleep(min(timeout, 0.01))
+            raise MailboxTimeout(f"datanode {node_id} is unreachable ({instruction} region {region})")
+        if fault.timeouts > 0:
+            fault.timeouts -= 1
+            raise MailboxTimeout(f"datanode {node_id} did not answer {instruction} of region {region} in time")
+        if fault.failures > 0:
+            fault.failures -= 1
+            raise DatanodeError(f"datanode {node_id} refused {instruction} of region {region}")
+        if fault.delay > timeout:
+            await asyncio.sleep(timeout)
+            raise MailboxTimeout(f"datanode {node_id} is too slow for {instruction} of region {region}")
+        if fault.delay:
+            await asyncio.sleep(fault.delay)
+        node = self.datanodes.get(node_id)
+        if node is None:
+            raise DatanodeError(f"no datanode {node_id}")
+        return await node.handle(instruction, region, **args)
+
+
+class SimCluster:
+    """Metadata, datanodes and mailbox over one store."""
+
+    def __init__(self, store: StateStore, node_ids: list[int]) -> None:
+        self.store = store
+        self.metadata = ClusterMetadata(store)
+        self.datanodes = {n: Datanode(n, store) for n in node_ids}
+        self.mailbox = Mailbox(self.datanodes)
+
+    async def load(self) -> None:
+        for node in self.datanodes.values():
+            await node.load()
+
+    async def create_table(self, table_id: int, leaders: dict[int, int], followers: dict[int, list[int]]) -> None:
+        """A table whose region `n` is led by datanode `leaders[n]`."""
+        regions = []
+        for number, leader in sorted(leaders.items()):
+            rid = region_id(table_id, number)
+            regions.append(RegionRoute(rid, leader, list(followers.get(number, []))))
+            self.datanodes[leader].replicas[rid] = Replica("leader", last_entry_id=100 + number)
+            for f in followers.get(number, []):
+                self.datanodes[f].replicas[rid] = Replica("follower")
+        for node in self.datanodes.values():
+            await node.save()
+        await self.metadata.put_route(TableRoute(table_id, 0, regions))
+
+    async def expire_leases(self) -> None:
+        """A datanode cut off for longer than a lease stops leading (it cannot renew)."""
+        now = time.monotonic()
+        for node_id, fault in self.mailbox.faults.items():
+            if fault.partitioned_since is None or now - fault.partitioned_since < REGION_LEASE_SECONDS:
+                continue
+            node = self.datanodes[node_id]
+            changed = [r for r in node.replicas.values() if r.role == "leader"]
+            for replica in changed:
+                replica.role = "follower"
+            if changed:
+                await node.save()
+
+
+async def check_cluster(store: StateStore) -> list[str]:
+    """Invariants, read from the store alone: each routed region has exactly one leading
+    replica, on the datanode the route names, and no route is left mid-downgrade."""
+    broken: list[str] = []
+    metadata = ClusterMetadata(store)
+    leaders: dict[int, list[int]] = {}
+    for key in await store.walk("cluster/datanodes/"):
+        node_id = int(key.rsplit("/", 1)[1].split(".")[0])
+        raw = await store.get(key)
+        replicas = msgspec.convert(orjson.loads(raw or b"{}"), dict[int, Replica], strict=False)
+        for rid, replica in replicas.items():
+            if replica.role == "leader":
+                leaders.setdefault(rid, []).append(node_id)
+    for table_id in await metadata.table_ids():
+        route = await metadata.get_route(table_id)
+        assert route is not None
+        for r in route.regions:
+            nodes = leaders.get(r.region_id, [])
+            if nodes != [r.leader]:
+                broken.append(f"region {r.region_id}: route says leader {r.leader}, datanodes leading: {nodes}")
+            if r.leader_downgrading:
+                broken.append(f"region {r.region_id}: route left with its leader downgrading")
+    return broken

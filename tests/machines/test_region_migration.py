@@ -1,0 +1,219 @@
+"""Region migration on the simulated cluster: stored form, paths, faults, crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from pathlib import Path
+
+import pytest
+
+from machines.region_migration import RegionMigration, SimCluster, VolatileContext, check_cluster, new_migration
+from machines.region_migration.cluster import region_id
+from machines.region_migration.machine import PersistentContext, UpdateMetadata
+from procstore import ProcedureFailed, ProcedureManager, ProcedureWithId
+from procstore.machine import Duration
+from procstore.store import LocalDirStore, StateStore, open_state_store
+from procstore.testing import FaultyStore, SimulatedCrash
+
+DATA = Path(__file__).parent / "data"
+TABLE = 1024
+REGION = region_id(TABLE, 1)
+
+
+async def new_cluster(store: StateStore, regions: int = 1) -> SimCluster:
+    cluster = SimCluster(store, [1, 2, 3])
+    await cluster.create_table(TABLE, {n: 1 for n in range(1, regions + 1)}, {})
+    return cluster
+
+
+def manager_on(store: StateStore, cluster: SimCluster) -> ProcedureManager:
+    manager = ProcedureManager(store, retry_delay=0.001, max_retry_delay=0.01)
+    RegionMigration.register_with(manager, lambda _p: VolatileContext(cluster))
+    return manager
+
+
+async def migrate(store: StateStore, cluster: SimCluster, machine: RegionMigration) -> object:
+    async with manager_on(store, cluster) as manager:
+        watcher = await manager.submit(ProcedureWithId.new(machine))
+        return await asyncio.wait_for(watcher.wait(), 20)
+
+
+def test_serialized_form_matches_greptimedb(tmp_path: Path) -> None:
+    cluster = SimCluster(LocalDirStore(tmp_path), [1, 2])
+    machine = new_migration(cluster, [REGION], 1, 2)
+    assert REGION == 4398046511105
+    assert machine.dump() == (
+        '{"persistent_ctx":{"catalog":"greptime","schema":"public","from_peer":{"id":1,"addr":""},'
+        '"to_peer":{"id":2,"addr":""},"region_id":4398046511105,"timeout":"10s"},'
+        '"state":{"region_migration_state":"RegionMigrationStart"}}'
+    )
+
+
+def test_backward_compatibility() -> None:
+    """Frozen samples: GreptimeDB's context without `timeout`, and one of every state as
+    procstore first wrote them. Changing how these load breaks stored procedures."""
+    old = '{"catalog":"greptime","schema":"public","from_peer":{"id":1,"addr":""},"to_peer":{"id":2,"addr":""},"region_id":4398046511105}'  # noqa: E501
+    from procstore.machine.codec import convert
+
+    ctx = convert(__import__("orjson").loads(old), PersistentContext, machine="m", field="persistent_ctx")
+    assert ctx.timeout == Duration(seconds=10) and ctx.region_ids == []
+    for line in (DATA / "region_migration_v1.jsonl").read_text().splitlines():
+        persistent, state = RegionMigration.decode(line)
+        assert persistent.region_id == REGION
+        machine = RegionMigration(persistent, state, None)  # type: ignore[arg-type]
+        assert machine.dump() == line
+
+
+def test_short_form_of_update_metadata() -> None:
+    data = (
+        '{"persistent_ctx":{"catalog":"greptime","schema":"public","from_peer":{"id":1,"addr":""},'
+        '"to_peer":{"id":2,"addr":""},"region_id":4398046511105},"state":{"UpdateMetadata":"Downgrade"}}'
+    )
+    _, state = RegionMigration.decode(data)
+    assert isinstance(state, UpdateMetadata) and state.kind.value == "Downgrade"
+
+
+def test_lock_keys(tmp_path: Path) -> None:
+    machine = new_migration(SimCluster(LocalDirStore(tmp_path), [1, 2]), [REGION, REGION + 1], 1, 2)
+    assert [str(k) for k in machine.lock_key()] == [
+        "share:catalog/greptime",
+        f"exclusive:region/{REGION}",
+        f"exclusive:region/{REGION + 1}",
+        "share:schema/greptime/public",
+        f"exclusive:table/{TABLE}",
+    ]
+
+
+async def test_migrates_several_regions(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    cluster = await new_cluster(store, regions=3)
+    regions = [region_id(TABLE, n) for n in (1, 2, 3)]
+    output = await migrate(store, cluster, new_migration(cluster, regions, 1, 2))
+    assert output == {"regions": regions, "leader": 2}
+    route = await cluster.metadata.get_route(TABLE)
+    assert route is not None and all(r.leader == 2 and not r.leader_downgrading for r in route.regions)
+    assert await check_cluster(store) == []
+    assert await store.walk("procedure/") == []
+
+
+async def test_retryable_mailbox_timeouts(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    cluster = await new_cluster(store)
+    cluster.mailbox.fault(2).timeouts = 2  # opening the candidate times out twice
+    await migrate(store, cluster, new_migration(cluster, [REGION], 1, 2))
+    assert [s for s in cluster.mailbox.sent if s[1] == "open"] == [(2, "open", REGION)] * 3
+    assert await check_cluster(store) == []
+
+
+async def test_upgrade_failing_past_the_timeout_rolls_back(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    cluster = await new_cluster(store)
+    cluster.datanodes[2].handle = _refuse("upgrade", cluster.datanodes[2].handle)  # type: ignore[method-assign,assignment]
+    machine = new_migration(cluster, [REGION], 1, 2, timeout=Duration(milliseconds=200))
+    with pytest.raises(ProcedureFailed, match="could not be upgraded"):
+        await migrate(store, cluster, machine)
+    route = await cluster.metadata.get_route(TABLE)
+    assert route is not None and route.regions[0].leader == 1 and not route.regions[0].leader_downgrading
+    assert await check_cluster(store) == []
+
+
+def _refuse(instruction: str, handle: object) -> object:
+    from machines.region_migration.cluster import DatanodeError
+
+    async def handler(kind: str, region: int, **args: object) -> object:
+        if kind == instruction:
+            raise DatanodeError(f"{kind} refused")
+        return await handle(kind, region, **args)  # type: ignore[operator]
+
+    return handler
+
+
+async def test_unreachable_leader_takes_the_lease_slow_path(tmp_path: Path) -> None:
+    import time
+
+    store = LocalDirStore(tmp_path)
+    cluster = await new_cluster(store)
+    cluster.mailbox.fault(1).partitioned_since = time.monotonic()
+    started = time.monotonic()
+    await migrate(store, cluster, new_migration(cluster, [REGION], 1, 2))
+    assert time.monotonic() - started >= 0.25  # waited out the old leader's lease
+    assert cluster.datanodes[1].replicas[REGION].role == "follower"
+    assert await check_cluster(store) == []
+
+
+async def test_aborts_when_the_region_is_led_elsewhere(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    cluster = await new_cluster(store)
+    with pytest.raises(ProcedureFailed, match="not led by 3"):
+        await migrate(store, cluster, new_migration(cluster, [REGION], 3, 2))
+    assert await check_cluster(store) == []
+
+
+async def test_unknown_state_tag_is_reported_with_key_machine_and_field(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    cluster = await new_cluster(store)
+    bad = new_migration(cluster, [REGION], 1, 2).dump().replace("RegionMigrationStart", "Teleport")
+    manager = manager_on(store, cluster)
+    async with manager:
+        pid = ProcedureWithId.new(new_migration(cluster, [REGION], 1, 2)).id
+        await manager.store.store_procedure(pid, 0, RegionMigration.type_name, bad, None)
+    async with manager_on(store, cluster) as manager:
+        [problem] = manager.recovery_problems
+        text = str(problem)
+        for fragment in (str(pid), "0000000000.step", RegionMigration.type_name, "state.region_migration_state",
+                         "'Teleport'", "RegionMigrationStart"):  # fmt: skip
+            assert fragment in text, text
+
+
+@pytest.mark.parametrize("kind", ["memory", "local"])
+async def test_crash_at_every_store_operation(tmp_path: Path, kind: str) -> None:
+    """Cluster writes and procedure writes share the store: crash around each one."""
+
+    def url(n: int) -> str:
+        return f"memory://rm-{uuid.uuid4().hex}/" if kind == "memory" else str(tmp_path / f"run-{n}")
+
+    async def run(crash_at: int | None, when: str, target: str) -> int:
+        faulty = FaultyStore(open_state_store(target), crash_at=None)
+        cluster = await new_cluster(faulty, regions=2)
+        faulty.crash_at, faulty.crash_when = crash_at, when  # type: ignore[assignment]
+        faulty.ops.clear()
+        machine = new_migration(cluster, [region_id(TABLE, 1), region_id(TABLE, 2)], 1, 2)
+        pwid = ProcedureWithId.new(machine)
+        submitted = False
+        first = manager_on(faulty, cluster)
+        with contextlib.suppress(SimulatedCrash):
+            await first.start()
+            watcher = await first.submit(pwid)
+            submitted = True
+            done = asyncio.ensure_future(watcher.wait())
+            crashed = asyncio.ensure_future(faulty.crashed.wait())
+            await asyncio.wait([done, crashed], return_when=asyncio.FIRST_COMPLETED, timeout=20)
+            crashed.cancel()
+        await first.stop()
+        if submitted:
+            done.cancel()
+        store = open_state_store(target)
+        survivor = SimCluster(store, [1, 2, 3])
+        await survivor.load()
+        async with manager_on(store, survivor) as second:
+            resumed = second.procedure_watcher(pwid.id)
+            if resumed is None and not submitted:
+                machine = new_migration(survivor, [region_id(TABLE, 1), region_id(TABLE, 2)], 1, 2)
+                resumed = await second.submit(ProcedureWithId(pwid.id, machine))
+            if resumed is not None:
+                await asyncio.wait_for(resumed.wait(), 20)
+        assert await check_cluster(store) == []
+        route = await survivor.metadata.get_route(TABLE)
+        assert route is not None and [r.leader for r in route.regions] == [2, 2]
+        assert await store.walk("procedure/") == []
+        return len(faulty.ops)
+
+    total = await run(None, "before", url(0))
+    for crash_at in range(total):
+        for when in ("before", "after"):
+            try:
+                await run(crash_at, when, url(crash_at * 2 + (when == "after")))
+            except AssertionError as e:
+                raise AssertionError(f"crash {when} operation {crash_at} of {total}: {e}") from e
