@@ -181,8 +181,13 @@ class Mailbox:
     def fault(self, node_id: int) -> Fault:
         return self.faults.setdefault(node_id, Fault())
 
-    async def send(  # noqa: ASYNC109 - the timeout is simulated, part of the fault model
-        self, node_id: int, instruction: str, region: int, timeout: float, **args: Any
+    async def send(
+        self,
+        node_id: int,
+        instruction: str,
+        region: int,
+        timeout: float,  # noqa: ASYNC109 - the timeout is simulated, part of the fault model
+        **args: Any,
     ) -> dict[str, Any]:
         self.sent.append((node_id, instruction, region))
         fault = self.faults.get(node_id, Fault())
