@@ -103,6 +103,19 @@ class ClusterMetadata:
             await self.put_route(route)
             return route
 
+    async def delete_route(self, table_id: int) -> None:
+        await self.store.delete(self._key(table_id))
+
+    async def get_table_info(self, table_id: int) -> dict[str, Any] | None:
+        raw = await self.store.get(f"cluster/table_info/{table_id}.json")
+        return None if raw is None else dict(orjson.loads(raw))
+
+    async def put_table_info(self, table_id: int, info: dict[str, Any]) -> None:
+        await self.store.put(f"cluster/table_info/{table_id}.json", orjson.dumps(info))
+
+    async def delete_table_info(self, table_id: int) -> None:
+        await self.store.delete(f"cluster/table_info/{table_id}.json")
+
     async def table_ids(self) -> list[int]:
         keys = await self.store.walk("cluster/tables/")
         return sorted(int(k.rsplit("/", 1)[1].split(".")[0]) for k in keys)
@@ -115,6 +128,7 @@ class Datanode:
         self.id = node_id
         self.store = store
         self.replicas: dict[int, Replica] = {}
+        self._lock = asyncio.Lock()
 
     @property
     def key(self) -> str:
@@ -129,7 +143,18 @@ class Datanode:
         await self.store.put(self.key, orjson.dumps(to_builtins(self.replicas)))
 
     async def handle(self, instruction: str, region: int, **args: Any) -> dict[str, Any]:
+        # One instruction at a time: each save writes the whole replica map, and two
+        # overlapping saves could land out of order and lose a change.
+        async with self._lock:
+            return await self._handle(instruction, region, **args)
+
+    async def _handle(self, instruction: str, region: int, **args: Any) -> dict[str, Any]:
         replica = self.replicas.get(region)
+        if instruction == "create":
+            if replica is None:
+                self.replicas[region] = Replica("leader")
+                await self.save()
+            return {"created": True}
         if instruction == "open":
             if replica is None:
                 self.replicas[region] = Replica("follower")
@@ -264,13 +289,18 @@ async def check_cluster(store: StateStore) -> list[str]:
         for rid, replica in replicas.items():
             if replica.role == "leader":
                 leaders.setdefault(rid, []).append(node_id)
+    routed: set[int] = set()
     for table_id in await metadata.table_ids():
         route = await metadata.get_route(table_id)
         assert route is not None
+        routed.update(r.region_id for r in route.regions)
         for r in route.regions:
             nodes = leaders.get(r.region_id, [])
             if nodes != [r.leader]:
                 broken.append(f"region {r.region_id}: route says leader {r.leader}, datanodes leading: {nodes}")
             if r.leader_downgrading:
                 broken.append(f"region {r.region_id}: route left with its leader downgrading")
+    for rid, nodes in sorted(leaders.items()):
+        if rid not in routed:
+            broken.append(f"region {rid}: led by datanodes {nodes} but in no table route (a leaked region)")
     return broken
