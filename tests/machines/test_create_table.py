@@ -51,7 +51,7 @@ async def test_a_failed_region_rolls_the_whole_table_back(tmp_path: Path) -> Non
             raise DatanodeError("disk full")
         return await original(kind, region, **args)
 
-    cluster.datanodes[3].handle = refuse_create  # type: ignore[method-assign]
+    cluster.datanodes[3].handle = refuse_create  # type: ignore[method-assign,assignment]
     async with manager_on(store, cluster, max_retry_times=2) as manager:
         watcher = await manager.submit(ProcedureWithId.new(new_create_table(cluster, "cpu", 7, [1, 2, 3])))
         with pytest.raises(ProcedureFailed, match=r"regions \[3\]"):
