@@ -5,8 +5,9 @@
 - Each datanode keeps its replicas (role and last entry id) durably under
   `cluster/datanodes/{id}.json`, as a real datanode keeps them on its disk.
 - The mailbox carries instructions to datanodes and can be made slow, time out, fail, or
-  cut a datanode off (a partition). A cut-off datanode gives up leadership once its lease
-  has run out, as GreptimeDB's datanodes do.
+  cut a datanode off (a partition). A leader whose lease is no longer renewed (its route
+  marks it downgrading) gives up leadership on its own once the lease has run out, as
+  GreptimeDB's datanodes do; that needs no message, so it works across a partition.
 
 Everything survives the procedure manager being killed: only the mailbox is in memory.
 """
@@ -14,7 +15,6 @@ Everything survives the procedure manager being killed: only the mailbox is in m
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -191,8 +191,8 @@ class Fault:
     """The next `timeouts` instructions time out."""
     failures: int = 0
     """The next `failures` instructions are refused."""
-    partitioned_since: float | None = None
-    """Unreachable since this `time.monotonic()`; its leases run out after REGION_LEASE_SECONDS."""
+    partitioned: bool = False
+    """Unreachable: every instruction times out."""
 
 
 class Mailbox:
@@ -216,7 +216,7 @@ class Mailbox:
     ) -> dict[str, Any]:
         self.sent.append((node_id, instruction, region))
         fault = self.faults.get(node_id, Fault())
-        if fault.partitioned_since is not None:
+        if fault.partitioned:
             await asyncio.sleep(min(timeout, 0.01))
             raise MailboxTimeout(f"datanode {node_id} is unreachable ({instruction} region {region})")
         if fault.timeouts > 0:
@@ -262,17 +262,17 @@ class SimCluster:
             await node.save()
         await self.metadata.put_route(TableRoute(table_id, 0, regions))
 
-    async def expire_leases(self) -> None:
-        """A datanode cut off for longer than a lease stops leading (it cannot renew)."""
-        now = time.monotonic()
-        for node_id, fault in self.mailbox.faults.items():
-            if fault.partitioned_since is None or now - fault.partitioned_since < REGION_LEASE_SECONDS:
-                continue
-            node = self.datanodes[node_id]
-            changed = [r for r in node.replicas.values() if r.role == "leader"]
-            for replica in changed:
+    async def expire_lease(self, node_id: int, region: int) -> None:
+        """The leader's lease on `region` ran out (nobody renewed it): it stops leading.
+
+        This happens inside the datanode, with no message from the metasrv, which is why it
+        works when the datanode cannot be reached.
+        """
+        node = self.datanodes.get(node_id)
+        replica = None if node is None else node.replicas.get(region)
+        if node is not None and replica is not None and replica.role == "leader":
+            async with node._lock:
                 replica.role = "follower"
-            if changed:
                 await node.save()
 
 

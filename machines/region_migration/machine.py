@@ -215,16 +215,31 @@ def _switch_leader(route: TableRoute, p: PersistentContext) -> bool:
 
 
 async def rollback_downgraded_leader(ctx: Ctx) -> None:
-    """Give leadership back to from_peer for regions still marked downgrading. Idempotent."""
+    """Give leadership back to from_peer for regions still marked downgrading. Idempotent.
+
+    The candidate may already have been upgraded (a failure or crash after its upgrade but
+    before the route named it): it is demoted first, so that there is never a second leader.
+    """
     p = ctx.persistent
     route = await _route(ctx)
     downgraded = [r.region_id for r in route.regions if r.region_id in p.regions() and r.leader_downgrading]
     for region in downgraded:
+        await _demote(ctx, p.to_peer, region)
         try:
             await _send(ctx, p.from_peer, "upgrade", region)
         except (MailboxTimeout, DatanodeError) as e:
             raise _retry(e) from e
     await _update_route(ctx, lambda r: _set_downgrading(r, p, False))
+
+
+async def _demote(ctx: Ctx, peer: Peer, region: int) -> None:
+    try:
+        await _send(ctx, peer, "downgrade", region)
+    except (MailboxTimeout, DatanodeError):
+        # Unreachable: the route does not name it, so nobody renews its lease; once the
+        # lease has run out it has stopped leading.
+        await asyncio.sleep(REGION_LEASE_SECONDS)
+        await ctx.volatile.cluster.expire_lease(peer.id, region)
 
 
 @registry.state
@@ -233,20 +248,23 @@ class DowngradeLeaderRegion(State[Ctx]):
     async def next(self, ctx: Ctx) -> tuple[State[Ctx], Status]:
         p, v = ctx.persistent, ctx.volatile
         for region in p.regions():
-            if region in v.last_entry_ids:
-                continue
-            try:
-                reply = await _send(ctx, p.from_peer, "downgrade", region)
-            except (MailboxTimeout, DatanodeError):
-                # Slow path: the old leader cannot be told; wait until its lease has run
-                # out, after which it no longer serves writes, then go on without it.
-                if v.lease_deadline is None:
-                    v.lease_deadline = time.monotonic() + REGION_LEASE_SECONDS
-                await asyncio.sleep(max(0.0, v.lease_deadline - time.monotonic()))
-                await v.cluster.expire_leases()
-                v.last_entry_ids[region] = None
-                continue
-            v.last_entry_ids[region] = reply.get("last_entry_id")
+            delay = 0.005
+            while region not in v.last_entry_ids:
+                try:
+                    reply = await _send(ctx, p.from_peer, "downgrade", region)
+                    v.last_entry_ids[region] = reply.get("last_entry_id")
+                except (MailboxTimeout, DatanodeError):
+                    # Keep trying until the leader's lease has run out. The route marks it
+                    # downgrading, so the metasrv no longer renews that lease: past the
+                    # deadline the old leader has stopped serving, and we go on without it.
+                    if v.lease_deadline is None:
+                        v.lease_deadline = time.monotonic() + REGION_LEASE_SECONDS
+                    if time.monotonic() < v.lease_deadline:
+                        await asyncio.sleep(min(delay, max(0.0, v.lease_deadline - time.monotonic())))
+                        delay = min(delay * 2, 0.05)
+                        continue
+                    await v.cluster.expire_lease(p.from_peer.id, region)
+                    v.last_entry_ids[region] = None
         return UpgradeCandidateRegion(), Status.executing(persist=False)
 
 

@@ -60,9 +60,9 @@ class KeyRwLock:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.release(key)  # granted in the same tick we were cancelled
-            else:
+            elif item in entry.waiters:
                 entry.waiters.remove(item)
-                self._wake(key.key, entry)
+                self._wake(key.key, entry)  # we may have been the head blocking others
             raise
 
     def release(self, key: StringKey) -> None:
@@ -74,11 +74,17 @@ class KeyRwLock:
         self._wake(key.key, entry)
 
     def _wake(self, name: str, entry: _Entry) -> None:
-        while entry.waiters and entry.can_grant(entry.waiters[0][0]):
-            exclusive, waiter = entry.waiters.popleft()
+        while entry.waiters:
+            exclusive, waiter = entry.waiters[0]
+            if waiter.done():  # cancelled while queued: its task will not take the lock
+                entry.waiters.popleft()
+                continue
+            if not entry.can_grant(exclusive):
+                break
+            entry.waiters.popleft()
             entry.grant(exclusive)
             waiter.set_result(None)
-        if entry.idle:
+        if entry.idle and self._entries.get(name) is entry:
             del self._entries[name]
 
     @asynccontextmanager

@@ -5,12 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-from click.testing import CliRunner
-
 from machines.provision import CreateResource, ProvisionService, check_world
 from procstore import ProcedureManager, ProcedureWithId
-from procstore.cli import cli
 
 
 async def test_provision_a_service(tmp_path: Path) -> None:
@@ -32,13 +28,3 @@ def test_check_world_reports_what_is_broken(tmp_path: Path) -> None:
     broken = check_world(tmp_path, {"web": ["db"], "api": ["vm"]})
     assert any("web: catalog state is 'creating'" in b for b in broken)
     assert any("api: no catalog entry" in b for b in broken)
-
-
-@pytest.mark.parametrize("seed", [1, 7, 42])
-def test_demo_survives_its_crashes(tmp_path: Path, seed: int) -> None:
-    result = CliRunner().invoke(
-        cli, ["demo", "--seed", str(seed), "--services", "4", "--crashes", "4", "--store", str(tmp_path / "s")]
-    )
-    assert result.exit_code == 0, result.output
-    assert "invariants hold" in result.output
-    assert "round 1: crashed" in result.output

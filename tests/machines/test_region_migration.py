@@ -135,7 +135,7 @@ async def test_unreachable_leader_takes_the_lease_slow_path(tmp_path: Path) -> N
 
     store = LocalDirStore(tmp_path)
     cluster = await new_cluster(store)
-    cluster.mailbox.fault(1).partitioned_since = time.monotonic()
+    cluster.mailbox.fault(1).partitioned = True
     started = time.monotonic()
     await migrate(store, cluster, new_migration(cluster, [REGION], 1, 2))
     assert time.monotonic() - started >= 0.25  # waited out the old leader's lease

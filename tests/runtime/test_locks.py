@@ -126,3 +126,35 @@ async def test_locks_are_released_when_a_procedure_fails(memory_target: StoreTar
         await eventually(lambda: failing.state.is_ended())
         assert await after.wait() == "after done"
     assert json.dumps(sorted(world.effects)) == '["after/0"]'
+
+
+async def test_cancelled_waiter_behind_a_release_in_the_same_tick() -> None:
+    """A waiter cancelled in the same loop tick as the holder's release (as `stop()` does to
+    every runner at once) must neither take the lock nor break the queue."""
+    lock = KeyRwLock()
+    await lock.acquire(StringKey.exclusive("k"))
+    first = asyncio.ensure_future(lock.acquire(StringKey.exclusive("k")))
+    second = asyncio.ensure_future(lock.acquire(StringKey.exclusive("k")))
+    await asyncio.sleep(0)
+    first.cancel()
+    lock.release(StringKey.exclusive("k"))  # the head was cancelled: `second` gets it
+    await asyncio.gather(first, return_exceptions=True)
+    await asyncio.wait_for(second, 1)
+    assert lock.is_held("k")
+    lock.release(StringKey.exclusive("k"))
+    assert len(lock) == 0
+
+
+async def test_stop_with_many_procedures_waiting_on_locks(memory_target: StoreTarget) -> None:
+    world = World.new()
+    name, gate = blocker()
+    manager = manager_for(memory_target)
+    await manager.start()
+    for i in range(10):
+        await manager.submit(steps(world, 2, name=f"p{i}", exclusive=["t"], block=name))
+    await asyncio.sleep(0.01)
+    await manager.stop()
+    gate.set()
+    async with manager_for(memory_target) as second:
+        await eventually(lambda: all(i.state.is_done() for i in second.list_procedures()))
+        assert all(i.state.is_done() for i in second.list_procedures())
