@@ -111,8 +111,8 @@ async def _wait(watcher: Watcher) -> str:
     return "done"
 
 
-async def run_round(store_url: str, plan: Plan, crash_at: int | None, rng: random.Random) -> tuple[bool, str]:
-    """One manager's life on the store; returns (crashed?, what happened)."""
+async def run_round(store_url: str, plan: Plan, crash_at: int | None, rng: random.Random) -> str:
+    """One manager's life on the store; returns what happened."""
     faulty = FaultyStore(open_state_store(store_url), crash_at=crash_at, crash_when=rng.choice(["before", "after"]))
     cluster = SimCluster(faulty, DATANODES)
     notes = ""
@@ -130,9 +130,10 @@ async def run_round(store_url: str, plan: Plan, crash_at: int | None, rng: rando
                 if watcher is None:
                     watcher = await manager.submit(ProcedureWithId(job.procedure_id, build(job, cluster)))
                 waits[job.procedure_id] = asyncio.ensure_future(_wait(watcher))
-            crashed = asyncio.ensure_future(faulty.crashed.wait())
+            crashed: asyncio.Future[object] = asyncio.ensure_future(faulty.crashed.wait())
+            pending: list[asyncio.Future[Any]] = [*waits.values(), crashed]
             while not faulty.crashed.is_set() and not all(w.done() for w in waits.values()):
-                await asyncio.wait([*waits.values(), crashed], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             crashed.cancel()
         await manager.stop()
     finally:
@@ -150,7 +151,7 @@ async def run_round(store_url: str, plan: Plan, crash_at: int | None, rng: rando
     if crashed_now:
         op = next((o for o in faulty.ops if o.index == crash_at), None)
         what = f"killed {faulty.crash_when} {op.kind} {op.key}" if op else "killed at start"
-    return crashed_now, what + (f" ({notes})" if notes else "")
+    return what + (f" ({notes})" if notes else "")
 
 
 async def bootstrap(store_url: str, plan: Plan) -> None:
@@ -201,7 +202,7 @@ async def run_demo(store_url: str, seed: int, size: int, crashes: int, console: 
         for number in range(1, crashes + 2):
             crash_at = rng.randrange(5, 15 * size) if number <= crashes else None
             progress.update(task, description=f"round {number}")
-            crashed, what = await run_round(store_url, plan, crash_at, rng)
+            what = await run_round(store_url, plan, crash_at, rng)
             finished = sum(1 for j in plan.jobs if j.outcome != "pending")
             progress.update(task, completed=finished)
             progress.console.print(f"  round {number}: {what}; {finished}/{len(plan.jobs)} finished")
