@@ -39,6 +39,9 @@ class FsspecStore(StateStore):
         self._async = bool(getattr(fs, "async_impl", False)) and bool(getattr(fs, "asynchronous", False))
         self._inline = self.protocol == "memory"
         self.supports_create_only = self.protocol in _CREATE_ONLY_PROTOCOLS
+        self._s3 = self._async and self.protocol in ("s3", "s3a")
+        # memory:// lives in this process, so the in-process lock of the default is enough.
+        self.supports_compare_and_swap = self._s3 or self.protocol == "memory"
 
     def _full(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key
@@ -87,6 +90,36 @@ class FsspecStore(StateStore):
             except FileNotFoundError:
                 return None
             return data
+
+    async def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        if not self._s3:
+            return await super().get_versioned(key)
+        with store_errors("reading", self.url, key):
+            bucket, name, _ = self.fs.split_path(self._full(key))
+            try:
+                response = await self.fs._call_s3("get_object", Bucket=bucket, Key=name)
+            except FileNotFoundError:
+                return None
+            try:
+                body: bytes = await response["Body"].read()
+            finally:
+                response["Body"].close()
+            return body, str(response["ETag"])
+
+    async def put_if_version(self, key: str, value: bytes, version: str | None) -> bool:
+        """On S3, `If-Match: <etag>` (`If-None-Match: *` for `None`): atomic for every writer."""
+        if not self._s3 or version is None:
+            return await super().put_if_version(key, value, version)
+        with store_errors("writing", self.url, key):
+            try:
+                await self.fs._pipe_file(self._full(key), value, IfMatch=version)
+            except FileNotFoundError:
+                return False
+            except OSError as e:
+                if _precondition_failed(e):
+                    return False
+                raise
+            return True
 
     async def walk(self, prefix: str) -> list[str]:
         with store_errors("listing", self.url, prefix):
@@ -152,3 +185,14 @@ class FsspecStore(StateStore):
             session = getattr(self.fs, "_session", None)
             if session is not None:
                 await session.close()
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """s3fs reports a failed If-Match as an OSError whose cause is a 412 ClientError."""
+    cause = exc.__cause__ or exc.__context__
+    response = getattr(cause, "response", None)
+    if not isinstance(response, dict):
+        return False
+    error = response.get("Error", {})
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return bool(status == 412 or error.get("Code") in ("PreconditionFailed", "412"))

@@ -8,6 +8,7 @@ directory is fsynced: after a crash a key holds either its whole value or nothin
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 import uuid
@@ -16,10 +17,12 @@ from pathlib import Path
 
 from procstore.aio import run_blocking
 from procstore.store.errors import store_errors, unavailable
-from procstore.store.state_store import StateStore
+from procstore.store.state_store import StateStore, content_version
 
 TEMP_PREFIX = ".tmp-"
-"""Temp files start with this; they never parse as procedure keys and walks skip them."""
+"""Temp files start with this; they never parse as procedure keys."""
+LOCK_PREFIX = ".lock-"
+"""Lock files of compare-and-swap writes. Walks skip every name starting with a dot."""
 
 _STALE_TEMP_SECONDS = 3600.0
 
@@ -85,6 +88,26 @@ class LocalDirStore(StateStore):
         with store_errors("writing", self.url, key):
             await run_blocking(self._write, key, value, False)
 
+    supports_compare_and_swap = True
+
+    def _compare_and_swap(self, key: str, value: bytes, version: str) -> bool:
+        target = self._path(key)
+        if not target.parent.is_dir():
+            return False
+        # flock on a sibling file: atomic against every process on this machine.
+        with open(target.parent / f"{LOCK_PREFIX}{target.name}", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = self._read(key)
+            if current is None or content_version(current) != version:
+                return False
+            return self._write(key, value, False)
+
+    async def put_if_version(self, key: str, value: bytes, version: str | None) -> bool:
+        if version is None:
+            return await self.put_if_absent(key, value)
+        with store_errors("writing", self.url, key):
+            return await run_blocking(self._compare_and_swap, key, value, version)
+
     async def put_if_absent(self, key: str, value: bytes) -> bool:
         with store_errors("creating", self.url, key):
             return await run_blocking(self._write, key, value, True)
@@ -123,7 +146,7 @@ class LocalDirStore(StateStore):
         for dirpath, _dirs, files in os.walk(base):
             rel = dirpath[len(root_text) + 1 :].replace(os.sep, "/")
             for name in files:
-                if not name.startswith(TEMP_PREFIX):
+                if not name.startswith("."):
                     keys.append(f"{rel}/{name}" if rel else name)
         keys.sort()
         return keys

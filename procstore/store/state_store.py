@@ -9,6 +9,9 @@ has been cancelled (see `procstore.aio.run_blocking`).
 from __future__ import annotations
 
 import abc
+import asyncio
+import hashlib
+import weakref
 from collections.abc import Sequence
 
 from procstore.aio import gather_settled
@@ -39,6 +42,29 @@ class StateStore(abc.ABC):
     async def get(self, key: str) -> bytes | None:
         """The value under `key`, or `None` if there is none."""
 
+    supports_compare_and_swap: bool = False
+    """Whether `put_if_version` is atomic across processes (not only within this one)."""
+
+    async def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """The value under `key` and an opaque version token for `put_if_version`."""
+        value = await self.get(key)
+        return None if value is None else (value, content_version(value))
+
+    async def put_if_version(self, key: str, value: bytes, version: str | None) -> bool:
+        """Compare-and-swap: write only if the key is still at `version` (`None`: absent).
+
+        Returns False, writing nothing, if someone else changed it. The default compares
+        content under a lock held in this process: atomic only among its own callers.
+        """
+        if version is None:
+            return await self.put_if_absent(key, value)
+        async with _cas_lock(self, key):
+            current = await self.get_versioned(key)
+            if current is None or current[1] != version:
+                return False
+            await self.put(key, value)
+            return True
+
     async def get_many(self, keys: Sequence[str]) -> list[bytes | Exception | None]:
         """The values of `keys`, in order; a failed read is returned as its exception."""
 
@@ -68,3 +94,20 @@ class StateStore(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - most backends hold nothing
         """Release connections. The store must not be used afterwards."""
+
+
+_CAS_LOCKS: weakref.WeakKeyDictionary[StateStore, dict[str, asyncio.Lock]] = weakref.WeakKeyDictionary()
+
+
+def content_version(value: bytes) -> str:
+    """A version token derived from the content (for stores without native versions).
+
+    Writing the same bytes again keeps the version (an A-B-A change goes unseen), which is
+    harmless when every write carries something new, such as a version number.
+    """
+    return hashlib.sha256(value).hexdigest()
+
+
+def _cas_lock(store: StateStore, key: str) -> asyncio.Lock:
+    locks = _CAS_LOCKS.setdefault(store, {})
+    return locks.setdefault(key, asyncio.Lock())

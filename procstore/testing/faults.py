@@ -16,7 +16,7 @@ from procstore.store.state_store import StateStore
 
 T = TypeVar("T")
 
-MUTATING = frozenset({"put", "put_if_absent", "batch_delete", "delete"})
+MUTATING = frozenset({"put", "put_if_absent", "put_if_version", "batch_delete", "delete"})
 
 
 class SimulatedCrash(BaseException):
@@ -54,6 +54,7 @@ class FaultyStore(StateStore):
         self.inner = inner
         self.url = inner.url
         self.supports_create_only = inner.supports_create_only
+        self.supports_compare_and_swap = inner.supports_compare_and_swap
         self.crash_at = crash_at
         self.crash_when = crash_when
         self.ops: list[StoreOp] = []
@@ -86,6 +87,12 @@ class FaultyStore(StateStore):
 
     async def put_if_absent(self, key: str, value: bytes) -> bool:
         return await self._op("put_if_absent", key, lambda: self.inner.put_if_absent(key, value))
+
+    async def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        return await self._op("get_versioned", key, lambda: self.inner.get_versioned(key))
+
+    async def put_if_version(self, key: str, value: bytes, version: str | None) -> bool:
+        return await self._op("put_if_version", key, lambda: self.inner.put_if_version(key, value, version))
 
     async def get(self, key: str) -> bytes | None:
         return await self._op("get", key, lambda: self.inner.get(key))

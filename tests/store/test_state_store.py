@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -147,3 +148,36 @@ async def test_local_root_that_is_a_file_is_unavailable(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     with pytest.raises(StoreUnavailable, match="f/"):
         await open_state_store(tmp_path / "f").check_access()
+
+
+async def test_compare_and_swap(any_target: StoreTarget) -> None:
+    store = open_state_store(any_target.url, any_target.storage_options)
+    try:
+        assert await store.get_versioned("current") is None
+        assert not await store.put_if_version("current", b"v0", "no-such-version")
+        if any_target.kind != "gcs":  # the emulator ignores preconditions
+            assert await store.put_if_version("current", b"v1", None)
+            assert not await store.put_if_version("current", b"v1-again", None)
+        else:
+            await store.put("current", b"v1")
+        value, version = await store.get_versioned("current") or (b"", "")
+        assert value == b"v1"
+        assert await store.put_if_version("current", b"v2", version)
+        assert not await store.put_if_version("current", b"v3", version)  # stale: someone moved it
+        value, version2 = await store.get_versioned("current") or (b"", "")
+        assert value == b"v2" and version2 != version
+        assert await store.walk("") == ["current"]  # no lock or temp files show
+    finally:
+        await store.close()
+
+
+async def test_compare_and_swap_has_one_winner(any_target: StoreTarget) -> None:
+    store = open_state_store(any_target.url, any_target.storage_options)
+    try:
+        await store.put("counter", b"0")
+        _, version = await store.get_versioned("counter") or (b"", "")
+        results = await asyncio.gather(*(store.put_if_version("counter", f"{i + 1}".encode(), version) for i in range(8)))
+        if any_target.kind != "gcs":
+            assert results.count(True) == 1
+    finally:
+        await store.close()
