@@ -176,7 +176,9 @@ async def test_compare_and_swap_has_one_winner(any_target: StoreTarget) -> None:
     try:
         await store.put("counter", b"0")
         _, version = await store.get_versioned("counter") or (b"", "")
-        results = await asyncio.gather(*(store.put_if_version("counter", f"{i + 1}".encode(), version) for i in range(8)))
+        results = await asyncio.gather(
+            *(store.put_if_version("counter", f"{i + 1}".encode(), version) for i in range(8))
+        )
         if any_target.kind != "gcs":
             assert results.count(True) == 1
     finally:

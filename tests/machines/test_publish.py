@@ -1,0 +1,149 @@
+"""Publishing on real object storage (S3 on a moto server; memory:// and local for crashes)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from pathlib import Path
+
+import orjson
+import pytest
+
+from machines.publish import Publish, new_publish, read_current, register
+from machines.publish.machine import current_key
+from procstore import ProcedureManager, ProcedureWithId
+from procstore.store import StateStore, open_state_store
+from procstore.testing import FaultyStore, SimulatedCrash
+from tests.conftest import StoreTarget
+
+
+async def build(source: StateStore, name: str, version: str, files: dict[str, str]) -> None:
+    for path, text in files.items():
+        await source.put(f"{name}/{version}/{path}", text.encode())
+
+
+def manager_on(
+    procedures: StateStore | str, store: StateStore, source: StateStore, options: dict[str, str] | None = None
+) -> ProcedureManager:
+    manager = ProcedureManager(procedures, options, retry_delay=0.001, max_retry_delay=0.01, max_retry_times=10)
+    register(manager, store, source)
+    return manager
+
+
+async def test_publish_flip_and_collect_on_s3(s3_target: StoreTarget) -> None:
+    site = open_state_store(s3_target.url + "site/", s3_target.storage_options)
+    source = open_state_store(s3_target.url + "builds/", s3_target.storage_options)
+    try:
+        await build(source, "docs", "v1", {"index.html": "one", "css/a.css": "a"})
+        await build(source, "docs", "v2", {"index.html": "two"})
+        async with manager_on(s3_target.url + "procedures/", site, source, s3_target.storage_options) as manager:
+            first = await manager.submit(ProcedureWithId.new(await new_publish(site, source, "docs", "v1")))
+            assert await first.wait() == {"name": "docs", "version": "v1", "previous": None}
+            second = await manager.submit(ProcedureWithId.new(await new_publish(site, source, "docs", "v2")))
+            assert await second.wait() == {"name": "docs", "version": "v2", "previous": "v1"}
+        assert (await read_current(site, "docs"))[0] == "v2"
+        assert await site.walk("docs/") == ["docs/current", "docs/versions/v2/index.html"]
+    finally:
+        await site.close()
+        await source.close()
+
+
+async def test_second_publish_of_the_same_name_waits_on_the_lock(memory_target: StoreTarget) -> None:
+    site = open_state_store(memory_target.url + "site/")
+    source = open_state_store(memory_target.url + "builds/")
+    for v in ("v1", "v2"):
+        await build(source, "app", v, {"bin": v})
+    async with manager_on(memory_target.url + "procedures/", site, source) as manager:
+        a = await manager.submit(ProcedureWithId.new(await new_publish(site, source, "app", "v1")))
+        b = await manager.submit(ProcedureWithId.new(await new_publish(site, source, "app", "v2")))
+        assert (await a.wait(), await b.wait()) == (
+            {"name": "app", "version": "v1", "previous": None},
+            {"name": "app", "version": "v2", "previous": "v1"},
+        )
+        infos = {i.id: i for i in manager.list_procedures()}
+        assert infos[a.procedure_id].end_time <= infos[b.procedure_id].start_time  # type: ignore[operator]
+
+
+async def test_a_competing_writer_makes_the_flip_retry(s3_target: StoreTarget) -> None:
+    site = open_state_store(s3_target.url + "site/", s3_target.storage_options)
+    source = open_state_store(s3_target.url + "builds/", s3_target.storage_options)
+    try:
+        await build(source, "docs", "v9", {"index.html": "nine"})
+        await site.put(current_key("docs"), orjson.dumps({"version": "v1"}))
+        original = site.put_if_version
+        moved = False
+
+        async def interfering(key: str, value: bytes, version: str | None) -> bool:
+            nonlocal moved
+            if not moved:  # another tool moves `current` just before our flip
+                moved = True
+                await site.put(current_key("docs"), orjson.dumps({"version": "v5"}))
+            return await original(key, value, version)
+
+        site.put_if_version = interfering  # type: ignore[method-assign]
+        async with manager_on(s3_target.url + "procedures/", site, source, s3_target.storage_options) as manager:
+            watcher = await manager.submit(ProcedureWithId.new(await new_publish(site, source, "docs", "v9")))
+            assert await watcher.wait() == {"name": "docs", "version": "v9", "previous": "v5"}
+        assert (await read_current(site, "docs"))[0] == "v9"
+    finally:
+        await site.close()
+        await source.close()
+
+
+def test_stored_form_keeps_checksums_not_bytes() -> None:
+    machine = Publish.decode(
+        '{"persistent_ctx":{"name":"docs","version":"v1","objects":{"a":"00"}},"state":{"publish_state":"Stage"}}'
+    )
+    assert machine[0].previous is None and machine[0].objects == {"a": "00"}
+
+
+@pytest.mark.parametrize("kind", ["memory", "local"])
+async def test_crash_at_every_store_operation(tmp_path: Path, kind: str) -> None:
+    def url(n: int) -> str:
+        return f"memory://pub-{uuid.uuid4().hex}/" if kind == "memory" else str(tmp_path / f"run-{n}")
+
+    async def run(crash_at: int | None, when: str, base: str) -> int:
+        source = open_state_store(base + "/builds/")
+        await build(source, "docs", "v1", {"index.html": "one", "a.css": "a"})
+        await build(source, "docs", "v2", {"index.html": "two", "b.css": "b"})
+        plain_site = open_state_store(base + "/site/")
+        await plain_site.put(current_key("docs"), orjson.dumps({"version": "v1"}))
+        await plain_site.put("docs/versions/v1/index.html", b"one")
+        faulty = FaultyStore(open_state_store(base + "/procedures/"), crash_at=crash_at, crash_when=when)  # type: ignore[arg-type]
+        site = FaultyStore(plain_site)
+        site.crashed = faulty.crashed  # one process: both stores die together
+        pwid = ProcedureWithId.new(await new_publish(site, source, "docs", "v2"))
+        submitted = False
+        first = manager_on(faulty, site, source)
+        with contextlib.suppress(SimulatedCrash):
+            await first.start()
+            watcher = await first.submit(pwid)
+            submitted = True
+            done = asyncio.ensure_future(watcher.wait())
+            crashed = asyncio.ensure_future(faulty.crashed.wait())
+            await asyncio.wait([done, crashed], return_when=asyncio.FIRST_COMPLETED, timeout=20)
+            crashed.cancel()
+        await first.stop()
+        if submitted:
+            done.cancel()
+        async with manager_on(base + "/procedures/", plain_site, source) as second:
+            resumed = second.procedure_watcher(pwid.id)
+            if resumed is None and not submitted:
+                resumed = await second.submit(
+                    ProcedureWithId(pwid.id, await new_publish(plain_site, source, "docs", "v2"))
+                )
+            if resumed is not None:
+                await asyncio.wait_for(resumed.wait(), 20)
+            assert await second.store.store.walk("procedure/") == []
+        assert (await read_current(plain_site, "docs"))[0] == "v2"
+        assert await plain_site.walk("docs/versions/") == ["docs/versions/v2/b.css", "docs/versions/v2/index.html"]
+        return len(faulty.ops)
+
+    total = await run(None, "before", url(0))
+    for crash_at in range(total):
+        for when in ("before", "after"):
+            try:
+                await run(crash_at, when, url(crash_at * 2 + (when == "after")))
+            except AssertionError as e:
+                raise AssertionError(f"crash {when} operation {crash_at} of {total}: {e}") from e
