@@ -128,7 +128,8 @@ class Datanode:
         self.id = node_id
         self.store = store
         self.replicas: dict[int, Replica] = {}
-        self._lock = asyncio.Lock()
+        self.lock = asyncio.Lock()
+        self._loaded = False
 
     @property
     def key(self) -> str:
@@ -138,6 +139,12 @@ class Datanode:
         raw = await self.store.get(self.key)
         if raw is not None:
             self.replicas = msgspec.convert(orjson.loads(raw), dict[int, Replica], strict=False)
+        self._loaded = True
+
+    async def ensure_loaded(self) -> None:
+        """Read the replicas from the store the first time they are needed."""
+        if not self._loaded:
+            await self.load()
 
     async def save(self) -> None:
         await self.store.put(self.key, orjson.dumps(to_builtins(self.replicas)))
@@ -145,7 +152,8 @@ class Datanode:
     async def handle(self, instruction: str, region: int, **args: Any) -> dict[str, Any]:
         # One instruction at a time: each save writes the whole replica map, and two
         # overlapping saves could land out of order and lose a change.
-        async with self._lock:
+        async with self.lock:
+            await self.ensure_loaded()
             return await self._handle(instruction, region, **args)
 
     async def _handle(self, instruction: str, region: int, **args: Any) -> dict[str, Any]:
@@ -246,11 +254,14 @@ class SimCluster:
         self.mailbox = Mailbox(self.datanodes)
 
     async def load(self) -> None:
+        """Read every datanode's replicas now (they are otherwise read on first use)."""
         for node in self.datanodes.values():
             await node.load()
 
     async def create_table(self, table_id: int, leaders: dict[int, int], followers: dict[int, list[int]]) -> None:
         """A table whose region `n` is led by datanode `leaders[n]`."""
+        for node in self.datanodes.values():
+            await node.ensure_loaded()
         regions = []
         for number, leader in sorted(leaders.items()):
             rid = region_id(table_id, number)
@@ -269,9 +280,12 @@ class SimCluster:
         works when the datanode cannot be reached.
         """
         node = self.datanodes.get(node_id)
-        replica = None if node is None else node.replicas.get(region)
-        if node is not None and replica is not None and replica.role == "leader":
-            async with node._lock:
+        if node is None:
+            return
+        async with node.lock:
+            await node.ensure_loaded()
+            replica = node.replicas.get(region)
+            if replica is not None and replica.role == "leader":
                 replica.role = "follower"
                 await node.save()
 

@@ -44,12 +44,17 @@ class FaultyStore(StateStore):
         """The recorded operations that completed (the one crashed "after" included)."""
         return [op for op in self.ops if op.index in self.completed]
 
+    def maybe_landed(self) -> list[StoreOp]:
+        """Operations cut off by a cancel (a stop after the crash): landed or not, unknown."""
+        return [op for op in self.ops if op.index in self.interrupted]
+
     def __init__(
         self,
         inner: StateStore,
         *,
         crash_at: int | None = None,
         crash_when: Literal["before", "after"] = "before",
+        crash_before_new: set[tuple[str, str]] | None = None,
     ) -> None:
         self.inner = inner
         self.url = inner.url
@@ -57,9 +62,14 @@ class FaultyStore(StateStore):
         self.supports_compare_and_swap = inner.supports_compare_and_swap
         self.crash_at = crash_at
         self.crash_when = crash_when
+        self.crash_before_new = crash_before_new
+        """If set: crash before any counted operation not in it (then add it), so that a
+        chain of restarts is killed once before every distinct store update."""
         self.ops: list[StoreOp] = []
         self.completed: set[int] = set()
-        """Indexes of the recorded operations that returned (a cancelled one may not have landed)."""
+        """Indexes of the recorded operations that returned."""
+        self.interrupted: set[int] = set()
+        """Indexes of operations cancelled while running: they may or may not have landed."""
         self.crashed = asyncio.Event()
 
     async def _op(self, kind: str, key: str, call: Callable[[], Awaitable[T]]) -> T:
@@ -70,9 +80,17 @@ class FaultyStore(StateStore):
         op = StoreOp(len(self.ops), kind, key)
         self.ops.append(op)
         hit = op.index == self.crash_at
+        if self.crash_before_new is not None and (kind, key) not in self.crash_before_new:
+            self.crash_before_new.add((kind, key))
+            self.crash_when = "before"
+            self._crash(op)
         if hit and self.crash_when == "before":
             self._crash(op)
-        result = await call()
+        try:
+            result = await call()
+        except asyncio.CancelledError:
+            self.interrupted.add(op.index)
+            raise
         self.completed.add(op.index)
         if hit and self.crash_when == "after":
             self._crash(op)

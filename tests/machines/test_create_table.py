@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import uuid
 from pathlib import Path
 
 import pytest
@@ -13,8 +10,9 @@ from machines.create_table import CreateTable, new_create_table, register
 from machines.region_migration import SimCluster, check_cluster
 from machines.region_migration.cluster import DatanodeError
 from procstore import ProcedureFailed, ProcedureManager, ProcedureWithId
-from procstore.store import LocalDirStore, StateStore, open_state_store
-from procstore.testing import FaultyStore, SimulatedCrash
+from procstore.store import LocalDirStore, StateStore
+from procstore.testing import CrashExplorer
+from tests.machines.scenarios import CreateThreeRegionTable, run_url
 
 
 def manager_on(store: StateStore, cluster: SimCluster, **options: float) -> ProcedureManager:
@@ -83,44 +81,7 @@ def test_stored_form(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["memory", "local"])
 async def test_crash_at_every_store_operation(tmp_path: Path, kind: str) -> None:
-    async def run(crash_at: int | None, when: str, target: str) -> int:
-        faulty = FaultyStore(open_state_store(target), crash_at=crash_at, crash_when=when)  # type: ignore[arg-type]
-        cluster = SimCluster(faulty, [1, 2, 3])
-        pwid = ProcedureWithId.new(new_create_table(cluster, "cpu", 7, [1, 2, 3]))
-        submitted = False
-        first = manager_on(faulty, cluster)
-        with contextlib.suppress(SimulatedCrash):
-            await first.start()
-            watcher = await first.submit(pwid)
-            submitted = True
-            done = asyncio.ensure_future(watcher.wait())
-            crashed = asyncio.ensure_future(faulty.crashed.wait())
-            await asyncio.wait([done, crashed], return_when=asyncio.FIRST_COMPLETED, timeout=20)
-            crashed.cancel()
-        await first.stop()
-        if submitted:
-            done.cancel()
-        store = open_state_store(target)
-        survivor = SimCluster(store, [1, 2, 3])
-        await survivor.load()
-        async with manager_on(store, survivor) as second:
-            resumed = second.procedure_watcher(pwid.id)
-            if resumed is None and not submitted:
-                resumed = await second.submit(ProcedureWithId(pwid.id, new_create_table(survivor, "cpu", 7, [1, 2, 3])))
-            if resumed is not None:
-                await asyncio.wait_for(resumed.wait(), 20)
-        assert await check_cluster(store) == []
-        assert (await survivor.metadata.get_table_info(7) or {}).get("state") == "ready"
-        assert await store.walk("procedure/") == []
-        return len(faulty.ops)
-
-    def url(n: int) -> str:
-        return f"memory://ct-{uuid.uuid4().hex}/" if kind == "memory" else str(tmp_path / f"run-{n}")
-
-    total = await run(None, "before", url(0))
-    for crash_at in range(total):
-        for when in ("before", "after"):
-            try:
-                await run(crash_at, when, url(crash_at * 2 + (when == "after")))
-            except AssertionError as e:
-                raise AssertionError(f"crash {when} operation {crash_at} of {total}: {e}") from e
+    """Killed before and after every store operation (the machine's own and the world's)."""
+    report = await CrashExplorer(CreateThreeRegionTable(), run_url(tmp_path, kind)).explore(double_execution=True)
+    report.assert_ok()
+    assert report.operations > 5

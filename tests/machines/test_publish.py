@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import uuid
 from pathlib import Path
 
 import orjson
@@ -14,8 +11,9 @@ from machines.publish import Publish, new_publish, read_current, register
 from machines.publish.machine import current_key
 from procstore import ProcedureManager, ProcedureWithId
 from procstore.store import StateStore, open_state_store
-from procstore.testing import FaultyStore, SimulatedCrash
+from procstore.testing import CrashExplorer
 from tests.conftest import StoreTarget
+from tests.machines.scenarios import PublishV2, run_url
 
 
 async def build(source: StateStore, name: str, version: str, files: dict[str, str]) -> None:
@@ -100,50 +98,7 @@ def test_stored_form_keeps_checksums_not_bytes() -> None:
 
 @pytest.mark.parametrize("kind", ["memory", "local"])
 async def test_crash_at_every_store_operation(tmp_path: Path, kind: str) -> None:
-    def url(n: int) -> str:
-        return f"memory://pub-{uuid.uuid4().hex}/" if kind == "memory" else str(tmp_path / f"run-{n}")
-
-    async def run(crash_at: int | None, when: str, base: str) -> int:
-        source = open_state_store(base + "/builds/")
-        await build(source, "docs", "v1", {"index.html": "one", "a.css": "a"})
-        await build(source, "docs", "v2", {"index.html": "two", "b.css": "b"})
-        plain_site = open_state_store(base + "/site/")
-        await plain_site.put(current_key("docs"), orjson.dumps({"version": "v1"}))
-        await plain_site.put("docs/versions/v1/index.html", b"one")
-        faulty = FaultyStore(open_state_store(base + "/procedures/"), crash_at=crash_at, crash_when=when)  # type: ignore[arg-type]
-        site = FaultyStore(plain_site)
-        site.crashed = faulty.crashed  # one process: both stores die together
-        pwid = ProcedureWithId.new(await new_publish(site, source, "docs", "v2"))
-        submitted = False
-        first = manager_on(faulty, site, source)
-        with contextlib.suppress(SimulatedCrash):
-            await first.start()
-            watcher = await first.submit(pwid)
-            submitted = True
-            done = asyncio.ensure_future(watcher.wait())
-            crashed = asyncio.ensure_future(faulty.crashed.wait())
-            await asyncio.wait([done, crashed], return_when=asyncio.FIRST_COMPLETED, timeout=20)
-            crashed.cancel()
-        await first.stop()
-        if submitted:
-            done.cancel()
-        async with manager_on(base + "/procedures/", plain_site, source) as second:
-            resumed = second.procedure_watcher(pwid.id)
-            if resumed is None and not submitted:
-                resumed = await second.submit(
-                    ProcedureWithId(pwid.id, await new_publish(plain_site, source, "docs", "v2"))
-                )
-            if resumed is not None:
-                await asyncio.wait_for(resumed.wait(), 20)
-            assert await second.store.store.walk("procedure/") == []
-        assert (await read_current(plain_site, "docs"))[0] == "v2"
-        assert await plain_site.walk("docs/versions/") == ["docs/versions/v2/b.css", "docs/versions/v2/index.html"]
-        return len(faulty.ops)
-
-    total = await run(None, "before", url(0))
-    for crash_at in range(total):
-        for when in ("before", "after"):
-            try:
-                await run(crash_at, when, url(crash_at * 2 + (when == "after")))
-            except AssertionError as e:
-                raise AssertionError(f"crash {when} operation {crash_at} of {total}: {e}") from e
+    """Killed before and after every store operation (the machine's own and the world's)."""
+    report = await CrashExplorer(PublishV2(), run_url(tmp_path, kind)).explore(double_execution=True)
+    report.assert_ok()
+    assert report.operations > 5

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,9 @@ from machines.region_migration.cluster import region_id
 from machines.region_migration.machine import PersistentContext, UpdateMetadata
 from procstore import ProcedureFailed, ProcedureManager, ProcedureWithId
 from procstore.machine import Duration
-from procstore.store import LocalDirStore, StateStore, open_state_store
-from procstore.testing import FaultyStore, SimulatedCrash
+from procstore.store import LocalDirStore, StateStore
+from procstore.testing import CrashExplorer
+from tests.machines.scenarios import MigrateTwoRegions, run_url
 
 DATA = Path(__file__).parent / "data"
 TABLE = 1024
@@ -169,51 +168,7 @@ async def test_unknown_state_tag_is_reported_with_key_machine_and_field(tmp_path
 
 @pytest.mark.parametrize("kind", ["memory", "local"])
 async def test_crash_at_every_store_operation(tmp_path: Path, kind: str) -> None:
-    """Cluster writes and procedure writes share the store: crash around each one."""
-
-    def url(n: int) -> str:
-        return f"memory://rm-{uuid.uuid4().hex}/" if kind == "memory" else str(tmp_path / f"run-{n}")
-
-    async def run(crash_at: int | None, when: str, target: str) -> int:
-        faulty = FaultyStore(open_state_store(target), crash_at=None)
-        cluster = await new_cluster(faulty, regions=2)
-        faulty.crash_at, faulty.crash_when = crash_at, when  # type: ignore[assignment]
-        faulty.ops.clear()
-        machine = new_migration(cluster, [region_id(TABLE, 1), region_id(TABLE, 2)], 1, 2)
-        pwid = ProcedureWithId.new(machine)
-        submitted = False
-        first = manager_on(faulty, cluster)
-        with contextlib.suppress(SimulatedCrash):
-            await first.start()
-            watcher = await first.submit(pwid)
-            submitted = True
-            done = asyncio.ensure_future(watcher.wait())
-            crashed = asyncio.ensure_future(faulty.crashed.wait())
-            await asyncio.wait([done, crashed], return_when=asyncio.FIRST_COMPLETED, timeout=20)
-            crashed.cancel()
-        await first.stop()
-        if submitted:
-            done.cancel()
-        store = open_state_store(target)
-        survivor = SimCluster(store, [1, 2, 3])
-        await survivor.load()
-        async with manager_on(store, survivor) as second:
-            resumed = second.procedure_watcher(pwid.id)
-            if resumed is None and not submitted:
-                machine = new_migration(survivor, [region_id(TABLE, 1), region_id(TABLE, 2)], 1, 2)
-                resumed = await second.submit(ProcedureWithId(pwid.id, machine))
-            if resumed is not None:
-                await asyncio.wait_for(resumed.wait(), 20)
-        assert await check_cluster(store) == []
-        route = await survivor.metadata.get_route(TABLE)
-        assert route is not None and [r.leader for r in route.regions] == [2, 2]
-        assert await store.walk("procedure/") == []
-        return len(faulty.ops)
-
-    total = await run(None, "before", url(0))
-    for crash_at in range(total):
-        for when in ("before", "after"):
-            try:
-                await run(crash_at, when, url(crash_at * 2 + (when == "after")))
-            except AssertionError as e:
-                raise AssertionError(f"crash {when} operation {crash_at} of {total}: {e}") from e
+    """Killed before and after every store operation (the machine's own and the world's)."""
+    report = await CrashExplorer(MigrateTwoRegions(), run_url(tmp_path, kind)).explore(double_execution=True)
+    report.assert_ok()
+    assert report.operations > 5

@@ -1,0 +1,313 @@
+"""The crash-point explorer: kill a scenario before and after every store operation.
+
+A clean run counts the operations that change the store. Then, for every operation n and
+for "before" and "after", a fresh run is killed at n (a `SimulatedCrash`: no cleanup, and
+nothing more reaches the store), a new manager starts on the same store, resubmits what was
+never stored, and runs everything to its end. Each run is checked:
+
+- every procedure ended (none lost), with the same outcome as in the clean run;
+- every procedure wrote exactly one commit or rollback key, and no key was written twice;
+- no procedure keys are left in the store;
+- the world, as the scenario's `snapshot` sees it, equals the clean run's.
+
+`explore(double_execution=True)` adds HBase's mode: one chain of runs, killed before every
+store update it has not been killed before, so that every step runs twice.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from procstore.errors import ManagerStopped, ProcedureFailed
+from procstore.procedure import ProcedureWithId
+from procstore.runtime.manager import ProcedureManager
+from procstore.store.open import open_state_store
+from procstore.store.state_store import StateStore
+from procstore.testing.faults import FaultyStore, SimulatedCrash, StoreOp
+
+When = Literal["before", "after"]
+
+
+class Scenario(abc.ABC):
+    """What the explorer runs. Each run gets a fresh store; the scenario builds its world there."""
+
+    name: str = "scenario"
+
+    async def prepare(self, store: StateStore) -> None:  # noqa: B027 - optional hook
+        """Set up the world for a new run (`store` is the run's own, not fault-injected)."""
+
+    @abc.abstractmethod
+    def attach(self, manager: ProcedureManager, store: StateStore) -> None:
+        """Register loaders on `manager`; `store` is the one this manager uses."""
+
+    @abc.abstractmethod
+    async def procedures(self, store: StateStore) -> list[ProcedureWithId]:
+        """The procedures to submit, acting through `store`. Called again after a kill to
+        rebuild them on the surviving store: return them in the same order."""
+
+    async def snapshot(self, store: StateStore) -> object:
+        """The world after the run; compared with the clean run's. Default: nothing."""
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class CrashPoint:
+    """Where a run was killed: before or after its `index`-th counted store operation."""
+
+    index: int
+    when: When
+
+    def __str__(self) -> str:
+        if self.index < 0:
+            return "before every store update (each step twice)"
+        return f"{self.when} operation {self.index}"
+
+
+@dataclass
+class ExplorationReport:
+    """How many crash points were explored, and which ones broke what."""
+
+    scenario: str
+    operations: int
+    explored: int = 0
+    failures: list[tuple[CrashPoint, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def assert_ok(self) -> None:
+        """Raise `AssertionError` listing the failed crash points, if any."""
+        if self.failures:
+            raise AssertionError(str(self))
+
+    def __str__(self) -> str:
+        head = (
+            f"{self.scenario}: {self.explored} crash points explored over {self.operations} store "
+            f"operations, {len(self.failures)} failed"
+        )
+        return "\n".join([head, *(f"  crash {point}: {problem}" for point, problem in self.failures[:20])])
+
+
+@dataclass
+class _Result:
+    operations: int
+    outcomes: dict[str, str]
+    snapshot: object
+
+
+class CrashExplorer:
+    """Runs a `Scenario` under every crash point (see the module docstring for the checks).
+
+    Args:
+        scenario: what to run.
+        store_url: the store URL of run n; each run needs its own empty store.
+        storage_options: for `open_state_store`.
+        manager_options: for every `ProcedureManager` (millisecond retry delays by default).
+        timeout: seconds a run may take before it counts as hung.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        store_url: Callable[[int], str],
+        storage_options: dict[str, Any] | None = None,
+        *,
+        manager_options: dict[str, Any] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.scenario = scenario
+        self.store_url = store_url
+        self.storage_options = storage_options
+        self.manager_options = {"retry_delay": 0.001, "max_retry_delay": 0.01, **(manager_options or {})}
+        self.timeout = timeout
+        self._runs = 0
+
+    async def explore(self, *, double_execution: bool = False) -> ExplorationReport:
+        """The clean run, then every crash point; returns the report (does not raise)."""
+        clean = await self._run(self._killed_at(None))
+        report = ExplorationReport(self.scenario.name, clean.operations)
+        points = [CrashPoint(i, w) for i in range(clean.operations) for w in ("before", "after")]
+        if double_execution:
+            points.append(CrashPoint(-1, "before"))
+        for point in points:
+            kill = self._twice_each() if point.index < 0 else self._killed_at(point)
+            try:
+                result = await self._run(kill)
+            except AssertionError as e:
+                report.failures.append((point, str(e)))
+            else:
+                problem = _differences(result, clean)
+                if problem:
+                    report.failures.append((point, problem))
+            report.explored += 1
+        return report
+
+    # -- how a run is killed -------------------------------------------------------------
+
+    Kill = Callable[[str], Awaitable[tuple[list[ProcedureWithId], list[FaultyStore]]]]
+
+    def _killed_at(self, point: CrashPoint | None) -> CrashExplorer.Kill:
+        async def kill(url: str) -> tuple[list[ProcedureWithId], list[FaultyStore]]:
+            faulty = FaultyStore(
+                self._store(url),
+                crash_at=None if point is None else point.index,
+                crash_when="before" if point is None else point.when,
+            )
+            # Built on the store they run on, so the world's own writes die with the kill too.
+            procedures = await self.scenario.procedures(faulty)
+            return procedures, [await self._live(faulty, procedures, [])]
+
+        return kill
+
+    def _twice_each(self) -> CrashExplorer.Kill:
+        async def kill(url: str) -> tuple[list[ProcedureWithId], list[FaultyStore]]:
+            seen: set[tuple[str, str]] = set()
+            faulty = FaultyStore(self._store(url), crash_before_new=seen)
+            procedures = await self.scenario.procedures(faulty)
+            lives = [await self._live(faulty, procedures, [])]
+            while lives[-1].crashed.is_set():
+                faulty = FaultyStore(self._store(url), crash_before_new=seen)
+                lives.append(await self._live(faulty, procedures, lives))
+            return procedures, lives
+
+        return kill
+
+    # -- one run -------------------------------------------------------------------------
+
+    def _store(self, url: str) -> StateStore:
+        return open_state_store(url, self.storage_options)
+
+    def _manager(self, store: StateStore) -> ProcedureManager:
+        manager = ProcedureManager(store, **self.manager_options)
+        self.scenario.attach(manager, store)
+        return manager
+
+    async def _run(self, kill: CrashExplorer.Kill) -> _Result:
+        self._runs += 1
+        url = self.store_url(self._runs)
+        await self.scenario.prepare(self._store(url))
+        procedures, lives = await kill(url)
+        return await self._finish(url, procedures, lives)
+
+    async def _live(
+        self, faulty: FaultyStore, procedures: list[ProcedureWithId], before: list[FaultyStore]
+    ) -> FaultyStore:
+        """One manager's life: resume or submit everything, run until all end or the kill."""
+        if before:
+            procedures = _rebind(procedures, await self.scenario.procedures(faulty))
+        manager = self._manager(faulty)
+        waits: list[asyncio.Future[Any]] = []
+        with contextlib.suppress(SimulatedCrash):
+            await manager.start()
+            for pwid in procedures:
+                watcher = manager.procedure_watcher(pwid.id)
+                if watcher is None and not _ever_stored(pwid, before):
+                    watcher = await manager.submit(pwid)
+                if watcher is not None:
+                    waits.append(asyncio.ensure_future(watcher.wait()))
+            crashed: asyncio.Future[Any] = asyncio.ensure_future(faulty.crashed.wait())
+            while not faulty.crashed.is_set() and not all(w.done() for w in waits):
+                done, _ = await asyncio.wait([*waits, crashed], timeout=self.timeout, return_when="FIRST_COMPLETED")
+                if not done:
+                    raise AssertionError(f"a run did not finish within {self.timeout}s")
+            crashed.cancel()
+        await manager.stop()
+        for w in waits:
+            w.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+        await faulty.close()
+        return faulty
+
+    async def _finish(self, url: str, procedures: list[ProcedureWithId], lives: list[FaultyStore]) -> _Result:
+        """Restart on the plain store, run everything to its end, and check the store."""
+        recorder = FaultyStore(self._store(url))
+        outcomes: dict[str, str] = {}
+        async with self._manager(recorder) as manager:
+            rebuilt = _rebind(procedures, await self.scenario.procedures(recorder))
+            for pwid in rebuilt:
+                watcher = manager.procedure_watcher(pwid.id)
+                if watcher is None and not _ever_stored(pwid, lives):
+                    watcher = await manager.submit(pwid)
+                if watcher is None:
+                    outcomes[str(pwid.id)] = _ended_before(pwid, lives)
+                    continue
+                try:
+                    await asyncio.wait_for(watcher.wait(), self.timeout)
+                    outcomes[str(pwid.id)] = "done"
+                except ProcedureFailed:
+                    outcomes[str(pwid.id)] = "failed"
+                except (TimeoutError, ManagerStopped) as e:
+                    raise AssertionError(f"procedure {pwid.id} did not end after the restart: {e!r}") from e
+            left = await recorder.inner.walk(manager.store.proc_path)
+        await recorder.close()
+        if left:
+            raise AssertionError(f"{len(left)} procedure keys left behind, e.g. {left[0]}")
+        _check_writes(
+            [op for life in lives for op in life.landed()] + recorder.landed(),
+            [op for life in lives for op in life.maybe_landed()],
+        )
+        snapshot = await self.scenario.snapshot(self._store(url))
+        return _Result(len(lives[0].ops), outcomes, snapshot)
+
+
+def _rebind(originals: list[ProcedureWithId], fresh: list[ProcedureWithId]) -> list[ProcedureWithId]:
+    """Freshly built procedures under the original ids (ids are often random)."""
+    if len(fresh) != len(originals):
+        raise AssertionError("Scenario.procedures() must return the same procedures, in order, every time")
+    return [ProcedureWithId(o.id, f.procedure) for o, f in zip(originals, fresh, strict=True)]
+
+
+def _ever_stored(pwid: ProcedureWithId, lives: list[FaultyStore]) -> bool:
+    return any(str(pwid.id) in op.key for life in lives for op in life.landed() if op.kind.startswith("put"))
+
+
+def _ended_before(pwid: ProcedureWithId, lives: list[FaultyStore]) -> str:
+    """The outcome of a procedure that ended, and whose keys went, before the kill."""
+    ops = [op for life in lives for op in life.landed() + life.maybe_landed()]
+    ends = [op.key for op in ops if str(pwid.id) in op.key and op.kind.startswith("put")]
+    if any(k.endswith(".commit") for k in ends):
+        return "done"
+    if any(k.endswith(".rollback") for k in ends):
+        return "failed"
+    raise AssertionError(f"procedure {pwid.id} was lost: stored, then gone without a commit or rollback key")
+
+
+def _check_writes(ops: list[StoreOp], maybe: list[StoreOp]) -> None:
+    """No key written twice; one commit or rollback key per procedure.
+
+    `maybe` are writes a stop cut off: they count only where nothing else explains the
+    outcome (a procedure that ended with no other end key must have had this one land).
+    """
+    writes = [op for op in ops if op.kind.startswith("put") and "procedure/" in op.key]
+    twice = [key for key, n in Counter(op.key for op in writes).items() if n > 1]
+    if twice:
+        raise AssertionError(f"keys written twice: {twice[:3]}")
+    ends: Counter[str] = Counter()
+    for op in writes:
+        ends[_folder(op)] += op.key.endswith((".commit", ".rollback"))
+    for op in maybe:
+        if op.kind.startswith("put") and op.key.endswith((".commit", ".rollback")) and ends[_folder(op)] == 0:
+            ends[_folder(op)] = 1
+    wrong = {pid: n for pid, n in ends.items() if n != 1}
+    if wrong:
+        raise AssertionError(f"procedures not committed or rolled back exactly once: {wrong}")
+
+
+def _folder(op: StoreOp) -> str:
+    return op.key.rsplit("/", 2)[-2]
+
+
+def _differences(result: _Result, clean: _Result) -> str | None:
+    outcomes, expected = list(result.outcomes.values()), list(clean.outcomes.values())
+    if outcomes != expected:
+        return f"outcomes {outcomes} differ from the crash-free run's {expected}"
+    if result.snapshot != clean.snapshot:
+        return f"the world differs from the crash-free run's: {result.snapshot!r} != {clean.snapshot!r}"
+    return None

@@ -1,0 +1,81 @@
+"""The explorer finds a step that is not idempotent, and passes the same step made idempotent."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from procstore import Context, Procedure, ProcedureManager, ProcedureWithId, Status
+from procstore.store import StateStore
+from procstore.testing import CrashExplorer, Scenario
+
+BALANCES: dict[str, int] = {}
+APPLIED: set[str] = set()
+
+
+class Deposit(Procedure):
+    """Adds to a balance, then finishes. `idempotent` guards the add with a transaction id."""
+
+    type_name = "bank::Deposit"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    async def execute(self, ctx: Context) -> Status:
+        if not self.data.get("deposited"):
+            txn = f"{ctx.procedure_id}/deposit"
+            if not self.data["idempotent"] or txn not in APPLIED:
+                BALANCES[self.data["account"]] = BALANCES.get(self.data["account"], 0) + self.data["amount"]
+                APPLIED.add(txn)
+            self.data["deposited"] = True
+            return Status.executing()
+        return Status.done(BALANCES[self.data["account"]])
+
+
+class Deposits(Scenario):
+    def __init__(self, idempotent: bool) -> None:
+        self.name = f"deposit (idempotent={idempotent})"
+        self.idempotent = idempotent
+
+    async def prepare(self, store: StateStore) -> None:
+        BALANCES.clear()
+        APPLIED.clear()
+
+    def attach(self, manager: ProcedureManager, store: StateStore) -> None:
+        manager.register(Deposit)
+
+    async def procedures(self, store: StateStore) -> list[ProcedureWithId]:
+        return [ProcedureWithId.new(Deposit({"account": "a", "amount": 10, "idempotent": self.idempotent}))]
+
+    async def snapshot(self, store: StateStore) -> object:
+        return dict(BALANCES)
+
+
+def memory_url(n: int) -> str:
+    return f"memory://explorer-{uuid.uuid4().hex}/"
+
+
+async def test_finds_the_step_that_is_not_idempotent() -> None:
+    report = await CrashExplorer(Deposits(idempotent=False), memory_url).explore()
+    assert not report.ok
+    assert report.operations == 6 and report.explored == 12  # 3 writes, then 3 deletions
+    [(point, problem)] = report.failures
+    assert (point.index, point.when) == (1, "before")  # deposited, then killed before storing it
+    assert "{'a': 20} != {'a': 10}" in problem
+    assert "1 failed" in str(report) and "before operation 1" in str(report)
+
+
+async def test_passes_the_idempotent_version_in_both_modes() -> None:
+    report = await CrashExplorer(Deposits(idempotent=True), memory_url).explore(double_execution=True)
+    report.assert_ok()
+    assert report.explored == 13
+
+
+async def test_double_execution_finds_it_too() -> None:
+    explorer = CrashExplorer(Deposits(idempotent=False), memory_url)
+    report = await explorer.explore(double_execution=True)
+    assert any(point.index < 0 for point, _ in report.failures)
