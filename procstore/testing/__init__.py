@@ -1,7 +1,19 @@
-"""Crash-test procedures: a fault-injecting store, and an explorer that kills a scenario
-before and after every store operation and checks that nothing was lost or done twice."""
+"""Crash-test procedures: fault injection (`FaultyStore`, `FaultPlan`, `Fault`) and an
+explorer that kills a scenario before and after every store operation and checks that
+nothing was lost or done twice."""
 
 from procstore.testing.explorer import CrashExplorer, CrashPoint, ExplorationReport, Scenario
-from procstore.testing.faults import FaultyStore, SimulatedCrash, StoreOp
+from procstore.testing.faults import FaultyStore
+from procstore.testing.plan import Fault, FaultPlan, SimulatedCrash, StoreOp
 
-__all__ = ["CrashExplorer", "CrashPoint", "ExplorationReport", "FaultyStore", "Scenario", "SimulatedCrash", "StoreOp"]
+__all__ = [
+    "CrashExplorer",
+    "CrashPoint",
+    "ExplorationReport",
+    "Fault",
+    "FaultPlan",
+    "FaultyStore",
+    "Scenario",
+    "SimulatedCrash",
+    "StoreOp",
+]
