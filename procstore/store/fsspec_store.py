@@ -37,7 +37,8 @@ class FsspecStore(StateStore):
         self.url = url if url.endswith("/") else url + "/"
         self.protocol = _protocol(fs)
         self._async = bool(getattr(fs, "async_impl", False)) and bool(getattr(fs, "asynchronous", False))
-        self._inline = self.protocol == "memory"
+        # memory:// never blocks; a wrapper may say the same of itself (`procstore_inline`).
+        self._inline = self.protocol == "memory" or bool(getattr(fs, "procstore_inline", False))
         self.supports_create_only = self.protocol in _CREATE_ONLY_PROTOCOLS
         self._s3 = self._async and self.protocol in ("s3", "s3a")
         # memory:// lives in this process, so the in-process lock of the default is enough.

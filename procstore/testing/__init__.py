@@ -4,6 +4,7 @@ nothing was lost or done twice."""
 
 from procstore.testing.explorer import CrashExplorer, CrashPoint, ExplorationReport, Scenario
 from procstore.testing.faults import FaultyStore
+from procstore.testing.fsspec_faults import FaultyFileSystem
 from procstore.testing.plan import Fault, FaultPlan, SimulatedCrash, StoreOp
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "ExplorationReport",
     "Fault",
     "FaultPlan",
+    "FaultyFileSystem",
     "FaultyStore",
     "Scenario",
     "SimulatedCrash",
