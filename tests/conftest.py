@@ -21,12 +21,7 @@ from typing import Any
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from procstore.testing.pytest_plugin import create_bucket, free_port, s3_storage_options
 
 
 @dataclass(frozen=True)
@@ -39,38 +34,19 @@ class StoreTarget:
 
 
 @pytest.fixture(scope="session")
-def moto_endpoint() -> Iterator[str]:
-    """A moto S3 server on 127.0.0.1, reached over HTTP like real S3."""
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
+def moto_endpoint(procstore_moto_endpoint: str) -> str:
+    """The plugin's moto S3 server on 127.0.0.1."""
+    return procstore_moto_endpoint
 
 
 def s3_options(endpoint: str) -> dict[str, Any]:
-    return {"key": "testing", "secret": "testing", "endpoint_url": endpoint}
+    return s3_storage_options(endpoint)
 
 
 @pytest.fixture
 def s3_bucket(moto_endpoint: str) -> str:
     """A fresh bucket on the moto server."""
-    import boto3
-
-    name = f"procstore-{uuid.uuid4().hex[:12]}"
-    client = boto3.client(
-        "s3",
-        endpoint_url=moto_endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
-    client.create_bucket(Bucket=name)
-    return name
+    return create_bucket(moto_endpoint)
 
 
 @pytest.fixture

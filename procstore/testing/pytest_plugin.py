@@ -1,0 +1,115 @@
+"""procstore's pytest plugin (installed with the package, entry point `procstore`).
+
+Fixtures:
+- `procstore_moto_endpoint` (session): a moto S3 server on 127.0.0.1, reached over HTTP.
+- `procstore_store`: a `StoreUnderTest` parametrized over memory://, a local directory and
+  S3 on that moto server (a fresh bucket per test). Its `run_url(n)` gives run n of a crash
+  explorer its own empty store.
+- `procstore_explorer`: `procstore_explorer(scenario)` makes a `CrashExplorer` on that store.
+
+Hypothesis profiles: `ci` (bounded, the default under `CI=true`) and `long`; pick one with
+`--hypothesis-profile=long`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from procstore.testing.explorer import CrashExplorer, Scenario
+
+settings.register_profile(
+    "ci", max_examples=25, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("long", max_examples=500, stateful_step_count=60, deadline=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
+
+
+@dataclass(frozen=True)
+class StoreUnderTest:
+    """A store URL with the storage options that reach it."""
+
+    kind: str
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    base: str = ""
+
+    def run_url(self, n: int) -> str:
+        """An empty store for run `n` of an explorer (a new name, folder or prefix)."""
+        if self.kind == "memory":
+            return f"memory://procstore-{uuid.uuid4().hex}/"
+        return f"{self.base}run-{n}/"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="session")
+def procstore_moto_endpoint() -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 for the whole session (needs `moto[server]`)."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def s3_storage_options(endpoint: str) -> dict[str, Any]:
+    return {"key": "testing", "secret": "testing", "endpoint_url": endpoint}
+
+
+def create_bucket(endpoint: str) -> str:
+    import boto3
+
+    name = f"procstore-{uuid.uuid4().hex[:12]}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(params=["memory", "local", "s3"])
+def procstore_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreUnderTest:
+    """The same test on memory://, a local directory and S3 (a moto server on 127.0.0.1)."""
+    kind = request.param
+    if kind == "memory":
+        url = f"memory://procstore-{uuid.uuid4().hex}/"
+        return StoreUnderTest(kind, url, base=url)
+    if kind == "local":
+        return StoreUnderTest(kind, str(tmp_path / "store"), base=f"{tmp_path}/")
+    endpoint = request.getfixturevalue("procstore_moto_endpoint")
+    bucket = create_bucket(endpoint)
+    return StoreUnderTest(kind, f"s3://{bucket}/cp/", s3_storage_options(endpoint), base=f"s3://{bucket}/")
+
+
+@pytest.fixture
+def procstore_explorer(procstore_store: StoreUnderTest) -> Callable[..., CrashExplorer]:
+    """`procstore_explorer(scenario, **options)`: a `CrashExplorer` on the parametrized store."""
+
+    def make(scenario: Scenario, **options: Any) -> CrashExplorer:
+        return CrashExplorer(scenario, procstore_store.run_url, procstore_store.storage_options, **options)
+
+    return make
