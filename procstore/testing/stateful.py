@@ -1,0 +1,185 @@
+"""`ProcedureStateMachine`: a hypothesis stateful test base for procedures.
+
+Hypothesis draws schedules of these rules: submit a procedure, arm a crash a few store
+operations ahead, inject transient store faults, restart the manager, and wait until
+everything has ended. After every rule and at the end it checks:
+
+- nothing lost: every procedure whose `submit` returned is known to the current manager,
+  or has ended (possibly before a crash, with its commit or rollback key written);
+- everything ends once faults stop (`wait_for_quiescence`, and the teardown);
+- once all have ended, the store holds no procedure keys;
+- `check_world(outcomes)`, the subclass's own "effects exactly once" check.
+
+Subclass it, implement `attach`, `new_procedure` and `check_world`, and expose it to pytest
+with `TestX = MyMachine.TestCase`. Each instance runs its own event loop and a fresh
+memory:// store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from procstore.errors import ProcedureError
+from procstore.ids import ProcedureId
+from procstore.procedure import ProcedureWithId
+from procstore.runtime.manager import ProcedureManager
+from procstore.store.open import open_state_store
+from procstore.store.state_store import StateStore
+from procstore.testing.faults import FaultyStore
+from procstore.testing.plan import Fault, FaultPlan, SimulatedCrash, StoreOp
+
+T = TypeVar("T")
+
+
+class ProcedureStateMachine(RuleBasedStateMachine):
+    """Random schedules of submits, crashes, transient faults and restarts."""
+
+    manager_options: dict[str, Any] = {"retry_delay": 0.001, "max_retry_delay": 0.005, "max_retry_times": 5}
+
+    def attach(self, manager: ProcedureManager, store: StateStore) -> None:
+        """Register the loaders."""
+        raise NotImplementedError
+
+    def new_procedure(self, seed: int, store: StateStore) -> ProcedureWithId:
+        """A new procedure to submit, chosen from `seed`."""
+        raise NotImplementedError
+
+    def check_world(self, outcomes: dict[ProcedureId, str]) -> None:
+        """Assert the world shows every ended procedure's effects exactly once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.url = f"memory://stateful-{uuid.uuid4().hex}/"
+        self.submitted: dict[ProcedureId, ProcedureWithId] = {}
+        self.outcomes: dict[ProcedureId, str] = {}
+        self.history: list[StoreOp] = []
+        self.manager: ProcedureManager | None = None
+        self.store: FaultyStore | None = None
+        self._start()
+
+    # -- the manager's lives -------------------------------------------------------------
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    def _start(self) -> None:
+        self.store = FaultyStore(open_state_store(self.url), plan=FaultPlan())
+        self.manager = ProcedureManager(self.store, **self.manager_options)
+        self.attach(self.manager, self.store)
+        try:
+            self._run(self.manager.start())
+        except SimulatedCrash:
+            self._restart()
+
+    def _stop(self) -> None:
+        assert self.manager is not None and self.store is not None
+        self._harvest()
+        self._run(self.manager.stop())
+        self.history += self.store.landed() + self.store.maybe_landed()
+
+    def _restart(self) -> None:
+        self._stop()
+        self._start()
+
+    def _harvest(self) -> None:
+        assert self.manager is not None
+        for pid in self.submitted:
+            state = self.manager.procedure_state(pid)
+            if state is not None and state.is_ended():
+                self.outcomes[pid] = "done" if state.is_done() else "failed"
+
+    def _settle(self, seconds: float = 0.02) -> None:
+        """Let the runners work for a moment; restart if they crashed meanwhile."""
+        assert self.store is not None
+        self._run(asyncio.sleep(seconds))
+        if self.store.crashed.is_set():
+            self._restart()
+        self._harvest()
+
+    # -- rules ---------------------------------------------------------------------------
+
+    @rule(seed=st.integers(min_value=0, max_value=2**16))
+    def submit(self, seed: int) -> None:
+        assert self.manager is not None and self.store is not None
+        procedure = self.new_procedure(seed, self.store)
+        try:
+            self._run(self.manager.submit(procedure))
+        except SimulatedCrash:
+            self._restart()
+            return
+        except ProcedureError:
+            return  # refused (a transient fault on the first write): nothing runs
+        self.submitted[procedure.id] = procedure
+        self._settle(0.0)
+
+    @rule(ahead=st.integers(min_value=0, max_value=8))
+    def crash_soon(self, ahead: int) -> None:
+        assert self.store is not None
+        self.store.plan.faults.append(Fault("crash", nth=ahead))
+        self._settle()
+
+    @rule(times=st.integers(min_value=1, max_value=3))
+    def transient_faults(self, times: int) -> None:
+        assert self.store is not None
+        self.store.plan.faults.append(Fault("transient", times=times))
+        self._settle()
+
+    @rule()
+    def restart(self) -> None:
+        self._restart()
+
+    @precondition(lambda self: bool(self.submitted))
+    @rule()
+    def wait_for_quiescence(self) -> None:
+        self._quiesce()
+
+    def _quiesce(self) -> None:
+        """Stop injecting faults and run until every submitted procedure has ended."""
+        for _ in range(200):
+            assert self.store is not None
+            self.store.plan.faults.clear()
+            self._settle(0.01)
+            if all(pid in self.outcomes for pid in self.submitted):
+                return
+            if not self._all_known():
+                self._restart()
+        raise AssertionError(f"not everything ended: {set(self.submitted) - set(self.outcomes)}")
+
+    # -- invariants ----------------------------------------------------------------------
+
+    def _all_known(self) -> bool:
+        assert self.manager is not None
+        return all(
+            pid in self.outcomes or self.manager.procedure_state(pid) is not None or self._ended_before(pid)
+            for pid in self.submitted
+        )
+
+    def _ended_before(self, pid: ProcedureId) -> bool:
+        ended = any(str(pid) in op.key and op.key.endswith((".commit", ".rollback")) for op in self.history)
+        if ended and pid not in self.outcomes:
+            commit = any(str(pid) in op.key and op.key.endswith(".commit") for op in self.history)
+            self.outcomes[pid] = "done" if commit else "failed"
+        return ended
+
+    @invariant()
+    def nothing_lost(self) -> None:
+        assert self._all_known(), "a procedure whose submit returned is gone"
+
+    def teardown(self) -> None:
+        try:
+            if self.submitted:
+                self._quiesce()
+                assert self.manager is not None
+                left = self._run(self.manager.store.store.walk("procedure/"))
+                assert left == [], f"procedure keys left after everything ended: {left[:3]}"
+                self.check_world(self.outcomes)
+            self._stop()
+        finally:
+            self.loop.close()
