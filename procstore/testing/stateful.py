@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -40,7 +40,7 @@ T = TypeVar("T")
 class ProcedureStateMachine(RuleBasedStateMachine):
     """Random schedules of submits, crashes, transient faults and restarts."""
 
-    manager_options: dict[str, Any] = {"retry_delay": 0.001, "max_retry_delay": 0.005, "max_retry_times": 5}
+    manager_options: ClassVar[dict[str, Any]] = {"retry_delay": 0.001, "max_retry_delay": 0.005, "max_retry_times": 5}
 
     def attach(self, manager: ProcedureManager, store: StateStore) -> None:
         """Register the loaders."""
