@@ -154,7 +154,14 @@ class Datanode:
         # overlapping saves could land out of order and lose a change.
         async with self.lock:
             await self.ensure_loaded()
-            return await self._handle(instruction, region, **args)
+            before = {rid: Replica(r.role, r.last_entry_id) for rid, r in self.replicas.items()}
+            try:
+                return await self._handle(instruction, region, **args)
+            except BaseException:
+                # The change did not reach the disk: forget it, or a retry would find it
+                # done in memory and never write it.
+                self.replicas = before
+                raise
 
     async def _handle(self, instruction: str, region: int, **args: Any) -> dict[str, Any]:
         replica = self.replicas.get(region)
@@ -183,6 +190,11 @@ class Datanode:
                 replica.last_entry_id = max(replica.last_entry_id, args.get("last_entry_id") or 0)
                 await self.save()
             return {"ready": True}
+        if instruction == "lease_expired":  # from inside the datanode, not the mailbox
+            if replica is not None and replica.role == "leader":
+                replica.role = "follower"
+                await self.save()
+            return {"leader": False}
         if instruction == "close":
             if self.replicas.pop(region, None) is not None:
                 await self.save()
@@ -282,12 +294,7 @@ class SimCluster:
         node = self.datanodes.get(node_id)
         if node is None:
             return
-        async with node.lock:
-            await node.ensure_loaded()
-            replica = node.replicas.get(region)
-            if replica is not None and replica.role == "leader":
-                replica.role = "follower"
-                await node.save()
+        await node.handle("lease_expired", region)
 
 
 async def check_cluster(store: StateStore) -> list[str]:

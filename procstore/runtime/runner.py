@@ -336,11 +336,16 @@ class Runner:
         ]
         if not doomed:
             return
-        try:
-            children = [pid for pid in doomed if pid != self.meta.id]
+        children = [pid for pid in doomed if pid != self.meta.id]
+
+        async def delete(_attempt: int) -> None:
+            # Children first, the root last: a crash part way leaves the root marked finished.
             await self.ctx.store.delete_procedures(children)
             if doomed[0] == self.meta.id:
                 await self.ctx.store.delete_procedure(self.meta.id)
+
+        try:
+            await self.ctx.policy.call(delete)
         except ProcedureError as e:
             logger.warning(
                 "procedure %s ended but deleting its keys failed (%s); the next start() deletes them",

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import uuid
+import weakref
 
 from hypothesis import settings
 
+from machines.create_table import new_create_table
+from machines.create_table import register as register_create_table
+from machines.region_migration import SimCluster, check_cluster
 from procstore import ProcedureId, ProcedureManager, ProcedureWithId
-from procstore.store import StateStore
+from procstore.store import StateStore, open_state_store
 from procstore.testing.stateful import ProcedureStateMachine
 from tests.procedures import Steps, Undoable, World, register_all
 
@@ -45,3 +49,42 @@ class StepsAndRollbacks(ProcedureStateMachine):
 
 StepsAndRollbacks.TestCase.settings = settings(StepsAndRollbacks.TestCase.settings, max_examples=15)
 TestStepsAndRollbacks = StepsAndRollbacks.TestCase
+
+
+class CreateTables(ProcedureStateMachine):
+    """`machines/create_table` under random crashes: the cluster lives in the same store."""
+
+    def __init__(self) -> None:
+        self.clusters: weakref.WeakKeyDictionary[StateStore, SimCluster] = weakref.WeakKeyDictionary()
+        self.tables: dict[ProcedureId, int] = {}
+        super().__init__()
+
+    def cluster(self, store: StateStore) -> SimCluster:
+        if store not in self.clusters:
+            self.clusters[store] = SimCluster(store, [1, 2, 3])
+        return self.clusters[store]
+
+    def attach(self, manager: ProcedureManager, store: StateStore) -> None:
+        register_create_table(manager, self.cluster(store))
+
+    def new_procedure(self, seed: int, store: StateStore) -> ProcedureWithId:
+        table_id = 100 + len(self.tables)
+        leaders = [1 + (seed >> (2 * i)) % 3 for i in range(1 + seed % 3)]
+        pwid = ProcedureWithId.new(new_create_table(self.cluster(store), f"t{table_id}", table_id, leaders))
+        self.tables[pwid.id] = table_id
+        return pwid
+
+    def check_world(self, outcomes: dict[ProcedureId, str]) -> None:
+        async def read() -> None:
+            store = open_state_store(self.url)
+            assert await check_cluster(store) == []
+            metadata = SimCluster(store, [1]).metadata
+            for pid, outcome in outcomes.items():
+                info = await metadata.get_table_info(self.tables[pid])
+                assert outcome == "done" and (info or {}).get("state") == "ready", (pid, outcome, info)
+
+        self._run(read())
+
+
+CreateTables.TestCase.settings = settings(CreateTables.TestCase.settings, max_examples=10)
+TestCreateTables = CreateTables.TestCase
