@@ -20,7 +20,7 @@ import abc
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -129,13 +129,22 @@ class CrashExplorer:
         self.timeout = timeout
         self._runs = 0
 
-    async def explore(self, *, double_execution: bool = False) -> ExplorationReport:
-        """The clean run, then every crash point; returns the report (does not raise)."""
+    async def explore(
+        self, *, double_execution: bool = False, only: Iterable[CrashPoint] | None = None
+    ) -> ExplorationReport:
+        """The clean run, then every crash point; returns the report (does not raise).
+
+        `only` replays the given points (as a report names them), e.g.
+        `only=[CrashPoint(7, "after")]`; `CrashPoint(-1, "before")` is the double-execution run.
+        """
         clean = await self._run(self._killed_at(None))
         report = ExplorationReport(self.scenario.name, clean.operations)
-        points = [CrashPoint(i, w) for i in range(clean.operations) for w in ("before", "after")]
-        if double_execution:
-            points.append(CrashPoint(-1, "before"))
+        if only is not None:
+            points = list(only)
+        else:
+            points = [CrashPoint(i, w) for i in range(clean.operations) for w in ("before", "after")]
+            if double_execution:
+                points.append(CrashPoint(-1, "before"))
         for point in points:
             kill = self._twice_each() if point.index < 0 else self._killed_at(point)
             try:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from typing import Any
 
-from procstore import Context, Procedure, ProcedureManager, ProcedureWithId, Status
+from hypothesis import given, settings
+
+from procstore import Context, Procedure, ProcedureManager, ProcedureWithId, Status, StoreError
 from procstore.store import StateStore
-from procstore.testing import CrashExplorer, Scenario
+from procstore.testing import CrashExplorer, Fault, Scenario
+from procstore.testing.strategies import fault_plans
 
 BALANCES: dict[str, int] = {}
 APPLIED: set[str] = set()
@@ -79,3 +83,36 @@ async def test_double_execution_finds_it_too() -> None:
     explorer = CrashExplorer(Deposits(idempotent=False), memory_url)
     report = await explorer.explore(double_execution=True)
     assert any(point.index < 0 for point, _ in report.failures)
+
+
+async def test_a_reported_point_replays_alone() -> None:
+    from procstore.testing import CrashPoint
+
+    report = await CrashExplorer(Deposits(idempotent=False), memory_url).explore(only=[CrashPoint(1, "before")])
+    assert report.explored == 1 and len(report.failures) == 1
+
+
+@given(plan=fault_plans(crashes=False))
+@settings(max_examples=10, deadline=None)
+def test_transient_faults_and_delays_never_change_the_outcome(plan: list[Fault]) -> None:
+    import asyncio
+
+    from procstore.store import open_state_store
+    from procstore.testing import FaultyStore
+
+    async def run() -> object:
+        BALANCES.clear()
+        APPLIED.clear()
+        store = FaultyStore(open_state_store(memory_url(0)), faults=plan)
+        manager = ProcedureManager(store, retry_delay=0.001, max_retry_delay=0.002, max_retry_times=5)
+        manager.register(Deposit)
+        async with manager:
+            watcher = await manager.submit(
+                ProcedureWithId.new(Deposit({"account": "a", "amount": 5, "idempotent": True}))
+            )
+            return await watcher.wait()
+
+    # A transient fault on the first write makes submit refuse (StoreError): nothing ran.
+    with contextlib.suppress(StoreError):
+        assert asyncio.run(run()) == 5
+    assert BALANCES in ({"a": 5}, {})

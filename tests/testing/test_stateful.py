@@ -9,7 +9,8 @@ from hypothesis import settings
 
 from machines.create_table import new_create_table
 from machines.create_table import register as register_create_table
-from machines.region_migration import SimCluster, check_cluster
+from machines.region_migration import RegionMigration, SimCluster, VolatileContext, check_cluster, new_migration
+from machines.region_migration.cluster import region_id
 from procstore import ProcedureId, ProcedureManager, ProcedureWithId
 from procstore.store import StateStore, open_state_store
 from procstore.testing.stateful import ProcedureStateMachine
@@ -88,3 +89,36 @@ class CreateTables(ProcedureStateMachine):
 
 CreateTables.TestCase.settings = settings(CreateTables.TestCase.settings, max_examples=10)
 TestCreateTables = CreateTables.TestCase
+
+
+class MigrateRegions(ProcedureStateMachine):
+    """`machines/region_migration` under random crashes; migrations may race and abort."""
+
+    def __init__(self) -> None:
+        self.clusters: weakref.WeakKeyDictionary[StateStore, SimCluster] = weakref.WeakKeyDictionary()
+        super().__init__()
+        self._run(SimCluster(open_state_store(self.url), [1, 2, 3]).create_table(7, {1: 1, 2: 2, 3: 3}, {}))
+
+    def cluster(self, store: StateStore) -> SimCluster:
+        if store not in self.clusters:
+            self.clusters[store] = SimCluster(store, [1, 2, 3])
+        return self.clusters[store]
+
+    def attach(self, manager: ProcedureManager, store: StateStore) -> None:
+        RegionMigration.register_with(manager, lambda _p: VolatileContext(self.cluster(store)))
+
+    def new_procedure(self, seed: int, store: StateStore) -> ProcedureWithId:
+        region = region_id(7, 1 + seed % 3)
+        route = self._run(SimCluster(open_state_store(self.url), [1]).metadata.get_route(7))
+        assert route is not None
+        leader = next(r.leader for r in route.regions if r.region_id == region)
+        target = 1 + (leader + seed // 3) % 3
+        target = target if target != leader else 1 + leader % 3
+        return ProcedureWithId.new(new_migration(self.cluster(store), [region], leader, target))
+
+    def check_world(self, outcomes: dict[ProcedureId, str]) -> None:
+        assert self._run(check_cluster(open_state_store(self.url))) == []
+
+
+MigrateRegions.TestCase.settings = settings(MigrateRegions.TestCase.settings, max_examples=10)
+TestMigrateRegions = MigrateRegions.TestCase
