@@ -40,16 +40,8 @@ class Procedure(abc.ABC):
 
     @classmethod
     def load(cls, data: str) -> Self:
-        """Rebuild a procedure from `dump()`'s output.
-
-        The default passes the parsed JSON to `cls(...)`, or the text itself when `dump()`
-        did not write JSON. Override it when the constructor wants something else.
-        """
-        try:
-            parsed = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return cls(data)  # type: ignore[call-arg]
-        return cls(parsed)  # type: ignore[call-arg]
+        """Rebuild a procedure from `dump()`'s output. The default passes the parsed JSON to `cls(...)`."""
+        return cls(orjson.loads(data))  # type: ignore[call-arg]
 
     def lock_key(self) -> LockKey:
         """The keys locked before the first `execute` and held until the procedure ends."""

@@ -179,21 +179,3 @@ async def test_recovered_procedure_keeps_step_numbers(tmp_path: Path, persist: b
 def test_default_loader_is_inverse_of_dump() -> None:
     proc = Steps({"world": "w", "steps": 2, "at": 1})
     assert Steps.load(proc.dump()).data == proc.data
-
-
-def test_default_loader_passes_text_that_is_not_json() -> None:
-    from procstore import Context, Procedure, Status
-
-    class Text(Procedure):
-        type_name = "t::Text"
-
-        def __init__(self, data: str) -> None:
-            self.data = data
-
-        async def execute(self, ctx: Context) -> Status:
-            return Status.done(self.data)
-
-        def dump(self) -> str:
-            return self.data
-
-    assert Text.load("no parent id").data == "no parent id"
