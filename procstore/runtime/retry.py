@@ -7,6 +7,8 @@ retry n is `retry_delay * 2**(n-1)` plus up to `retry_delay` of random jitter, c
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -60,6 +62,18 @@ class RetryPolicy:
         An error `retry_on` rejects is raised at once; after the last retry the last error
         is raised unchanged.
         """
+        # The first attempt runs without tenacity: nearly every call succeeds at once, and
+        # building a retry loop costs ~30 µs, a tenth of a durable step.
+        try:
+            return await fn(1)
+        except Exception as exc:
+            if not retry_on(exc) or self.max_retry_times == 0:
+                raise
+            first = exc
+        delay = min(self.retry_delay + random.uniform(0, self.retry_delay), self.max_retry_delay)
+        if on_retry is not None:
+            on_retry(first, 1, delay)
+        await asyncio.sleep(delay)
 
         def before_sleep(state: RetryCallState) -> None:
             if on_retry is None or state.outcome is None:
@@ -67,22 +81,23 @@ class RetryPolicy:
             exc = state.outcome.exception()
             delay = state.next_action.sleep if state.next_action is not None else 0.0
             if exc is not None:
-                on_retry(exc, state.attempt_number, delay)
+                on_retry(exc, state.attempt_number + 1, delay)
 
+        # Retries 2..max: tenacity's attempt k is retry k + 1, so the multiplier doubles.
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.max_retry_times + 1),
+            stop=stop_after_attempt(self.max_retry_times),
             wait=wait_exponential_jitter(
-                multiplier=self.retry_delay, max=self.max_retry_delay, jitter=self.retry_delay
+                multiplier=2 * self.retry_delay, max=self.max_retry_delay, jitter=self.retry_delay
             ),
             retry=retry_if_exception(retry_on),
             before_sleep=before_sleep,
             reraise=True,
         )
-        attempt = 0
+        attempt = 1
 
-        async def once() -> T:
+        async def again() -> T:
             nonlocal attempt
             attempt += 1
             return await fn(attempt)
 
-        return await retrying(once)
+        return await retrying(again)

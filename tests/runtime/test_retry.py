@@ -1,0 +1,67 @@
+"""`RetryPolicy`: attempts, retry numbers and exponential delays with jitter."""
+
+from __future__ import annotations
+
+import pytest
+
+from procstore import RetryLater
+from procstore.runtime import RetryPolicy
+
+
+async def test_retries_then_succeeds_with_growing_delays() -> None:
+    policy = RetryPolicy(max_retry_times=4, retry_delay=0.001, max_retry_delay=1.0)
+    attempts: list[int] = []
+    retries: list[tuple[int, float]] = []
+
+    async def flaky(attempt: int) -> str:
+        attempts.append(attempt)
+        if attempt <= 4:
+            raise RetryLater("not yet")
+        return "ok"
+
+    result = await policy.call(flaky, on_retry=lambda exc, n, delay: retries.append((n, delay)))
+    assert result == "ok" and attempts == [1, 2, 3, 4, 5]
+    assert [n for n, _ in retries] == [1, 2, 3, 4]
+    for n, delay in retries:  # retry_delay * 2**(n-1), plus up to retry_delay of jitter
+        assert 0.001 * 2 ** (n - 1) <= delay <= 0.001 * 2 ** (n - 1) + 0.001 + 1e-9
+
+
+async def test_gives_up_after_max_retries_with_the_last_error() -> None:
+    policy = RetryPolicy(max_retry_times=2, retry_delay=0.0)
+    calls = 0
+
+    async def always(attempt: int) -> None:
+        nonlocal calls
+        calls += 1
+        raise RetryLater(f"attempt {attempt}")
+
+    with pytest.raises(RetryLater, match="attempt 3"):
+        await policy.call(always)
+    assert calls == 3
+
+
+@pytest.mark.parametrize("retries", [0, 3])
+async def test_other_errors_and_zero_retries_raise_at_once(retries: int) -> None:
+    policy = RetryPolicy(max_retry_times=retries, retry_delay=0.0)
+    calls = 0
+
+    async def broken(attempt: int) -> None:
+        nonlocal calls
+        calls += 1
+        raise (ValueError("bug") if retries else RetryLater("later"))
+
+    with pytest.raises((ValueError, RetryLater)):
+        await policy.call(broken)
+    assert calls == 1
+
+
+async def test_delays_are_capped() -> None:
+    policy = RetryPolicy(max_retry_times=6, retry_delay=0.001, max_retry_delay=0.004)
+    delays: list[float] = []
+
+    async def always(attempt: int) -> None:
+        raise RetryLater("no")
+
+    with pytest.raises(RetryLater):
+        await policy.call(always, on_retry=lambda exc, n, delay: delays.append(delay))
+    assert len(delays) == 6 and max(delays) <= 0.004 + 1e-9
