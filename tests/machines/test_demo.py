@@ -13,7 +13,7 @@ from procstore.cli import cli
 from procstore.store import open_state_store
 
 
-@pytest.mark.parametrize(("seed", "size", "crashes"), [(1, 6, 4), (7, 4, 6), (42, 10, 3)])
+@pytest.mark.parametrize(("seed", "size", "crashes"), [(1, 6, 4), (7, 4, 6), (42, 10, 3), (209, 12, 8)])
 def test_demo_survives_its_crashes(tmp_path: Path, seed: int, size: int, crashes: int) -> None:
     store = tmp_path / "store"
     args = ["demo", "--seed", str(seed), "--size", str(size), "--crashes", str(crashes), "--store", str(store)]
