@@ -1,1 +1,1 @@
-"""Benchmarks: `python -m benchmarks` (see issue 5; not yet written)."""
+"""Benchmarks: `python -m benchmarks [--quick] [--only NAME]` (see `suites.py`)."""
