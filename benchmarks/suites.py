@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
+import json
+import sys
 import time
 import uuid
 
@@ -75,6 +78,27 @@ async def throughput(report: Report, target: Target, n: int) -> None:
         Row("throughput", f"{target.kind}: N={n} concurrent 5-step procedures", n / elapsed, "procedures/s",
             n / raw_elapsed, "raw writes, same count, same concurrency", "")
     )  # fmt: skip
+    if target.kind == "local":
+        dbos_rate = await dbos_throughput(target, n)
+        if dbos_rate is not None:
+            report.add(
+                Row("throughput", f"local: N={n}, procstore vs DBOS (SQLite)", n / elapsed, "procedures/s",
+                    dbos_rate, "DBOS 5-step workflows/s, same disk", ">= 5 (N=1000)")
+            )  # fmt: skip
+
+
+async def dbos_throughput(target: Target, n: int) -> float | None:
+    """DBOS's workflows per second for the same work, in a child process; None without dbos."""
+    if importlib.util.find_spec("dbos") is None:
+        return None
+    db = f"{target.base}dbos-{uuid.uuid4().hex}.sqlite"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.dbos_peer", str(n), db,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    lines = [line for line in out.decode().splitlines() if line.startswith("{")]
+    return float(json.loads(lines[-1])["per_second"]) if proc.returncode == 0 and lines else None
 
 
 async def recovery(report: Report, target: Target, n: int) -> None:
