@@ -19,11 +19,11 @@ def main() -> None:
     config: DBOSConfig = {"name": "procstore-bench", "system_database_url": f"sqlite:///{db}"}
     DBOS(config=config)
 
-    @DBOS.step()
+    @DBOS.step()  # type: ignore[untyped-decorator,unused-ignore] # untyped when dbos is not installed
     def step(i: int, state: str) -> str:
         return state
 
-    @DBOS.workflow()
+    @DBOS.workflow()  # type: ignore[untyped-decorator,unused-ignore]
     def five_steps(state: str) -> str:
         for i in range(5):
             state = step(i, state)
