@@ -190,8 +190,8 @@ def test_duration_text(text: str, value: timedelta) -> None:
 
 @given(st.integers(min_value=0, max_value=10**15))
 def test_duration_round_trip(microseconds: int) -> None:
-    duration = Duration(microseconds=microseconds)
-    assert Duration.parse(duration.format()) == duration
+    value = Duration(microseconds=microseconds)
+    assert Duration.parse(value.format()) == value
 
 
 async def test_state_is_replaced_only_when_next_returns(memory_target: StoreTarget) -> None:
