@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -242,29 +243,42 @@ async def _demote(ctx: Ctx, peer: Peer, region: int) -> None:
         await ctx.volatile.cluster.expire_lease(peer.id, region)
 
 
+async def _send_with_backoff(
+    ctx: Ctx, peer: Peer, instruction: str, region: int, give_up: Callable[[], bool], **args: Any
+) -> dict[str, Any] | None:
+    """Send until the datanode answers, backing off from 5 ms to 50 ms; None once `give_up()`."""
+    delay = 0.005
+    while True:
+        try:
+            return await _send(ctx, peer, instruction, region, **args)
+        except (MailboxTimeout, DatanodeError):
+            if give_up():
+                return None
+            await asyncio.sleep(delay)
+            ctx.volatile.operations_elapsed += delay
+            delay = min(delay * 2, 0.05)
+
+
 @registry.state
 @dataclass
 class DowngradeLeaderRegion(State[Ctx]):
     async def next(self, ctx: Ctx) -> tuple[State[Ctx], Status]:
         p, v = ctx.persistent, ctx.volatile
+
+        def lease_ran_out() -> bool:
+            # The route marks the leader downgrading, so the metasrv no longer renews its
+            # lease: past the deadline the old leader has stopped serving, even unreachable.
+            if v.lease_deadline is None:
+                v.lease_deadline = time.monotonic() + REGION_LEASE_SECONDS
+            return time.monotonic() >= v.lease_deadline
+
         for region in p.regions():
-            delay = 0.005
-            while region not in v.last_entry_ids:
-                try:
-                    reply = await _send(ctx, p.from_peer, "downgrade", region)
-                    v.last_entry_ids[region] = reply.get("last_entry_id")
-                except (MailboxTimeout, DatanodeError):
-                    # Keep trying until the leader's lease has run out. The route marks it
-                    # downgrading, so the metasrv no longer renews that lease: past the
-                    # deadline the old leader has stopped serving, and we go on without it.
-                    if v.lease_deadline is None:
-                        v.lease_deadline = time.monotonic() + REGION_LEASE_SECONDS
-                    if time.monotonic() < v.lease_deadline:
-                        await asyncio.sleep(min(delay, max(0.0, v.lease_deadline - time.monotonic())))
-                        delay = min(delay * 2, 0.05)
-                        continue
-                    await v.cluster.expire_lease(p.from_peer.id, region)
-                    v.last_entry_ids[region] = None
+            if region in v.last_entry_ids:
+                continue
+            reply = await _send_with_backoff(ctx, p.from_peer, "downgrade", region, lease_ran_out)
+            if reply is None:  # slow path: go on without the old leader
+                await v.cluster.expire_lease(p.from_peer.id, region)
+            v.last_entry_ids[region] = None if reply is None else reply.get("last_entry_id")
         return UpgradeCandidateRegion(), Status.executing(persist=False)
 
 
@@ -274,17 +288,12 @@ class UpgradeCandidateRegion(State[Ctx]):
     async def next(self, ctx: Ctx) -> tuple[State[Ctx], Status]:
         p, v = ctx.persistent, ctx.volatile
         for region in p.regions():
-            delay = 0.005
-            while True:
-                try:
-                    await _send(ctx, p.to_peer, "upgrade", region, last_entry_id=v.last_entry_ids.get(region))
-                    break
-                except (MailboxTimeout, DatanodeError):
-                    if _timeout_left(ctx) <= 0:
-                        return UpdateMetadata(MetadataUpdate.ROLLBACK), Status.executing(persist=False)
-                    await asyncio.sleep(delay)
-                    v.operations_elapsed += delay
-                    delay = min(delay * 2, 0.2)
+            last_entry_id = v.last_entry_ids.get(region)
+            reply = await _send_with_backoff(
+                ctx, p.to_peer, "upgrade", region, lambda: _timeout_left(ctx) <= 0, last_entry_id=last_entry_id
+            )
+            if reply is None:
+                return UpdateMetadata(MetadataUpdate.ROLLBACK), Status.executing(persist=False)
         return UpdateMetadata(MetadataUpdate.UPGRADE), Status.executing(persist=False)
 
 
