@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
+import re
 import uuid
-from typing import Final
 
-_CANONICAL_LENGTH: Final = 36
+CANONICAL_ID_PATTERN = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+"""`str(uuid.UUID(...))`: lower-case hex, hyphenated 8-4-4-4-12."""
+_CANONICAL = re.compile(CANONICAL_ID_PATTERN)
 
 
 class ProcedureId:
     """A procedure's id: a UUID whose `str()` is the canonical lower-case hyphenated form.
 
     The canonical form is what appears in store keys, so `ProcedureId.parse(str(pid)) == pid`
-    always holds. Instances are immutable and hashable.
+    always holds. Instances are immutable and hashable. Only the text is kept: two UUIDs are
+    equal exactly when their canonical texts are, and recovery parses ids by the thousand.
     """
 
-    __slots__ = ("_text", "_uuid")
+    __slots__ = ("_text",)
 
-    _uuid: uuid.UUID
     _text: str
 
     def __init__(self, value: uuid.UUID) -> None:
-        object.__setattr__(self, "_uuid", value)
         object.__setattr__(self, "_text", str(value))
 
     @classmethod
@@ -40,17 +41,15 @@ class ProcedureId:
     @classmethod
     def parse_canonical(cls, text: str) -> ProcedureId | None:
         """Parse only the canonical form used in keys; `None` for anything else."""
-        if len(text) != _CANONICAL_LENGTH:
+        if _CANONICAL.fullmatch(text) is None:
             return None
-        try:
-            value = uuid.UUID(text)
-        except ValueError:
-            return None
-        return cls(value) if str(value) == text else None
+        pid = object.__new__(cls)
+        object.__setattr__(pid, "_text", text)
+        return pid
 
     @property
     def uuid(self) -> uuid.UUID:
-        return self._uuid
+        return uuid.UUID(self._text)
 
     def __str__(self) -> str:
         return self._text
@@ -60,11 +59,11 @@ class ProcedureId:
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ProcedureId):
-            return self._uuid == other._uuid
+            return self._text == other._text
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(self._uuid)
+        return hash(self._text)
 
     def __lt__(self, other: ProcedureId) -> bool:
         return self._text < other._text

@@ -56,7 +56,7 @@ class LockKey:
             held = merged.get(k.key)
             if held is None or k.is_exclusive:
                 merged[k.key] = k
-        self._keys = tuple(merged[name] for name in sorted(merged))
+        self._keys = tuple(map(merged.__getitem__, sorted(merged)))
 
     @classmethod
     def single_exclusive(cls, key: str) -> LockKey:

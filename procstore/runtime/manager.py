@@ -134,11 +134,6 @@ class ProcedureManager:
                 await state_store.close()
             raise
         store = ProcedureStore(state_store, self.parent_path)
-        if isinstance(state_store, LocalDirStore):
-            try:
-                await state_store.remove_stale_temps(store.proc_path)
-            except Exception as e:
-                logger.warning("could not remove stale temp files: %s", e)
         ctx = ManagerContext(store, self.policy, self._loaders)
         ctx.running = True
         self._ctx, self._state_store = ctx, state_store
@@ -244,11 +239,21 @@ class ProcedureManager:
         return 0 if self._ctx is None else self._ctx.remove_outdated_metadata(self.metadata_ttl)
 
     async def _collect_garbage(self) -> None:
+        # A second walk of the whole store would double start()'s cost; temp files left by a
+        # crashed writer are invisible to loading and can go a moment later.
+        await self._remove_stale_temps()
         while True:
             await asyncio.sleep(self.gc_interval)
             removed = self.remove_outdated_metadata()
             if removed:
                 logger.debug("forgot %d finished procedures", removed)
+
+    async def _remove_stale_temps(self) -> None:
+        if self._ctx is not None and isinstance(self._state_store, LocalDirStore):
+            try:
+                await self._state_store.remove_stale_temps(self._ctx.store.proc_path)
+            except Exception as e:
+                logger.warning("could not remove stale temp files: %s", e)
 
     def _started(self, what: str) -> ManagerContext:
         if self._ctx is None or not self._ctx.running:

@@ -44,8 +44,10 @@ class ProcedureMeta:
         self.keep_keys = False
         """Its stored keys must survive the tree's deletion (rollback failed, unreadable)."""
         self._state = state
-        self._changed = asyncio.Event()
-        self.ended = asyncio.Event()
+        # Events are made on first wait: most procedures are never watched, and recovery
+        # builds thousands of these at once.
+        self._changed: asyncio.Event | None = None
+        self._ended: asyncio.Event | None = None
         self._on_end = on_end
         if state.is_ended():
             self._mark_ended()
@@ -65,7 +67,8 @@ class ProcedureMeta:
     def _mark_ended(self) -> None:
         self.end_time = datetime.now(UTC)
         self.ended_at = time.monotonic()
-        self.ended.set()
+        if self._ended is not None:
+            self._ended.set()
         if self._on_end is not None:
             self._on_end(self)
 
@@ -78,14 +81,25 @@ class ProcedureMeta:
         self._notify()
 
     def _notify(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
 
     async def wait_state_change(self) -> ProcedureState:
         """Wait for the next state change (or for the manager to stop) and return the state."""
         if not self.abandoned:
+            if self._changed is None:
+                self._changed = asyncio.Event()
             await self._changed.wait()
         return self._state
+
+    async def wait_ended(self) -> None:
+        """Wait until the procedure reaches a final state (not woken by `abandon()`)."""
+        if self._state.is_ended():
+            return
+        if self._ended is None:
+            self._ended = asyncio.Event()
+        await self._ended.wait()
 
     def add_child(self, child_id: ProcedureId) -> None:
         if child_id not in self.children:

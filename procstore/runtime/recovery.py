@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from procstore.bulk import collector_paused
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.runtime.context import LoadFailed, ManagerContext
@@ -35,9 +36,12 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
             ctx.stored.unreadable[problem.procedure_id] = problem
     alive = set(loaded.messages) | set(loaded.rollback_messages) | loaded.unreadable_ids
 
-    to_delete = _plan_finished(ctx, loaded, alive)
-    rolling_back_roots = _plan_unfinished(ctx, loaded.rollback_messages, alive, rolling_back=True, problems=problems)
-    running_roots = _plan_unfinished(ctx, loaded.messages, alive, rolling_back=False, problems=problems)
+    with collector_paused():
+        to_delete = _plan_finished(ctx, loaded, alive)
+        rolling_back_roots = _plan_unfinished(
+            ctx, loaded.rollback_messages, alive, rolling_back=True, problems=problems
+        )
+        running_roots = _plan_unfinished(ctx, loaded.messages, alive, rolling_back=False, problems=problems)
 
     if to_delete:
         logger.info("deleting %d finished procedures left by an interrupted cleanup", len(to_delete))
@@ -46,10 +50,11 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
         except ProcedureError as e:
             logger.warning("could not delete finished procedures (%s); the next start tries again", e)
 
-    for pid, message in rolling_back_roots:
-        _resume_root(ctx, pid, message, rolling_back=True, problems=problems)
-    for pid, message in running_roots:
-        _resume_root(ctx, pid, message, rolling_back=False, problems=problems)
+    with collector_paused():
+        for pid, message in rolling_back_roots:
+            _resume_root(ctx, pid, message, rolling_back=True, problems=problems)
+        for pid, message in running_roots:
+            _resume_root(ctx, pid, message, rolling_back=False, problems=problems)
     logger.info(
         "recovered %d rolling back and %d unfinished procedures; %d could not be loaded",
         len(rolling_back_roots),

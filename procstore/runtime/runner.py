@@ -251,7 +251,7 @@ class Runner:
         for child_id in list(self.meta.children):
             child = self.ctx.metas.get(child_id)
             if child is not None:
-                await child.ended.wait()
+                await child.wait_ended()
 
     # -- failing and rolling back ----------------------------------------------------
 

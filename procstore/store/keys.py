@@ -7,14 +7,14 @@ GreptimeDB's `common_procedure::store::ParsedKey`.
 from __future__ import annotations
 
 import enum
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from procstore.ids import ProcedureId
+from procstore.ids import CANONICAL_ID_PATTERN, ProcedureId
 
 PROC_PATH = "procedure/"
 """The folder under a store's root that holds every procedure's keys."""
-
-_STEP_WIDTH = 10
 
 
 class KeyType(enum.Enum):
@@ -48,7 +48,7 @@ class ParsedKey:
     key_type: KeyType
 
     def __str__(self) -> str:
-        return f"{self.prefix}{self.procedure_id}/{self.step:0{_STEP_WIDTH}d}.{self.key_type.value}"
+        return f"{self.prefix}{self.procedure_id}/{self.step:010d}.{self.key_type.value}"
 
     @classmethod
     def parse(cls, prefix: str, key: str) -> ParsedKey | None:
@@ -58,21 +58,59 @@ class ParsedKey:
         canonical UUID. Anything else under the prefix (a temp file, a stray object) is
         not a procedure key.
         """
-        if not key.startswith(prefix):
+        match = _KEY.fullmatch(key, len(prefix)) if key.startswith(prefix) else None
+        if match is None:
             return None
-        rest = key[len(prefix) :]
-        id_text, sep, name = rest.rpartition("/")
-        if not sep:
-            return None
-        id_text = id_text.rpartition("/")[2]
+        id_text, step_text, type_text = match.groups()
         procedure_id = ProcedureId.parse_canonical(id_text)
-        if procedure_id is None:
-            return None
-        step_text, dot, suffix = name.partition(".")
-        key_type = _KEY_TYPES.get(suffix)
-        if not dot or key_type is None or not (step_text.isascii() and step_text.isdigit()):
-            return None
-        return cls(prefix, procedure_id, int(step_text), key_type)
+        assert procedure_id is not None  # the pattern only matches canonical ids
+        return cls(prefix, procedure_id, int(step_text), _KEY_TYPES[type_text])
+
+
+_KEY = re.compile(
+    rf"(?:.*/)?({CANONICAL_ID_PATTERN})/([0-9]+)\.({'|'.join(_KEY_TYPES)})",
+    re.DOTALL,
+)
+"""What follows the prefix: any folders, then `{id}/{step}.{type}`, as GreptimeDB's parser reads it."""
+
+
+@dataclass(slots=True)
+class KeysByProcedure:
+    """The keys under a prefix, grouped by procedure without building a `ParsedKey` for each."""
+
+    steps: dict[ProcedureId, list[tuple[int, KeyType]]]
+    """Each procedure's `(step, key_type)` pairs, in listing order."""
+    others: list[str]
+    """Keys under the prefix that are not procedure keys."""
+
+    @classmethod
+    def group(cls, prefix: str, keys: Iterable[str]) -> KeysByProcedure:
+        """Same verdict as `ParsedKey.parse` for every key, at a fraction of its cost.
+
+        Recovery lists every key of every procedure but needs a `ParsedKey` for only the
+        latest one of each.
+        """
+        by_text: dict[str, list[tuple[int, KeyType]]] = {}
+        others: list[str] = []
+        start = len(prefix)
+        match_key = _KEY.fullmatch
+        for key in keys:
+            match = match_key(key, start) if key.startswith(prefix) else None
+            if match is None:
+                others.append(key)
+                continue
+            id_text, step_text, type_text = match.groups()
+            step = (int(step_text), _KEY_TYPES[type_text])
+            if (found := by_text.get(id_text)) is None:
+                by_text[id_text] = [step]
+            else:
+                found.append(step)
+        steps: dict[ProcedureId, list[tuple[int, KeyType]]] = {}
+        for id_text, found in by_text.items():
+            procedure_id = ProcedureId.parse_canonical(id_text)
+            assert procedure_id is not None  # the pattern only matches canonical ids
+            steps[procedure_id] = found
+        return cls(steps, others)
 
 
 def procedure_dir(prefix: str, procedure_id: ProcedureId) -> str:

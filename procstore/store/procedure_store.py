@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from procstore.aio import gather_settled
+from procstore.bulk import collector_paused
 from procstore.ids import ProcedureId
-from procstore.store.keys import PROC_PATH, KeyType, ParsedKey, procedure_dir
+from procstore.store.keys import PROC_PATH, KeysByProcedure, KeyType, ParsedKey, procedure_dir
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.state_store import StateStore
 
@@ -142,9 +142,7 @@ class ProcedureStore:
                 step_keys.append(key)
             else:
                 finish_keys.append(key)
-        await self.store.batch_delete(step_keys)
-        await self.store.batch_delete(finish_keys)
-        await self.store.delete(folder)
+        await self.store.delete_in_order(step_keys, finish_keys, folder)
 
     async def delete_procedures(self, procedure_ids: Iterable[ProcedureId]) -> None:
         """`delete_procedure` for each id, several at a time, in no particular order."""
@@ -158,31 +156,36 @@ class ProcedureStore:
 
     async def load_messages(self) -> ProcedureMessages:
         """Scan every procedure and classify it by its highest key (the latest-step rule)."""
-        by_id: dict[ProcedureId, list[ParsedKey]] = defaultdict(list)
-        for key in await self.store.walk(self.proc_path):
-            parsed = ParsedKey.parse(self.proc_path, key)
-            if parsed is None:
-                logger.warning("ignoring a key that is not a procedure key: %s", key)
-                continue
-            by_id[parsed.procedure_id].append(parsed)
+        keys = await self.store.walk(self.proc_path)
+        with collector_paused():
+            latest_of, to_read = self._latest_keys(keys)
+        values = await self.store.get_many([str(k) for k in to_read])
+        with collector_paused():
+            return self._classify(latest_of, dict(zip((k.procedure_id for k in to_read), values, strict=True)))
 
+    def _latest_keys(self, keys: list[str]) -> tuple[dict[ProcedureId, ParsedKey], list[ParsedKey]]:
+        """Each procedure's latest key, and the keys to read: the latest, or for a committed
+        procedure its last `.step` (its parent and type)."""
+        grouped = KeysByProcedure.group(self.proc_path, keys)
+        for key in grouped.others:
+            logger.warning("ignoring a key that is not a procedure key: %s", key)
         to_read: list[ParsedKey] = []
         latest_of: dict[ProcedureId, ParsedKey] = {}
-        for pid, keys in by_id.items():
-            latest = max(keys, key=lambda k: (k.step, k.key_type.is_terminal))
-            latest_of[pid] = latest
-            if latest.key_type is not KeyType.COMMIT:
+        for pid, found in grouped.steps.items():
+            step, key_type = max(found, key=_latest_first)
+            latest = latest_of[pid] = ParsedKey(self.proc_path, pid, step, key_type)
+            if key_type is not KeyType.COMMIT:
                 to_read.append(latest)
             else:
-                last_step = max((k for k in keys if k.key_type is KeyType.STEP), default=None, key=lambda k: k.step)
+                last_step = max((k[0] for k in found if k[1] is KeyType.STEP), default=None)
                 if last_step is not None:
-                    to_read.append(last_step)
-        values = await self.store.get_many([str(k) for k in to_read])
+                    to_read.append(ParsedKey(self.proc_path, pid, last_step, KeyType.STEP))
+        return latest_of, to_read
 
+    def _classify(
+        self, latest_of: dict[ProcedureId, ParsedKey], read: dict[ProcedureId, bytes | Exception | None]
+    ) -> ProcedureMessages:
         result = ProcedureMessages()
-        read: dict[ProcedureId, bytes | Exception | None] = {
-            k.procedure_id: v for k, v in zip(to_read, values, strict=True)
-        }
         for pid, latest in latest_of.items():
             if latest.key_type is KeyType.COMMIT:
                 result.finished_ids.append(pid)
@@ -217,6 +220,11 @@ class ProcedureStore:
         logger.error("skipping %s", problem)
         problems.append(problem)
         return None
+
+
+def _latest_first(key: tuple[int, KeyType]) -> tuple[int, bool]:
+    """The latest-step rule: the highest step wins, and at the same step a commit or rollback."""
+    return key[0], key[1] is not KeyType.STEP
 
 
 def _message_or_none(raw: bytes | Exception | None) -> ProcedureMessage | None:

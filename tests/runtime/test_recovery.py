@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,16 @@ async def test_recovered_procedure_keeps_step_numbers(tmp_path: Path, persist: b
 def test_default_loader_is_inverse_of_dump() -> None:
     proc = Steps({"world": "w", "steps": 2, "at": 1})
     assert Steps.load(proc.dump()).data == proc.data
+
+
+async def test_stale_temp_files_are_removed_after_start(tmp_path: Path) -> None:
+    pid = ProcedureId.random()
+    stale = tmp_path / "procedure" / str(pid) / ".tmp-deadbeef"
+    fresh = stale.with_name(".tmp-in-flight")
+    write_raw(tmp_path, f"procedure/{pid}/.tmp-deadbeef", b"half a wri")
+    write_raw(tmp_path, f"procedure/{pid}/.tmp-in-flight", b"another writer's")
+    os.utime(stale, (0, 0))
+    async with ProcedureManager(tmp_path) as manager:
+        assert manager.list_procedures() == []  # temp files are never procedure keys
+        await eventually(lambda: not stale.exists())
+        assert fresh.exists()  # younger than an hour: it may be a live writer's

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from procstore import ProcedureId
-from procstore.store.keys import KeyType, ParsedKey
+from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey
 
 PREFIX = "data/procedure/"
 PID = ProcedureId.parse("9f805a1f-05f7-490c-9f91-bd56e3cc54c1")
@@ -78,3 +78,54 @@ def test_procedure_id_forms() -> None:
     assert len({pid, ProcedureId.parse(str(pid))}) == 1
     with pytest.raises(ValueError, match="not a procedure id"):
         ProcedureId.parse("nope")
+
+
+def _canonical_by_uuid(text: str) -> bool:
+    """The definition: `text` is what `str(uuid.UUID(text))` gives back."""
+    import uuid as uuid_module
+
+    try:
+        return str(uuid_module.UUID(text)) == text
+    except ValueError:
+        return False
+
+
+@given(
+    text=st.one_of(
+        st.uuids().map(str),
+        st.uuids().map(lambda u: str(u).upper()),
+        st.uuids().map(lambda u: u.hex),
+        st.uuids().map(lambda u: "{" + str(u) + "}"),
+        st.text(alphabet="0123456789abcdefABCDEF-{}x ", min_size=30, max_size=40),
+    )
+)
+def test_parse_canonical_accepts_exactly_the_canonical_form(text: str) -> None:
+    parsed = ProcedureId.parse_canonical(text)
+    assert (parsed is not None) == _canonical_by_uuid(text)
+    if parsed is not None:
+        assert parsed == ProcedureId.parse(text) and hash(parsed) == hash(ProcedureId.parse(text))
+        assert str(parsed.uuid) == text
+
+
+@given(
+    keys=st.lists(
+        st.one_of(
+            st.builds(
+                lambda u, s, t: f"{PREFIX}{u}/{s:010d}.{t.value}",
+                st.sampled_from([str(PID), "9f805a1f-05f7-490c-9f91-bd56e3cc54c2", "NOT-A-UUID"]),
+                st.integers(0, 20),
+                st.sampled_from(list(KeyType)),
+            ),
+            st.sampled_from([f"{PREFIX}{PID}/.tmp-1", f"{PREFIX}x/{PID}/0000000001.step", "other/key", f"{PREFIX}a"]),
+        )
+    )
+)
+def test_grouping_agrees_with_parse(keys: list[str]) -> None:
+    grouped = KeysByProcedure.group(PREFIX, keys)
+    parsed = [(k, ParsedKey.parse(PREFIX, k)) for k in keys]
+    assert grouped.others == [k for k, p in parsed if p is None]
+    expected: dict[ProcedureId, list[tuple[int, KeyType]]] = {}
+    for _, p in parsed:
+        if p is not None:
+            expected.setdefault(p.procedure_id, []).append((p.step, p.key_type))
+    assert grouped.steps == expected
