@@ -9,6 +9,7 @@ another client.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from fsspec.spec import AbstractFileSystem
@@ -123,16 +124,23 @@ class FsspecStore(StateStore):
             return True
 
     async def walk(self, prefix: str) -> list[str]:
+        return sorted(await self._find(prefix, detail=False))
+
+    async def walk_modified(self, prefix: str) -> dict[str, float | None]:
+        found = await self._find(prefix, detail=True)
+        return {key: _modified(found[key]) for key in sorted(found)}
+
+    async def _find(self, prefix: str, *, detail: bool) -> dict[str, dict[str, Any]]:
         with store_errors("listing", self.url, prefix):
             self.fs.invalidate_cache()
             base = self._full(prefix).rstrip("/")
             try:
-                paths: list[str] = await self._call("find", base)
+                found = await self._call("find", base, detail=detail)
             except FileNotFoundError:
-                return []
-            keys = [self._key(p) for p in paths]
-            keys.sort()
-            return keys
+                return {}
+            if detail:
+                return {self._key(path): info for path, info in found.items()}
+            return {self._key(path): {} for path in found}
 
     async def batch_delete(self, keys: Sequence[str]) -> None:
         if not keys:
@@ -144,6 +152,11 @@ class FsspecStore(StateStore):
                 if self._async and self.protocol in ("s3", "s3a"):
                     # One DeleteObjects request; `rm` would first expand the paths.
                     await self.fs._bulk_delete(chunk)
+                    continue
+                if self._inline:
+                    # No thread hop to save, and `rm` checks each path with `exists`,
+                    # which on memory:// scans every key.
+                    await self._delete_each(chunk)
                     continue
                 try:
                     await self._call("rm", chunk)
@@ -197,3 +210,19 @@ def _precondition_failed(exc: BaseException) -> bool:
     error = response.get("Error", {})
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return bool(status == 412 or error.get("Code") in ("PreconditionFailed", "412"))
+
+
+def _modified(info: dict[str, Any]) -> float | None:
+    """The last-modified time in an fsspec `info` dict; each filesystem names it differently."""
+    for field in ("LastModified", "updated", "mtime", "created"):  # s3, gcs, local, memory
+        value = info.get(field)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None

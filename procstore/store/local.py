@@ -8,6 +8,7 @@ directory is fsynced: after a crash a key holds either its whole value or nothin
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
@@ -151,11 +152,24 @@ class LocalDirStore(StateStore):
         keys.sort()
         return keys
 
+    def _walk_modified(self, prefix: str) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for key in self._walk(prefix):
+            try:
+                out[key] = self._path(key).stat().st_mtime
+            except FileNotFoundError:
+                continue  # deleted since the listing
+        return out
+
+    async def walk_modified(self, prefix: str) -> dict[str, float | None]:
+        with store_errors("listing", self.url, prefix):
+            return await run_blocking(self._walk_modified, prefix)
+
     async def walk(self, prefix: str) -> list[str]:
         with store_errors("listing", self.url, prefix):
             return await run_blocking(self._walk, prefix)
 
-    def _delete_files(self, keys: Sequence[str]) -> None:
+    def _delete_files(self, keys: Sequence[str], durable: bool = True) -> None:
         folders = set()
         for key in keys:
             path = self._path(key)
@@ -164,8 +178,9 @@ class LocalDirStore(StateStore):
             except FileNotFoundError:
                 continue
             folders.add(path.parent)
-        for folder in folders:
-            _fsync_dir(folder)
+        if durable:
+            for folder in folders:
+                _fsync_dir(folder)
 
     async def batch_delete(self, keys: Sequence[str]) -> None:
         if not keys:
@@ -174,19 +189,29 @@ class LocalDirStore(StateStore):
             await run_blocking(self._delete_files, keys)
 
     def _delete_one(self, key: str) -> None:
-        path = self._path(key.rstrip("/"))
         if key.endswith("/"):
-            try:
-                path.rmdir()
-            except (FileNotFoundError, OSError):
-                return  # already gone, or not empty: something else lives there
-            _fsync_dir(path.parent)
+            self._remove_folder(key)
         else:
             self._delete_files([key])
+
+    def _remove_folder(self, key: str) -> None:
+        # Not fsynced: walks list files only, so an empty folder back after a crash is invisible.
+        with contextlib.suppress(OSError):  # already gone, or not empty: something else lives there
+            self._path(key.rstrip("/")).rmdir()
 
     async def delete(self, key: str) -> None:
         with store_errors("deleting", self.url, key):
             await run_blocking(self._delete_one, key)
+
+    def _delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> None:
+        self._delete_files(first)
+        self._delete_files(then, durable=False)
+        self._remove_folder(folder)
+
+    async def delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> None:
+        """One thread hop, and one folder fsync: the one that orders `first` before `then`."""
+        with store_errors("deleting", self.url, (first or then or [folder])[0]):
+            await run_blocking(self._delete_in_order, first, then, folder)
 
     def _check(self) -> None:
         if not self.root.exists():

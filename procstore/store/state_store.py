@@ -80,6 +80,10 @@ class StateStore(abc.ABC):
     async def walk(self, prefix: str) -> list[str]:
         """Every key under `prefix` (recursively), sorted; always a fresh listing."""
 
+    async def walk_modified(self, prefix: str) -> dict[str, float | None]:
+        """Like `walk`, with each key's last-modified time (seconds since the epoch) where known."""
+        return dict.fromkeys(await self.walk(prefix))
+
     @abc.abstractmethod
     async def batch_delete(self, keys: Sequence[str]) -> None:
         """Delete `keys`; the deletes are durable when this returns. Missing keys are fine."""
@@ -87,6 +91,17 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def delete(self, key: str) -> None:
         """Delete one key, or a folder (`key` ending in `/`) once it is empty."""
+
+    async def delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> None:
+        """Delete `first` durably, then `then`, then `folder` once it is empty.
+
+        The caller promises that `then` and `folder` coming back after a crash is harmless
+        (a procedure's `.commit` without its steps still reads as finished), so a store may
+        skip making those last deletes durable. Stops at the first error, keeping the order.
+        """
+        await self.batch_delete(first)
+        await self.batch_delete(then)
+        await self.delete(folder)
 
     async def check_access(self) -> None:
         """Raise `StoreUnavailable` if the store cannot be listed (wrong URL, no bucket...)."""

@@ -104,6 +104,9 @@ class FaultyStore(StateStore):
     async def walk(self, prefix: str) -> list[str]:
         return await self._op("walk", prefix, lambda: self.inner.walk(prefix))
 
+    async def walk_modified(self, prefix: str) -> dict[str, float | None]:
+        return await self._op("walk", prefix, lambda: self.inner.walk_modified(prefix))
+
     async def batch_delete(self, keys: Sequence[str]) -> None:
         if not keys:
             return

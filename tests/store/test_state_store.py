@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,36 @@ async def test_put_get_walk_delete(any_target: StoreTarget) -> None:
         await store.delete("procedure/b/0000000000.commit")  # deleting twice is fine
         assert await store.walk("procedure/") == []
         assert await store.walk("") == ["other/x"]
+    finally:
+        await store.close()
+
+
+async def test_delete_in_order_removes_keys_and_folder(any_target: StoreTarget) -> None:
+    store = open_state_store(any_target.url, any_target.storage_options)
+    try:
+        await store.check_access()
+        steps = [f"procedure/a/{i:010d}.step" for i in range(3)]
+        for key in [*steps, "procedure/a/0000000003.commit", "procedure/b/0000000000.step"]:
+            await store.put(key, b"v")
+        await store.delete_in_order(steps, ["procedure/a/0000000003.commit", "procedure/a/missing"], "procedure/a/")
+        assert await store.walk("procedure/") == ["procedure/b/0000000000.step"]
+        if isinstance(store, LocalDirStore):
+            assert not (store.root / "procedure" / "a").exists()
+    finally:
+        await store.close()
+
+
+async def test_walk_modified_lists_keys_with_their_times(any_target: StoreTarget) -> None:
+    store = open_state_store(any_target.url, any_target.storage_options)
+    try:
+        await store.check_access()
+        before = time.time()
+        for key in ("procedure/a/0000000000.step", "procedure/a/0000000001.commit", "other/x"):
+            await store.put(key, b"v")
+        found = await store.walk_modified("procedure/")
+        assert list(found) == await store.walk("procedure/")
+        for modified in found.values():
+            assert modified is not None and before - 5 <= modified <= time.time() + 5
     finally:
         await store.close()
 
