@@ -4,35 +4,69 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from dataclasses import dataclass
 
 import click
 
-from benchmarks import suites
+from benchmarks import recovery, suites
 from benchmarks.harness import Report, machine
 from benchmarks.stores import targets
 
 NAMES = ("step", "throughput", "recovery", "memory")
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """N for each benchmark (by store where it differs)."""
+
+    step: dict[str, tuple[int, ...]]
+    throughput: dict[str, tuple[int, ...]]
+    recovery: tuple[int, ...]
+    memory: tuple[int, ...]
+    """From 1,000 up: below that the growth of the resident set is within the allocator's granularity."""
+    dbos_max: int
+    """The largest N DBOS runs at: beyond it a run takes minutes (about 30 workflows/s here)."""
+
+
+QUICK = Sizes(  # CI runs this: under three minutes
+    step={"local": (1, 100), "memory": (1, 100), "s3": (1, 25)},
+    throughput={"local": (1, 100), "memory": (1, 100), "s3": (1, 100)},
+    recovery=(100, 1000),
+    memory=(1000,),
+    dbos_max=100,
+)
+FULL = Sizes(  # S3 stops at 1,000: the moto server here does ~150 puts/s, 10,000 would take 7 minutes
+    step={"local": (1, 100, 1000, 10_000), "memory": (1, 100, 1000, 10_000), "s3": (1, 100, 1000)},
+    throughput={"local": (1, 100, 1000, 10_000), "memory": (1, 100, 1000, 10_000), "s3": (1, 100, 1000)},
+    recovery=(1, 100, 1000, 10_000),
+    memory=(1000, 10_000),
+    dbos_max=1000,
+)
+
+
 async def run(quick: bool, only: tuple[str, ...]) -> Report:
-    report = Report(quick)
+    report = Report(quick, only)
     chosen = set(only or NAMES)
-    print(f"procstore benchmarks ({'quick' if quick else 'full'}) on {machine()}", flush=True)
+    mode, sizes = ("quick", QUICK) if quick else ("full", FULL)
+    print(f"procstore benchmarks ({mode}) on {machine()}", flush=True)
     with targets(["local", "memory", "s3"]) as stores:
+        local = stores[0]
         if "step" in chosen:
             for target in stores:
-                await suites.step_overhead(report, target, quick)
+                for n in sizes.step[target.kind]:
+                    await suites.step_overhead(report, target, n)
         if "throughput" in chosen:
             for target in stores:
-                for n in (1, 100) if quick else (1, 100, 1000):
-                    if target.kind == "s3" and n > 100 and quick:
-                        continue
-                    await suites.throughput(report, target, n)
+                for n in sizes.throughput[target.kind]:
+                    with_dbos = target.kind == "local" and n <= sizes.dbos_max
+                    await suites.throughput(report, target, n, with_dbos=with_dbos)
         if "recovery" in chosen:
-            for n in (1000,) if quick else (1000, 10_000):
-                await suites.recovery(report, stores[0], n)
+            for n in sizes.recovery:
+                await recovery.recovery(report, local, n, with_dbos=n == sizes.dbos_max)
         if "memory" in chosen:
-            await suites.memory(report, 2000 if quick else 10_000)
+            for n in sizes.memory:
+                await suites.memory(report, n)
     return report
 
 
@@ -40,11 +74,12 @@ async def run(quick: bool, only: tuple[str, ...]) -> Report:
 @click.option("--quick", is_flag=True, help="Smaller sizes (under 3 minutes); what CI runs.")
 @click.option("--only", multiple=True, type=click.Choice(NAMES), help="Run only these benchmarks.")
 def main(quick: bool, only: tuple[str, ...]) -> None:
-    """Measure procstore against the writes it cannot avoid (see benchmarks/suites.py)."""
+    """Measure procstore against the writes it cannot avoid and against DBOS (see benchmarks/suites.py)."""
     logging.disable(logging.WARNING)
+    started = time.perf_counter()
     report = asyncio.run(run(quick, only))
     path = report.write()
-    print(f"\nwrote {path} and its .json")
+    print(f"\n{report.markdown()}\nwrote {path} and its .json in {time.perf_counter() - started:.0f} s")
 
 
 main()

@@ -1,0 +1,85 @@
+"""Recovery after a kill -9: a child manager stops N procedures half-way and is killed; then a
+new manager loads them (vs listing and reading the same keys raw) and runs them to the end
+(vs DBOS recovering the same number of pending workflows after its own kill -9)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from benchmarks.crashed_manager import GATE
+from benchmarks.harness import Report, Row, run_child, run_child_until_ready_then_kill, timed
+from benchmarks.procedures import GATES
+from benchmarks.stores import Target
+from benchmarks.suites import best_of, dbos_installed, manager
+from procstore import ProcedureManager
+from procstore.store import open_state_store
+
+
+async def recovery(report: Report, target: Target, n: int, *, with_dbos: bool) -> None:
+    url = target.url()
+    if not await run_child_until_ready_then_kill("benchmarks.crashed_manager", url, str(n)):
+        print(f"  recovery: the child manager did not get {n} procedures to their third step; skipped")
+        return
+    raw_store = open_state_store(url, target.options)
+
+    async def raw() -> None:
+        # The floor for any loader of this layout: list everything, read each procedure's
+        # latest key (the last in listing order; procstore also checks it parses).
+        latest = {key.rpartition("/")[0]: key for key in await raw_store.walk("procedure/")}
+        await raw_store.get_many(list(latest.values()))
+
+    GATES[GATE] = asyncio.Event()  # closed: loaded procedures wait, writing nothing
+
+    started: list[ProcedureManager] = []
+
+    async def load() -> None:
+        m = manager(url, target)
+        await m.start()
+        started.append(m)
+
+    async def check_and_stop() -> None:
+        # Untimed, between timings: the closed gate has kept the store as it was.
+        while started:
+            m = started.pop()
+            if len(m.list_procedures()) != n:
+                raise AssertionError(f"loaded {len(m.list_procedures())} procedures, not {n}")
+            await m.stop()
+
+    load_time, raw_time = await best_of(3, load, raw, cleanup=check_and_stop)
+    await raw_store.close()
+
+    GATES[GATE].set()
+    m = manager(url, target)
+
+    async def to_the_end() -> None:
+        await m.start()
+        watchers = [m.procedure_watcher(info.id) for info in m.list_procedures()]
+        await asyncio.gather(*(w.wait() for w in watchers if w is not None))
+
+    complete = await timed(to_the_end)
+    await m.stop()
+
+    report.add(Row("recovery", f"{target.kind}: load {n} procedures left by a kill -9", load_time, "s", raw_time,
+                   "raw list + read of each latest key", "<= 2 (local, N=10000)"))  # fmt: skip
+    report.scale(f"{target.kind}: recovery load (start() returns)", "ms/procedure", n, 1e3 * load_time / n)
+    report.scale(f"{target.kind}: raw list + read latest keys", "ms/procedure", n, 1e3 * raw_time / n)
+    report.scale(f"{target.kind}: recovery, load and run to the end", "ms/procedure", n, 1e3 * complete / n)
+    dbos = await dbos_recovery(target, n) if with_dbos else None
+    report.add(Row("recovery", f"{target.kind}: {n} recovered procedures run to the end (from start())", complete,
+                   "s", dbos, f"DBOS (SQLite) recovering {n} workflows after kill -9" if dbos else ""))  # fmt: skip
+    if dbos is not None:
+        report.scale("DBOS (SQLite): recovery after kill -9, to the end", "ms/workflow", n, 1e3 * dbos / n)
+
+
+async def dbos_recovery(target: Target, n: int) -> float | None:
+    """Seconds for DBOS to finish n workflows that a killed process left pending; None if unavailable."""
+    if not dbos_installed():
+        return None
+    db = f"{target.base}dbos-recovery-{uuid.uuid4().hex}.sqlite"
+    if not await run_child_until_ready_then_kill("benchmarks.dbos_peer", "setup", str(n), db):
+        return None
+    result = await run_child("benchmarks.dbos_peer", "recover", str(n), db)
+    if result is None or result["succeeded"] != n:
+        return None
+    return float(result["seconds"])
