@@ -1,0 +1,182 @@
+"""What every store command shares: the URL and its options, opening the store read-only
+first, exit codes, one-line errors, and resolving a procedure id."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import re
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from datetime import UTC, datetime
+from typing import Any, ParamSpec, TypeVar
+
+import click
+import orjson
+from rich.console import Console
+
+from procstore.errors import StoreError
+from procstore.ids import ProcedureId
+from procstore.store import LocalDirStore, ProcedureStore, open_state_store
+from procstore.store.inventory import Inventory
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class ExitCode(enum.IntEnum):
+    """The documented exit codes of the store commands (README, "Command line")."""
+
+    OK = 0
+    INTERNAL = 1
+    """A bug in procstore: please report it (run with PROCSTORE_DEBUG=1 for the traceback)."""
+    USAGE = 2
+    """Bad arguments or options (click's own code)."""
+    STORE_UNAVAILABLE = 3
+    """Bad URL, missing bucket or directory, missing credentials, access denied, unreachable."""
+    NOT_FOUND = 4
+    """No procedure with that id (or prefix) in the store."""
+    UNREADABLE = 5
+    """A value in the store cannot be decoded (shown, left untouched)."""
+    REFUSED = 6
+    """The procedure is not in a state the command can act on, or the prompt was declined."""
+
+
+class CommandError(click.ClickException):
+    """A one-line error with one of the documented exit codes."""
+
+    def __init__(self, message: str, code: ExitCode) -> None:
+        super().__init__(message)
+        self.code = code
+        # click exits with `exit_code`, declared on the class; typeshed forbids setting it directly.
+        setattr(self, "exit_code", int(code))  # noqa: B010
+
+
+def store_options(fn: Callable[P, T]) -> Callable[P, T]:
+    """The URL argument, `-o/--storage-option k=v` and `--parent-path`."""
+    fn = click.option(
+        "--parent-path",
+        default="",
+        help="Folder inside the store that holds `procedure/` (the manager's parent_path).",
+    )(fn)
+    fn = click.option(
+        "-o",
+        "--storage-option",
+        "storage_options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="fsspec storage option, repeatable (`-o endpoint_url=http://...`); values are JSON if they parse.",
+    )(fn)
+    return click.argument("url")(fn)
+
+
+def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--storage-option")
+        try:
+            options[key] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+async def open_existing_store(url: str, storage_options: tuple[str, ...], parent_path: str) -> ProcedureStore:
+    """Open the store without creating anything; `CommandError(STORE_UNAVAILABLE)` if unusable."""
+    options = parse_storage_options(storage_options)
+    try:
+        state_store = open_state_store(url, options)
+    except StoreError as e:
+        raise CommandError(str(e), ExitCode.STORE_UNAVAILABLE) from e
+    try:
+        if isinstance(state_store, LocalDirStore) and not state_store.root.is_dir():
+            raise CommandError(
+                f"no such directory: {state_store.root} (check the path; nothing was created)",
+                ExitCode.STORE_UNAVAILABLE,
+            )
+        await state_store.check_access()
+    except BaseException as e:
+        await state_store.close()
+        if isinstance(e, StoreError):
+            raise CommandError(str(e), ExitCode.STORE_UNAVAILABLE) from e
+        raise
+    return ProcedureStore(state_store, parent_path)
+
+
+def run_command(main: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
+    """Run an async command body; store failures become one-line errors, never tracebacks."""
+
+    @functools.wraps(main)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return asyncio.run(main(*args, **kwargs))
+        except StoreError as e:
+            raise CommandError(str(e), ExitCode.STORE_UNAVAILABLE) from e
+
+    return wrapper
+
+
+async def closing(store: ProcedureStore, body: Awaitable[T]) -> T:
+    """Await `body`, then close the store whatever happened."""
+    try:
+        return await body
+    finally:
+        await store.store.close()
+
+
+def resolve_id(inventory: Inventory, text: str) -> ProcedureId:
+    """A full id, or a unique prefix of one (as with git's short hashes)."""
+    try:
+        pid = ProcedureId.parse(text)
+    except ValueError:
+        matches = [p for p in inventory.procedures if str(p).startswith(text.lower())] if len(text) >= 4 else []
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise CommandError(
+                f"{text!r} matches {len(matches)} procedures ({', '.join(map(str, matches[:3]))}...): give more of it",
+                ExitCode.NOT_FOUND,
+            ) from None
+        raise CommandError(
+            f"no procedure id starts with {text!r} in this store (`procstore ls URL` lists them)", ExitCode.NOT_FOUND
+        ) from None
+    if pid not in inventory.procedures:
+        raise CommandError(f"no procedure {pid} in this store (`procstore ls URL` lists them)", ExitCode.NOT_FOUND)
+    return pid
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d|w)")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_age(text: str) -> float:
+    """`90s`, `15m`, `12h`, `7d`, `2w`, or combinations (`1d12h`), in seconds."""
+    parts = _DURATION.findall(text.replace(" ", ""))
+    if not parts or "".join(n + u for n, u in parts) != text.replace(" ", ""):
+        raise click.BadParameter(f"expected an age such as 90s, 15m, 12h, 7d or 1d12h, got {text!r}")
+    return sum(float(n) * _SECONDS[u] for n, u in parts)
+
+
+def format_time(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def format_age(timestamp: float | None, now: float | None = None) -> str:
+    if timestamp is None:
+        return "-"
+    seconds = max(0.0, (now or time.time()) - timestamp)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"
+
+
+def output_console() -> Console:
+    """stdout; when piped, wide enough for full ids (rich would assume 80 columns)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=220)

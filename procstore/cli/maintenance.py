@@ -1,0 +1,136 @@
+"""`procstore gc`, `procstore fail` and `procstore delete`: change a store, carefully.
+
+Run them while no manager drives the store (as with Accumulo's `fate fail`): a manager that
+is running a procedure keeps writing its steps and would not see the change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from procstore.cli.common import (
+    CommandError,
+    ExitCode,
+    open_existing_store,
+    output_console,
+    parse_age,
+    resolve_id,
+    run_command,
+    store_options,
+)
+from procstore.cli.listing import load_inventory, procedures_table
+from procstore.store import ProcedureStore
+from procstore.store.inventory import StoredProcedure, StoredStatus, mark_for_rollback
+
+_GC_CONCURRENCY = 16
+
+
+def _confirm(question: str, yes: bool) -> None:
+    if not yes and not click.confirm(question, default=False, err=True):
+        raise CommandError("nothing was changed", ExitCode.REFUSED)
+
+
+@click.command()
+@store_options
+@click.option("--older-than", default="0s", show_default=True, help="Only procedures finished longer ago (7d, 12h).")
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; change nothing.")
+@run_command
+async def gc(url: str, storage_options: tuple[str, ...], parent_path: str, older_than: str, dry_run: bool) -> None:
+    """Delete committed procedures, in the documented order (steps, then commit, then folder).
+
+    Committed subprocedures of a parent that is still unfinished are kept: the parent reads
+    them when it resumes. Managers do the same at start; this is for stores no one starts.
+    """
+    min_age = parse_age(older_than)
+    store = await open_existing_store(url, storage_options, parent_path)
+    console = Console(stderr=True)
+    try:
+        inventory = await load_inventory(store, console)
+        now = time.time()
+        chosen = [p for p in inventory.collectable() if p.modified is not None and now - p.modified >= min_age]
+        kept = sum(p.status is StoredStatus.COMMITTED for p in inventory.procedures.values()) - len(chosen)
+        if dry_run:
+            output_console().print(procedures_table(chosen, now, title="would delete"))
+            console.print(f"dry run: {len(chosen)} committed procedures would be deleted, {kept} committed kept")
+            return
+        deleted = await _delete_all(store, chosen, console)
+    finally:
+        await store.store.close()
+    console.print(f"deleted {deleted} committed procedures; kept {kept} committed (too recent or parent still running)")
+
+
+async def _delete_all(store: ProcedureStore, procedures: list[StoredProcedure], console: Console) -> int:
+    limit = asyncio.Semaphore(_GC_CONCURRENCY)
+    progress = Progress(TextColumn("deleting"), BarColumn(), MofNCompleteColumn(), console=console, transient=True)
+    with progress:
+        task = progress.add_task("deleting", total=len(procedures))
+
+        async def one(p: StoredProcedure) -> None:
+            async with limit:
+                await store.delete_procedure(p.procedure_id)
+            progress.advance(task)
+
+        await asyncio.gather(*(one(p) for p in procedures))
+    return len(procedures)
+
+
+@click.command()
+@store_options
+@click.argument("procedure_id")
+@click.option("--reason", default="marked failed by an operator", show_default=True, help="Stored as the error.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@run_command
+async def fail(
+    url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, reason: str, yes: bool
+) -> None:
+    """Mark an unfinished procedure for rollback: the next manager start rolls it back.
+
+    Writes a new `.rollback` key one step above the latest (never over an existing key),
+    holding the latest state and REASON. Its subprocedures are rolled back by their own
+    `procstore fail` or left to finish.
+    """
+    store = await open_existing_store(url, storage_options, parent_path)
+    try:
+        inventory = await load_inventory(store, Console(stderr=True))
+        p = inventory.procedures[resolve_id(inventory, procedure_id)]
+        if p.status is not StoredStatus.UNFINISHED or p.message is None:
+            raise CommandError(
+                f"procedure {p.procedure_id} is {p.status.value}; only an unfinished procedure with a readable "
+                "latest step can be marked for rollback",
+                ExitCode.REFUSED,
+            )
+        _confirm(f"Mark {p.type_name} {p.procedure_id} (step {p.latest.step}) for rollback?", yes)
+        key = await mark_for_rollback(store, p, reason)
+    finally:
+        await store.store.close()
+    output_console().print(f"wrote {key}: the next start of a manager on this store rolls {p.procedure_id} back")
+
+
+@click.command()
+@store_options
+@click.argument("procedure_id")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@run_command
+async def delete(url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, yes: bool) -> None:
+    """Remove a procedure and its subprocedures from the store, whatever their status.
+
+    Its effects are not undone: use `procstore fail` for that. Subprocedures go first, then
+    the procedure; each in the documented order (steps, then commit or rollback, then folder).
+    """
+    store = await open_existing_store(url, storage_options, parent_path)
+    try:
+        inventory = await load_inventory(store, Console(stderr=True))
+        p = inventory.procedures[resolve_id(inventory, procedure_id)]
+        doomed = [*inventory.descendants(p.procedure_id), p]
+        children = f" and its {len(doomed) - 1} subprocedure(s)" if len(doomed) > 1 else ""
+        _confirm(f"Delete {p.type_name or 'unreadable procedure'} {p.procedure_id} ({p.status.value}){children}?", yes)
+        for each in doomed:
+            await store.delete_procedure(each.procedure_id)
+    finally:
+        await store.store.close()
+    output_console().print(f"deleted {len(doomed)} procedure(s): {', '.join(str(d.procedure_id) for d in doomed)}")

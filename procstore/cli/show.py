@@ -1,0 +1,120 @@
+"""`procstore show URL ID`: every stored step of one procedure, decoded, with what changed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import orjson
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+
+from procstore.cli.common import (
+    CommandError,
+    ExitCode,
+    closing,
+    format_time,
+    open_existing_store,
+    output_console,
+    resolve_id,
+    run_command,
+    store_options,
+)
+from procstore.cli.listing import load_inventory
+from procstore.store.inventory import read_history
+from procstore.store.keys import KeyType
+from procstore.store.message import ProcedureMessage
+
+
+def flatten(value: Any, path: str = "") -> dict[str, Any]:
+    """Nested JSON as `{"a.b[0].c": leaf}`: a state machine's context and state become fields."""
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flatten(item, f"{path}.{key}" if path else str(key)))
+        return out
+    if isinstance(value, list) and value:
+        out = {}
+        for i, item in enumerate(value):
+            out.update(flatten(item, f"{path}[{i}]"))
+        return out
+    return {path or "(value)": value}
+
+
+def data_fields(message: ProcedureMessage) -> dict[str, Any] | None:
+    """The message's `data` as fields if it is JSON (it usually is), else None."""
+    try:
+        return flatten(orjson.loads(message.data))
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _fields_table(fields: dict[str, Any], previous: dict[str, Any] | None) -> Table:
+    table = Table(show_header=True, box=None, pad_edge=False)
+    table.add_column("", width=1)
+    table.add_column("field", style="cyan")
+    table.add_column("value")
+    for name, value in fields.items():
+        changed = previous is not None and (name not in previous or previous[name] != value)
+        table.add_row("[bold yellow]*[/]" if changed else "", name, orjson.dumps(value).decode())
+    if previous is not None:
+        for name in previous.keys() - fields.keys():
+            table.add_row("[bold yellow]-[/]", f"[strike]{name}[/]", "(removed)")
+    return table
+
+
+@click.command()
+@store_options
+@click.argument("procedure_id")
+@click.option("--json", "as_json", is_flag=True, help="The keys and decoded messages as JSON lines.")
+@run_command
+async def show(url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, as_json: bool) -> None:
+    """Every stored step of one procedure (ID or a unique prefix of it), oldest first.
+
+    Fields that changed since the previous step are marked with `*`. Exits with code 5 if a
+    value cannot be decoded (it is shown as such and left untouched).
+    """
+    store = await open_existing_store(url, storage_options, parent_path)
+
+    async def read() -> tuple[Any, Any]:
+        inventory = await load_inventory(store, Console(stderr=True))
+        pid = resolve_id(inventory, procedure_id)
+        return pid, await read_history(store, pid)
+
+    pid, history = await closing(store, read())
+    console = output_console()
+    previous: dict[str, Any] | None = None
+    unreadable = [str(key) for key, _, _, problem in history if problem is not None]
+    for key, modified, message, problem in history:
+        if as_json:
+            entry = {"key": str(key), "step": key.step, "kind": key.key_type.value, "modified": modified,
+                     "problem": problem, "message": None}  # fmt: skip
+            if message is not None:
+                entry["message"] = {"type_name": message.type_name, "data": message.data,
+                                    "parent_id": message.parent_id and str(message.parent_id),
+                                    "step": message.step, "error": message.error}  # fmt: skip
+            click.echo(orjson.dumps(entry).decode())
+            continue
+        title = f"step {key.step} {key.key_type.value}, {format_time(modified)}"
+        if key.key_type is KeyType.COMMIT:
+            console.print(Panel("[green]committed: the procedure finished[/]", title=title, title_align="left"))
+            continue
+        if message is None:
+            console.print(Panel(f"[dim]{key}[/]\n[bold red]unreadable:[/] {problem}", title=title, title_align="left"))
+            continue
+        parts: list[Any] = [
+            f"type [bold]{message.type_name}[/]" + (f", parent {message.parent_id}" if message.parent_id else "")
+        ]
+        if message.error is not None:
+            parts.append(f"[bold red]error:[/] {message.error}")
+        fields = data_fields(message)
+        parts.append(_fields_table(fields, previous) if fields is not None else f"data: {message.data!r}")
+        previous = fields
+        console.print(Panel(Group(*parts), title=title, title_align="left"))
+    if unreadable:
+        raise CommandError(
+            f"{len(unreadable)} value(s) of procedure {pid} cannot be decoded ({unreadable[0]}); they were left "
+            "untouched: restore them, or `procstore delete` the procedure",
+            ExitCode.UNREADABLE,
+        )

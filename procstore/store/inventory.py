@@ -1,0 +1,218 @@
+"""`Inventory`: what a store holds, procedure by procedure, for operators and the CLI.
+
+Read-only, and tolerant: a value that cannot be read makes its procedure `UNREADABLE` (with
+the reason) and never stops the others from being listed. Works on any store in the format,
+whoever wrote it (GreptimeDB or procstore).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from procstore.errors import StoreError
+from procstore.ids import ProcedureId
+from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey
+from procstore.store.message import MessageDecodeError, ProcedureMessage
+from procstore.store.procedure_store import ProcedureStore
+
+_READ_CHUNK = 256
+"""Values read per batch: the unit of progress reports."""
+
+Progress = Callable[[int, int], None]
+"""Called with (values read so far, values to read)."""
+
+
+class StoredStatus(enum.StrEnum):
+    """A procedure's status as its keys tell it (the latest-step rule)."""
+
+    UNFINISHED = "unfinished"
+    """Highest key `.step`: the next start resumes it."""
+    COMMITTED = "committed"
+    """Highest key `.commit`: finished; its keys are waiting to be deleted."""
+    ROLLING_BACK = "rolling back"
+    """Highest key `.rollback`: failed; the next start (re)runs its rollback."""
+    UNREADABLE = "unreadable"
+    """Its highest value cannot be decoded: recovery skips it and leaves it alone."""
+
+
+@dataclass(slots=True)
+class StoredProcedure:
+    """One procedure's keys and what its latest readable message says."""
+
+    procedure_id: ProcedureId
+    keys: list[ParsedKey]
+    """Every key, oldest first; the last one decides the status."""
+    status: StoredStatus
+    modified: float | None
+    """When its latest key was written (seconds since the epoch), if the store says."""
+    message: ProcedureMessage | None = None
+    """The latest readable message (for a committed procedure, its last `.step`)."""
+    problem: str | None = None
+    """Why the latest value could not be read, for `UNREADABLE`."""
+    children: list[ProcedureId] = field(default_factory=list)
+
+    @property
+    def latest(self) -> ParsedKey:
+        return self.keys[-1]
+
+    @property
+    def type_name(self) -> str | None:
+        return None if self.message is None else self.message.type_name
+
+    @property
+    def parent_id(self) -> ProcedureId | None:
+        return None if self.message is None else self.message.parent_id
+
+    @property
+    def error(self) -> str | None:
+        return self.message.error if self.status is StoredStatus.ROLLING_BACK and self.message else None
+
+    @property
+    def is_alive(self) -> bool:
+        """Whether a manager would still run something of it (or must not lose it)."""
+        return self.status is not StoredStatus.COMMITTED
+
+
+@dataclass(slots=True)
+class Inventory:
+    """Every procedure under a store's `procedure/` folder, and the keys that are not ours."""
+
+    procedures: dict[ProcedureId, StoredProcedure]
+    other_keys: list[str]
+
+    def roots(self) -> list[StoredProcedure]:
+        """Procedures without a parent, or whose parent is no longer stored."""
+        return [p for p in self.procedures.values() if p.parent_id is None or p.parent_id not in self.procedures]
+
+    def descendants(self, procedure_id: ProcedureId) -> list[StoredProcedure]:
+        """Children, grandchildren... of a procedure, deepest first."""
+        out: list[StoredProcedure] = []
+        for child_id in self.procedures[procedure_id].children:
+            out += self.descendants(child_id)
+            out.append(self.procedures[child_id])
+        return out
+
+    def collectable(self) -> list[StoredProcedure]:
+        """Committed procedures a manager would delete: those without a live parent."""
+        out = []
+        for p in self.procedures.values():
+            parent = self.procedures.get(p.parent_id) if p.parent_id is not None else None
+            if p.status is StoredStatus.COMMITTED and (parent is None or not parent.is_alive):
+                out.append(p)
+        return out
+
+
+async def read_inventory(store: ProcedureStore, progress: Progress | None = None) -> Inventory:
+    """List the store and read each procedure's latest message. Raises `StoreError` only if
+    the listing itself fails; unreadable values are reported per procedure."""
+    modified = await store.store.walk_modified(store.proc_path)
+    grouped = KeysByProcedure.group(store.proc_path, modified)
+    procedures: dict[ProcedureId, StoredProcedure] = {}
+    to_read: list[tuple[StoredProcedure, ParsedKey]] = []
+    for pid, found in grouped.steps.items():
+        keys = sorted((ParsedKey(store.proc_path, pid, step, kind) for step, kind in found), key=_order)
+        latest = keys[-1]
+        status = {
+            KeyType.STEP: StoredStatus.UNFINISHED,
+            KeyType.COMMIT: StoredStatus.COMMITTED,
+            KeyType.ROLLBACK: StoredStatus.ROLLING_BACK,
+        }[latest.key_type]
+        procedure = procedures[pid] = StoredProcedure(pid, keys, status, modified.get(str(latest)))
+        readable = [k for k in keys if k.key_type is not KeyType.COMMIT]
+        if readable:
+            to_read.append((procedure, readable[-1]))
+    values = await _read_in_chunks(store, [str(key) for _, key in to_read], progress)
+    for (procedure, key), raw in zip(to_read, values, strict=True):
+        try:
+            procedure.message = _decode(raw)
+        except MessageDecodeError as e:
+            procedure.problem = f"{key}: {e}"
+            if procedure.status is not StoredStatus.COMMITTED:  # finished is finished, readable or not
+                procedure.status = StoredStatus.UNREADABLE
+            procedure.message = await _earlier_message(store, procedure, key)
+    for procedure in procedures.values():
+        parent = procedures.get(procedure.parent_id) if procedure.parent_id is not None else None
+        if parent is not None:
+            parent.children.append(procedure.procedure_id)
+    return Inventory(procedures, grouped.others)
+
+
+async def read_history(
+    store: ProcedureStore, procedure_id: ProcedureId
+) -> list[tuple[ParsedKey, float | None, ProcedureMessage | None, str | None]]:
+    """Every key of one procedure, oldest first: (key, modified, message, why unreadable)."""
+    modified = await store.store.walk_modified(f"{store.proc_path}{procedure_id}/")
+    grouped = KeysByProcedure.group(store.proc_path, modified)
+    keys = sorted(
+        (ParsedKey(store.proc_path, procedure_id, s, k) for s, k in grouped.steps.get(procedure_id, [])), key=_order
+    )
+    values = await store.store.get_many([str(k) for k in keys])
+    history: list[tuple[ParsedKey, float | None, ProcedureMessage | None, str | None]] = []
+    for key, raw in zip(keys, values, strict=True):
+        if key.key_type is KeyType.COMMIT:
+            history.append((key, modified.get(str(key)), None, None))
+            continue
+        try:
+            history.append((key, modified.get(str(key)), _decode(raw), None))
+        except MessageDecodeError as e:
+            history.append((key, modified.get(str(key)), None, str(e)))
+    return history
+
+
+async def mark_for_rollback(store: ProcedureStore, procedure: StoredProcedure, reason: str) -> ParsedKey:
+    """Write `{latest + 1}.rollback` holding the latest state and `reason`; returns the key.
+
+    Create-only: if a manager wrote that step meanwhile, nothing is written and
+    `StoreError` says to stop the managers and try again.
+    """
+    if procedure.message is None or procedure.status is not StoredStatus.UNFINISHED:
+        raise ValueError(f"procedure {procedure.procedure_id} is {procedure.status.value}, not unfinished and readable")
+    step = procedure.latest.step + 1
+    key = ParsedKey(store.proc_path, procedure.procedure_id, step, KeyType.ROLLBACK)
+    message = dataclasses.replace(procedure.message, step=step, error=reason)
+    if not await store.store.put_if_absent(str(key), message.encode()):
+        raise StoreError(
+            f"{key} appeared while marking procedure {procedure.procedure_id} failed: a manager is running it; "
+            "stop the managers on this store and try again",
+            key=str(key),
+        )
+    return key
+
+
+def _order(key: ParsedKey) -> tuple[int, bool]:
+    return key.step, key.key_type.is_terminal
+
+
+def _decode(raw: bytes | Exception | None) -> ProcedureMessage:
+    if raw is None:
+        raise MessageDecodeError("the key vanished while it was being read (deleted meanwhile?)")
+    if isinstance(raw, Exception):
+        raise MessageDecodeError(f"cannot be read: {type(raw).__name__}: {raw}")
+    return ProcedureMessage.decode(raw)
+
+
+async def _earlier_message(
+    store: ProcedureStore, procedure: StoredProcedure, failed: ParsedKey
+) -> ProcedureMessage | None:
+    """The newest readable message before `failed`, for the type and parent of an unreadable procedure."""
+    earlier = [k for k in procedure.keys if k.key_type is not KeyType.COMMIT and _order(k) < _order(failed)]
+    for key in reversed(earlier[-3:]):  # a few tries: enough for a torn last write
+        try:
+            return _decode(await store.store.get(str(key)))
+        except MessageDecodeError:
+            continue
+    return None
+
+
+async def _read_in_chunks(
+    store: ProcedureStore, keys: Sequence[str], progress: Progress | None
+) -> list[bytes | Exception | None]:
+    values: list[bytes | Exception | None] = []
+    for start in range(0, len(keys), _READ_CHUNK):
+        values += await store.store.get_many(keys[start : start + _READ_CHUNK])
+        if progress is not None:
+            progress(len(values), len(keys))
+    return values

@@ -1,0 +1,226 @@
+"""The store commands, as a new user runs them on a store prepared outside procstore: GreptimeDB
+and procstore procedures under a prefix, some corrupt. Every check is against the store's keys."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from procstore import ProcedureId, ProcedureManager
+from procstore.cli.app import cli
+from procstore.cli.common import ExitCode
+from procstore.store import open_state_store
+from procstore.testing.pytest_plugin import create_bucket, s3_storage_options
+from tests.cli.store_builder import MixedStore, build_mixed_store
+from tests.procedures import BLOCKERS, register_all
+
+
+class Place:
+    """Where the mixed store lives: the URL a user types, and its storage options."""
+
+    def __init__(self, url: str, options: dict[str, Any]) -> None:
+        self.url = url
+        self.options = options
+        self.args = [
+            a for k, v in options.items() for a in ("-o", f"{k}={json.dumps(v) if not isinstance(v, str) else v}")
+        ]
+
+    def stored_keys(self) -> set[str]:
+        async def walk() -> list[str]:
+            store = open_state_store(self.url, self.options)
+            try:
+                return await store.walk("")
+            finally:
+                await store.close()
+
+        return set(asyncio.run(walk()))
+
+    def run(self, *args: str, input: str | None = None) -> Result:
+        command, *rest = args
+        return CliRunner().invoke(cli, [command, self.url, *self.args, *rest], input=input)
+
+
+@pytest.fixture(params=["local", "s3"])
+def mixed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Place, MixedStore]]:
+    if request.param == "local":
+        place = Place(str(tmp_path / "cp"), {})
+    else:
+        endpoint = request.getfixturevalue("procstore_moto_endpoint")
+        place = Place(f"s3://{create_bucket(endpoint)}/cp", s3_storage_options(endpoint))
+
+    async def build() -> MixedStore:
+        store = open_state_store(place.url, place.options)
+        try:
+            return await build_mixed_store(store, "")
+        finally:
+            await store.close()
+
+    yield place, asyncio.run(build())
+    BLOCKERS.pop("cli-hold", None)
+
+
+def ls_json(place: Place, *args: str) -> dict[str, dict[str, Any]]:
+    result = place.run("ls", "--json", *args)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    return {row["id"]: row for row in rows}
+
+
+def test_ls_shows_every_procedure_with_its_status(mixed: tuple[Place, MixedStore]) -> None:
+    place, store = mixed
+    rows = ls_json(place)
+    assert {pid: row["status"] for pid, row in rows.items()} == store.expected
+    assert rows[store.migration]["type"] == "metasrv-procedure::RegionMigration"
+    assert rows[store.migration]["step"] == 1
+    assert rows[store.parent]["children"] == 2
+    assert rows[store.running_child]["parent"] == store.parent
+    assert rows[store.truncated]["type"] == "x::Torn"  # from the last readable step
+    assert "not JSON" in rows[store.truncated]["problem"]
+    assert rows[store.ps_unfinished]["type"] == "test::Undoable" and rows[store.ps_unfinished]["step"] == 2
+    assert all(row["modified"] is not None for row in rows.values())
+
+
+def test_ls_filters_and_table(mixed: tuple[Place, MixedStore]) -> None:
+    place, store = mixed
+    assert set(ls_json(place, "--status", "committed")) == {
+        store.committed_child, store.gt_committed, store.ps_committed
+    }  # fmt: skip
+    assert set(ls_json(place, "--status", "rolling-back", "--status", "unreadable")) == {
+        store.rolling_back, store.truncated, store.empty
+    }  # fmt: skip
+    assert set(ls_json(place, "--type", "CreateRegion")) == {store.committed_child, store.running_child}
+    assert ls_json(place, "--older-than", "1h") == {}
+    assert len(ls_json(place, "--newer-than", "1h")) == len(store.expected)
+    table = place.run("ls")
+    assert table.exit_code == 0
+    assert store.migration in table.stdout and "10 procedures" in table.stdout
+    assert "not a procedure key, ignored" in table.stdout
+
+
+def test_show_decodes_steps_and_marks_changes(mixed: tuple[Place, MixedStore]) -> None:
+    place, store = mixed
+    result = place.run("show", store.migration[:8])
+    assert result.exit_code == 0, result.output
+    assert "state.region_migration_state" in result.stdout and "OpenCandidateRegion" in result.stdout
+    changed = [line for line in result.stdout.splitlines() if "*" in line]
+    assert any("to_peer.id" in line for line in changed) and not any("from_peer" in line for line in changed)
+    rolling = place.run("show", store.rolling_back)
+    assert "region 7 is gone" in rolling.stdout
+    torn = place.run("show", store.truncated)
+    assert torn.exit_code == ExitCode.UNREADABLE
+    assert "unreadable" in torn.stdout and f"procedure {store.truncated}" in torn.stderr
+    lines = [json.loads(line) for line in place.run("show", store.migration, "--json").stdout.splitlines()]
+    assert [line["step"] for line in lines] == [0, 1]
+
+
+def test_tree_nests_children_under_parents(mixed: tuple[Place, MixedStore]) -> None:
+    place, store = mixed
+    whole = place.run("tree").stdout
+    assert whole.index(store.parent) < whole.index(store.committed_child)
+    one = place.run("tree", store.parent).stdout
+    assert store.running_child in one and store.migration not in one
+
+
+def test_gc_deletes_committed_roots_only(mixed: tuple[Place, MixedStore]) -> None:
+    place, store = mixed
+    before = place.stored_keys()
+    dry = place.run("gc", "--dry-run")
+    assert dry.exit_code == 0 and store.gt_committed in dry.stdout
+    assert place.stored_keys() == before
+    assert place.run("gc", "--older-than", "1d").exit_code == 0
+    assert place.stored_keys() == before  # nothing is a day old
+    result = place.run("gc")
+    assert result.exit_code == 0, result.output
+    gone = {k for k in before if store.gt_committed in k or store.ps_committed in k}
+    assert len(gone) == 4
+    assert place.stored_keys() == before - gone  # the committed child of a running parent is kept
+    assert "deleted 2 committed" in result.stderr
+
+
+def test_fail_marks_for_rollback_and_a_manager_rolls_back(mixed: tuple[Place, MixedStore]) -> None:
+    place, store = mixed
+    before = place.stored_keys()
+    declined = place.run("fail", store.ps_unfinished, input="n\n")
+    assert declined.exit_code == ExitCode.REFUSED and place.stored_keys() == before
+    result = place.run("fail", store.ps_unfinished, "--reason", "stuck since 3am", "--yes")
+    assert result.exit_code == 0, result.output
+    assert place.stored_keys() - before == {f"procedure/{store.ps_unfinished}/0000000003.rollback"}
+    assert place.run("fail", store.gt_committed, "-y").exit_code == ExitCode.REFUSED
+    assert place.run("fail", store.truncated, "-y").exit_code == ExitCode.REFUSED
+    assert ls_json(place)[store.ps_unfinished]["status"] == "rolling back"
+
+    pid = ProcedureId.parse(store.ps_unfinished)
+
+    async def restart() -> None:
+        manager = register_all(ProcedureManager(place.url, place.options, retry_delay=0.001))
+        async with manager:
+            while (state := manager.procedure_state(pid)) is None or not state.is_ended():
+                await asyncio.sleep(0.01)
+            assert state.is_failed() and "stuck since 3am" in (state.error or "")
+
+    asyncio.run(asyncio.wait_for(restart(), 20))
+    assert "undo/rolled-back" in store.world.effects and "undo/0" not in store.world.effects
+
+
+def test_delete_removes_a_procedure_and_its_children(mixed: tuple[Place, MixedStore]) -> None:
+    place, store = mixed
+    before = place.stored_keys()
+    result = place.run("delete", store.parent, "--yes")
+    assert result.exit_code == 0, result.output
+    tree = (store.parent, store.committed_child, store.running_child)
+    assert place.stored_keys() == {k for k in before if not any(pid in k for pid in tree)}
+    assert place.run("delete", store.truncated, "-y").exit_code == 0
+    assert not any(store.truncated in k for k in place.stored_keys())
+    assert place.run("delete", store.truncated, "-y").exit_code == ExitCode.NOT_FOUND
+
+
+def test_watch_lists_and_stops(mixed: tuple[Place, MixedStore]) -> None:
+    place, store = mixed
+    result = place.run("watch", "--interval", "0.2", "--count", "2")
+    assert result.exit_code == 0, result.output
+    assert store.migration in result.stdout and "10 procedures" in result.stdout
+
+
+def test_parent_path_finds_a_store_under_a_prefix(tmp_path: Path) -> None:
+    async def build() -> MixedStore:
+        return await build_mixed_store(open_state_store(tmp_path), "region-a/")
+
+    built = asyncio.run(build())
+    rows = CliRunner().invoke(cli, ["ls", str(tmp_path), "--parent-path", "region-a", "--json"]).stdout.splitlines()
+    assert {json.loads(r)["id"] for r in rows} == set(built.expected)
+    BLOCKERS.pop("cli-hold", None)
+
+
+def test_bad_input_gives_one_line_errors_and_documented_codes(tmp_path: Path, procstore_moto_endpoint: str) -> None:
+    runner = CliRunner()
+    missing = tmp_path / "nope"
+    result = runner.invoke(cli, ["ls", str(missing)])
+    assert result.exit_code == ExitCode.STORE_UNAVAILABLE and "no such directory" in result.stderr
+    assert not missing.exists()  # nothing created by a read-only command
+    assert runner.invoke(cli, ["ls", "nosuchproto://x"]).exit_code == ExitCode.STORE_UNAVAILABLE
+    options = [a for k, v in s3_storage_options(procstore_moto_endpoint).items() for a in ("-o", f"{k}={v}")]
+    no_bucket = runner.invoke(cli, ["ls", "s3://no-such-bucket-here/cp", *options])
+    assert no_bucket.exit_code == ExitCode.STORE_UNAVAILABLE and "does not exist" in no_bucket.stderr
+    tmp_path.joinpath("procedure").mkdir()
+    assert runner.invoke(cli, ["show", str(tmp_path), "0000"]).exit_code == ExitCode.NOT_FOUND
+    assert runner.invoke(cli, ["ls", str(tmp_path), "--older-than", "5x"]).exit_code == ExitCode.USAGE
+    assert runner.invoke(cli, ["ls", str(tmp_path), "-o", "novalue"]).exit_code == ExitCode.USAGE
+
+
+def test_the_installed_command_prints_one_line_and_exits_with_the_code(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "procstore", "ls", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == ExitCode.STORE_UNAVAILABLE
+    assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
