@@ -37,6 +37,11 @@ def unavailable(url: str, exc: BaseException) -> StoreUnavailable:
         hint = "the bucket or directory does not exist: create it or fix the URL"
     elif isinstance(exc, PermissionError):
         hint = "access was denied: check the credentials and the store's permissions"
+    elif "credentials" in f"{type(exc).__name__} {exc}".lower():
+        hint = (
+            "no credentials were found: set them in the environment (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or "
+            "AWS_PROFILE; GOOGLE_APPLICATION_CREDENTIALS), or pass them as storage options"
+        )
     else:
         hint = "check the URL, the storage options and that the service is reachable"
     err = StoreUnavailable(f"cannot use the procedure store at {url}: {describe(exc)}; {hint}")

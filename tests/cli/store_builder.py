@@ -9,16 +9,8 @@ from dataclasses import dataclass, field
 
 from procstore import ProcedureId, ProcedureManager, ProcedureWithId
 from procstore.store import ProcedureStore, StateStore
+from tests.greptime import greptime_step
 from tests.procedures import BLOCKERS, Undoable, World, register_all
-
-
-def greptime_step(type_name: str, data: str, step: int, parent: str | None = None, error: str | None = None) -> bytes:
-    """A message exactly as GreptimeDB's serde_json writes it."""
-    parent_json = "null" if parent is None else f'"{parent}"'
-    error_json = "" if error is None else f',"error":{json.dumps(error)}'
-    return (
-        f'{{"type_name":"{type_name}","data":{json.dumps(data)},"parent_id":{parent_json},"step":{step}{error_json}}}'
-    ).encode()
 
 
 @dataclass

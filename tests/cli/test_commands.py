@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -224,3 +225,21 @@ def test_the_installed_command_prints_one_line_and_exits_with_the_code(tmp_path:
     )
     assert done.returncode == ExitCode.STORE_UNAVAILABLE
     assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+
+
+def test_missing_credentials_are_named(procstore_moto_endpoint: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {"AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none"),
+            "AWS_EC2_METADATA_DISABLED": "true"}  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "procstore",
+        "ls",
+        "s3://some-bucket/cp",
+        "-o",
+        f"endpoint_url={procstore_moto_endpoint}",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, timeout=60)
+    assert done.returncode == ExitCode.STORE_UNAVAILABLE
+    assert "no credentials were found" in done.stderr and done.stderr.strip().count("\n") == 0

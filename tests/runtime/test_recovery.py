@@ -13,6 +13,7 @@ from procstore import ProcedureId, ProcedureManager, ProcedureWithId
 from procstore.store import LocalDirStore
 from procstore.testing import FaultyStore
 from tests.conftest import StoreTarget
+from tests.greptime import greptime_step
 from tests.procedures import Steps, Undoable, World
 from tests.runtime.helpers import blocker, eventually, manager_for, steps, wait_for_state
 
@@ -21,15 +22,6 @@ def write_raw(root: Path, key: str, value: bytes) -> None:
     path = root / key
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(value)
-
-
-def greptime_step(type_name: str, data: str, step: int, parent: str | None = None, error: str | None = None) -> bytes:
-    """A message exactly as GreptimeDB's serde_json writes it."""
-    parent_json = "null" if parent is None else f'"{parent}"'
-    error_json = "" if error is None else f',"error":{json.dumps(error)}'
-    return (
-        f'{{"type_name":"{type_name}","data":{json.dumps(data)},"parent_id":{parent_json},"step":{step}{error_json}}}'
-    ).encode()
 
 
 async def test_recovers_a_greptimedb_written_store(tmp_path: Path) -> None:
