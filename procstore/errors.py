@@ -137,4 +137,16 @@ class StoreUnavailable(StoreError):
 
 
 class Fenced(StoreError):
-    """A create-only write found the key already written by someone else."""
+    """A step key this manager was about to create holds another writer's value.
+
+    Step keys are never overwritten: another manager runs the procedure now, and this one
+    must stop writing. Not retried. `key` is the key; `procedure_id` the procedure.
+    """
+
+    def __init__(self, key: str, procedure_id: ProcedureId) -> None:
+        super().__init__(
+            f"{key} was already written by another manager: it runs procedure {procedure_id} now, so this "
+            "manager stopped its runners without writing anything more (start one manager per store, or use a lease)",
+            key=key,
+        )
+        self.procedure_id = procedure_id

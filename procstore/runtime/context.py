@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from procstore.errors import ProcedureError
+from procstore.errors import Fenced, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Procedure
@@ -77,6 +77,8 @@ class ManagerContext:
         self.running = False
         self.unfinished = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self.fenced: Fenced | None = None
+        """Set when another manager was found writing this store's step keys: nothing runs any more."""
         self._finished_trees: deque[tuple[float, list[ProcedureId]]] = deque()
 
     # -- ContextProvider -------------------------------------------------------------
@@ -223,6 +225,20 @@ class ManagerContext:
             # Only a BaseException gets here (the runner turns errors into FAILED): a
             # simulated crash or an interpreter exit. The task is simply gone, as in a kill.
             logger.debug("runner task %s ended by %r", task.get_name(), exc)
+
+    def step_down(self, fenced: Fenced) -> None:
+        """Another manager writes to this store: cancel every other runner (at its next await,
+        before any further write) and wake their watchers. The caller stops by itself."""
+        if self.fenced is None:
+            self.fenced = fenced
+            logger.error("stepping down: %s", fenced)
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        for meta in self.metas.values():
+            if not meta.state.is_ended():
+                meta.abandon()
 
     async def cancel_all(self) -> None:
         """Cancel every runner and wait until each has stopped."""

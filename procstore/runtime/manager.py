@@ -10,6 +10,7 @@ from typing import Any, Self
 
 from procstore.errors import (
     DuplicateProcedure,
+    Fenced,
     LoaderConflict,
     ManagerNotStarted,
     SubmissionsPaused,
@@ -194,6 +195,8 @@ class ProcedureManager:
         `StoreError` if the first write fails (then nothing runs).
         """
         ctx = self._started("submit")
+        if ctx.fenced is not None:
+            raise ctx.fenced
         if self._paused:
             raise SubmissionsPaused()
         pid = procedure.id
@@ -254,6 +257,15 @@ class ProcedureManager:
                 await self._state_store.remove_stale_temps(self._ctx.store.proc_path)
             except Exception as e:
                 logger.warning("could not remove stale temp files: %s", e)
+
+    @property
+    def fenced(self) -> Fenced | None:
+        """Why this manager stepped down, if it did: another manager wrote one of its step keys.
+
+        It then cancelled every runner before their next write, and `submit` raises this
+        error; `stop()` it and let the other manager work (see README, "Many managers").
+        """
+        return None if self._ctx is None else self._ctx.fenced
 
     def _started(self, what: str) -> ManagerContext:
         if self._ctx is None or not self._ctx.running:

@@ -21,7 +21,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from procstore.errors import RetryLater, StoreError
+from procstore.errors import Fenced, RetryLater, StoreError
 
 T = TypeVar("T")
 
@@ -30,8 +30,8 @@ OnRetry = Callable[[BaseException, int, float], None]
 
 
 def is_transient(exc: BaseException) -> bool:
-    """`RetryLater` and store errors are retried; anything else fails the procedure."""
-    return isinstance(exc, RetryLater | StoreError)
+    """`RetryLater` and store errors are retried (but not `Fenced`); anything else fails the procedure."""
+    return isinstance(exc, RetryLater | StoreError) and not isinstance(exc, Fenced)
 
 
 def is_any_error(exc: BaseException) -> bool:

@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Sequence
 
 from procstore.aio import gather_settled
-from procstore.errors import LockConflict, ProcedureError
+from procstore.errors import Fenced, LockConflict, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
@@ -85,6 +85,11 @@ class Runner:
             if self._resume_children:
                 await self._resume_stored_children()
             await self._drive()
+        except Fenced as e:
+            # Another manager wrote this step key: it runs the procedure now. Write nothing more.
+            self.meta.keep_keys = True
+            self.meta.set_state(ProcedureState.with_error(ProcedureStateKind.POISONED, str(e), e))
+            self.ctx.step_down(e)
         except Exception as e:
             # A bug in procstore or in a hook outside execute(): end the procedure rather
             # than leave its watchers waiting forever. (BaseExceptions such as a cancel or a
@@ -154,6 +159,8 @@ class Runner:
 
         try:
             await self.ctx.policy.call(attempt, on_retry=self._on_retry)
+        except Fenced:
+            raise
         except Exception as e:
             await self._fail(e)
             return False
@@ -286,6 +293,8 @@ class Runner:
 
         try:
             await self.ctx.policy.call(write)
+        except Fenced:
+            raise
         except Exception as e:
             logger.error("procedure %s: cannot write its rollback key: %s", self.meta.id, describe(e))
             return False

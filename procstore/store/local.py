@@ -9,11 +9,13 @@ directory is fsynced: after a crash a key holds either its whole value or nothin
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import fcntl
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from procstore.aio import run_blocking
@@ -34,6 +36,42 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _load_renameat2() -> Callable[[Path, Path], int] | None:
+    """glibc's `renameat2`, if there is one: a rename that fails if the target exists."""
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return lambda src, dst: int(function(_AT_FDCWD, bytes(src), _AT_FDCWD, bytes(dst), _RENAME_NOREPLACE))
+
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_renameat2 = _load_renameat2()
+
+
+def _create_exclusively(temp: Path, target: Path) -> None:
+    """Move `temp` to `target` only if `target` does not exist (`FileExistsError` if it does).
+
+    The OS picks exactly one winner among concurrent writers. `renameat2(RENAME_NOREPLACE)`
+    does it in one step; where the kernel or filesystem lacks it, a hard link does (and the
+    temp file is then unlinked by the caller: one more metadata write).
+    """
+    global _renameat2
+    if _renameat2 is not None:
+        if _renameat2(temp, target) == 0:
+            return
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise FileExistsError(errno.EEXIST, "exists", str(target))
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), str(target))
+        _renameat2 = None  # this filesystem cannot: use links from now on
+    os.link(temp, target)
 
 
 def _make_dirs(path: Path) -> None:
@@ -75,7 +113,7 @@ class LocalDirStore(StateStore):
             finally:
                 os.close(fd)
             if create_only:
-                os.link(temp, target)  # the OS's exclusive create: exactly one winner
+                _create_exclusively(temp, target)
             else:
                 os.replace(temp, target)
         except FileExistsError:

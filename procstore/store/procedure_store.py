@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from procstore.aio import gather_settled
 from procstore.bulk import collector_paused
+from procstore.errors import Fenced
 from procstore.ids import ProcedureId
 from procstore.store.keys import PROC_PATH, KeysByProcedure, KeyType, ParsedKey, procedure_dir
 from procstore.store.message import MessageDecodeError, ProcedureMessage
@@ -88,9 +89,17 @@ class ProcedureStore:
         data: str,
         parent_id: ProcedureId | None,
     ) -> None:
-        """Write one persisted state as `{step}.step`."""
+        """Create `{step}.step` holding one persisted state; `Fenced` if another writer got there first."""
         message = ProcedureMessage(type_name, data, parent_id, step)
-        await self.store.put(self.key(procedure_id, step, KeyType.STEP), message.encode())
+        await self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.STEP), message.encode())
+
+    async def _create_or_fence(self, procedure_id: ProcedureId, key: str, value: bytes) -> None:
+        """Create `key`, never overwriting it. A key that holds our own bytes is our earlier
+        write whose answer was lost; anything else is another writer's, and raises `Fenced`."""
+        if await self.store.put_if_absent(key, value):
+            return
+        if await self.store.get(key) != value:
+            raise Fenced(key, procedure_id)
 
     async def create_procedure(
         self,
@@ -111,13 +120,13 @@ class ProcedureStore:
         return await self.store.get(key) == value
 
     async def commit_procedure(self, procedure_id: ProcedureId, step: int) -> None:
-        """Mark the procedure finished: an empty `{step}.commit`."""
-        await self.store.put(self.key(procedure_id, step, KeyType.COMMIT), b"")
+        """Mark the procedure finished: an empty `{step}.commit` (create-only, as every step key)."""
+        await self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.COMMIT), b"")
 
     async def rollback_procedure(self, procedure_id: ProcedureId, message: ProcedureMessage) -> None:
         """Mark the procedure failed: `{message.step}.rollback` holding `message` (with `error`)."""
         key = self.key(procedure_id, message.step, KeyType.ROLLBACK)
-        await self.store.put(key, message.encode())
+        await self._create_or_fence(procedure_id, key, message.encode())
 
     async def procedure_keys(self, procedure_id: ProcedureId) -> list[ParsedKey]:
         """Every key of one procedure, by step."""

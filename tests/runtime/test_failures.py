@@ -181,18 +181,22 @@ async def test_bugs_end_in_failed_with_a_traceback(
 
 
 class FailingWrites(StateStore):
-    """Fails every `put` after the first `ok` ones (a store that went read-only)."""
+    """Fails every write after the first `ok` ones (a store that went read-only)."""
 
     def __init__(self, inner: StateStore, ok: int) -> None:
         self.inner, self.url, self.ok = inner, inner.url, ok
 
-    async def put(self, key: str, value: bytes) -> None:
+    def _allow(self, key: str) -> None:
         if self.ok <= 0:
             raise StoreError(f"writing {key} was denied", key=key)
         self.ok -= 1
+
+    async def put(self, key: str, value: bytes) -> None:
+        self._allow(key)
         await self.inner.put(key, value)
 
     async def put_if_absent(self, key: str, value: bytes) -> bool:
+        self._allow(key)
         return await self.inner.put_if_absent(key, value)
 
     async def get(self, key: str) -> bytes | None:
@@ -210,7 +214,7 @@ class FailingWrites(StateStore):
 
 async def test_store_errors_are_retried_then_fail_with_a_clear_error(tmp_path: Path) -> None:
     world = World.new()
-    store = FailingWrites(LocalDirStore(tmp_path), ok=1)
+    store = FailingWrites(LocalDirStore(tmp_path), ok=2)  # the submitted state and step 1
     async with manager_for(store, max_retry_times=2) as manager:
         watcher = await manager.submit(steps(world, 4))
         with pytest.raises(ProcedureFailed) as info:

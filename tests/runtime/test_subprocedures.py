@@ -50,7 +50,7 @@ async def test_children_are_persisted_with_parent_id(tmp_path: Path) -> None:
     inner_put_if_absent = recorder.inner.put_if_absent
 
     async def spy(key: str, value: bytes) -> bool:
-        if child_id in key:
+        if child_id in key and key.endswith("0000000000.step"):
             seen.append(ProcedureMessage.decode(value))
         return await inner_put_if_absent(key, value)
 

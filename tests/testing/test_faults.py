@@ -12,12 +12,13 @@ import pytest
 from procstore import ProcedureManager, StoreError
 from procstore.store import LocalDirStore, open_state_store
 from procstore.testing import Fault, FaultPlan, FaultyStore
+from procstore.testing.plan import WRITES
 from tests.procedures import World
 from tests.runtime.helpers import manager_for, steps
 
 
 async def test_transient_faults_are_retried(tmp_path: Path) -> None:
-    fault = Fault("transient", kinds=frozenset({"put"}), key="procedure/*.step", times=3)
+    fault = Fault("transient", kinds=WRITES, key="procedure/*/000000000[1-9].step", times=3)  # steps, not the submit
     store = FaultyStore(LocalDirStore(tmp_path), faults=[fault])
     world = World.new()
     async with manager_for(store, max_retry_times=3) as manager:
@@ -42,7 +43,7 @@ async def test_a_fault_after_the_operation_has_landed(tmp_path: Path) -> None:
 
 
 async def test_torn_write_is_reported_and_kept(tmp_path: Path) -> None:
-    fault = Fault("tear", kinds=frozenset({"put"}), key="*/0000000001.step")
+    fault = Fault("tear", kinds=WRITES, key="*/0000000001.step")
     store = FaultyStore(LocalDirStore(tmp_path), faults=[fault])
     world = World.new()
     manager = manager_for(store)
@@ -57,7 +58,7 @@ async def test_torn_write_is_reported_and_kept(tmp_path: Path) -> None:
 
 
 async def test_delays_slow_but_do_not_break(memory_target: object) -> None:
-    fault = Fault("delay", kinds=frozenset({"put", "get"}), seconds=0.01)
+    fault = Fault("delay", kinds=WRITES | {"get"}, seconds=0.01)
     store = FaultyStore(open_state_store(f"memory://slow-{uuid.uuid4().hex}/"), faults=[fault])
     world = World.new()
     async with manager_for(store) as manager:
@@ -68,12 +69,12 @@ async def test_delays_slow_but_do_not_break(memory_target: object) -> None:
 async def test_faulty_url_wraps_any_fsspec_filesystem() -> None:
     name = f"/faulty-{uuid.uuid4().hex}"
     inner = fsspec.filesystem("memory")
-    plan = FaultPlan([Fault("transient", kinds=frozenset({"put"}), times=2)])
+    plan = FaultPlan([Fault("transient", kinds=WRITES, key="*/000000000[1-9].step", times=2)])
     options = {"fs": inner, "path": name, "plan": plan}
     world = World.new()
     async with manager_for_url("faulty://store/", options) as manager:
         assert await (await manager.submit(steps(world, 3))).wait() == "steps done"
-    assert plan.faults[0].fired == 2 and any(op.kind == "put" for op in plan.landed())
+    assert plan.faults[0].fired == 2 and any(op.kind in WRITES for op in plan.landed())
 
     crash = FaultPlan([Fault("crash", nth=2)])
     options = {"fs": inner, "path": name, "plan": crash}
