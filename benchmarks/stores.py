@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import subprocess
+import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,26 +30,44 @@ class Target:
 
 @contextmanager
 def targets(kinds: list[str]) -> Iterator[list[Target]]:
-    server = None
     out = []
-    with tempfile.TemporaryDirectory(prefix="procstore-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="procstore-bench-") as tmp, contextlib.ExitStack() as stack:
         for kind in kinds:
             if kind == "local":
                 out.append(Target("local", f"{tmp}/"))
             elif kind == "memory":
                 out.append(Target("memory", "memory://"))
             elif kind == "s3":
-                from moto.server import ThreadedMotoServer
+                from procstore.testing.pytest_plugin import create_bucket, s3_storage_options
 
-                from procstore.testing.pytest_plugin import create_bucket, free_port, s3_storage_options
-
-                port = free_port()
-                server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-                server.start()
-                endpoint = f"http://127.0.0.1:{port}"
+                endpoint = stack.enter_context(moto_server_process())
                 out.append(Target("s3", f"s3://{create_bucket(endpoint)}/", s3_storage_options(endpoint)))
-        try:
-            yield out
-        finally:
-            if server is not None:
-                server.stop()
+        yield out
+
+
+@contextmanager
+def moto_server_process() -> Iterator[str]:
+    """A moto server in its own process on 127.0.0.1: in this one it would compete with the
+    code under measurement for the GIL. Yields its endpoint."""
+    from procstore.testing.pytest_plugin import free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("the moto server did not start") from None
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(10)
