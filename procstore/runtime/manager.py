@@ -135,6 +135,12 @@ class ProcedureManager:
                 await state_store.close()
             raise
         store = ProcedureStore(state_store, self.parent_path)
+        if not state_store.supports_create_only:
+            logger.warning(
+                "%s cannot create a key atomically: step keys are checked before they are written, not guaranteed "
+                "new, so fencing between managers is best effort here. Run one manager per store.",
+                state_store.url,
+            )
         ctx = ManagerContext(store, self.policy, self._loaders)
         ctx.running = True
         self._ctx, self._state_store = ctx, state_store

@@ -79,6 +79,14 @@ class FsspecStore(StateStore):
 
     async def put_if_absent(self, key: str, value: bytes) -> bool:
         with store_errors("creating", self.url, key):
+            if self.protocol == "memory":
+                # fsspec's create mode asks `exists`, which scans every key on memory://; its
+                # dict answers at once, and nothing runs between the check and the write
+                # (memory:// is called inline, on the event loop).
+                if self.fs._strip_protocol(self._full(key)) in self.fs.store:
+                    return False
+                await self._pipe(key, value)
+                return True
             try:
                 await self._pipe(key, value, mode="create")
             except FileExistsError:

@@ -87,3 +87,11 @@ async def test_a_lost_answer_to_a_create_is_our_own_write(tmp_path: Path) -> Non
         assert (await wait_for_state(manager, watcher.procedure_id)).is_done()
         assert manager.fenced is None
     assert world.counts["steps/1"] == 1 and plan.faults[0].fired == 1
+
+
+async def test_a_store_without_atomic_create_says_so_at_start(
+    wrapped_target: StoreTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with manager_for(wrapped_target):
+        pass
+    assert "fencing between managers is best effort" in caplog.text
