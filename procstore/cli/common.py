@@ -8,7 +8,7 @@ import enum
 import functools
 import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
@@ -19,7 +19,6 @@ from rich.console import Console
 from procstore.errors import StoreError
 from procstore.ids import ProcedureId
 from procstore.store import LocalDirStore, ProcedureStore, open_state_store
-from procstore.store.inventory import Inventory
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -127,12 +126,12 @@ async def closing(store: ProcedureStore, body: Awaitable[T]) -> T:
         await store.store.close()
 
 
-def resolve_id(inventory: Inventory, text: str) -> ProcedureId:
-    """A full id, or a unique prefix of one (as with git's short hashes)."""
+def resolve_id(known: Collection[ProcedureId], text: str) -> ProcedureId:
+    """A full id, or a unique prefix of one (as with git's short hashes), among `known`."""
     try:
         pid = ProcedureId.parse(text)
     except ValueError:
-        matches = [p for p in inventory.procedures if str(p).startswith(text.lower())] if len(text) >= 4 else []
+        matches = [p for p in known if str(p).startswith(text.lower())] if len(text) >= 4 else []
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
@@ -143,7 +142,7 @@ def resolve_id(inventory: Inventory, text: str) -> ProcedureId:
         raise CommandError(
             f"no procedure id starts with {text!r} in this store (`procstore ls URL` lists them)", ExitCode.NOT_FOUND
         ) from None
-    if pid not in inventory.procedures:
+    if pid not in known:
         raise CommandError(f"no procedure {pid} in this store (`procstore ls URL` lists them)", ExitCode.NOT_FOUND)
     return pid
 

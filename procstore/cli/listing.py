@@ -154,7 +154,7 @@ async def tree(url: str, storage_options: tuple[str, ...], parent_path: str, pro
     store = await open_existing_store(url, storage_options, parent_path)
     inventory = await closing(store, load_inventory(store, Console(stderr=True)))
     if procedure_id is not None:
-        roots = [inventory.procedures[resolve_id(inventory, procedure_id)]]
+        roots = [inventory.procedures[resolve_id(inventory.procedures, procedure_id)]]
     else:
         roots = sorted(inventory.roots(), key=lambda p: (p.modified or 0.0, str(p.procedure_id)))
     top = Tree(f"{store.store.url}{store.proc_path}", guide_style="dim")

@@ -97,7 +97,7 @@ async def fail(
     store = await open_existing_store(url, storage_options, parent_path)
     try:
         inventory = await load_inventory(store, Console(stderr=True))
-        p = inventory.procedures[resolve_id(inventory, procedure_id)]
+        p = inventory.procedures[resolve_id(inventory.procedures, procedure_id)]
         if p.status is not StoredStatus.UNFINISHED or p.message is None:
             raise CommandError(
                 f"procedure {p.procedure_id} is {p.status.value}; only an unfinished procedure with a readable "
@@ -125,7 +125,7 @@ async def delete(url: str, storage_options: tuple[str, ...], parent_path: str, p
     store = await open_existing_store(url, storage_options, parent_path)
     try:
         inventory = await load_inventory(store, Console(stderr=True))
-        p = inventory.procedures[resolve_id(inventory, procedure_id)]
+        p = inventory.procedures[resolve_id(inventory.procedures, procedure_id)]
         doomed = [*inventory.descendants(p.procedure_id), p]
         children = f" and its {len(doomed) - 1} subprocedure(s)" if len(doomed) > 1 else ""
         _confirm(f"Delete {p.type_name or 'unreadable procedure'} {p.procedure_id} ({p.status.value}){children}?", yes)

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 import orjson
-from rich.console import Console, Group
+from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 
@@ -21,9 +21,8 @@ from procstore.cli.common import (
     run_command,
     store_options,
 )
-from procstore.cli.listing import load_inventory
 from procstore.store.inventory import read_history
-from procstore.store.keys import KeyType
+from procstore.store.keys import KeysByProcedure, KeyType
 from procstore.store.message import ProcedureMessage
 
 
@@ -78,8 +77,9 @@ async def show(url: str, storage_options: tuple[str, ...], parent_path: str, pro
     store = await open_existing_store(url, storage_options, parent_path)
 
     async def read() -> tuple[Any, Any]:
-        inventory = await load_inventory(store, Console(stderr=True))
-        pid = resolve_id(inventory, procedure_id)
+        # A listing is enough to resolve the id; reading every procedure would not be.
+        listed = KeysByProcedure.group(store.proc_path, await store.store.walk(store.proc_path))
+        pid = resolve_id(listed.steps, procedure_id)
         return pid, await read_history(store, pid)
 
     pid, history = await closing(store, read())

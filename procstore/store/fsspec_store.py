@@ -132,23 +132,20 @@ class FsspecStore(StateStore):
             return True
 
     async def walk(self, prefix: str) -> list[str]:
-        return sorted(await self._find(prefix, detail=False))
+        return sorted(self._key(path) for path in await self._find(prefix, detail=False))
 
     async def walk_modified(self, prefix: str) -> dict[str, float | None]:
-        found = await self._find(prefix, detail=True)
-        return {key: _modified(found[key]) for key in sorted(found)}
+        found: dict[str, dict[str, Any]] = await self._find(prefix, detail=True)
+        return {self._key(path): _modified(info) for path, info in sorted(found.items())}
 
-    async def _find(self, prefix: str, *, detail: bool) -> dict[str, dict[str, Any]]:
+    async def _find(self, prefix: str, *, detail: bool) -> Any:
+        """fsspec's `find` under `prefix` (paths, or path -> info), fresh; empty if nothing is there."""
         with store_errors("listing", self.url, prefix):
             self.fs.invalidate_cache()
-            base = self._full(prefix).rstrip("/")
             try:
-                found = await self._call("find", base, detail=detail)
+                return await self._call("find", self._full(prefix).rstrip("/"), detail=detail)
             except FileNotFoundError:
-                return {}
-            if detail:
-                return {self._key(path): info for path, info in found.items()}
-            return {self._key(path): {} for path in found}
+                return {} if detail else []
 
     async def batch_delete(self, keys: Sequence[str]) -> None:
         if not keys:

@@ -38,6 +38,13 @@ class StoredStatus(enum.StrEnum):
     """Its highest value cannot be decoded: recovery skips it and leaves it alone."""
 
 
+_STATUS_OF_LATEST = {
+    KeyType.STEP: StoredStatus.UNFINISHED,
+    KeyType.COMMIT: StoredStatus.COMMITTED,
+    KeyType.ROLLBACK: StoredStatus.ROLLING_BACK,
+}
+
+
 @dataclass(slots=True)
 class StoredProcedure:
     """One procedure's keys and what its latest readable message says."""
@@ -115,11 +122,7 @@ async def read_inventory(store: ProcedureStore, progress: Progress | None = None
     for pid, found in grouped.steps.items():
         keys = sorted((ParsedKey(store.proc_path, pid, step, kind) for step, kind in found), key=_order)
         latest = keys[-1]
-        status = {
-            KeyType.STEP: StoredStatus.UNFINISHED,
-            KeyType.COMMIT: StoredStatus.COMMITTED,
-            KeyType.ROLLBACK: StoredStatus.ROLLING_BACK,
-        }[latest.key_type]
+        status = _STATUS_OF_LATEST[latest.key_type]
         procedure = procedures[pid] = StoredProcedure(pid, keys, status, modified.get(str(latest)))
         readable = [k for k in keys if k.key_type is not KeyType.COMMIT]
         if readable:

@@ -93,12 +93,16 @@ class ProcedureStore:
         message = ProcedureMessage(type_name, data, parent_id, step)
         await self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.STEP), message.encode())
 
+    async def _create(self, key: str, value: bytes) -> bool:
+        """Create `key`, never overwriting it; False if it holds another writer's bytes.
+
+        A key that already holds our own bytes is our earlier write whose answer was lost.
+        """
+        return await self.store.put_if_absent(key, value) or await self.store.get(key) == value
+
     async def _create_or_fence(self, procedure_id: ProcedureId, key: str, value: bytes) -> None:
-        """Create `key`, never overwriting it. A key that holds our own bytes is our earlier
-        write whose answer was lost; anything else is another writer's, and raises `Fenced`."""
-        if await self.store.put_if_absent(key, value):
-            return
-        if await self.store.get(key) != value:
+        """`_create`, raising `Fenced` if another writer got there first."""
+        if not await self._create(key, value):
             raise Fenced(key, procedure_id)
 
     async def create_procedure(
@@ -113,11 +117,8 @@ class ProcedureStore:
         Returns `False` if that key already holds something else. A value equal to ours
         counts as written: it is our own earlier write whose answer was lost.
         """
-        key = self.key(procedure_id, 0, KeyType.STEP)
         value = ProcedureMessage(type_name, data, parent_id, 0).encode()
-        if await self.store.put_if_absent(key, value):
-            return True
-        return await self.store.get(key) == value
+        return await self._create(self.key(procedure_id, 0, KeyType.STEP), value)
 
     async def commit_procedure(self, procedure_id: ProcedureId, step: int) -> None:
         """Mark the procedure finished: an empty `{step}.commit` (create-only, as every step key)."""
