@@ -6,10 +6,12 @@ The public surface is re-exported here; see `api.md` for the contract.
 from procstore.errors import (
     DuplicateProcedure,
     Fenced,
+    LeaseExpired,
     LoaderConflict,
     LockConflict,
     ManagerNotStarted,
     ManagerStopped,
+    NotLeader,
     ProcedureError,
     ProcedureFailed,
     RetryLater,
@@ -21,7 +23,9 @@ from procstore.errors import (
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, LockMode, StringKey
 from procstore.procedure import Context, ContextProvider, Procedure, ProcedureWithId, Status, StatusKind
+from procstore.runtime.lease import Lease
 from procstore.runtime.manager import ProcedureManager
+from procstore.runtime.retry import RetryBudget
 from procstore.runtime.watcher import Watcher
 from procstore.state import ProcedureInfo, ProcedureState, ProcedureStateKind
 from procstore.store.procedure_store import LoadProblem
@@ -33,6 +37,8 @@ __all__ = [
     "ContextProvider",
     "DuplicateProcedure",
     "Fenced",
+    "Lease",
+    "LeaseExpired",
     "LoadProblem",
     "LoaderConflict",
     "LockConflict",
@@ -40,6 +46,7 @@ __all__ = [
     "LockMode",
     "ManagerNotStarted",
     "ManagerStopped",
+    "NotLeader",
     "Procedure",
     "ProcedureError",
     "ProcedureFailed",
@@ -49,6 +56,7 @@ __all__ = [
     "ProcedureState",
     "ProcedureStateKind",
     "ProcedureWithId",
+    "RetryBudget",
     "RetryLater",
     "Status",
     "StatusKind",

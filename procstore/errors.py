@@ -143,10 +143,43 @@ class Fenced(StoreError):
     must stop writing. Not retried. `key` is the key; `procedure_id` the procedure.
     """
 
-    def __init__(self, key: str, procedure_id: ProcedureId) -> None:
+    def __init__(self, key: str, procedure_id: ProcedureId | None, message: str | None = None) -> None:
         super().__init__(
-            f"{key} was already written by another manager: it runs procedure {procedure_id} now, so this "
+            message
+            or f"{key} was already written by another manager: it runs procedure {procedure_id} now, so this "
             "manager stopped its runners without writing anything more (start one manager per store, or use a lease)",
             key=key,
         )
         self.procedure_id = procedure_id
+
+
+class LeaseExpired(Fenced):
+    """A write was refused because this manager's lease may have expired.
+
+    Raised by the store of a manager started with `lease=` once it can no longer prove it
+    leads: another manager may have taken over, so nothing more is written. The procedure
+    is not failed; it resumes under the new leader. `key` is the write that was refused.
+    """
+
+    def __init__(self, key: str, holder: str, reason: str) -> None:
+        super().__init__(
+            key,
+            None,
+            f"not writing {key}: {holder} no longer holds the lease ({reason}); "
+            "the manager that takes over resumes its procedures",
+        )
+        self.holder = holder
+
+
+class NotLeader(ProcedureError):
+    """`submit()` on a manager started with `lease=` that does not hold the lease.
+
+    Submit to the leader instead (`leader` is its holder name, as it wrote it in the lease,
+    or None if no manager holds a live lease), or wait with `await manager.wait_leading()`.
+    """
+
+    def __init__(self, holder: str, leader: str | None) -> None:
+        self.holder = holder
+        self.leader = leader
+        where = f"the leader is {leader!r}" if leader else "no manager holds the lease right now"
+        super().__init__(f"{holder} is a standby and does not accept submissions: {where}; submit there")

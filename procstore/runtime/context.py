@@ -79,6 +79,11 @@ class ManagerContext:
         self._tasks: set[asyncio.Task[None]] = set()
         self.fenced: Fenced | None = None
         """Set when another manager was found writing this store's step keys: nothing runs any more."""
+        self.inherited_deletes_after = 0.0
+        """`time.monotonic()` before which an inherited tree's keys are not deleted (see
+        `ProcedureMeta.inherited`); 0 without a lease."""
+        self.on_fenced: Callable[[Fenced], None] | None = None
+        """Replaces `step_down`'s own handling: a manager with a lease decides what a fence means."""
         self._finished_trees: deque[tuple[float, list[ProcedureId]]] = deque()
 
     # -- ContextProvider -------------------------------------------------------------
@@ -229,6 +234,9 @@ class ManagerContext:
     def step_down(self, fenced: Fenced) -> None:
         """Another manager writes to this store: cancel every other runner (at its next await,
         before any further write) and wake their watchers. The caller stops by itself."""
+        if self.on_fenced is not None:
+            self.on_fenced(fenced)
+            return
         if self.fenced is None:
             self.fenced = fenced
             logger.error("stepping down: %s", fenced)

@@ -5,25 +5,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from types import TracebackType
 from typing import Any, Self
 
 from procstore.errors import (
     DuplicateProcedure,
     Fenced,
+    LeaseExpired,
     LoaderConflict,
     ManagerNotStarted,
+    NotLeader,
+    StoreUnavailable,
     SubmissionsPaused,
     TooManyRunningProcedures,
 )
 from procstore.ids import ProcedureId
 from procstore.procedure import Procedure, ProcedureWithId
 from procstore.runtime.context import Loader, ManagerContext
+from procstore.runtime.leadership import Leadership
+from procstore.runtime.lease import Lease
 from procstore.runtime.recovery import recover
-from procstore.runtime.retry import RetryPolicy
+from procstore.runtime.retry import RetryBudget, RetryPolicy
 from procstore.runtime.runner import Runner, type_name_of
 from procstore.runtime.watcher import Watcher
 from procstore.state import ProcedureInfo, ProcedureState
+from procstore.store.guarded import GuardedStore
+from procstore.store.keys import KeyType
 from procstore.store.local import LocalDirStore
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
@@ -49,6 +57,8 @@ class ProcedureManager:
             the procedure fails; also the retries of a failing `rollback()`.
         retry_delay: the first backoff delay, in seconds; it doubles each retry, plus jitter.
         max_retry_delay: the cap on one backoff delay, in seconds.
+        retry_budget: the rate of retries allowed to all procedures together (a token bucket,
+            `RetryBudget(rate=20, burst=100)` by default): retries beyond it wait their turn.
         max_running_procedures: `submit()` raises `TooManyRunningProcedures` beyond this
             many unfinished procedures (subprocedures and recovered ones are not refused).
         metadata_ttl: seconds a finished tree stays visible to `procedure_state()` and
@@ -57,6 +67,11 @@ class ProcedureManager:
             and `stop()` cancels).
         parent_path: a path inside the store under which `procedure/` lives (GreptimeDB's
             `parent_path`); empty by default.
+        lease: run as one of several managers on the store: only the holder of the lease
+            (a `Lease`, kept in the store) runs procedures, the others stand by and take
+            over when it stops renewing. Needs a store with compare-and-swap and
+            create-only writes (S3, a local directory, memory://). A number is the TTL in
+            seconds (`Lease(ttl=…)`), True the default `Lease()`. See README, "Many managers".
     """
 
     def __init__(
@@ -71,11 +86,14 @@ class ProcedureManager:
         metadata_ttl: float = DEFAULT_METADATA_TTL,
         gc_interval: float = 60.0,
         parent_path: str = "",
+        lease: Lease | float | bool | None = None,
+        retry_budget: RetryBudget | None = None,
     ) -> None:
         self._given_store = url if isinstance(url, StateStore) else None
         self.url = url.url if isinstance(url, StateStore) else os.fspath(url)
         self.storage_options = dict(storage_options or {})
-        self.policy = RetryPolicy(max_retry_times, retry_delay, max_retry_delay)
+        self.retry_budget = retry_budget if retry_budget is not None else RetryBudget()
+        self.policy = RetryPolicy(max_retry_times, retry_delay, max_retry_delay, self.retry_budget)
         self.max_running_procedures = max_running_procedures
         self.metadata_ttl = metadata_ttl
         self.gc_interval = gc_interval
@@ -88,6 +106,9 @@ class ProcedureManager:
         self._gc_task: asyncio.Task[None] | None = None
         self._paused = False
         self._submitting: set[ProcedureId] = set()
+        self.lease = Lease.from_option(lease)
+        self._leadership: Leadership | None = None
+        self._recovering: asyncio.Task[None] | None = None
 
     # -- registration ----------------------------------------------------------------
 
@@ -111,7 +132,21 @@ class ProcedureManager:
 
     @property
     def is_running(self) -> bool:
-        return self._ctx is not None and self._ctx.running
+        """Started and not stopped (leading or, with a lease, standing by)."""
+        return self._state_store is not None
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this manager runs procedures now: always once started, unless it has a lease
+        and another manager holds it."""
+        if self._leadership is not None:
+            return self._leadership.is_leading and self._ctx is not None and self._ctx.running
+        return self.is_running
+
+    @property
+    def leader(self) -> str | None:
+        """With a lease: the holder name of the current leader as last seen (None if none)."""
+        return None if self._leadership is None else self._leadership.keeper.leader
 
     @property
     def store(self) -> ProcedureStore:
@@ -121,54 +156,126 @@ class ProcedureManager:
     async def start(self) -> None:
         """Open the store and resume unfinished procedures; a no-op if already started.
 
-        Returns once recovered procedures are registered and running (not finished).
-        Raises `StoreUnavailable` if the store cannot be used; procedures that cannot be
-        loaded are skipped and listed in `recovery_problems`.
+        Returns once recovered procedures are registered and running (not finished). With a
+        lease, it first tries to take the lease once: if another manager holds it, this one
+        returns as a standby and a background task (`procstore:lease`) takes over when that
+        lease expires; `wait_until_leading()` waits for it.
+        Raises `StoreUnavailable` if the store cannot be used (or, with a lease, cannot
+        compare-and-swap); procedures that cannot be loaded are skipped and listed in
+        `recovery_problems`.
         """
         if self.is_running:
             return
         state_store = self._given_store or open_state_store(self.url, self.storage_options)
         try:
             await state_store.check_access()
+            self._check_lease_support(state_store)
         except BaseException:
             if self._given_store is None:
                 await state_store.close()
             raise
-        store = ProcedureStore(state_store, self.parent_path)
         if not state_store.supports_create_only:
             logger.warning(
                 "%s cannot create a key atomically: step keys are checked before they are written, not guaranteed "
                 "new, so fencing between managers is best effort here. Run one manager per store.",
                 state_store.url,
             )
-        ctx = ManagerContext(store, self.policy, self._loaders)
-        ctx.running = True
-        self._ctx, self._state_store = ctx, state_store
+        self._state_store = state_store
         try:
-            self.recovery_problems = await recover(ctx)
+            if self.lease is None:
+                self.begin_term()
+                await self.wait_recovered()
+            else:
+                self._leadership = Leadership(self, state_store, self.lease, self.parent_path)
+                await self._leadership.start()
         except BaseException:
             await self.stop()
             raise
+
+    def _check_lease_support(self, state_store: StateStore) -> None:
+        if self.lease is None or (state_store.supports_compare_and_swap and state_store.supports_create_only):
+            return
+        raise StoreUnavailable(
+            f"{state_store.url}: a manager with a lease needs compare-and-swap and create-only writes, which this "
+            f"store ({type(state_store).__name__}) cannot guarantee across processes; use S3, a local directory or "
+            "memory://, or run a single manager without `lease=`"
+        )
+
+    # Terms: with a lease, each leadership is a term with its own context, started when the
+    # lease is won and ended (every runner cancelled) when it is lost; without one, a single
+    # term runs from start() to stop().
+
+    def begin_term(self) -> None:
+        """Start leading: a fresh context, and recovery of everything the store holds."""
+        assert self._state_store is not None
+        state_store: StateStore = self._state_store
+        if self._leadership is not None:
+            state_store = GuardedStore(state_store, self._leadership.keeper.check_writable)
+        store = ProcedureStore(state_store, self.parent_path, skip_strays=self._leadership is not None)
+        ctx = ManagerContext(store, self.policy, self._loaders)
+        if self._leadership is not None:
+            ctx.on_fenced = self._leadership.on_fenced
+            ctx.inherited_deletes_after = time.monotonic() + self._leadership.keeper.lease.grace
+        ctx.running = True
+        self._ctx = ctx
+        self._recovering = asyncio.get_running_loop().create_task(self._recover(ctx), name="procstore:recovery")
+
+    async def _recover(self, ctx: ManagerContext) -> None:
+        self.recovery_problems = await recover(ctx)
         self._gc_task = asyncio.get_running_loop().create_task(self._collect_garbage(), name="procstore:gc")
 
-    async def stop(self) -> None:
-        """Stop like a process exit: cancel every runner at its next await and wait for it.
+    async def wait_recovered(self) -> None:
+        """Wait for the term's recovery; raise its error."""
+        if self._recovering is not None:
+            await asyncio.shield(self._recovering)
 
-        Nothing more is written once this returns. Unfinished procedures resume at the next
-        `start()` on the same store; their watchers raise `ManagerStopped`. Metadata stays
-        readable until the next `start()`.
+    def recovery_error(self) -> BaseException | None:
+        task = self._recovering
+        return task.exception() if task is not None and task.done() and not task.cancelled() else None
+
+    async def wait_until_leading(self) -> None:
+        """Wait until this manager leads and has resumed the store's procedures.
+
+        Without a lease that is as soon as `start()` returns. Raises `ManagerNotStarted`
+        if it is not started.
         """
+        self._started_or_standby("wait_until_leading")
+        if self._leadership is not None:
+            await self._leadership.wait_until_leading()
+        await self.wait_recovered()
+
+    async def end_term(self) -> None:
+        """Stop leading: cancel every runner and wait for each. Nothing is written afterwards."""
         ctx = self._ctx
         if ctx is None or not ctx.running:
             return
         ctx.running = False
-        if self._gc_task is not None:
-            self._gc_task.cancel()
-            await asyncio.gather(self._gc_task, return_exceptions=True)
-            self._gc_task = None
+        for task in (self._recovering, self._gc_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._recovering = self._gc_task = None
         await ctx.cancel_all()
-        if self._state_store is not None and self._given_store is None:
-            await self._state_store.close()
+
+    async def stop(self) -> None:
+        """Stop like a process exit: cancel every runner at its next await and wait for it.
+
+        Nothing more is written once this returns (but for a lease: it is marked released,
+        so that a standby takes over at once). Unfinished procedures resume at the next
+        `start()` on the same store; their watchers raise `ManagerStopped`. Metadata stays
+        readable until the next `start()`.
+        """
+        state_store, self._state_store = self._state_store, None
+        if state_store is None:
+            return
+        leadership, self._leadership = self._leadership, None
+        if leadership is not None:
+            await leadership.stop()
+        await self.end_term()
+        if leadership is not None:
+            await leadership.keeper.release()
+        if self._given_store is None:
+            await state_store.close()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -196,10 +303,14 @@ class ProcedureManager:
         """Store the procedure's submitted state as its first step, then start running it.
 
         Durable: once this returns, the procedure is never lost, whatever crashes next.
-        Raises `ManagerNotStarted`, `SubmissionsPaused`, `DuplicateProcedure` (the id is
+        Raises `ManagerNotStarted`, `NotLeader` (a standby), `SubmissionsPaused`,
+        `LeaseExpired` (the lease ran out while writing: the procedure may be stored, and
+        then the next leader runs it), `DuplicateProcedure` (the id is
         known here or already has stored steps), `TooManyRunningProcedures`, or a
         `StoreError` if the first write fails (then nothing runs).
         """
+        if self._leadership is not None and not self.is_leader:
+            raise NotLeader(self._leadership.keeper.holder, self.leader)
         ctx = self._started("submit")
         if ctx.fenced is not None:
             raise ctx.fenced
@@ -222,6 +333,12 @@ class ProcedureManager:
             self._submitting.discard(pid)
         if not created:
             raise DuplicateProcedure(pid, " in the store (it has stored steps)")
+        if self._leadership is not None and not (ctx.running and self._leadership.keeper.is_holding):
+            raise LeaseExpired(
+                ctx.store.key(pid, 0, KeyType.STEP),
+                self._leadership.keeper.holder,
+                "it was lost while the procedure was being stored; if the write landed, the next leader runs it",
+            )
         if not ctx.running:
             raise ManagerNotStarted("submit")
         meta = ctx.new_meta(pid, type_name, None, proc, ProcedureState.running())
@@ -272,6 +389,10 @@ class ProcedureManager:
         error; `stop()` it and let the other manager work (see README, "Many managers").
         """
         return None if self._ctx is None else self._ctx.fenced
+
+    def _started_or_standby(self, what: str) -> None:
+        if not self.is_running:
+            raise ManagerNotStarted(what)
 
     def _started(self, what: str) -> ManagerContext:
         if self._ctx is None or not self._ctx.running:

@@ -41,6 +41,9 @@ class ProcedureMeta:
         """`time.monotonic()` when it ended, for the metadata TTL."""
         self.abandoned = False
         """Set by `stop()`: no more state changes will come from this process."""
+        self.inherited = False
+        """Resumed from the store at start (not submitted to this manager): a former leader
+        may still have a write of it in flight, so its keys are deleted after a grace period."""
         self.keep_keys = False
         """Its stored keys must survive the tree's deletion (rollback failed, unreadable)."""
         self._state = state

@@ -36,8 +36,15 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
             ctx.stored.unreadable[problem.procedure_id] = problem
     alive = set(loaded.messages) | set(loaded.rollback_messages) | loaded.unreadable_ids
 
+    if loaded.stray_ids:
+        logger.warning(
+            "deleting %d procedure folders without a step 0 (keys re-created by a late write of a paused former "
+            "leader after the procedure had finished): %s",
+            len(loaded.stray_ids),
+            ", ".join(map(str, loaded.stray_ids[:10])),
+        )
     with collector_paused():
-        to_delete = _plan_finished(ctx, loaded, alive)
+        to_delete = _plan_finished(ctx, loaded, alive) + loaded.stray_ids
         rolling_back_roots = _plan_unfinished(
             ctx, loaded.rollback_messages, alive, rolling_back=True, problems=problems
         )
@@ -135,4 +142,5 @@ def _resume_root(
         state = ProcedureState.running()
     meta = ctx.new_meta(pid, message.type_name, message.parent_id, procedure, state)
     meta.is_root = True
+    meta.inherited = True
     Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=not rolling_back).start()

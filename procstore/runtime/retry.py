@@ -3,14 +3,16 @@
 `max_retry_times` counts retries of one step (attempts = retries + 1); the delay before
 retry n is `retry_delay * 2**(n-1)` plus up to `retry_delay` of random jitter, capped at
 `max_retry_delay`, so that many procedures failing together do not retry in lockstep.
+A `RetryBudget` shared by the manager's procedures caps the rate of retries in total.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tenacity import (
@@ -38,11 +40,59 @@ def is_any_error(exc: BaseException) -> bool:
     return isinstance(exc, Exception)
 
 
+class RetryBudget:
+    """The retries a manager may start, shared by all its procedures: a token bucket.
+
+    Each retry takes a token; tokens come back at `rate` per second, up to `burst`. A
+    retry that finds the bucket empty waits for the next token, so when the store fails
+    for everyone at once (an S3 503 storm, a network blip) the manager retries at `rate`
+    per second in total instead of once per procedure per backoff: it cannot turn an
+    outage into a retry storm. Each step still gives up after `max_retry_times` retries.
+    """
+
+    def __init__(self, rate: float = 20.0, burst: int = 100) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError(f"retry budget needs rate > 0 and burst >= 1, got {rate}, {burst}")
+        self.rate = rate
+        self.burst = burst
+        self.retries = 0
+        """Retries started so far."""
+        self.waited = 0.0
+        """Seconds retries spent waiting for a token, in total."""
+        self._tokens = float(burst)
+        self._updated = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.rate)
+        self._updated = now
+
+    async def take(self) -> None:
+        """Take one token, waiting for it if the bucket is empty (first come, first served)."""
+        async with self._lock:
+            self._refill()
+            if self._tokens < 1:
+                wait = (1 - self._tokens) / self.rate
+                self.waited += wait
+                await asyncio.sleep(wait)
+                self._refill()
+            self._tokens -= 1
+            self.retries += 1
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     max_retry_times: int = 3
     retry_delay: float = 0.5
     max_retry_delay: float = 30.0
+    budget: RetryBudget | None = field(default=None, compare=False)
+    """Shared by every procedure of a manager; None: no limit on the rate of retries."""
+
+    async def _sleep(self, delay: float) -> None:
+        if self.budget is not None:
+            await self.budget.take()
+        await asyncio.sleep(delay)
 
     def __post_init__(self) -> None:
         if self.max_retry_times < 0:
@@ -73,7 +123,7 @@ class RetryPolicy:
         delay = min(self.retry_delay + random.uniform(0, self.retry_delay), self.max_retry_delay)
         if on_retry is not None:
             on_retry(first, 1, delay)
-        await asyncio.sleep(delay)
+        await self._sleep(delay)
 
         def before_sleep(state: RetryCallState) -> None:
             if on_retry is None or state.outcome is None:
@@ -91,6 +141,7 @@ class RetryPolicy:
             ),
             retry=retry_if_exception(retry_on),
             before_sleep=before_sleep,
+            sleep=self._sleep,
             reraise=True,
         )
         attempt = 1

@@ -14,12 +14,14 @@ children first and itself last, so a crash part way still leaves it marked finis
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 
 from procstore.aio import gather_settled
-from procstore.errors import Fenced, LockConflict, ProcedureError
+from procstore.errors import Fenced, LeaseExpired, LockConflict, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
@@ -85,6 +87,10 @@ class Runner:
             if self._resume_children:
                 await self._resume_stored_children()
             await self._drive()
+        except LeaseExpired as e:
+            # The lease may be another manager's now: not a failure, the procedure resumes there.
+            self.meta.abandon()
+            self.ctx.step_down(e)
         except Fenced as e:
             # Another manager wrote this step key: it runs the procedure now. Write nothing more.
             self.meta.keep_keys = True
@@ -333,9 +339,20 @@ class Runner:
             self.meta.keep_keys = True
         if self.meta.is_root:
             ids = self.ctx.tree_ids(self.meta)
+            wait = self.ctx.inherited_deletes_after - time.monotonic() if self.meta.inherited else 0.0
+            if wait > 0:
+                # A paused former leader's late write could re-create a key deleted now.
+                self.meta.set_state(state)
+                self.ctx.spawn(self._delete_tree_later(ids, wait), name=f"procstore:delete-later:{self.meta.id}")
+                return
             await self._delete_tree(ids)
             self.ctx.on_tree_finished(ids)
         self.meta.set_state(state)
+
+    async def _delete_tree_later(self, ids: list[ProcedureId], delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self._delete_tree(ids)
+        self.ctx.on_tree_finished(ids)
 
     async def _delete_tree(self, ids: list[ProcedureId]) -> None:
         doomed = [

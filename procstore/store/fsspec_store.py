@@ -16,6 +16,7 @@ from fsspec.spec import AbstractFileSystem
 
 from procstore.aio import run_blocking
 from procstore.store.errors import store_errors, unavailable
+from procstore.store.guarded import SEND_GUARD
 from procstore.store.state_store import StateStore
 
 T = TypeVar("T")
@@ -63,6 +64,12 @@ class FsspecStore(StateStore):
         if self._inline:
             return sync_method(*args, **kwargs)
         return await run_blocking(lambda: sync_method(*args, **kwargs))
+
+    async def _install_send_guard(self) -> None:
+        """Have botocore call the `SEND_GUARD` of the write in progress right before it sends
+        each request that changes the bucket (registering twice is a no-op)."""
+        client = await self.fs.set_session()
+        client.meta.events.register("before-send.s3", _check_send_guard, unique_id="procstore-send-guard")
 
     async def _pipe(self, key: str, value: bytes, **kwargs: Any) -> None:
         path = self._full(key)
@@ -189,6 +196,8 @@ class FsspecStore(StateStore):
             if self.protocol in ("s3", "s3a", "gs", "gcs"):
                 bucket = self.root.split("/", 1)[0]
                 await self._call("ls", bucket)
+                if self._s3:
+                    await self._install_send_guard()
             else:
                 await self.walk("")
         except Exception as e:
@@ -231,3 +240,9 @@ def _modified(info: dict[str, Any]) -> float | None:
             except ValueError:
                 continue
     return None
+
+
+def _check_send_guard(request: Any, **_: Any) -> None:
+    guard = SEND_GUARD.get()
+    if guard is not None and request.method in ("PUT", "POST", "DELETE"):
+        guard(str(request.url))

@@ -25,6 +25,7 @@ from procstore.store.state_store import StateStore
 logger = logging.getLogger("procstore.store")
 
 _DELETE_CONCURRENCY = 32
+_REREAD_DELAYS = (0.05, 0.5, 2.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,9 @@ class ProcedureMessages:
     """Each committed procedure's last `.step` message (its parent and type), None if unreadable."""
     problems: list[LoadProblem] = field(default_factory=list)
     """Procedures skipped because their highest value could not be read."""
+    stray_ids: list[ProcedureId] = field(default_factory=list)
+    """Unfinished-looking procedures with no key at step 0 (with `skip_strays`): keys of a
+    finished, deleted procedure re-created by a late write of a paused former leader."""
 
     @property
     def unreadable_ids(self) -> set[ProcedureId]:
@@ -72,11 +76,15 @@ class ProcedureMessages:
 class ProcedureStore:
     """Reads and writes procedures under `{parent_path}procedure/` of a `StateStore`."""
 
-    def __init__(self, store: StateStore, parent_path: str = "") -> None:
+    def __init__(self, store: StateStore, parent_path: str = "", *, skip_strays: bool = False) -> None:
         if parent_path and not parent_path.endswith("/"):
             parent_path += "/"
         self.store = store
         self.proc_path = f"{parent_path}{PROC_PATH}"
+        self.skip_strays = skip_strays
+        """Whether `load_messages` sets apart unfinished-looking procedures with no key at
+        step 0 (`ProcedureMessages.stray_ids`). Only managers sharing a store by lease can
+        leave those; a single manager loads them as usual (a store written by hand, say)."""
 
     def key(self, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
         return str(ParsedKey(self.proc_path, procedure_id, step, key_type))
@@ -168,21 +176,44 @@ class ProcedureStore:
         """Scan every procedure and classify it by its highest key (the latest-step rule)."""
         keys = await self.store.walk(self.proc_path)
         with collector_paused():
-            latest_of, to_read = self._latest_keys(keys)
-        values = await self.store.get_many([str(k) for k in to_read])
+            latest_of, to_read, stray = self._latest_keys(keys)
+        values = await self._read_all([str(k) for k in to_read])
         with collector_paused():
-            return self._classify(latest_of, dict(zip((k.procedure_id for k in to_read), values, strict=True)))
+            result = self._classify(latest_of, dict(zip((k.procedure_id for k in to_read), values, strict=True)))
+        result.stray_ids = stray
+        return result
 
-    def _latest_keys(self, keys: list[str]) -> tuple[dict[ProcedureId, ParsedKey], list[ParsedKey]]:
-        """Each procedure's latest key, and the keys to read: the latest, or for a committed
-        procedure its last `.step` (its parent and type)."""
+    async def _read_all(self, keys: list[str]) -> list[bytes | Exception | None]:
+        """`get_many`, reading again what failed (a 503, a reset): a procedure skipped for a
+        transient error would wait for the next start."""
+        values = await self.store.get_many(keys)
+        for delay in _REREAD_DELAYS:
+            failed = [i for i, v in enumerate(values) if isinstance(v, Exception)]
+            if not failed:
+                break
+            await asyncio.sleep(delay)
+            again = await self.store.get_many([keys[i] for i in failed])
+            for i, value in zip(failed, again, strict=True):
+                values[i] = value
+        return values
+
+    def _latest_keys(self, keys: list[str]) -> tuple[dict[ProcedureId, ParsedKey], list[ParsedKey], list[ProcedureId]]:
+        """Each procedure's latest key, the keys to read (the latest, or for a committed
+        procedure its last `.step`: its parent and type), and the stray procedures.
+
+        Steps are numbered from 0 without gaps and only a finished procedure loses keys, so an
+        unfinished one always has a key at step 0 (GreptimeDB's too)."""
         grouped = KeysByProcedure.group(self.proc_path, keys)
         for key in grouped.others:
             logger.warning("ignoring a key that is not a procedure key: %s", key)
         to_read: list[ParsedKey] = []
         latest_of: dict[ProcedureId, ParsedKey] = {}
+        stray: list[ProcedureId] = []
         for pid, found in grouped.steps.items():
             step, key_type = max(found, key=_latest_first)
+            if self.skip_strays and key_type is not KeyType.COMMIT and step > 0 and min(k[0] for k in found) > 0:
+                stray.append(pid)
+                continue
             latest = latest_of[pid] = ParsedKey(self.proc_path, pid, step, key_type)
             if key_type is not KeyType.COMMIT:
                 to_read.append(latest)
@@ -190,7 +221,7 @@ class ProcedureStore:
                 last_step = max((k[0] for k in found if k[1] is KeyType.STEP), default=None)
                 if last_step is not None:
                     to_read.append(ParsedKey(self.proc_path, pid, last_step, KeyType.STEP))
-        return latest_of, to_read
+        return latest_of, to_read, stray
 
     def _classify(
         self, latest_of: dict[ProcedureId, ParsedKey], read: dict[ProcedureId, bytes | Exception | None]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from procstore import ProcedureId, ProcedureManager, ProcedureWithId
+from procstore import Lease, ProcedureId, ProcedureManager, ProcedureWithId
 from procstore.store import LocalDirStore
 from procstore.testing import FaultyStore
 from tests.conftest import StoreTarget
@@ -185,3 +185,28 @@ async def test_stale_temp_files_are_removed_after_start(tmp_path: Path) -> None:
         assert manager.list_procedures() == []  # temp files are never procedure keys
         await eventually(lambda: not stale.exists())
         assert fresh.exists()  # younger than an hour: it may be a live writer's
+
+
+async def test_a_folder_without_a_step_0_is_a_late_write_deleted_not_run(tmp_path: Path) -> None:
+    """With a lease, a paused former leader's write may re-create `4.step` of a procedure that
+    had finished and been deleted: resuming it would run its last step a second time. (A
+    single manager resumes such a folder: `test_message_step_follows_the_key`.)"""
+    world = World.new()
+    stray = "5b0c3f6e-2d4a-4c8e-9f1a-7e6d5c4b3a21"
+    write_raw(
+        tmp_path,
+        f"procedure/{stray}/0000000004.step",
+        greptime_step("test::Steps", json.dumps({"world": world.name, "steps": 6, "at": 5}), 4),
+    )
+    live = "6c1d4a7f-3e5b-4d9f-8a2b-8f7e6d5c4b32"
+    write_raw(
+        tmp_path,
+        f"procedure/{live}/0000000000.step",
+        greptime_step("test::Steps", json.dumps({"world": world.name, "steps": 2, "at": 1}), 0),
+    )
+    async with manager_for(StoreTarget("local", str(tmp_path)), lease=Lease(ttl=5)) as manager:
+        state = await wait_for_state(manager, ProcedureId.parse(live))
+        assert state.is_done()
+        assert manager.procedure_state(ProcedureId.parse(stray)) is None
+    assert not (tmp_path / "procedure" / stray).exists()
+    assert world.counts["steps/5"] == 0

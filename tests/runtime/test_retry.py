@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+
 import pytest
 
-from procstore import RetryLater
+from procstore import RetryBudget, RetryLater
 from procstore.runtime import RetryPolicy
 
 
@@ -65,3 +68,29 @@ async def test_delays_are_capped() -> None:
     with pytest.raises(RetryLater):
         await policy.call(always, on_retry=lambda exc, n, delay: delays.append(delay))
     assert len(delays) == 6 and max(delays) <= 0.004 + 1e-9
+
+
+async def test_a_shared_budget_makes_retries_beyond_its_burst_wait_their_turn() -> None:
+    budget = RetryBudget(rate=1000.0, burst=3)
+    policy = RetryPolicy(max_retry_times=2, retry_delay=0.0, budget=budget)
+    failed: set[int] = set()
+
+    def flaky(n: int) -> Callable[[int], Awaitable[int]]:
+        async def attempt(_attempt: int) -> int:
+            if n not in failed:
+                failed.add(n)
+                raise RetryLater("not yet")
+            return n
+
+        return attempt
+
+    results = await asyncio.gather(*(policy.call(flaky(n)) for n in range(10)))
+    assert results == list(range(10))
+    assert budget.retries == 10
+    # Three retries found tokens; the others waited for theirs.
+    assert budget.waited > 0
+
+
+def test_a_retry_budget_needs_a_positive_rate() -> None:
+    with pytest.raises(ValueError, match="rate > 0"):
+        RetryBudget(rate=0)

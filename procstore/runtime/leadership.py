@@ -1,0 +1,151 @@
+"""`Leadership`: the task that keeps a manager's lease, and starts and ends its terms.
+
+A manager with `lease=` is a standby until it wins the lease; it then begins a term (a
+fresh context that recovers everything the store holds, as `start()` does) and renews the
+lease every `ttl / 4` seconds. The term ends, with every runner cancelled and awaited,
+when:
+
+- the lease is found held by another manager (a renewal's compare-and-swap is refused);
+- no renewal succeeded in time: at `ttl - stop_margin` seconds after the last renewal was
+  sent, before any standby can take over (see `procstore.runtime.lease` for the clocks);
+- a runner was refused a write because the lease ran out (`LeaseExpired`), which can
+  happen before this task notices, for instance after the process was paused.
+
+A runner that finds another manager's value in a step key while this manager still holds
+the lease (the late write of a paused former leader) makes the term restart: the new
+term reloads every procedure from the store, that value included, and goes on from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Protocol
+
+from procstore.errors import Fenced, LeaseExpired, StoreError
+from procstore.runtime.lease import LEASE_KEY, Lease, LeaseKeeper
+from procstore.store.state_store import StateStore
+
+logger = logging.getLogger("procstore.lease")
+
+
+class Terms(Protocol):
+    """What `Leadership` drives: the manager."""
+
+    def begin_term(self) -> None: ...
+
+    async def wait_recovered(self) -> None: ...
+
+    def recovery_error(self) -> BaseException | None: ...
+
+    async def end_term(self) -> None: ...
+
+
+class Leadership:
+    """Owns the `LeaseKeeper` and the `procstore:lease` task of one manager."""
+
+    def __init__(self, terms: Terms, store: StateStore, lease: Lease, parent_path: str = "") -> None:
+        if parent_path and not parent_path.endswith("/"):
+            parent_path += "/"
+        self.terms = terms
+        self.keeper = LeaseKeeper(store, f"{parent_path}{LEASE_KEY}", lease)
+        self.is_leading = False
+        """Between `begin_term` and `end_term` (the lease itself may lapse first)."""
+        self._task: asyncio.Task[None] | None = None
+        self._broken = asyncio.Event()
+        self._leading_changed = asyncio.Event()
+
+    async def start(self) -> None:
+        """Try the lease once (leading at once if it is free), then keep at it in a task."""
+        leading = await self.keeper.acquire_once()
+        if leading:
+            self._begin()
+        # Renewals must run while a long recovery does.
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="procstore:lease")
+        if leading:
+            await self.terms.wait_recovered()
+
+    async def stop(self) -> None:
+        """Cancel the task; the manager then ends the term and releases the lease."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def on_fenced(self, fenced: Fenced) -> None:
+        """A runner was fenced: let the task end or restart the term (never from the runner)."""
+        if isinstance(fenced, LeaseExpired):
+            logger.error("%s", fenced)
+        else:
+            logger.warning("%s; reloading every procedure from the store", fenced)
+        self._broken.set()
+
+    async def wait_until_leading(self) -> None:
+        while not self.is_leading:
+            self._leading_changed.clear()
+            await self._leading_changed.wait()
+
+    def _begin(self) -> None:
+        """Begin a term; its recovery runs in its own task, so renewals go on meanwhile."""
+        self._broken.clear()
+        epoch = self.keeper.record.epoch if self.keeper.record else 0
+        logger.info("%s leads (lease epoch %d)", self.keeper.holder, epoch)
+        self.terms.begin_term()
+        self.is_leading = True
+        self._leading_changed.set()
+
+    async def _end(self, why: str) -> None:
+        if self.is_leading:
+            logger.warning("%s stops leading: %s", self.keeper.holder, why)
+        self.is_leading = False
+        self._leading_changed.set()
+        await self.terms.end_term()
+
+    async def _run(self) -> None:
+        interval = self.keeper.lease.renew_interval
+        while True:
+            if not self.is_leading:
+                await self._stand_by(interval)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._broken.wait(), timeout=min(interval, max(self.keeper.seconds_left, 0)))
+            if self._broken.is_set():
+                holding = self.keeper.is_holding
+                await self._end("a runner was fenced" if holding else "the lease ran out before a write")
+                if holding:
+                    self._begin()
+                continue
+            if (error := self.terms.recovery_error()) is not None:
+                # Leading without running anything helps nobody: give the lease up, so that
+                # this or another manager tries again.
+                self.keeper.give_up()
+                await self._end(f"recovery failed: {type(error).__name__}: {error}")
+                await self.keeper.release()
+                continue
+            await self._renew()
+
+    async def _stand_by(self, interval: float) -> None:
+        try:
+            won = await self.keeper.acquire_once()
+        except StoreError as e:
+            logger.warning("cannot look at the lease: %s", e)
+            won = False
+        if won:
+            self._begin()
+        else:
+            await asyncio.sleep(interval)
+
+    async def _renew(self) -> None:
+        keeper = self.keeper
+        if keeper.seconds_left <= 0:
+            keeper.give_up()
+            await self._end("no renewal succeeded in time")
+            return
+        try:
+            renewed = await asyncio.wait_for(keeper.renew_once(), timeout=keeper.seconds_left)
+        except (StoreError, TimeoutError) as e:
+            logger.warning("lease renewal failed (%s); %.2fs left to renew", e or type(e).__name__, keeper.seconds_left)
+            return
+        if not renewed:
+            await self._end(f"the lease is held by {keeper.leader}")

@@ -1,0 +1,296 @@
+"""Leadership through the store: one lease object, renewed by compare-and-swap.
+
+Several managers on one store elect a leader without any other service. The lease is a
+small JSON object (`LeaseRecord`) at `{parent_path}lease/procedures.json`. The holder
+rewrites it every `ttl / 4` seconds with `put_if_version` (S3 `If-Match`, a file lock
+locally); a standby that sees the same version for longer than the TTL replaces it, again
+by compare-and-swap, so exactly one standby wins.
+
+Clocks. No two machines' wall clocks are compared. Each side measures on its own
+`time.monotonic()`:
+
+- the holder counts its lease from the moment it *sent* the renewal that succeeded, and
+  stops writing `stop_margin` before `ttl` has passed since then;
+- a standby counts from the moment a *read* returned a version it had not seen, and takes
+  over only after `ttl * (1 + drift)` more seconds without a change.
+
+A read that returns a version ends after that version was written, which was after its
+writer sent it, so the holder's window closes first provided the two clocks' *rates*
+differ by less than `drift` (5% by default; quartz clocks differ by about 0.01%) and a
+write reaches the store within `stop_margin` of being sent. A holder that is paused
+(SIGSTOP, a long GC, a frozen VM) past its lease learns it on waking: every write first
+checks the lease and is refused with `LeaseExpired`. A write already past that check when
+the pause began can still land late; step keys are create-only, so it cannot replace
+anything the new leader wrote (see README, "Many managers").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+
+import orjson
+
+from procstore.errors import LeaseExpired, StoreError
+from procstore.store.state_store import StateStore
+
+logger = logging.getLogger("procstore.lease")
+
+LEASE_KEY = "lease/procedures.json"
+"""Where the lease lives, under the manager's `parent_path`."""
+
+
+def default_holder_name() -> str:
+    """`host:pid:random`: unique per manager, and says where the leader runs."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """How a manager takes part in leadership (`ProcedureManager(url, lease=Lease())`).
+
+    Args:
+        ttl: seconds a lease lasts after its last renewal. A dead leader is replaced after
+            about `ttl * (1 + drift)` seconds; a shorter TTL also means more writes (four
+            renewals per TTL) and less slack for a slow store.
+        holder: this manager's name in the lease, which standbys report in `NotLeader`;
+            make it something a client can route to (`"cp-2.internal:7000"`). Must be
+            unique among the managers of a store.
+        drift: the largest relative difference between two managers' clock rates.
+        stop_margin: seconds before the lease would end at which a holder that could not
+            renew stops writing; covers the time a sent write takes to reach the store.
+            Defaults to a fifth of the TTL.
+        late_write_grace: seconds after winning the lease during which a procedure resumed
+            from the store keeps its keys when it finishes (they are deleted afterwards). A
+            former leader that was paused with a write already sent can deliver it when it
+            resumes; while the keys are there, that write cannot re-create one. Defaults to
+            five TTLs.
+    """
+
+    ttl: float = 10.0
+    holder: str = field(default_factory=default_holder_name)
+    drift: float = 0.05
+    stop_margin: float | None = None
+    late_write_grace: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.ttl <= 0:
+            raise ValueError(f"lease ttl must be > 0, got {self.ttl}")
+        if not 0 <= self.drift < 1:
+            raise ValueError(f"lease drift must be in [0, 1), got {self.drift}")
+        if not self.holder:
+            raise ValueError("lease holder must not be empty")
+        if self.stop_margin is not None and not 0 <= self.stop_margin < self.ttl:
+            raise ValueError(f"lease stop_margin must be in [0, ttl), got {self.stop_margin}")
+
+    @classmethod
+    def from_option(cls, option: Lease | float | bool | None) -> Lease | None:
+        """`ProcedureManager`'s `lease=`: a `Lease`, a TTL in seconds, True (defaults), or off."""
+        if option is None or option is False:
+            return None
+        if option is True:
+            return cls()
+        if isinstance(option, Lease):
+            return option
+        return cls(ttl=float(option))
+
+    @property
+    def margin(self) -> float:
+        return self.ttl / 5 if self.stop_margin is None else self.stop_margin
+
+    @property
+    def grace(self) -> float:
+        return 5 * self.ttl if self.late_write_grace is None else self.late_write_grace
+
+    @property
+    def renew_interval(self) -> float:
+        """How often the holder renews, and how often a standby looks."""
+        return self.ttl / 4
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """The stored lease. Every write changes `renewal`, so no two writes have equal bytes."""
+
+    holder: str
+    epoch: int
+    """Counts leaderships: each takeover adds one."""
+    renewal: int
+    ttl: float
+    released: bool = False
+    """Set by a holder that stopped cleanly: a standby may take over at once."""
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {
+                "holder": self.holder,
+                "epoch": self.epoch,
+                "renewal": self.renewal,
+                "ttl": self.ttl,
+                "released": self.released,
+            }
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> LeaseRecord:
+        """Raises `ValueError` naming what is wrong."""
+        try:
+            obj = orjson.loads(raw)
+            record = cls(
+                holder=str(obj["holder"]),
+                epoch=int(obj["epoch"]),
+                renewal=int(obj["renewal"]),
+                ttl=float(obj["ttl"]),
+                released=bool(obj.get("released", False)),
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a lease record ({type(e).__name__}: {e}): {raw[:200]!r}") from e
+        return record
+
+
+class LeaseKeeper:
+    """One manager's view of the lease: acquiring, renewing, checking before each write.
+
+    Not a task: the manager calls `acquire_once` and `renew_once` from its own loop, so
+    every store call here happens where the caller can see and time it.
+    """
+
+    def __init__(self, store: StateStore, key: str, lease: Lease) -> None:
+        self.store = store
+        self.key = key
+        self.lease = lease
+        self.record: LeaseRecord | None = None
+        """The last record seen or written."""
+        self._version: str | None = None
+        self._seen_at = 0.0
+        self._writable_until = 0.0
+        """`time.monotonic()` after which this manager must not write (0 if not holding)."""
+
+    @property
+    def holder(self) -> str:
+        return self.lease.holder
+
+    @property
+    def is_holding(self) -> bool:
+        """Whether this manager holds the lease and may still write."""
+        return time.monotonic() < self._writable_until
+
+    @property
+    def seconds_left(self) -> float:
+        """Seconds until this manager must have stopped writing (<= 0: not holding)."""
+        return self._writable_until - time.monotonic()
+
+    @property
+    def leader(self) -> str | None:
+        """The holder named by the last record seen, unless it released the lease."""
+        if self.is_holding:
+            return self.holder
+        record = self.record
+        return None if record is None or record.released else record.holder
+
+    def check_writable(self, key: str) -> None:
+        """Raise `LeaseExpired` unless this manager may still write (called before each write)."""
+        if time.monotonic() >= self._writable_until:
+            raise LeaseExpired(key, self.holder, self._why_not_holding())
+
+    def _why_not_holding(self) -> str:
+        if self._writable_until == 0.0:
+            return "it does not hold it"
+        return f"its lease ran out {time.monotonic() - self._writable_until:.2f}s ago without a renewal"
+
+    def give_up(self) -> None:
+        """Stop writing at once (the manager lost the lease or is stopping)."""
+        self._writable_until = 0.0
+
+    async def _read(self) -> tuple[LeaseRecord, str] | None:
+        found = await self.store.get_versioned(self.key)
+        if found is None:
+            return None
+        raw, version = found
+        try:
+            return LeaseRecord.decode(raw), version
+        except ValueError as e:
+            raise StoreError(
+                f"{self.store.url}{self.key}: {e}. "
+                "Stop every manager of this store, delete the key and start them again",
+                key=self.key,
+            ) from e
+
+    async def _write(self, record: LeaseRecord, version: str | None) -> bool:
+        """Compare-and-swap `record` in; on success the lease runs from before the send."""
+        sent_at = time.monotonic()
+        await self.store.put_if_version(self.key, record.encode(), version)
+        # Read back whatever the swap answered: it gives the version for the next swap, and
+        # a refused swap may be our own earlier attempt whose answer was lost (records never
+        # repeat, so equal bytes are ours).
+        found = await self._read()
+        self._seen_at = time.monotonic()
+        if found is None:
+            self.record, self._version = None, None
+            return False
+        self.record, self._version = found
+        if found[0] != record:
+            return False
+        self._writable_until = sent_at + self.lease.ttl - self.lease.margin
+        return True
+
+    async def acquire_once(self) -> bool:
+        """Look at the lease once; take it if it is free, released or expired. True if held now.
+
+        Raises `StoreError` if the store cannot be read or written.
+        """
+        found = await self._read()
+        now = time.monotonic()
+        if found is None:
+            return await self._write(LeaseRecord(self.holder, 1, 0, self.lease.ttl), None)
+        record, version = found
+        if version != self._version:
+            self.record, self._version, self._seen_at = record, version, now
+        expired = now - self._seen_at >= record.ttl * (1 + self.lease.drift)
+        if not (record.released or expired):
+            return False
+        if expired and not record.released:
+            logger.warning(
+                "lease of %s (epoch %d) not renewed for %.1fs: %s takes over",
+                record.holder,
+                record.epoch,
+                now - self._seen_at,
+                self.holder,
+            )
+        return await self._write(LeaseRecord(self.holder, record.epoch + 1, 0, self.lease.ttl), version)
+
+    async def renew_once(self) -> bool:
+        """Extend the lease; False if another manager holds it now (this one must stop).
+
+        Raises `StoreError` if the store could not be reached: try again until
+        `seconds_left` runs out.
+        """
+        record = self.record
+        if record is None or not self.is_holding:
+            return False
+        renewed = replace(record, renewal=record.renewal + 1, ttl=self.lease.ttl)
+        if await self._write(renewed, self._version):
+            return True
+        self.give_up()
+        return False
+
+    async def release(self) -> None:
+        """Mark the lease released so a standby takes over without waiting for the TTL.
+
+        Call only once nothing more will be written. Errors are logged: an unreleased lease
+        simply expires.
+        """
+        record = self.record
+        if record is None or record.holder != self.holder or self._writable_until == 0.0:
+            return
+        self.give_up()
+        try:
+            await self.store.put_if_version(
+                self.key, replace(record, renewal=record.renewal + 1, released=True).encode(), self._version
+            )
+        except StoreError as e:
+            logger.warning("could not release the lease (%s); it expires in %.0fs", e, record.ttl)

@@ -1,0 +1,127 @@
+"""One manager process of the multi-process tests: `python -m tests.multiprocess.worker`.
+
+It runs a `ProcedureManager` with a lease on an S3 bucket (a moto server), reports on
+stdout when it leads or stops leading, and, with `--submit N`, submits N `Work`
+procedures (ids derived from `--seed`) as soon as it leads. It runs until killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import uuid
+from typing import Any
+
+from procstore import (
+    Context,
+    Lease,
+    LockKey,
+    Procedure,
+    ProcedureId,
+    ProcedureManager,
+    ProcedureWithId,
+    Status,
+    StringKey,
+)
+
+
+class Work(Procedure):
+    """`steps` persisted steps of `sleep` seconds each, holding the lock of its slot."""
+
+    type_name = "multiprocess::Work"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    async def execute(self, ctx: Context) -> Status:
+        await asyncio.sleep(self.data["sleep"])
+        self.data["at"] += 1
+        if self.data["at"] >= self.data["steps"]:
+            return Status.done(self.data["i"])
+        return Status.executing(persist=True)
+
+    def dump(self) -> str:
+        return json.dumps(self.data, sort_keys=True)
+
+    @classmethod
+    def load(cls, data: str) -> Work:
+        return cls(json.loads(data))
+
+    def lock_key(self) -> LockKey:
+        return LockKey([StringKey.exclusive(f"slot/{self.data['i'] % self.data['slots']}")])
+
+
+def procedure_ids(seed: str, n: int) -> list[ProcedureId]:
+    return [ProcedureId.parse(str(uuid.uuid5(uuid.NAMESPACE_URL, f"{seed}/{i}"))) for i in range(n)]
+
+
+def say(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+async def run(args: argparse.Namespace) -> None:
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "endpoint_url": args.endpoint,
+        "config_kwargs": {
+            "user_agent_extra": f"procstore-client/{args.name}",
+            "read_timeout": args.read_timeout,
+            "connect_timeout": args.read_timeout,
+            "retries": {"max_attempts": args.botocore_attempts, "mode": "standard"},
+        },
+    }
+    manager = ProcedureManager(
+        f"s3://{args.bucket}/cp/",
+        options,
+        lease=Lease(ttl=args.ttl, holder=args.name),
+        max_running_procedures=10_000,
+        retry_delay=0.05,
+        max_retry_delay=1.0,
+        max_retry_times=8,
+    )
+    manager.register(Work)
+    await manager.start()
+    say("started", leader=manager.is_leader)
+    if args.submit:
+        await manager.wait_until_leading()
+        ids = procedure_ids(args.seed, args.submit)
+        for i, pid in enumerate(ids):
+            data = {"i": i, "at": 0, "steps": args.steps, "sleep": args.sleep, "slots": args.slots}
+            await manager.submit(ProcedureWithId(pid, Work(data)))
+        say("submitted", n=len(ids))
+    leading = None
+    reported = -1
+    while True:
+        if manager.is_leader != leading:
+            leading = manager.is_leader
+            say("leading" if leading else "standing-by", leader=manager.leader)
+        if manager.retry_budget.retries != reported:
+            reported = manager.retry_budget.retries
+            say("retries", retries=reported, waited=manager.retry_budget.waited)
+        await asyncio.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--bucket", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--ttl", type=float, default=2.0)
+    parser.add_argument("--submit", type=int, default=0)
+    parser.add_argument("--seed", default="procs")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--sleep", type=float, default=0.2)
+    parser.add_argument("--slots", type=int, default=25)
+    parser.add_argument("--read-timeout", type=float, default=2.0)
+    parser.add_argument("--botocore-attempts", type=int, default=3, help="1: procstore retries every failure itself")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format=f"{args.name} %(name)s %(message)s")
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Leadership by lease: one manager runs procedures, the others stand by and take over."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from procstore import NotLeader, ProcedureManager, StoreUnavailable
+from procstore.runtime.lease import LEASE_KEY, Lease, LeaseRecord
+from procstore.store import open_state_store
+from procstore.store.state_store import StateStore
+from procstore.testing import Fault, FaultyStore
+from tests.conftest import StoreTarget
+from tests.procedures import World
+from tests.runtime.helpers import blocker, eventually, manager_for, steps
+
+TTL = 1.0
+
+
+def leased(target: StoreTarget | StateStore, name: str, **options: object) -> ProcedureManager:
+    return manager_for(target, lease=Lease(ttl=TTL, holder=name), **options)
+
+
+@pytest.fixture(params=["local", "s3", "memory"])
+def shared_target(request: pytest.FixtureRequest) -> StoreTarget:
+    target: StoreTarget = request.getfixturevalue(f"{request.param}_target")
+    return target
+
+
+def test_lease_record_round_trips() -> None:
+    record = LeaseRecord("cp-1:7000", 3, 17, 10.0)
+    assert LeaseRecord.decode(record.encode()) == record
+    assert record.encode() == b'{"holder":"cp-1:7000","epoch":3,"renewal":17,"ttl":10.0,"released":false}'
+    with pytest.raises(ValueError, match="not a lease record"):
+        LeaseRecord.decode(b'{"holder": "x"}')
+
+
+async def test_one_leads_the_other_stands_by_and_refuses_submissions(shared_target: StoreTarget) -> None:
+    world = World.new()
+    first, second = leased(shared_target, "cp-1"), leased(shared_target, "cp-2")
+    await first.start()
+    await second.start()
+    try:
+        assert first.is_leader and not second.is_leader
+        assert second.leader == "cp-1"
+        with pytest.raises(NotLeader, match="cp-2 is a standby.*the leader is 'cp-1'") as raised:
+            await second.submit(steps(world, 1))
+        assert raised.value.leader == "cp-1"
+        watcher = await first.submit(steps(world, 2))
+        assert await watcher.wait() == "steps done"
+        # Renewals keep the standby waiting well past one TTL.
+        await asyncio.sleep(TTL * 2.5)
+        assert first.is_leader and not second.is_leader
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+async def test_a_standby_takes_over_a_dead_leader_and_resumes_its_work(shared_target: StoreTarget) -> None:
+    world = World.new()
+    gate, opened = blocker()
+    first, second = leased(shared_target, "cp-1"), leased(shared_target, "cp-2")
+    await first.start()
+    await second.start()
+    pid = (await first.submit(steps(world, 3, block=gate, block_at=2))).procedure_id
+    await eventually(lambda: world.counts["steps/1"] == 1)
+    # A dead leader: its tasks stop with no release, as under kill -9.
+    assert first._leadership is not None
+    await first._leadership.stop()
+    await first.end_term()
+    await second.wait_until_leading()
+    assert second.is_leader and second.leader == "cp-2"
+    opened.set()
+    watcher = second.procedure_watcher(pid)
+    assert watcher is not None
+    await asyncio.wait_for(watcher.wait(), 10)
+    await second.stop()
+    await first.stop()
+
+
+async def test_a_clean_stop_hands_over_at_once(shared_target: StoreTarget) -> None:
+    first, second = leased(shared_target, "cp-1"), leased(shared_target, "cp-2")
+    await first.start()
+    await second.start()
+    await first.stop()
+    # Released: the standby needs one look (renew_interval), not a TTL.
+    await asyncio.wait_for(second.wait_until_leading(), TTL)
+    await second.stop()
+
+
+async def test_a_holder_that_cannot_renew_stops_its_runners_before_the_lease_ends(local_target: StoreTarget) -> None:
+    world = World.new()
+    store = FaultyStore(open_state_store(local_target.url))
+    first = leased(store, "cp-1")
+    second = leased(local_target, "cp-2")
+    await first.start()
+    await second.start()
+    gate, opened = blocker()
+    pid = (await first.submit(steps(world, 3, block=gate, block_at=1))).procedure_id
+    # From now on every write of the leader's fails: renewals too.
+    store.plan.faults.append(Fault("transient"))
+    await eventually(lambda: not first.is_leader, timeout=TTL * 2)
+    opened.set()
+    await second.wait_until_leading()
+    watcher = second.procedure_watcher(pid)
+    assert watcher is not None
+    await asyncio.wait_for(watcher.wait(), 10)
+    await first.stop()
+    await second.stop()
+    await store.inner.close()
+
+
+async def test_a_paused_leader_is_fenced_by_its_own_lease(local_target: StoreTarget) -> None:
+    """The event loop blocked past the lease (as a SIGSTOP would): the runner that wakes up
+    first is refused its write; nothing is written until the lease is won again."""
+    world = World.new()
+    store = FaultyStore(open_state_store(local_target.url))
+    manager = leased(store, "cp-1")
+    await manager.start()
+    gate, opened = blocker()
+    pid = (await manager.submit(steps(world, 3, block=gate, block_at=1))).procedure_id
+    await eventually(lambda: world.counts["steps/0"] == 1)
+    time.sleep(TTL * 1.2)  # noqa: ASYNC251 - the point: nothing in this process runs, no renewal, no runner
+    paused_at = len(store.ops)
+    opened.set()  # the runner may run before the lease task: its write of 2.step must be refused
+    await eventually(lambda: (s := manager.procedure_state(pid)) is not None and s.is_done(), timeout=10)
+    writes = [op for op in store.ops[paused_at:] if op.kind in ("put", "put_if_absent", "put_if_version")]
+    # The lease was taken again (epoch 2) before any step was written, and the new term
+    # resumed the procedure from the store.
+    assert writes[0].key == LEASE_KEY, writes[:3]
+    assert manager._leadership is not None and manager._leadership.keeper.record is not None
+    assert manager._leadership.keeper.record.epoch == 2
+    await manager.stop()
+    await store.inner.close()
+
+
+async def test_lease_mode_needs_compare_and_swap(wrapped_target: StoreTarget) -> None:
+    """fsspec's own local filesystem checks, then writes: no lease can be kept on it."""
+    manager = ProcedureManager(wrapped_target.url, wrapped_target.storage_options, lease=Lease(ttl=1))
+    with pytest.raises(StoreUnavailable, match="needs compare-and-swap and create-only writes"):
+        await manager.start()
+    assert not manager.is_running
+
+
+def test_lease_option_takes_a_lease_a_ttl_or_true() -> None:
+    assert Lease.from_option(None) is None and Lease.from_option(False) is None
+    default, three = Lease.from_option(True), Lease.from_option(3)
+    assert default is not None and default.ttl == 10.0
+    assert three is not None and three.ttl == 3.0
+    lease = Lease(ttl=2, holder="cp-1")
+    assert Lease.from_option(lease) is lease
+    with pytest.raises(ValueError, match="ttl must be > 0"):
+        Lease(ttl=0)
