@@ -140,7 +140,11 @@ class ProcedureManager:
         """Whether this manager runs procedures now: always once started, unless it has a lease
         and another manager holds it."""
         if self._leadership is not None:
-            return self._leadership.is_leading and self._ctx is not None and self._ctx.running
+            # Not before recovery has registered what the store holds: a submission racing
+            # with it could be found by it too.
+            recovering = self._recovering
+            recovered = recovering is not None and recovering.done() and self.recovery_error() is None
+            return self._leadership.is_leading and recovered and self._ctx is not None and self._ctx.running
         return self.is_running
 
     @property

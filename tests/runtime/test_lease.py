@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -153,3 +154,27 @@ def test_lease_option_takes_a_lease_a_ttl_or_true() -> None:
     assert Lease.from_option(lease) is lease
     with pytest.raises(ValueError, match="ttl must be > 0"):
         Lease(ttl=0)
+
+
+async def test_a_leader_that_finds_a_former_leaders_late_step_reloads_and_goes_on(
+    local_target: StoreTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The late write of a paused former leader lands before the new leader's own: different
+    bytes at the same step. The term restarts from the store, that step included."""
+    world = World.new()
+    manager = leased(local_target, "cp-2")
+    await manager.start()
+    gate, opened = blocker()
+    pid = (await manager.submit(steps(world, 4, block=gate, block_at=1))).procedure_id
+    await eventually(lambda: world.counts["steps/0"] == 1)
+    late = {"world": world.name, "steps": 4, "at": 2, "by": "the former leader"}
+    await manager.store.store_procedure(pid, 2, "test::Steps", json.dumps(late, sort_keys=True), None)
+    opened.set()  # the runner computes its own 2.step and finds the late one there
+    await eventually(lambda: (s := manager.procedure_state(pid)) is not None and s.is_done(), timeout=10)
+    assert manager.is_leader
+    assert [world.counts[f"steps/{at}"] for at in range(4)] == [1, 1, 1, 1]
+    assert "already written by another manager" in caplog.text and "reloading every procedure" in caplog.text
+    # The same lease (epoch 1): the term restarted, the leadership did not change hands.
+    assert manager._leadership is not None and manager._leadership.keeper.record is not None
+    assert manager._leadership.keeper.record.epoch == 1
+    await manager.stop()
