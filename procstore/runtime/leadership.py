@@ -143,7 +143,10 @@ class Leadership:
             await self._end("no renewal succeeded in time")
             return
         try:
-            renewed = await asyncio.wait_for(keeper.renew_once(), timeout=keeper.seconds_left)
+            # One attempt may not eat the whole lease: a request the store holds (a timeout)
+            # is given up after one interval and tried again, while there is time.
+            timeout = min(keeper.seconds_left, keeper.lease.renew_interval)
+            renewed = await asyncio.wait_for(keeper.renew_once(), timeout=timeout)
         except (StoreError, TimeoutError) as e:
             logger.warning("lease renewal failed (%s); %.2fs left to renew", e or type(e).__name__, keeper.seconds_left)
             return

@@ -69,6 +69,9 @@ class Lease:
             former leader that was paused with a write already sent can deliver it when it
             resumes; while the keys are there, that write cannot re-create one. Defaults to
             five TTLs.
+        adopt_interval: seconds between a leader's looks for procedures stored after its
+            recovery (by a submit that lost the lease while writing, or a late write); each
+            look lists the store. Defaults to three TTLs.
     """
 
     ttl: float = 10.0
@@ -76,6 +79,7 @@ class Lease:
     drift: float = 0.05
     stop_margin: float | None = None
     late_write_grace: float | None = None
+    adopt_interval: float | None = None
 
     def __post_init__(self) -> None:
         if self.ttl <= 0:
@@ -105,6 +109,10 @@ class Lease:
     @property
     def grace(self) -> float:
         return 5 * self.ttl if self.late_write_grace is None else self.late_write_grace
+
+    @property
+    def adopt_every(self) -> float:
+        return 3 * self.ttl if self.adopt_interval is None else self.adopt_interval
 
     @property
     def renew_interval(self) -> float:

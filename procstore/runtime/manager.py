@@ -12,10 +12,10 @@ from typing import Any, Self
 from procstore.errors import (
     DuplicateProcedure,
     Fenced,
-    LeaseExpired,
     LoaderConflict,
     ManagerNotStarted,
     NotLeader,
+    ProcedureError,
     StoreUnavailable,
     SubmissionsPaused,
     TooManyRunningProcedures,
@@ -25,13 +25,12 @@ from procstore.procedure import Procedure, ProcedureWithId
 from procstore.runtime.context import Loader, ManagerContext
 from procstore.runtime.leadership import Leadership
 from procstore.runtime.lease import Lease
-from procstore.runtime.recovery import recover
+from procstore.runtime.recovery import adopt_unknown, recover
 from procstore.runtime.retry import RetryBudget, RetryPolicy
 from procstore.runtime.runner import Runner, type_name_of
 from procstore.runtime.watcher import Watcher
 from procstore.state import ProcedureInfo, ProcedureState
 from procstore.store.guarded import GuardedStore
-from procstore.store.keys import KeyType
 from procstore.store.local import LocalDirStore
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
@@ -190,7 +189,10 @@ class ProcedureManager:
                 self.begin_term()
                 await self.wait_recovered()
             else:
-                self._leadership = Leadership(self, state_store, self.lease, self.parent_path)
+                # Its own client: renewals must not queue behind the runners' writes for a
+                # connection (botocore pools ten per client).
+                lease_store = self._given_store or open_state_store(self.url, self.storage_options)
+                self._leadership = Leadership(self, lease_store, self.lease, self.parent_path)
                 await self._leadership.start()
         except BaseException:
             await self.stop()
@@ -226,7 +228,7 @@ class ProcedureManager:
 
     async def _recover(self, ctx: ManagerContext) -> None:
         self.recovery_problems = await recover(ctx)
-        self._gc_task = asyncio.get_running_loop().create_task(self._collect_garbage(), name="procstore:gc")
+        self._gc_task = asyncio.get_running_loop().create_task(self._collect_garbage(ctx), name="procstore:gc")
 
     async def wait_recovered(self) -> None:
         """Wait for the term's recovery; raise its error."""
@@ -280,6 +282,8 @@ class ProcedureManager:
             await leadership.keeper.release()
         if self._given_store is None:
             await state_store.close()
+            if leadership is not None:
+                await leadership.keeper.store.close()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -307,9 +311,10 @@ class ProcedureManager:
         """Store the procedure's submitted state as its first step, then start running it.
 
         Durable: once this returns, the procedure is never lost, whatever crashes next.
-        Raises `ManagerNotStarted`, `NotLeader` (a standby), `SubmissionsPaused`,
-        `LeaseExpired` (the lease ran out while writing: the procedure may be stored, and
-        then the next leader runs it), `DuplicateProcedure` (the id is
+        With a lease, a procedure stored just as the lease was lost is run by the leader;
+        its watcher here raises `ManagerStopped`.
+        Raises `ManagerNotStarted`, `NotLeader` (a standby), `LeaseExpired` (the lease ran
+        out before the write: nothing was stored), `SubmissionsPaused`, `DuplicateProcedure` (the id is
         known here or already has stored steps), `TooManyRunningProcedures`, or a
         `StoreError` if the first write fails (then nothing runs).
         """
@@ -337,15 +342,14 @@ class ProcedureManager:
             self._submitting.discard(pid)
         if not created:
             raise DuplicateProcedure(pid, " in the store (it has stored steps)")
+        meta = ctx.new_meta(pid, type_name, None, proc, ProcedureState.running())
         if self._leadership is not None and not (ctx.running and self._leadership.keeper.is_holding):
-            raise LeaseExpired(
-                ctx.store.key(pid, 0, KeyType.STEP),
-                self._leadership.keeper.holder,
-                "it was lost while the procedure was being stored; if the write landed, the next leader runs it",
-            )
+            # Stored, but the lease was lost meanwhile: the leader runs it (its recovery, or
+            # its next look for procedures stored after recovery, finds it).
+            meta.abandon()
+            return Watcher(meta)
         if not ctx.running:
             raise ManagerNotStarted("submit")
-        meta = ctx.new_meta(pid, type_name, None, proc, ProcedureState.running())
         Runner(ctx, meta, proc, 1, data).start()
         return Watcher(meta)
 
@@ -368,15 +372,31 @@ class ProcedureManager:
         """Forget finished trees older than `metadata_ttl` now; returns how many procedures."""
         return 0 if self._ctx is None else self._ctx.remove_outdated_metadata(self.metadata_ttl)
 
-    async def _collect_garbage(self) -> None:
+    async def _collect_garbage(self, ctx: ManagerContext) -> None:
         # A second walk of the whole store would double start()'s cost; temp files left by a
         # crashed writer are invisible to loading and can go a moment later.
         await self._remove_stale_temps()
+        if self._leadership is not None:
+            await self._adopt_and_collect(ctx, self._leadership.keeper.lease.adopt_every)
         while True:
             await asyncio.sleep(self.gc_interval)
             removed = self.remove_outdated_metadata()
             if removed:
                 logger.debug("forgot %d finished procedures", removed)
+
+    async def _adopt_and_collect(self, ctx: ManagerContext, interval: float) -> None:
+        """A leader's housekeeping: adopt procedures stored after its recovery, forget old metadata."""
+        unknown: set[ProcedureId] = set()
+        next_gc = time.monotonic() + self.gc_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                unknown = await adopt_unknown(ctx, unknown, self._submitting)
+            except ProcedureError as e:
+                logger.warning("could not look for procedures stored after recovery: %s", e)
+            if time.monotonic() >= next_gc:
+                next_gc += self.gc_interval
+                self.remove_outdated_metadata()
 
     async def _remove_stale_temps(self) -> None:
         if self._ctx is not None and isinstance(self._state_store, LocalDirStore):

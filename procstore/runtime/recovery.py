@@ -144,3 +144,41 @@ def _resume_root(
     meta.is_root = True
     meta.inherited = True
     Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=not rolling_back).start()
+
+
+async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy: set[ProcedureId]) -> set[ProcedureId]:
+    """Resume unfinished roots the store holds but this manager does not know.
+
+    A leader's recovery cannot see a write that lands after its listing: a submit whose
+    answer came back after its manager lost the lease, or a former leader's late write.
+    Such a procedure would wait for the next takeover; a leader therefore looks again from
+    time to time. A root is adopted only when two looks in a row found it unknown (and not
+    being submitted, `busy`), so a procedure this manager is writing right now is never
+    taken for a stranger. Returns the unknown roots seen this time, for the next look.
+    """
+    loaded = await ctx.store.load_messages()
+    unknown_now: set[ProcedureId] = set()
+    for messages, rolling_back in ((loaded.rollback_messages, True), (loaded.messages, False)):
+        for pid, message in messages.items():
+            if message.parent_id is not None or ctx.is_known(pid) or pid in busy:
+                continue
+            unknown_now.add(pid)
+            if pid in seen_before:
+                logger.warning("adopting procedure %s, stored after this manager's recovery", pid)
+                _adopt_children(ctx, pid, loaded)
+                _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=[])
+    return unknown_now - seen_before
+
+
+def _adopt_children(ctx: ManagerContext, root: ProcedureId, loaded: ProcedureMessages) -> None:
+    """Keep an adopted root's stored descendants for it to claim, as recovery does."""
+    parents = {root}
+    while parents:
+        found: set[ProcedureId] = set()
+        for messages, rolling_back in ((loaded.messages, False), (loaded.rollback_messages, True)):
+            for pid, message in messages.items():
+                if message.parent_id in parents and not ctx.is_known(pid):
+                    ctx.stored.messages[pid] = (message, rolling_back)
+                    ctx.stored.add_child(message.parent_id, pid)
+                    found.add(pid)
+        parents = found

@@ -64,33 +64,52 @@ def bucket_on_server(tmp_path: Path, request: pytest.FixtureRequest):  # type: i
         yield endpoint, bucket, client, record
 
 
-def test_leaders_killed_at_random_while_200_procedures_run(bucket_on_server) -> None:  # type: ignore[no-untyped-def]
-    endpoint, bucket, client, record = bucket_on_server
-    rng = random.Random(7)
-    n = 200
-    ids = [str(pid) for pid in procedure_ids("killed", n)]
-    common = ["--ttl", str(TTL), "--seed", "killed", "--steps", "5", "--sleep", "0.15", "--slots", "20"]
+def disrupt_leaders(
+    endpoint: str, bucket: str, client: object, record: Path, *, n: int, seed: int, pause_share: float
+) -> Counter[str]:
+    """Three managers run `n` procedures; the leader is killed (SIGKILL, then replaced by a new
+    process) or paused past its lease (SIGSTOP, then SIGCONT) at random moments."""
+    rng = random.Random(seed)
+    ids = [str(pid) for pid in procedure_ids(f"disrupted-{seed}", n)]
+    common = ["--ttl", str(TTL), "--seed", f"disrupted-{seed}", "--steps", "5", "--sleep", "0.15", "--slots", "20"]
     workers = {"w0": Worker.start(endpoint, bucket, "w0", *common, "--submit", str(n))}
+    actions: Counter[str] = Counter()
     try:
         workers["w0"].wait_for("submitted")
         for name in ("w1", "w2"):
             workers[name] = Worker.start(endpoint, bucket, name, *common)
-        kills = 0
-        while kills < 4 and len(committed(read_record(record))) < n * 0.8:
+        while actions.total() < 4 and len(committed(read_record(record))) < n * 0.8:
             time.sleep(rng.uniform(0.5, 2.5))
             holder = lease_holder(client, bucket)
             if holder is None or holder not in workers:
                 continue
-            workers.pop(holder).kill()
-            kills += 1
-            name = f"w{len(workers) + kills + 2}"
-            workers[name] = Worker.start(endpoint, bucket, name, *common)
-        assert kills >= 3, "the procedures finished before the leader could be killed three times"
+            if rng.random() < pause_share:
+                workers[holder].signal(signal.SIGSTOP)
+                time.sleep(rng.uniform(TTL, TTL * 3))
+                workers[holder].signal(signal.SIGCONT)
+                actions["pause"] += 1
+            else:
+                workers.pop(holder).kill()
+                actions["kill"] += 1
+                name = f"w{actions.total() + 2}"
+                workers[name] = Worker.start(endpoint, bucket, name, *common)
+        assert actions.total() >= 3, f"the procedures finished after only {actions}"
         wait_until_done(client, bucket, record, ids, timeout=80)
     finally:
         for worker in workers.values():
             worker.kill()
     check_record(record, ids)
+    return actions
+
+
+def test_leaders_killed_at_random_while_200_procedures_run(bucket_on_server) -> None:  # type: ignore[no-untyped-def]
+    actions = disrupt_leaders(*bucket_on_server, n=200, seed=7, pause_share=0.0)
+    assert actions["kill"] >= 3
+
+
+def test_leaders_killed_and_paused_at_random(bucket_on_server) -> None:  # type: ignore[no-untyped-def]
+    actions = disrupt_leaders(*bucket_on_server, n=150, seed=8, pause_share=0.5)
+    assert actions["kill"] and actions["pause"], actions
 
 
 def test_a_paused_leader_is_fenced_when_it_resumes(bucket_on_server) -> None:  # type: ignore[no-untyped-def]

@@ -18,7 +18,9 @@ from typing import Any
 from procstore import (
     Context,
     Lease,
+    LeaseExpired,
     LockKey,
+    NotLeader,
     Procedure,
     ProcedureId,
     ProcedureManager,
@@ -91,7 +93,12 @@ async def run(args: argparse.Namespace) -> None:
         ids = procedure_ids(args.seed, args.submit)
         for i, pid in enumerate(ids):
             data = {"i": i, "at": 0, "steps": args.steps, "sleep": args.sleep, "slots": args.slots}
-            await manager.submit(ProcedureWithId(pid, Work(data)))
+            while True:
+                try:
+                    await manager.submit(ProcedureWithId(pid, Work(data)))
+                    break
+                except (NotLeader, LeaseExpired):  # nothing was stored: submit again once leading
+                    await manager.wait_until_leading()
         say("submitted", n=len(ids))
     leading = None
     reported = -1

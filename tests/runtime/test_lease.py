@@ -178,3 +178,16 @@ async def test_a_leader_that_finds_a_former_leaders_late_step_reloads_and_goes_o
     assert manager._leadership is not None and manager._leadership.keeper.record is not None
     assert manager._leadership.keeper.record.epoch == 1
     await manager.stop()
+
+
+async def test_a_leader_adopts_a_procedure_stored_after_its_recovery(local_target: StoreTarget) -> None:
+    """A submit whose answer came back after its manager lost the lease: the write landed,
+    but after the new leader's recovery had listed the store."""
+    world = World.new()
+    manager = manager_for(local_target, lease=Lease(ttl=TTL, holder="cp-2", adopt_interval=0.1))
+    await manager.start()
+    late = steps(world, 2)
+    await manager.store.create_procedure(late.id, "test::Steps", late.procedure.dump(), None)
+    await eventually(lambda: (s := manager.procedure_state(late.id)) is not None and s.is_done(), timeout=10)
+    assert world.counts["steps/0"] == world.counts["steps/1"] == 1
+    await manager.stop()
