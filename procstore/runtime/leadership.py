@@ -105,25 +105,34 @@ class Leadership:
     async def _run(self) -> None:
         interval = self.keeper.lease.renew_interval
         while True:
-            if not self.is_leading:
-                await self._stand_by(interval)
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._broken.wait(), timeout=min(interval, max(self.keeper.seconds_left, 0)))
-            if self._broken.is_set():
-                holding = self.keeper.is_holding
-                await self._end("a runner was fenced" if holding else "the lease ran out before a write")
-                if holding:
-                    self._begin()
-                continue
-            if (error := self.terms.recovery_error()) is not None:
-                # Leading without running anything helps nobody: give the lease up, so that
-                # this or another manager tries again.
-                self.keeper.give_up()
-                await self._end(f"recovery failed: {type(error).__name__}: {error}")
-                await self.keeper.release()
-                continue
-            await self._renew()
+            try:
+                await self._step(interval)
+            except Exception:
+                # This task dying would leave a manager that neither leads nor takes over.
+                logger.exception("%s: error in the lease task; trying again", self.keeper.holder)
+                await asyncio.sleep(interval)
+
+    async def _step(self, interval: float) -> None:
+        """One turn: a standby looks at the lease; a leader waits, then renews or ends its term."""
+        if not self.is_leading:
+            await self._stand_by(interval)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._broken.wait(), timeout=min(interval, max(self.keeper.seconds_left, 0)))
+        if self._broken.is_set():
+            holding = self.keeper.is_holding
+            await self._end("a runner was fenced" if holding else "the lease ran out before a write")
+            if holding:
+                self._begin()
+            return
+        if (error := self.terms.recovery_error()) is not None:
+            # Leading without running anything helps nobody: give the lease up, so that
+            # this or another manager tries again.
+            self.keeper.give_up()
+            await self._end(f"recovery failed: {type(error).__name__}: {error}")
+            await self.keeper.release()
+            return
+        await self._renew()
 
     async def _stand_by(self, interval: float) -> None:
         try:

@@ -67,8 +67,11 @@ class Worker:
     proc: subprocess.Popen[str]
     events: list[dict[str, Any]] = field(default_factory=list)
 
+    log: Path | None = None
+
     @classmethod
-    def start(cls, endpoint: str, bucket: str, name: str, *extra: str) -> Worker:
+    def start(cls, endpoint: str, bucket: str, name: str, *extra: str, logs: Path | None = None) -> Worker:
+        log = None if logs is None else logs / f"{name}.log"
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "tests.multiprocess.worker", "--endpoint", endpoint, "--bucket", bucket),
@@ -76,10 +79,10 @@ class Worker:
             ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
-            stderr=open(os.devnull, "w") if not os.environ.get("PROCSTORE_WORKER_LOGS") else None,  # noqa: SIM115
+            stderr=open(log or os.devnull, "w"),  # noqa: SIM115 - the child holds it
             text=True,
         )
-        worker = cls(name, proc)
+        worker = cls(name, proc, log=log)
         threading.Thread(target=worker._read, daemon=True).start()
         return worker
 

@@ -50,7 +50,11 @@ def wait_until_done(client: object, bucket: str, record: Path, ids: list[str], t
             return
         time.sleep(0.25)
     done = len(committed(read_record(record)))
-    raise TimeoutError(f"{done} of {len(ids)} procedures committed after {timeout}s")
+    tails = "\n".join(
+        f"--- {log.name}\n" + "\n".join(log.read_text().splitlines()[-15:])
+        for log in sorted(record.parent.glob("*.log"))
+    )
+    raise TimeoutError(f"{done} of {len(ids)} procedures committed after {timeout}s; worker logs:\n{tails}")
 
 
 @pytest.fixture
@@ -72,12 +76,12 @@ def disrupt_leaders(
     rng = random.Random(seed)
     ids = [str(pid) for pid in procedure_ids(f"disrupted-{seed}", n)]
     common = ["--ttl", str(TTL), "--seed", f"disrupted-{seed}", "--steps", "5", "--sleep", "0.15", "--slots", "20"]
-    workers = {"w0": Worker.start(endpoint, bucket, "w0", *common, "--submit", str(n))}
+    workers = {"w0": Worker.start(endpoint, bucket, "w0", *common, "--submit", str(n), logs=record.parent)}
     actions: Counter[str] = Counter()
     try:
         workers["w0"].wait_for("submitted")
         for name in ("w1", "w2"):
-            workers[name] = Worker.start(endpoint, bucket, name, *common)
+            workers[name] = Worker.start(endpoint, bucket, name, *common, logs=record.parent)
         while actions.total() < 4 and len(committed(read_record(record))) < n * 0.8:
             time.sleep(rng.uniform(0.5, 2.5))
             holder = lease_holder(client, bucket)
@@ -92,7 +96,7 @@ def disrupt_leaders(
                 workers.pop(holder).kill()
                 actions["kill"] += 1
                 name = f"w{actions.total() + 2}"
-                workers[name] = Worker.start(endpoint, bucket, name, *common)
+                workers[name] = Worker.start(endpoint, bucket, name, *common, logs=record.parent)
         assert actions.total() >= 3, f"the procedures finished after only {actions}"
         wait_until_done(client, bucket, record, ids, timeout=80)
     finally:
@@ -117,9 +121,9 @@ def test_a_paused_leader_is_fenced_when_it_resumes(bucket_on_server) -> None:  #
     n = 60
     ids = [str(pid) for pid in procedure_ids("paused", n)]
     common = ["--ttl", str(TTL), "--seed", "paused", "--steps", "5", "--sleep", "0.1", "--slots", "20"]
-    first = Worker.start(endpoint, bucket, "w0", *common, "--submit", str(n))
+    first = Worker.start(endpoint, bucket, "w0", *common, "--submit", str(n), logs=record.parent)
     first.wait_for("submitted")
-    second = Worker.start(endpoint, bucket, "w1", *common)
+    second = Worker.start(endpoint, bucket, "w1", *common, logs=record.parent)
     try:
         second.wait_for("started")
         time.sleep(0.5)
@@ -151,10 +155,10 @@ def test_a_tenth_of_requests_failing_ends_with_every_procedure_done(bucket_on_se
     common = ["--ttl", "6", "--seed", "faults", "--steps", "5", "--sleep", "0.05", "--slots", "50"]
     # botocore makes one attempt: every failure reaches procstore's own retries and budget.
     common += ["--read-timeout", "1", "--botocore-attempts", "1"]
-    workers = [Worker.start(endpoint, bucket, "w0", *common, "--submit", str(n))]
+    workers = [Worker.start(endpoint, bucket, "w0", *common, "--submit", str(n), logs=record.parent)]
     try:
         workers[0].wait_for("submitted", timeout=120)
-        workers += [Worker.start(endpoint, bucket, name, *common) for name in ("w1", "w2")]
+        workers += [Worker.start(endpoint, bucket, name, *common, logs=record.parent) for name in ("w1", "w2")]
         wait_until_done(client, bucket, record, ids, timeout=90)
     finally:
         for worker in workers:

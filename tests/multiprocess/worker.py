@@ -126,7 +126,11 @@ def main() -> None:
     parser.add_argument("--read-timeout", type=float, default=2.0)
     parser.add_argument("--botocore-attempts", type=int, default=3, help="1: procstore retries every failure itself")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format=f"{args.name} %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format=f"%(asctime)s {args.name} %(name)s %(levelname)s %(message)s"
+    )
+    for name in ("procstore.lease", "procstore.recovery"):
+        logging.getLogger(name).setLevel(logging.INFO)
     asyncio.run(run(args))
 
 
