@@ -83,8 +83,9 @@ class ProcedureStore:
         self.proc_path = f"{parent_path}{PROC_PATH}"
         self.skip_strays = skip_strays
         """Whether `load_messages` sets apart unfinished-looking procedures with no key at
-        step 0 (`ProcedureMessages.stray_ids`). Only managers sharing a store by lease can
-        leave those; a single manager loads them as usual (a store written by hand, say)."""
+        step 0 (`ProcedureMessages.stray_ids`) and deletes empty latest keys (torn creates).
+        Only managers sharing a store by lease leave those; a single manager reports them as
+        usual (a store written by hand, say)."""
 
     def key(self, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
         return str(ParsedKey(self.proc_path, procedure_id, step, key_type))
@@ -178,6 +179,15 @@ class ProcedureStore:
         with collector_paused():
             latest_of, to_read, stray = self._latest_keys(keys)
         values = await self._read_all([str(k) for k in to_read])
+        torn = [str(k) for k, v in zip(to_read, values, strict=True) if v == b"" and k.key_type is not KeyType.COMMIT]
+        if torn and self.skip_strays:
+            # Every message is non-empty JSON: an empty latest value is a create cut off by
+            # a killed writer (a test S3 server can store one; real S3 and a local directory
+            # cannot). It holds nothing: delete it, so the procedure resumes from the step
+            # before and writes this one again.
+            logger.warning("deleting %d empty latest keys left by killed writers: %s", len(torn), ", ".join(torn[:10]))
+            await self.store.batch_delete(torn)
+            return await self.load_messages()
         with collector_paused():
             result = self._classify(latest_of, dict(zip((k.procedure_id for k in to_read), values, strict=True)))
         result.stray_ids = stray

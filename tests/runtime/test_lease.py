@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import pytest
 
 from procstore import NotLeader, ProcedureManager, StoreUnavailable
 from procstore.runtime.lease import LEASE_KEY, Lease, LeaseRecord
 from procstore.store import open_state_store
+from procstore.store.message import ProcedureMessage
 from procstore.store.state_store import StateStore
 from procstore.testing import Fault, FaultyStore
 from tests.conftest import StoreTarget
@@ -190,4 +192,21 @@ async def test_a_leader_adopts_a_procedure_stored_after_its_recovery(local_targe
     await manager.store.create_procedure(late.id, "test::Steps", late.procedure.dump(), None)
     await eventually(lambda: (s := manager.procedure_state(late.id)) is not None and s.is_done(), timeout=10)
     assert world.counts["steps/0"] == world.counts["steps/1"] == 1
+    await manager.stop()
+
+
+async def test_a_leader_deletes_an_empty_latest_key_and_resumes_from_the_step_before(tmp_path: Path) -> None:
+    """A create cut off by a killed writer can leave an empty object on a test S3 server."""
+    world = World.new()
+    submitted = steps(world, 3)
+    folder = tmp_path / "procedure" / str(submitted.id)
+    folder.mkdir(parents=True)
+    first = ProcedureMessage("test::Steps", submitted.procedure.dump(), None, 0).encode()
+    (folder / "0000000000.step").write_bytes(first)
+    (folder / "0000000001.step").write_bytes(b"")
+    manager = manager_for(StoreTarget("local", str(tmp_path)), lease=Lease(ttl=TTL, holder="cp-1"))
+    await manager.start()
+    assert manager.recovery_problems == []
+    await eventually(lambda: (s := manager.procedure_state(submitted.id)) is not None and s.is_done(), timeout=10)
+    assert [world.counts[f"steps/{at}"] for at in range(3)] == [1, 1, 1]
     await manager.stop()
