@@ -5,7 +5,7 @@ writes.jsonl --fault-rate 0.1`), so that managers in other processes reach it ov
 the way they reach S3. It writes one JSON line per request that changes the bucket:
 
     {"t": 1.5, "method": "PUT", "key": "cp/procedure/…/0000000002.step", "status": 200,
-     "client": "w1", "if_none_match": "*", "if_match": null, "fault": null}
+     "client": "w1", "if_none_match": "*", "if_match": null, "fault": null, "size": 120}
 
 (`client` is what follows `procstore-client/` in the User-Agent: give each manager one
 with `config_kwargs={"user_agent_extra": "procstore-client/w1"}`; a batch delete has one
@@ -74,12 +74,12 @@ class RecordingFaultyApp:
         fault = None if creating_bucket else self._fault()
         if fault == "slowdown":
             self._drain(environ)
-            self._log(environ, method, path, 503, fault)
+            self._log(environ, method, path, 503, fault, 0)
             start_response("503 Slow Down", [("Content-Type", "application/xml")])
             return [_SLOWDOWN]
         if fault == "reset-before":
             self._drain(environ)
-            self._log(environ, method, path, 0, fault)
+            self._log(environ, method, path, 0, fault, 0)
             _reset(environ)
             return []
         body = self._drain(environ)
@@ -95,9 +95,9 @@ class RecordingFaultyApp:
         status = int(captured["status"].split()[0])
         if method == "POST" and "delete" in query:
             for key in _DELETE_KEY.findall(body):
-                self._log(environ, "DELETE", f"{path.rstrip('/')}/{key.decode()}", status, fault)
+                self._log(environ, "DELETE", f"{path.rstrip('/')}/{key.decode()}", status, fault, 0)
         else:
-            self._log(environ, method, path, status, fault)
+            self._log(environ, method, path, status, fault, len(body))
         if fault == "reset-after":
             _reset(environ)
             return []
@@ -114,7 +114,7 @@ class RecordingFaultyApp:
         data: bytes = environ["wsgi.input"].read(length) if length else b""
         return data
 
-    def _log(self, environ: Environ, method: str, path: str, status: int, fault: str | None) -> None:
+    def _log(self, environ: Environ, method: str, path: str, status: int, fault: str | None, size: int) -> None:
         if self._record is None or method not in ("PUT", "DELETE", "POST"):
             return
         match = _CLIENT.search(environ.get("HTTP_USER_AGENT", ""))
@@ -128,6 +128,7 @@ class RecordingFaultyApp:
             "if_none_match": environ.get("HTTP_IF_NONE_MATCH"),
             "if_match": environ.get("HTTP_IF_MATCH"),
             "fault": fault,
+            "size": size,
         }
         text = json.dumps(line) + "\n"
         with self._lock:
