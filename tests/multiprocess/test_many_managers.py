@@ -128,7 +128,6 @@ def test_a_paused_leader_is_fenced_when_it_resumes(bucket_on_server) -> None:  #
         second.wait_for("started")
         time.sleep(0.5)
         first.signal(signal.SIGSTOP)
-        paused_at = time.time()
         second.wait_for("leading", timeout=TTL * 4)
         time.sleep(0.5)  # the new leader writes meanwhile
         resumed_at = time.time()
@@ -142,7 +141,6 @@ def test_a_paused_leader_is_fenced_when_it_resumes(bucket_on_server) -> None:  #
     late = [w for w in read_record(record) if w.client == "w0" and w.wall > resumed_at and w.status < 300]
     # At most the writes already past the lease check when the pause began may land.
     assert all(w.procedure_key for w in late), late
-    assert paused_at < resumed_at
 
 
 @pytest.mark.parametrize("bucket_on_server", [0.1], indirect=True)
