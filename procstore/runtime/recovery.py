@@ -16,7 +16,7 @@ from procstore.ids import ProcedureId
 from procstore.runtime.context import LoadFailed, ManagerContext
 from procstore.runtime.runner import Runner
 from procstore.state import ProcedureState, ProcedureStateKind
-from procstore.store.keys import KeyType
+from procstore.store.keys import KeysByProcedure, KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
 
@@ -156,6 +156,10 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
     being submitted, `busy`), so a procedure this manager is writing right now is never
     taken for a stranger. Returns the unknown roots seen this time, for the next look.
     """
+    # Listing is cheap; reading every value is not: read only when someone is unknown.
+    listed = KeysByProcedure.group(ctx.store.proc_path, await ctx.store.store.walk(ctx.store.proc_path))
+    if all(ctx.is_known(pid) or pid in busy for pid in listed.steps):
+        return set()
     loaded = await ctx.store.load_messages()
     unknown_now: set[ProcedureId] = set()
     for messages, rolling_back in ((loaded.rollback_messages, True), (loaded.messages, False)):
