@@ -12,10 +12,12 @@ from typing import Any, Self
 from procstore.errors import (
     DuplicateProcedure,
     Fenced,
+    LeaseExpired,
     LoaderConflict,
     ManagerNotStarted,
     NotLeader,
     ProcedureError,
+    StoreError,
     StoreUnavailable,
     SubmissionsPaused,
     TooManyRunningProcedures,
@@ -27,7 +29,7 @@ from procstore.runtime.leadership import Leadership
 from procstore.runtime.lease import Lease
 from procstore.runtime.recovery import adopt_unknown, recover
 from procstore.runtime.retry import RetryBudget, RetryPolicy
-from procstore.runtime.runner import Runner, type_name_of
+from procstore.runtime.runner import Runner, describe, type_name_of
 from procstore.runtime.watcher import Watcher
 from procstore.state import ProcedureInfo, ProcedureState
 from procstore.store.guarded import GuardedStore
@@ -316,7 +318,12 @@ class ProcedureManager:
         Raises `ManagerNotStarted`, `NotLeader` (a standby), `LeaseExpired` (the lease ran
         out before the write: nothing was stored), `SubmissionsPaused`, `DuplicateProcedure` (the id is
         known here or already has stored steps), `TooManyRunningProcedures`, or a
-        `StoreError` if the first write fails (then nothing runs).
+        `StoreError` if the first write still fails after `max_retry_times` retries (backed
+        off and counted in the retry budget, as a step's), or if the lease runs out between
+        retries. Then nothing runs here, but the write may have landed with its answer
+        lost: submitting the same procedure again is safe. The create recognises its own
+        bytes and runs it; with a lease, `DuplicateProcedure` from the leader means it was
+        stored and runs there.
         """
         if self._leadership is not None and not self.is_leader:
             raise NotLeader(self._leadership.keeper.holder, self.leader)
@@ -337,7 +344,7 @@ class ProcedureManager:
         data = proc.dump()
         self._submitting.add(pid)
         try:
-            created = await ctx.store.create_procedure(pid, type_name, data, None)
+            created = await self._store_submitted(ctx, pid, type_name, data)
         finally:
             self._submitting.discard(pid)
         if not created:
@@ -352,6 +359,33 @@ class ProcedureManager:
             raise ManagerNotStarted("submit")
         Runner(ctx, meta, proc, 1, data).start()
         return Watcher(meta)
+
+    async def _store_submitted(self, ctx: ManagerContext, pid: ProcedureId, type_name: str, data: str) -> bool:
+        """Create the submitted state's key, retrying transient errors as a step's write.
+
+        Repeating the create is safe: it is create-only and recognises our own bytes.
+        """
+        retried = False
+
+        async def create(attempt: int) -> bool:
+            return await ctx.store.create_procedure(pid, type_name, data, None)
+
+        def on_retry(exc: BaseException, retry: int, delay: float) -> None:
+            nonlocal retried
+            retried = True
+            logger.info("procedure %s: submit retry %d in %.3fs after %s", pid, retry, delay, describe(exc))
+
+        try:
+            return await self.policy.call(create, on_retry=on_retry)
+        except LeaseExpired as e:
+            if not retried:
+                raise  # refused before anything was sent: nothing is stored
+            # An earlier attempt may have landed with its answer lost: the outcome is unknown.
+            raise StoreError(
+                f"submitting procedure {pid}: {e}, while retrying a write that may have landed. "
+                "Submit it again on the leader: DuplicateProcedure then means it is stored and runs there",
+                key=e.key,
+            ) from e
 
     # -- observing -------------------------------------------------------------------
 

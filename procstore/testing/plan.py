@@ -102,9 +102,10 @@ class FaultPlan:
                 self.crash_before_new.add((kind, key))
                 raise self.crash(f"crash before operation {op.index}: {kind} {key}")
         later: list[Fault] = []
-        for fault in self.faults:
-            if not fault.matches(kind, key) or not fault.should_fire():
-                continue
+        # Every matching fault counts the operation, even when one before it raises, so
+        # that `nth` means the n-th matching operation whatever the other faults do.
+        firing = [f for f in self.faults if f.matches(kind, key) and f.should_fire()]
+        for fault in firing:
             if fault.when == "after" or fault.action in ("delay", "tear"):
                 later.append(fault)
             elif fault.action == "crash":

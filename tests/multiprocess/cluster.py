@@ -99,10 +99,18 @@ class Worker:
         deadline = time.monotonic() + timeout
         while not self.saw(event):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"worker {self.name} exited with {self.proc.returncode} before {event!r}")
+                raise RuntimeError(
+                    f"worker {self.name} exited with {self.proc.returncode} before {event!r}:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"worker {self.name} did not report {event!r} in {timeout}s: {self.events}")
             time.sleep(0.05)
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The last lines the worker wrote to its log (stderr), for failure messages."""
+        if self.log is None or not self.log.exists():
+            return "(no log kept)"
+        return "\n".join(self.log.read_text().splitlines()[-lines:])
 
     def signal(self, sig: signal.Signals) -> None:
         self.proc.send_signal(sig)

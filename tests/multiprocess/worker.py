@@ -17,6 +17,7 @@ from typing import Any
 
 from procstore import (
     Context,
+    DuplicateProcedure,
     Lease,
     LeaseExpired,
     LockKey,
@@ -26,6 +27,7 @@ from procstore import (
     ProcedureManager,
     ProcedureWithId,
     Status,
+    StoreError,
     StringKey,
 )
 
@@ -93,11 +95,20 @@ async def run(args: argparse.Namespace) -> None:
         ids = procedure_ids(args.seed, args.submit)
         for i, pid in enumerate(ids):
             data = {"i": i, "at": 0, "steps": args.steps, "sleep": args.sleep, "slots": args.slots}
+            maybe_stored = False
             while True:
                 try:
                     await manager.submit(ProcedureWithId(pid, Work(data)))
                     break
                 except (NotLeader, LeaseExpired):  # nothing was stored: submit again once leading
+                    await manager.wait_until_leading()
+                except DuplicateProcedure:
+                    if not maybe_stored:
+                        raise
+                    break  # an earlier attempt landed: it runs
+                except StoreError as e:  # still failing after the retries: the outcome is unknown
+                    say("submit-failed", error=str(e))
+                    maybe_stored = True
                     await manager.wait_until_leading()
         say("submitted", n=len(ids))
     leading = None

@@ -18,7 +18,7 @@ from procstore import (
     StoreError,
 )
 from procstore.store import LocalDirStore, StateStore
-from procstore.testing import FaultyStore
+from procstore.testing import Fault, FaultyStore
 from tests.conftest import StoreTarget
 from tests.procedures import JsonProcedure, Undoable, World
 from tests.runtime.helpers import blocker, manager_for, steps
@@ -224,3 +224,38 @@ async def test_store_errors_are_retried_then_fail_with_a_clear_error(tmp_path: P
         assert "could not be written to the store" in error and "next start" in error
     # Nothing was lost: the last good step is still there, and resumes.
     assert (await LocalDirStore(tmp_path).walk("procedure/"))[-1].endswith("0000000001.step")
+
+
+def first_write_fails(*whens: str) -> list[Fault]:
+    """A transient fault on each listed attempt at writing a submitted state (`0.step`),
+    "before" (nothing written) or "after" (written, answer lost)."""
+    create = frozenset({"put_if_absent"})
+    return [
+        Fault("transient", kinds=create, key="*/0000000000.step", nth=i, when=when)  # type: ignore[arg-type]
+        for i, when in enumerate(whens)
+    ]
+
+
+async def test_submit_retries_its_write_and_recognises_a_lost_answer(tmp_path: Path) -> None:
+    world = World.new()
+    store = FaultyStore(LocalDirStore(tmp_path), faults=first_write_fails("before", "after"))
+    async with manager_for(store, max_retry_times=3) as manager:
+        watcher = await manager.submit(steps(world, 2))
+        await watcher.wait()
+        assert manager.retry_budget.retries == 2
+    assert world.log == ["steps/0", "steps/1"]  # ran once, from its own landed write
+
+
+async def test_submit_gives_up_after_max_retry_times_and_a_resubmit_is_safe(tmp_path: Path) -> None:
+    world = World.new()
+    procedure = steps(world, 2)
+    # The first attempt lands but its answer is lost; both retries fail.
+    store = FaultyStore(LocalDirStore(tmp_path), faults=first_write_fails("after", "before", "before"))
+    async with manager_for(store, max_retry_times=2) as manager:
+        with pytest.raises(StoreError, match="0000000000.step"):
+            await manager.submit(procedure)
+        assert manager.procedure_state(procedure.id) is None
+        assert world.log == []
+        # Submitting the same procedure again finds its own bytes and runs it, once.
+        await (await manager.submit(procedure)).wait()
+    assert world.log == ["steps/0", "steps/1"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from procstore import NotLeader, ProcedureManager, StoreUnavailable
+from procstore import DuplicateProcedure, LeaseExpired, NotLeader, ProcedureManager, StoreError, StoreUnavailable
 from procstore.runtime.lease import LEASE_KEY, Lease, LeaseRecord
 from procstore.store import open_state_store
 from procstore.store.message import ProcedureMessage
@@ -211,3 +211,36 @@ async def test_a_leader_deletes_an_empty_latest_key_and_resumes_from_the_step_be
     await eventually(lambda: (s := manager.procedure_state(submitted.id)) is not None and s.is_done(), timeout=10)
     assert [world.counts[f"steps/{at}"] for at in range(3)] == [1, 1, 1]
     await manager.stop()
+
+
+async def test_a_submit_whose_lease_ends_while_it_retries_reports_an_unknown_outcome(
+    local_target: StoreTarget,
+) -> None:
+    """The first create lands but its answer is lost; the lease ends during the backoff.
+    `LeaseExpired` would claim nothing was stored: submit says the outcome is unknown, and
+    the new leader, which recovered the procedure, answers a resubmit with DuplicateProcedure."""
+    world = World.new()
+    store = FaultyStore(open_state_store(local_target.url))
+    first = leased(store, "cp-1", retry_delay=TTL * 2, max_retry_delay=TTL * 2)
+    second = leased(local_target, "cp-2")
+    await first.start()
+    await second.start()
+    create = frozenset({"put_if_absent"})
+    store.plan.faults += [
+        Fault("transient", kinds=create, key="*/0000000000.step", nth=0, when="after"),
+        Fault("transient", kinds=frozenset({"put_if_version"}), key=LEASE_KEY),  # no renewal succeeds
+    ]
+    procedure = steps(world, 2)
+    with pytest.raises(StoreError, match="may have landed") as info:
+        await first.submit(procedure)
+    assert not isinstance(info.value, LeaseExpired)
+    await second.wait_until_leading()
+    watcher = second.procedure_watcher(procedure.id)
+    assert watcher is not None
+    await asyncio.wait_for(watcher.wait(), 10)
+    with pytest.raises(DuplicateProcedure):
+        await second.submit(procedure)
+    assert world.log == ["steps/0", "steps/1"]
+    await first.stop()
+    await second.stop()
+    await store.inner.close()

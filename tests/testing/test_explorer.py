@@ -112,7 +112,7 @@ def test_transient_faults_and_delays_never_change_the_outcome(plan: list[Fault])
             )
             return await watcher.wait()
 
-    # A transient fault on the first write makes submit refuse (StoreError): nothing ran.
+    # More transient faults on the first write than submit's retries make it refuse: nothing ran.
     with contextlib.suppress(StoreError):
         assert asyncio.run(run()) == 5
     assert BALANCES in ({"a": 5}, {})
