@@ -147,7 +147,8 @@ class Fenced(StoreError):
         super().__init__(
             message
             or f"{key} was already written by another manager: it runs procedure {procedure_id} now, so this "
-            "manager stopped its runners without writing anything more (start one manager per store, or use a lease)",
+            "manager stopped its runners without writing anything more (without a lease: start one manager "
+            "per store, or give them one; with a lease: a former leader's late write, the term restarts)",
             key=key,
         )
         self.procedure_id = procedure_id

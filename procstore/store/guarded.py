@@ -13,6 +13,7 @@ from contextvars import ContextVar
 from typing import TypeVar
 
 from procstore.store.state_store import StateStore
+from procstore.store.wrapping import MUTATING_KINDS, WrappingStore
 
 T = TypeVar("T")
 
@@ -29,60 +30,23 @@ event) calls this guard there too, which shrinks that window to microseconds.
 """
 
 
-class GuardedStore(StateStore):
+class GuardedStore(WrappingStore):
     """Delegates to `inner`, calling `guard(key)` before each write or delete."""
 
     def __init__(self, inner: StateStore, guard: Guard) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.guard = guard
-        self.url = inner.url
-        self.supports_create_only = inner.supports_create_only
-        self.supports_compare_and_swap = inner.supports_compare_and_swap
 
-    async def _guarded(self, key: str, write: Callable[[], Awaitable[T]]) -> T:
-        self.guard(key)
+    async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
+        if kind not in MUTATING_KINDS:
+            return await call()
+        self.guard(key.partition(",")[0])  # a batch delete is named by its first key
         token = SEND_GUARD.set(self.guard)
         try:
-            return await write()
+            return await call()
         finally:
             SEND_GUARD.reset(token)
 
-    async def put(self, key: str, value: bytes) -> None:
-        await self._guarded(key, lambda: self.inner.put(key, value))
-
-    async def put_if_absent(self, key: str, value: bytes) -> bool:
-        return await self._guarded(key, lambda: self.inner.put_if_absent(key, value))
-
-    async def put_if_version(self, key: str, value: bytes, version: str | None) -> bool:
-        return await self._guarded(key, lambda: self.inner.put_if_version(key, value, version))
-
-    async def batch_delete(self, keys: Sequence[str]) -> None:
-        if keys:
-            await self._guarded(keys[0], lambda: self.inner.batch_delete(keys))
-
-    async def delete(self, key: str) -> None:
-        await self._guarded(key, lambda: self.inner.delete(key))
-
     async def delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> None:
-        await self._guarded(folder, lambda: self.inner.delete_in_order(first, then, folder))
-
-    async def get(self, key: str) -> bytes | None:
-        return await self.inner.get(key)
-
-    async def get_versioned(self, key: str) -> tuple[bytes, str] | None:
-        return await self.inner.get_versioned(key)
-
-    async def get_many(self, keys: Sequence[str]) -> list[bytes | Exception | None]:
-        return await self.inner.get_many(keys)
-
-    async def walk(self, prefix: str) -> list[str]:
-        return await self.inner.walk(prefix)
-
-    async def walk_modified(self, prefix: str) -> dict[str, float | None]:
-        return await self.inner.walk_modified(prefix)
-
-    async def check_access(self) -> None:
-        await self.inner.check_access()
-
-    async def close(self) -> None:
-        await self.inner.close()
+        # The inner store's own (a local directory skips fsyncs it does not need), guarded once.
+        await self.around("delete", folder, lambda: self.inner.delete_in_order(first, then, folder))

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal, TypeVar
 
 from procstore.store.state_store import StateStore
+from procstore.store.wrapping import WrappingStore
 from procstore.testing.plan import WRITES, Fault, FaultPlan, SimulatedCrash, StoreOp, torn
 
 T = TypeVar("T")
@@ -21,7 +22,7 @@ T = TypeVar("T")
 __all__ = ["FaultyStore", "SimulatedCrash", "StoreOp"]
 
 
-class FaultyStore(StateStore):
+class FaultyStore(WrappingStore):
     """Wraps `inner`; records every operation that changes the store, and injects faults.
 
     Only `put`, `put_if_absent`, `put_if_version`, `batch_delete` and `delete` are counted
@@ -39,10 +40,7 @@ class FaultyStore(StateStore):
         faults: Sequence[Fault] = (),
         plan: FaultPlan | None = None,
     ) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.supports_create_only = inner.supports_create_only
-        self.supports_compare_and_swap = inner.supports_compare_and_swap
+        super().__init__(inner)
         self.plan = plan or FaultPlan(list(faults))
         self.plan.crash_before_new = crash_before_new if crash_before_new is not None else self.plan.crash_before_new
         self.crash_at = crash_at
@@ -66,7 +64,7 @@ class FaultyStore(StateStore):
         """Operations cut off by a cancel (a stop after the crash): landed or not, unknown."""
         return self.plan.maybe_landed()
 
-    async def _op(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
+    async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
         op, later = self.plan.begin(kind, key)
         for fault in later:
             if fault.action == "delay":
@@ -82,41 +80,3 @@ class FaultyStore(StateStore):
             raise
         self.plan.end(op, later, kind, key)
         return result
-
-    async def put(self, key: str, value: bytes) -> None:
-        await self._op("put", key, lambda: self.inner.put(key, value), value)
-
-    async def put_if_absent(self, key: str, value: bytes) -> bool:
-        return await self._op("put_if_absent", key, lambda: self.inner.put_if_absent(key, value), value)
-
-    async def put_if_version(self, key: str, value: bytes, version: str | None) -> bool:
-        return await self._op("put_if_version", key, lambda: self.inner.put_if_version(key, value, version), value)
-
-    async def get_versioned(self, key: str) -> tuple[bytes, str] | None:
-        return await self._op("get_versioned", key, lambda: self.inner.get_versioned(key))
-
-    async def get(self, key: str) -> bytes | None:
-        return await self._op("get", key, lambda: self.inner.get(key))
-
-    async def get_many(self, keys: Sequence[str]) -> list[bytes | Exception | None]:
-        return await self._op("get_many", ",".join(keys[:1]), lambda: self.inner.get_many(keys))
-
-    async def walk(self, prefix: str) -> list[str]:
-        return await self._op("walk", prefix, lambda: self.inner.walk(prefix))
-
-    async def walk_modified(self, prefix: str) -> dict[str, float | None]:
-        return await self._op("walk", prefix, lambda: self.inner.walk_modified(prefix))
-
-    async def batch_delete(self, keys: Sequence[str]) -> None:
-        if not keys:
-            return
-        await self._op("batch_delete", ",".join(keys), lambda: self.inner.batch_delete(keys))
-
-    async def delete(self, key: str) -> None:
-        await self._op("delete", key, lambda: self.inner.delete(key))
-
-    async def check_access(self) -> None:
-        await self._op("check_access", "", self.inner.check_access)
-
-    async def close(self) -> None:
-        await self.inner.close()

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from procstore.errors import StoreError
+from procstore.store.wrapping import MUTATING_KINDS, WRITE_KINDS
 
 Action = Literal["transient", "crash", "tear", "delay"]
 When = Literal["before", "after"]
 
-WRITES = frozenset({"put", "put_if_absent", "put_if_version"})
-MUTATING = WRITES | {"batch_delete", "delete"}
+WRITES = WRITE_KINDS
+MUTATING = MUTATING_KINDS
 
 
 class SimulatedCrash(BaseException):

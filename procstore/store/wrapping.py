@@ -1,0 +1,75 @@
+"""`WrappingStore`: a `StateStore` that delegates to another, passing each operation through
+one hook. `GuardedStore` (lease checks) and `procstore.testing.FaultyStore` (fault
+injection) are both this, with a different `around`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from procstore.store.state_store import StateStore
+
+T = TypeVar("T")
+
+WRITE_KINDS = frozenset({"put", "put_if_absent", "put_if_version"})
+"""The operations that write a value."""
+MUTATING_KINDS = WRITE_KINDS | {"batch_delete", "delete"}
+"""The operations that change the store."""
+
+
+class WrappingStore(StateStore):
+    """Delegates every operation to `inner` through `around(kind, key, call, value)`.
+
+    `kind` is the method's name (`walk_modified` counts as `walk`), `key` the key it acts
+    on (a batch delete's keys joined by commas, `""` for `check_access`), `call` does the
+    operation on `inner`, and `value` is the bytes a write would store. `delete_in_order`
+    is the base class's, made of this store's own deletes; `close` closes `inner`.
+    """
+
+    def __init__(self, inner: StateStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.supports_create_only = inner.supports_create_only
+        self.supports_compare_and_swap = inner.supports_compare_and_swap
+
+    async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
+        """Run `call`; override to act before or after it."""
+        return await call()
+
+    async def put(self, key: str, value: bytes) -> None:
+        await self.around("put", key, lambda: self.inner.put(key, value), value)
+
+    async def put_if_absent(self, key: str, value: bytes) -> bool:
+        return await self.around("put_if_absent", key, lambda: self.inner.put_if_absent(key, value), value)
+
+    async def put_if_version(self, key: str, value: bytes, version: str | None) -> bool:
+        return await self.around("put_if_version", key, lambda: self.inner.put_if_version(key, value, version), value)
+
+    async def get(self, key: str) -> bytes | None:
+        return await self.around("get", key, lambda: self.inner.get(key))
+
+    async def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        return await self.around("get_versioned", key, lambda: self.inner.get_versioned(key))
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | Exception | None]:
+        return await self.around("get_many", ",".join(keys[:1]), lambda: self.inner.get_many(keys))
+
+    async def walk(self, prefix: str) -> list[str]:
+        return await self.around("walk", prefix, lambda: self.inner.walk(prefix))
+
+    async def walk_modified(self, prefix: str) -> dict[str, float | None]:
+        return await self.around("walk", prefix, lambda: self.inner.walk_modified(prefix))
+
+    async def batch_delete(self, keys: Sequence[str]) -> None:
+        if keys:
+            await self.around("batch_delete", ",".join(keys), lambda: self.inner.batch_delete(keys))
+
+    async def delete(self, key: str) -> None:
+        await self.around("delete", key, lambda: self.inner.delete(key))
+
+    async def check_access(self) -> None:
+        await self.around("check_access", "", self.inner.check_access)
+
+    async def close(self) -> None:
+        await self.inner.close()
