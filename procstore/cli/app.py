@@ -9,6 +9,7 @@ import click
 
 from procstore.cli.common import ExitCode
 from procstore.cli.demo import demo
+from procstore.cli.lease import lease
 from procstore.cli.listing import ls, tree, watch
 from procstore.cli.maintenance import delete, fail, gc
 from procstore.cli.show import show
@@ -20,7 +21,7 @@ def cli() -> None:
     """Crash-safe multi-step procedures on any fsspec store."""
 
 
-for command in (ls, show, tree, watch, gc, fail, delete, demo):
+for command in (ls, show, tree, watch, lease, gc, fail, delete, demo):
     cli.add_command(command)
 
 

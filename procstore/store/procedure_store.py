@@ -80,6 +80,7 @@ class ProcedureStore:
         if parent_path and not parent_path.endswith("/"):
             parent_path += "/"
         self.store = store
+        self.parent_path = parent_path
         self.proc_path = f"{parent_path}{PROC_PATH}"
         self.skip_strays = skip_strays
         """Whether `load_messages` sets apart unfinished-looking procedures with no key at

@@ -1,0 +1,92 @@
+"""`procstore lease`: which manager leads the store, as the stored lease says."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+import orjson
+
+from procstore.cli.common import (
+    CommandError,
+    ExitCode,
+    closing,
+    format_age,
+    format_time,
+    open_existing_store,
+    output_console,
+    run_command,
+    store_options,
+)
+from procstore.runtime.lease import LEASE_KEY, LeaseRecord
+from procstore.store import ProcedureStore
+
+
+def lease_state(record: LeaseRecord, age: float | None) -> tuple[str, str]:
+    """`held`, `released` or `expired`, and what a standby would conclude, from the
+    record and its age on this machine's clock."""
+    if record.released:
+        return "released", "released: the next manager to look takes over"
+    if age is None:
+        return "held", "held (time of the last renewal unknown)"
+    if age > record.ttl:
+        return "expired", f"expired: not renewed for {age:.1f} s > ttl {record.ttl:g} s; a standby takes over"
+    return "held", f"held (renewed {age:.1f} s ago)"
+
+
+async def read_lease(store: ProcedureStore) -> tuple[str, bytes | None, float | None]:
+    """The lease's key, its bytes (None if absent) and the store's modification time."""
+    key = f"{store.parent_path}{LEASE_KEY}"
+    modified = await store.store.walk_modified(key.rsplit("/", 1)[0] + "/")
+    return key, await store.store.get(key), modified.get(key)
+
+
+@click.command("lease")
+@store_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+@run_command
+async def lease(url: str, storage_options: tuple[str, ...], parent_path: str, as_json: bool) -> None:
+    """Who leads the managers of this store: holder, epoch, TTL and the last renewal.
+
+    Only managers started with `lease=` keep a lease. The age of the last renewal compares
+    the store's clock (the object's modification time) with this machine's, so clock skew
+    shows in it; the managers themselves never compare two machines' clocks.
+    """
+    store = await open_existing_store(url, storage_options, parent_path)
+    key, raw, modified = await closing(store, read_lease(store))
+    where = f"{store.store.url}{key}"
+    if raw is None:
+        raise CommandError(
+            f"no lease at {where}: the managers of this store run without `lease=`, or none has started yet",
+            ExitCode.NOT_FOUND,
+        )
+    try:
+        record = LeaseRecord.decode(raw)
+    except ValueError as e:
+        raise CommandError(
+            f"{where} is unreadable: {e}. The managers cannot lead while it is; delete it once none is running",
+            ExitCode.UNREADABLE,
+        ) from e
+    age = None if modified is None else max(0.0, time.time() - modified)
+    if as_json:
+        out: dict[str, Any] = {
+            "key": key,
+            "holder": record.holder,
+            "epoch": record.epoch,
+            "renewal": record.renewal,
+            "ttl": record.ttl,
+            "released": record.released,
+            "modified": modified,
+            "state": lease_state(record, age)[0],
+        }
+        sys.stdout.write(orjson.dumps(out).decode() + "\n")
+        return
+    console = output_console()
+    console.print(f"lease    {where}")
+    console.print(f"holder   {record.holder}")
+    console.print(f"epoch    {record.epoch} (leaderships so far), renewal {record.renewal}")
+    console.print(f"ttl      {record.ttl:g} s")
+    console.print(f"written  {format_time(modified)} ({format_age(modified, time.time())})")
+    console.print(f"state    {lease_state(record, age)[1]}")
