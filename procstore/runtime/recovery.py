@@ -9,6 +9,7 @@ and committed children whose parent is gone, have their keys deleted.
 from __future__ import annotations
 
 import logging
+import time
 
 from procstore.bulk import collector_paused
 from procstore.errors import ProcedureError
@@ -154,7 +155,10 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
     Such a procedure would wait for the next takeover; a leader therefore looks again from
     time to time. A root is adopted only when two looks in a row found it unknown (and not
     being submitted, `busy`), so a procedure this manager is writing right now is never
-    taken for a stranger. Returns the unknown roots seen this time, for the next look.
+    taken for a stranger. Folders that nothing will run (no step 0, or committed) and that
+    two looks found unknown are deleted, as recovery would: a former leader paused beyond
+    `late_write_grace` can re-create a key of a procedure that has finished since.
+    Returns the unknown procedures seen this time, for the next look.
     """
     # Listing is cheap; reading every value is not: read only when someone is unknown.
     listed = KeysByProcedure.group(ctx.store.proc_path, await ctx.store.store.walk(ctx.store.proc_path))
@@ -162,6 +166,18 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
         return set()
     loaded = await ctx.store.load_messages()
     unknown_now: set[ProcedureId] = set()
+    leftovers = [pid for pid in _leftovers(loaded) if not ctx.is_known(pid) and pid not in busy]
+    unknown_now.update(leftovers)
+    # Not during the grace: an inherited procedure's keys wait it out even if forgotten.
+    doomed = [pid for pid in leftovers if pid in seen_before and time.monotonic() >= ctx.inherited_deletes_after]
+    if doomed:
+        logger.warning(
+            "deleting %d leftover procedure folders (no step 0, or committed: keys re-created by a late write of "
+            "a paused former leader, or a cut-short cleanup): %s",
+            len(doomed),
+            ", ".join(map(str, doomed[:10])),
+        )
+        await ctx.store.delete_procedures(doomed)
     for messages, rolling_back in ((loaded.rollback_messages, True), (loaded.messages, False)):
         for pid, message in messages.items():
             if message.parent_id is not None or ctx.is_known(pid) or pid in busy:
@@ -172,6 +188,16 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
                 _adopt_children(ctx, pid, loaded)
                 _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=[])
     return unknown_now - seen_before
+
+
+def _leftovers(loaded: ProcedureMessages) -> list[ProcedureId]:
+    """Folders nothing will run: strays, and committed roots (or committed keys alone)."""
+    committed = [
+        pid
+        for pid in loaded.finished_ids
+        if (message := loaded.finished_messages.get(pid)) is None or message.parent_id is None
+    ]
+    return loaded.stray_ids + committed
 
 
 def _adopt_children(ctx: ManagerContext, root: ProcedureId, loaded: ProcedureMessages) -> None:

@@ -12,6 +12,7 @@ import pytest
 from procstore import DuplicateProcedure, LeaseExpired, NotLeader, ProcedureManager, StoreError, StoreUnavailable
 from procstore.runtime.lease import LEASE_KEY, Lease, LeaseRecord
 from procstore.store import open_state_store
+from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.state_store import StateStore
 from procstore.testing import Fault, FaultyStore
@@ -193,6 +194,26 @@ async def test_a_leader_adopts_a_procedure_stored_after_its_recovery(local_targe
     await manager.store.create_procedure(late.id, "test::Steps", late.procedure.dump(), None)
     await eventually(lambda: (s := manager.procedure_state(late.id)) is not None and s.is_done(), timeout=10)
     assert world.counts["steps/0"] == world.counts["steps/1"] == 1
+    await manager.stop()
+
+
+async def test_a_leader_deletes_keys_a_late_write_re_created_after_the_procedure_finished(
+    local_target: StoreTarget,
+) -> None:
+    """A former leader paused beyond the grace delivers a step or a commit of a procedure
+    that has finished and been deleted since: the folder holds that one key. Nothing runs
+    it, and the leader's next looks delete it."""
+    world = World.new()
+    manager = manager_for(local_target, lease=Lease(ttl=TTL, holder="cp-2", adopt_interval=0.1, late_write_grace=0))
+    await manager.start()
+    late_step, late_commit = steps(world, 5), steps(world, 5)
+    message = ProcedureMessage("test::Steps", late_step.procedure.dump(), None, 3).encode()
+    await manager.store.store.put_if_absent(manager.store.key(late_step.id, 3, KeyType.STEP), message)
+    await manager.store.store.put_if_absent(manager.store.key(late_commit.id, 4, KeyType.COMMIT), b"")
+    folders = Path(local_target.url) / "procedure"
+    assert {p.name for p in folders.iterdir()} == {str(late_step.id), str(late_commit.id)}
+    await eventually(lambda: not any(folders.iterdir()), timeout=10)
+    assert manager.procedure_state(late_step.id) is None and world.log == []
     await manager.stop()
 
 
