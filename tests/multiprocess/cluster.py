@@ -49,6 +49,32 @@ def recording_s3_server(record: Path, fault_rate: float = 0.0, seed: int = 0) ->
         proc.wait(timeout=10)
 
 
+@contextmanager
+def moto_s3_server() -> Iterator[str]:
+    """moto's own server (`python -m moto.server`) in its own process; yields its endpoint."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                s3_client(endpoint).list_buckets()
+                break
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's server did not start on {endpoint}") from None
+                time.sleep(0.1)
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def s3_client(endpoint: str) -> Any:
     return boto3.client(
         "s3",
@@ -192,3 +218,21 @@ def lease_holder(client: Any, bucket: str) -> str | None:
 def procedure_keys_left(client: Any, bucket: str) -> list[str]:
     found = client.list_objects_v2(Bucket=bucket, Prefix="cp/procedure/")
     return [o["Key"] for o in found.get("Contents", [])]
+
+
+def stored_versions(client: Any, bucket: str) -> tuple[Counter[str], Counter[str]]:
+    """From a versioned bucket: how many versions each procedure key has had with a value
+    (a torn, empty create does not count; commits are empty by format and count always),
+    and how many `.commit` versions each procedure id has had."""
+    values: Counter[str] = Counter()
+    commits: Counter[str] = Counter()
+    for page in client.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix="cp/procedure/"):
+        for version in page.get("Versions", []):
+            match = _PROCEDURE_KEY.search("/" + version["Key"])
+            if match is None:
+                continue
+            if match[3] == "commit":
+                commits[match[1]] += 1
+            if match[3] == "commit" or version["Size"] > 0:
+                values[version["Key"]] += 1
+    return values, commits

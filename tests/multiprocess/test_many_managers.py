@@ -11,7 +11,9 @@ import signal
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,10 +22,12 @@ from tests.multiprocess.cluster import (
     committed,
     created,
     lease_holder,
+    moto_s3_server,
     procedure_keys_left,
     read_record,
     recording_s3_server,
     s3_client,
+    stored_versions,
 )
 from tests.multiprocess.worker import procedure_ids
 
@@ -43,18 +47,17 @@ def check_record(record: Path, ids: list[str]) -> None:
     assert unconditional == []
 
 
-def wait_until_done(client: object, bucket: str, record: Path, ids: list[str], timeout: float) -> None:
+def wait_until_done(client: object, bucket: str, done: Callable[[], int], n: int, logs: Path, timeout: float) -> None:
+    """Until `done()` (procedures committed) reaches `n` and no procedure key is left."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if len(committed(read_record(record))) == len(ids) and not procedure_keys_left(client, bucket):
+        if done() == n and not procedure_keys_left(client, bucket):
             return
         time.sleep(0.25)
-    done = len(committed(read_record(record)))
     tails = "\n".join(
-        f"--- {log.name}\n" + "\n".join(log.read_text().splitlines()[-15:])
-        for log in sorted(record.parent.glob("*.log"))
+        f"--- {log.name}\n" + "\n".join(log.read_text().splitlines()[-15:]) for log in sorted(logs.glob("*.log"))
     )
-    raise TimeoutError(f"{done} of {len(ids)} procedures committed after {timeout}s; worker logs:\n{tails}")
+    raise TimeoutError(f"{done()} of {n} procedures committed after {timeout}s; worker logs:\n{tails}")
 
 
 @pytest.fixture
@@ -69,50 +72,72 @@ def bucket_on_server(tmp_path: Path, request: pytest.FixtureRequest):  # type: i
 
 
 def disrupt_leaders(
-    endpoint: str, bucket: str, client: object, record: Path, *, n: int, seed: int, pause_share: float
-) -> Counter[str]:
+    endpoint: str,
+    bucket: str,
+    client: object,
+    logs: Path,
+    done: Callable[[], int],
+    *,
+    n: int,
+    seed: int,
+    pause_share: float,
+    long_pause: float | None = None,
+    sleep: float = 0.15,
+) -> tuple[list[str], Counter[str]]:
     """Three managers run `n` procedures; the leader is killed (SIGKILL, then replaced by a new
-    process) or paused past its lease (SIGSTOP, then SIGCONT) at random moments."""
+    process) or paused past its lease (SIGSTOP for one to three TTLs, or `long_pause` seconds
+    half of the time if given, then SIGCONT) at random moments, until `done()` (procedures
+    committed) reaches 80%. Returns the procedure ids and what was done."""
     rng = random.Random(seed)
     ids = [str(pid) for pid in procedure_ids(f"disrupted-{seed}", n)]
-    common = ["--ttl", str(TTL), "--seed", f"disrupted-{seed}", "--steps", "5", "--sleep", "0.15", "--slots", "20"]
-    workers = {"w0": Worker.start(endpoint, bucket, "w0", *common, "--submit", str(n), logs=record.parent)}
+    common = ["--ttl", str(TTL), "--seed", f"disrupted-{seed}", "--steps", "5", "--sleep", str(sleep), "--slots", "20"]
+    workers = {"w0": Worker.start(endpoint, bucket, "w0", *common, "--submit", str(n), logs=logs)}
     actions: Counter[str] = Counter()
     try:
         workers["w0"].wait_for("submitted")
         for name in ("w1", "w2"):
-            workers[name] = Worker.start(endpoint, bucket, name, *common, logs=record.parent)
-        while actions.total() < 4 and len(committed(read_record(record))) < n * 0.8:
+            workers[name] = Worker.start(endpoint, bucket, name, *common, logs=logs)
+        while actions.total() < 4 and done() < n * 0.8:
             time.sleep(rng.uniform(0.5, 2.5))
             holder = lease_holder(client, bucket)
             if holder is None or holder not in workers:
                 continue
             if rng.random() < pause_share:
+                long = long_pause is not None and rng.random() < 0.5
                 workers[holder].signal(signal.SIGSTOP)
-                time.sleep(rng.uniform(TTL, TTL * 3))
+                time.sleep(long_pause if long and long_pause else rng.uniform(TTL, TTL * 3))
                 workers[holder].signal(signal.SIGCONT)
-                actions["pause"] += 1
+                actions["long pause" if long else "pause"] += 1
             else:
                 workers.pop(holder).kill()
                 actions["kill"] += 1
                 name = f"w{actions.total() + 2}"
-                workers[name] = Worker.start(endpoint, bucket, name, *common, logs=record.parent)
+                workers[name] = Worker.start(endpoint, bucket, name, *common, logs=logs)
         assert actions.total() >= 3, f"the procedures finished after only {actions}"
-        wait_until_done(client, bucket, record, ids, timeout=80)
+        wait_until_done(client, bucket, done, n, logs, timeout=80)
     finally:
         for worker in workers.values():
             worker.kill()
+    return ids, actions
+
+
+def disrupt_recorded(bucket_on_server: tuple[str, str, object, Path], **options: Any) -> Counter[str]:
+    """`disrupt_leaders` on the recording server, then the record's checks."""
+    endpoint, bucket, client, record = bucket_on_server
+    ids, actions = disrupt_leaders(
+        endpoint, bucket, client, record.parent, lambda: len(committed(read_record(record))), **options
+    )
     check_record(record, ids)
     return actions
 
 
 def test_leaders_killed_at_random_while_200_procedures_run(bucket_on_server) -> None:  # type: ignore[no-untyped-def]
-    actions = disrupt_leaders(*bucket_on_server, n=200, seed=7, pause_share=0.0)
+    actions = disrupt_recorded(bucket_on_server, n=200, seed=7, pause_share=0.0)
     assert actions["kill"] >= 3
 
 
 def test_leaders_killed_and_paused_at_random(bucket_on_server) -> None:  # type: ignore[no-untyped-def]
-    actions = disrupt_leaders(*bucket_on_server, n=150, seed=8, pause_share=0.5)
+    actions = disrupt_recorded(bucket_on_server, n=150, seed=8, pause_share=0.5)
     assert actions["kill"] and actions["pause"], actions
 
 
@@ -133,7 +158,7 @@ def test_a_paused_leader_is_fenced_when_it_resumes(bucket_on_server) -> None:  #
         resumed_at = time.time()
         first.signal(signal.SIGCONT)
         first.wait_for("standing-by", timeout=TTL * 2)
-        wait_until_done(client, bucket, record, ids, timeout=60)
+        wait_until_done(client, bucket, lambda: len(committed(read_record(record))), n, record.parent, timeout=60)
     finally:
         first.kill()
         second.kill()
@@ -157,7 +182,7 @@ def test_a_tenth_of_requests_failing_ends_with_every_procedure_done(bucket_on_se
     try:
         workers[0].wait_for("submitted", timeout=120)
         workers += [Worker.start(endpoint, bucket, name, *common, logs=record.parent) for name in ("w1", "w2")]
-        wait_until_done(client, bucket, record, ids, timeout=90)
+        wait_until_done(client, bucket, lambda: len(committed(read_record(record))), n, record.parent, timeout=90)
     finally:
         for worker in workers:
             worker.kill()
@@ -173,3 +198,31 @@ def test_a_tenth_of_requests_failing_ends_with_every_procedure_done(bucket_on_se
     retries = max((e["retries"] for w in workers for e in w.events if e["event"] == "retries"), default=0)
     print(f"procstore-level retries: {retries}")
     assert retries <= 100 + 20 * 90  # the default budget: a burst of 100, then 20 a second
+
+
+def test_on_moto_s3_itself_no_procedure_key_gets_a_second_version(tmp_path: Path) -> None:
+    """The same disruptions, with pauses longer than `late_write_grace` too, judged only by
+    what S3 keeps: on a versioned bucket of moto's own server (no recording layer), every
+    procedure committed once, no procedure key ever held a second value, nothing is left."""
+    with moto_s3_server() as endpoint:
+        client = s3_client(endpoint)
+        bucket = f"procstore-{uuid.uuid4().hex[:12]}"
+        client.create_bucket(Bucket=bucket)
+        client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        ids, actions = disrupt_leaders(
+            endpoint,
+            bucket,
+            client,
+            tmp_path,
+            lambda: len(stored_versions(client, bucket)[1]),
+            n=100,
+            seed=9,
+            pause_share=0.6,
+            long_pause=TTL * 6,  # the default grace is five TTLs
+            sleep=0.5,  # slower steps: time for several disruptions
+        )
+        values, commits = stored_versions(client, bucket)
+    print(f"disruptions: {dict(actions)}")
+    assert sorted(commits) == sorted(ids)
+    assert [pid for pid, n in commits.items() if n != 1] == []
+    assert [key for key, n in values.items() if n > 1] == [], actions
