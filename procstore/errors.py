@@ -176,7 +176,7 @@ class NotLeader(ProcedureError):
     """`submit()` on a manager started with `lease=` that does not hold the lease.
 
     Submit to the leader instead (`leader` is its holder name, as it wrote it in the lease,
-    or None if no manager holds a live lease), or wait with `await manager.wait_leading()`.
+    or None if no manager holds a live lease), or wait with `await manager.wait_until_leading()`.
     """
 
     def __init__(self, holder: str, leader: str | None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, Self
@@ -136,3 +136,24 @@ class Context:
     provider: ContextProvider
     is_retrying: bool = False
     """True when this call repeats a step that raised `RetryLater` (or hit a store error)."""
+    fencing_token: int | None = None
+    """The epoch of the lease under which this step runs; None for a manager without `lease=`.
+
+    Each new leader's epoch is higher than every earlier one's. procstore fences its own
+    writes; a side effect elsewhere is not fenced. Pass this token along with it to a system
+    that remembers the highest token it has seen and refuses lower ones: a former leader's
+    late write (after a pause, say) is then refused there too."""
+    lease_check: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
+    """Raises `LeaseExpired` once the manager may no longer write; use `check_lease()`."""
+
+    def check_lease(self) -> None:
+        """Raise `LeaseExpired` unless this manager still holds its lease (no-op without one).
+
+        Call it right before a side effect outside the store. Let the error propagate: the
+        step is not failed, the manager stops leading, and the procedure resumes under the
+        next leader from its last stored step. The check narrows the window in which a
+        deposed leader acts but cannot close it (a process paused right after the check acts
+        late anyway); `fencing_token` closes it where the other system checks tokens.
+        """
+        if self.lease_check is not None:
+            self.lease_check(f"a side effect of procedure {self.procedure_id}")

@@ -84,6 +84,10 @@ class ManagerContext:
         `ProcedureMeta.inherited`); 0 without a lease."""
         self.on_fenced: Callable[[Fenced], None] | None = None
         """Replaces `step_down`'s own handling: a manager with a lease decides what a fence means."""
+        self.fencing_token: int | None = None
+        """The lease epoch of this term (None without a lease): `Context.fencing_token`."""
+        self.lease_check: Callable[[str], None] | None = None
+        """Raises `LeaseExpired` once this term may no longer write: `Context.check_lease`."""
         self._finished_trees: deque[tuple[float, list[ProcedureId]]] = deque()
 
     # -- ContextProvider -------------------------------------------------------------

@@ -89,7 +89,7 @@ class Leadership:
     def _begin(self) -> None:
         """Begin a term; its recovery runs in its own task, so renewals go on meanwhile."""
         self._broken.clear()
-        epoch = self.keeper.record.epoch if self.keeper.record else 0
+        epoch = self.keeper.epoch or 0
         logger.info("%s leads (lease epoch %d)", self.keeper.holder, epoch)
         self.terms.begin_term()
         self.is_leading = True

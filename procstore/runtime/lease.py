@@ -183,6 +183,11 @@ class LeaseKeeper:
         return self.lease.holder
 
     @property
+    def epoch(self) -> int | None:
+        """The epoch of the last record seen or written (this manager's own while it holds it)."""
+        return None if self.record is None else self.record.epoch
+
+    @property
     def is_holding(self) -> bool:
         """Whether this manager holds the lease and may still write."""
         return time.monotonic() < self._writable_until

@@ -224,6 +224,8 @@ class ProcedureManager:
         if self._leadership is not None:
             ctx.on_fenced = self._leadership.on_fenced
             ctx.inherited_deletes_after = time.monotonic() + self._leadership.keeper.lease.grace
+            ctx.lease_check = self._leadership.keeper.check_writable
+            ctx.fencing_token = self._leadership.keeper.epoch
         ctx.running = True
         self._ctx = ctx
         self._recovering = asyncio.get_running_loop().create_task(self._recover(ctx), name="procstore:recovery")

@@ -36,8 +36,9 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, RetryLater | StoreError) and not isinstance(exc, Fenced)
 
 
-def is_any_error(exc: BaseException) -> bool:
-    return isinstance(exc, Exception)
+def is_rollback_retryable(exc: BaseException) -> bool:
+    """Rollbacks are retried after any error, but not after `Fenced`: another manager runs it now."""
+    return isinstance(exc, Exception) and not isinstance(exc, Fenced)
 
 
 class RetryBudget:

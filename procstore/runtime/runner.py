@@ -27,7 +27,7 @@ from procstore.lock_key import StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.runtime.context import LoadFailed, ManagerContext
 from procstore.runtime.meta import ProcedureMeta
-from procstore.runtime.retry import is_any_error, is_transient
+from procstore.runtime.retry import is_rollback_retryable, is_transient
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage
@@ -121,7 +121,14 @@ class Runner:
     # -- executing -------------------------------------------------------------------
 
     def _context(self, attempt: int) -> Context:
-        return Context(self.meta.id, self.ctx, is_retrying=attempt > 1)
+        ctx = self.ctx
+        return Context(
+            self.meta.id,
+            ctx,
+            is_retrying=attempt > 1,
+            fencing_token=ctx.fencing_token,
+            lease_check=ctx.lease_check,
+        )
 
     async def _execute_once(self, attempt: int) -> Status:
         status = await self.procedure.execute(self._context(attempt))
@@ -136,6 +143,8 @@ class Runner:
     async def _execute_step(self) -> None:
         try:
             status = await self.ctx.policy.call(self._execute_once, on_retry=self._on_retry)
+        except Fenced:
+            raise  # from `ctx.check_lease()`: not the procedure's failure, the term's end
         except Exception as e:
             await self._fail(e)
             return
@@ -322,7 +331,9 @@ class Runner:
             await self.procedure.rollback(self._context(n))
 
         try:
-            await self.ctx.policy.call(attempt, retry_on=is_any_error, on_retry=on_retry)
+            await self.ctx.policy.call(attempt, retry_on=is_rollback_retryable, on_retry=on_retry)
+        except Fenced:
+            raise
         except Exception as e:
             error = f"{state.error}; then its rollback failed: {describe(e)} (it runs again at the next start)"
             await self._finish(

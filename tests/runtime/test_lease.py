@@ -5,11 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
-from procstore import DuplicateProcedure, LeaseExpired, NotLeader, ProcedureManager, StoreError, StoreUnavailable
+from procstore import (
+    Context,
+    DuplicateProcedure,
+    LeaseExpired,
+    NotLeader,
+    Procedure,
+    ProcedureManager,
+    ProcedureWithId,
+    Status,
+    StoreError,
+    StoreUnavailable,
+)
 from procstore.runtime.lease import LEASE_KEY, Lease, LeaseRecord
 from procstore.store import open_state_store
 from procstore.store.keys import KeyType
@@ -265,3 +278,84 @@ async def test_a_submit_whose_lease_ends_while_it_retries_reports_an_unknown_out
     await first.stop()
     await second.stop()
     await store.inner.close()
+
+
+class SideEffect(Procedure):
+    """Two steps; the second checks the lease, then records its fencing token (its side effect)."""
+
+    type_name = "tests::SideEffect"
+    effects: ClassVar[dict[str, list[int | None]]] = {}
+    gates: ClassVar[dict[str, asyncio.Event]] = {}
+
+    def __init__(self, name: str, at: int = 0) -> None:
+        self.name, self.at = name, at
+
+    async def execute(self, ctx: Context) -> Status:
+        if self.at == 0:
+            self.at = 1
+            return Status.executing(persist=True)
+        await self.gates[self.name].wait()
+        ctx.check_lease()
+        self.effects.setdefault(self.name, []).append(ctx.fencing_token)
+        return Status.done()
+
+    def dump(self) -> str:
+        return json.dumps([self.name, self.at])
+
+    @classmethod
+    def load(cls, data: str) -> SideEffect:
+        return cls(*json.loads(data))
+
+    @classmethod
+    def new(cls) -> tuple[ProcedureWithId, str, asyncio.Event]:
+        name = uuid.uuid4().hex
+        cls.gates[name] = asyncio.Event()
+        return ProcedureWithId.new(cls(name)), name, cls.gates[name]
+
+
+async def test_a_step_sees_its_leaders_epoch_as_fencing_token(memory_target: StoreTarget) -> None:
+    first, second = leased(memory_target, "cp-1"), leased(memory_target, "cp-2")
+    alone = manager_for(memory_target)
+    for manager in (first, second, alone):
+        manager.register(SideEffect)
+    await first.start()
+    await second.start()
+    procedure, name, gate = SideEffect.new()
+    await first.submit(procedure)
+    await eventually(lambda: first.procedure_state(procedure.id) is not None)
+    assert first._leadership is not None
+    await first._leadership.stop()  # dies without releasing, after its first step
+    await first.end_term()
+    await second.wait_until_leading()
+    gate.set()
+    watcher = second.procedure_watcher(procedure.id)
+    assert watcher is not None
+    await asyncio.wait_for(watcher.wait(), 10)
+    assert SideEffect.effects[name] == [2]  # cp-1 held epoch 1, cp-2 took over with 2
+    await first.stop()
+    await second.stop()
+    # Without a lease there is no token and nothing to check.
+    await alone.start()
+    procedure, name, gate = SideEffect.new()
+    gate.set()
+    await (await alone.submit(procedure)).wait()
+    assert SideEffect.effects[name] == [None]
+    await alone.stop()
+
+
+async def test_a_step_that_finds_its_lease_gone_before_a_side_effect_resumes_under_the_next_term(
+    local_target: StoreTarget,
+) -> None:
+    manager = leased(local_target, "cp-1")
+    manager.register(SideEffect)
+    await manager.start()
+    procedure, name, gate = SideEffect.new()
+    await manager.submit(procedure)
+    await eventually(lambda: (s := manager.procedure_state(procedure.id)) is not None and s.kind.name == "RUNNING")
+    time.sleep(TTL * 1.2)  # noqa: ASYNC251 - a paused process: no renewal
+    gate.set()  # the step may wake before the lease task: its check must refuse the side effect
+    await eventually(lambda: SideEffect.effects.get(name) is not None, timeout=10)
+    # Not failed: the step ran again in the next term (epoch 2), and only there acted.
+    assert SideEffect.effects[name] == [2]
+    await eventually(lambda: (s := manager.procedure_state(procedure.id)) is not None and s.is_done())
+    await manager.stop()

@@ -7,8 +7,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from procstore import RetryBudget, RetryLater
+from procstore import Fenced, LeaseExpired, RetryBudget, RetryLater, StoreError
 from procstore.runtime import RetryPolicy
+from procstore.runtime.retry import is_rollback_retryable, is_transient
 
 
 async def test_retries_then_succeeds_with_growing_delays() -> None:
@@ -94,3 +95,13 @@ async def test_a_shared_budget_makes_retries_beyond_its_burst_wait_their_turn() 
 def test_a_retry_budget_needs_a_positive_rate() -> None:
     with pytest.raises(ValueError, match="rate > 0"):
         RetryBudget(rate=0)
+
+
+def test_what_is_retried() -> None:
+    """A step retries `RetryLater` and store errors; a rollback any error; neither a fence."""
+    fenced, expired = Fenced("procedure/x/1.step", None), LeaseExpired("procedure/x/1.step", "cp-1", "gone")
+    assert is_transient(RetryLater("x")) and is_transient(StoreError("x"))
+    assert not is_transient(ValueError("x"))
+    assert is_rollback_retryable(ValueError("x")) and is_rollback_retryable(StoreError("x"))
+    for fence in (fenced, expired):
+        assert not is_transient(fence) and not is_rollback_retryable(fence)
