@@ -150,9 +150,13 @@ class FsspecStore(StateStore):
         with store_errors("listing", self.url, prefix):
             self.fs.invalidate_cache()
             try:
-                return await self._call("find", self._full(prefix).rstrip("/"), detail=detail)
+                found: dict[str, dict[str, Any]] = await self._call("find", self._full(prefix).rstrip("/"), detail=True)
             except FileNotFoundError:
-                return {} if detail else []
+                found = {}
+        # s3fs answers an empty listing with `info(prefix)`, which names the folder itself
+        # when keys appeared under it in between: a folder is not a key.
+        files = {path: info for path, info in found.items() if info.get("type") != "directory"}
+        return files if detail else list(files)
 
     async def batch_delete(self, keys: Sequence[str]) -> None:
         if not keys:

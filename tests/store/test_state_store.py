@@ -115,6 +115,29 @@ async def test_listing_sees_keys_written_by_another_client(s3_target: StoreTarge
         await other.close()
 
 
+async def test_a_key_written_during_a_listing_does_not_list_its_folder(
+    s3_target: StoreTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """s3fs answers an empty listing by asking for the prefix itself; if a key appeared in
+    between, that answer is the folder, which is not a key (seen with three managers)."""
+    store = open_state_store(s3_target.url, s3_target.storage_options)
+    try:
+        await store.put("procedure/a/0000000000.step", b"a")
+        fs = store.fs  # type: ignore[attr-defined]
+        real_lsdir = fs._lsdir
+
+        async def listing_before_the_write(path: str, *args: object, **kwargs: object) -> object:
+            if kwargs.get("delimiter") == "":
+                return []  # the listing ran before the key was written
+            return await real_lsdir(path, *args, **kwargs)
+
+        monkeypatch.setattr(fs, "_lsdir", listing_before_the_write)
+        assert await store.walk("procedure/") == []
+        assert await store.walk_modified("procedure/") == {}
+    finally:
+        await store.close()
+
+
 async def test_local_writes_leave_no_temp_files_and_are_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = LocalDirStore(tmp_path)
     await store.put("procedure/p/0000000000.step", b"good")
