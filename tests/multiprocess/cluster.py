@@ -236,3 +236,13 @@ def stored_versions(client: Any, bucket: str) -> tuple[Counter[str], Counter[str
             if match[3] == "commit" or version["Size"] > 0:
                 values[version["Key"]] += 1
     return values, commits
+
+
+def side_effects(client: Any, bucket: str) -> Counter[str]:
+    """How many times each procedure (by its number) wrote its last step's side effect
+    (`worker.py --side-effects`)."""
+    out: Counter[str] = Counter()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="effects/"):
+        for obj in page.get("Contents", []):
+            out[obj["Key"].split("/")[1]] += 1
+    return out

@@ -11,7 +11,8 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from tests.multiprocess.cluster import (
     read_record,
     recording_s3_server,
     s3_client,
+    side_effects,
     stored_versions,
 )
 from tests.multiprocess.worker import procedure_ids
@@ -53,7 +55,7 @@ def wait_until_done(client: object, bucket: str, done: Callable[[], int], n: int
     while time.monotonic() < deadline:
         if done() == n and not procedure_keys_left(client, bucket):
             return
-        time.sleep(0.25)
+        time.sleep(1.0)  # listing every version loads the server the managers use
     tails = "\n".join(
         f"--- {log.name}\n" + "\n".join(log.read_text().splitlines()[-15:]) for log in sorted(logs.glob("*.log"))
     )
@@ -83,21 +85,25 @@ def disrupt_leaders(
     pause_share: float,
     long_pause: float | None = None,
     sleep: float = 0.15,
+    disruptions: int = 4,
+    worker_options: Sequence[str] = (),
+    timeout: float = 80,
 ) -> tuple[list[str], Counter[str]]:
     """Three managers run `n` procedures; the leader is killed (SIGKILL, then replaced by a new
     process) or paused past its lease (SIGSTOP for one to three TTLs, or `long_pause` seconds
-    half of the time if given, then SIGCONT) at random moments, until `done()` (procedures
-    committed) reaches 80%. Returns the procedure ids and what was done."""
+    half of the time if given, then SIGCONT) at random moments, `disruptions` times or until
+    `done()` (procedures committed) reaches 80%. Returns the procedure ids and what was done."""
     rng = random.Random(seed)
     ids = [str(pid) for pid in procedure_ids(f"disrupted-{seed}", n)]
     common = ["--ttl", str(TTL), "--seed", f"disrupted-{seed}", "--steps", "5", "--sleep", str(sleep), "--slots", "20"]
+    common += worker_options
     workers = {"w0": Worker.start(endpoint, bucket, "w0", *common, "--submit", str(n), logs=logs)}
     actions: Counter[str] = Counter()
     try:
         workers["w0"].wait_for("submitted")
         for name in ("w1", "w2"):
             workers[name] = Worker.start(endpoint, bucket, name, *common, logs=logs)
-        while actions.total() < 4 and done() < n * 0.8:
+        while actions.total() < disruptions and done() < n * 0.8:
             time.sleep(rng.uniform(0.5, 2.5))
             holder = lease_holder(client, bucket)
             if holder is None or holder not in workers:
@@ -114,7 +120,7 @@ def disrupt_leaders(
                 name = f"w{actions.total() + 2}"
                 workers[name] = Worker.start(endpoint, bucket, name, *common, logs=logs)
         assert actions.total() >= 3, f"the procedures finished after only {actions}"
-        wait_until_done(client, bucket, done, n, logs, timeout=80)
+        wait_until_done(client, bucket, done, n, logs, timeout=timeout)
     finally:
         for worker in workers.values():
             worker.kill()
@@ -200,10 +206,22 @@ def test_a_tenth_of_requests_failing_ends_with_every_procedure_done(bucket_on_se
     assert retries <= 100 + 20 * 90  # the default budget: a burst of 100, then 20 a second
 
 
-def test_on_moto_s3_itself_no_procedure_key_gets_a_second_version(tmp_path: Path) -> None:
-    """The same disruptions, with pauses longer than `late_write_grace` too, judged only by
-    what S3 keeps: on a versioned bucket of moto's own server (no recording layer), every
-    procedure committed once, no procedure key ever held a second value, nothing is left."""
+@dataclass(frozen=True)
+class Judged:
+    """What a versioned bucket shows after `judge_by_s3_alone`."""
+
+    actions: Counter[str]
+    never_committed: list[str]
+    committed_twice: list[str]
+    second_values: list[str]
+    """Procedure keys that ever held a second value."""
+    side_effects: Counter[str]
+    """How many times each procedure's last step wrote its side effect (with `--side-effects`)."""
+
+
+def judge_by_s3_alone(logs: Path, *, n: int, seed: int, **options: Any) -> Judged:
+    """`disrupt_leaders` on a versioned bucket of moto's own server (no recording layer),
+    with pauses longer than `late_write_grace` half of the time, judged by what S3 keeps."""
     with moto_s3_server() as endpoint:
         client = s3_client(endpoint)
         bucket = f"procstore-{uuid.uuid4().hex[:12]}"
@@ -213,16 +231,30 @@ def test_on_moto_s3_itself_no_procedure_key_gets_a_second_version(tmp_path: Path
             endpoint,
             bucket,
             client,
-            tmp_path,
+            logs,
             lambda: len(stored_versions(client, bucket)[1]),
-            n=100,
-            seed=9,
+            n=n,
+            seed=seed,
             pause_share=0.6,
             long_pause=TTL * 6,  # the default grace is five TTLs
             sleep=0.5,  # slower steps: time for several disruptions
+            **options,
         )
         values, commits = stored_versions(client, bucket)
-    print(f"disruptions: {dict(actions)}")
-    assert sorted(commits) == sorted(ids)
-    assert [pid for pid, n in commits.items() if n != 1] == []
-    assert [key for key, n in values.items() if n > 1] == [], actions
+        effects = side_effects(client, bucket)
+    return Judged(
+        actions,
+        sorted(set(ids) - set(commits)),
+        sorted(pid for pid, count in commits.items() if count > 1),
+        sorted(key for key, count in values.items() if count > 1),
+        effects,
+    )
+
+
+def test_on_moto_s3_itself_no_procedure_key_gets_a_second_version(tmp_path: Path) -> None:
+    """Every procedure committed once, no procedure key ever held a second value, nothing is
+    left (`judge_by_s3_alone` waits for that)."""
+    judged = judge_by_s3_alone(tmp_path, n=100, seed=9)
+    print(f"disruptions: {dict(judged.actions)}")
+    assert judged.never_committed == [] and judged.committed_twice == []
+    assert judged.second_values == [], judged.actions

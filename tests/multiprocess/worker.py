@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 from procstore import (
     Context,
@@ -30,12 +30,21 @@ from procstore import (
     StoreError,
     StringKey,
 )
+from tests.multiprocess.cluster import s3_client
 
 
 class Work(Procedure):
-    """`steps` persisted steps of `sleep` seconds each, holding the lock of its slot."""
+    """`steps` persisted steps of `sleep` seconds each, holding the lock of its slot.
+
+    With `--side-effects`, the last step first writes `effects/{i}/{random}` to the bucket
+    (a call to another system, which procstore does not fence), after `ctx.check_lease()`
+    with `--check-lease`.
+    """
 
     type_name = "multiprocess::Work"
+    side_effects: ClassVar[tuple[Any, str] | None] = None
+    """(a boto3 client, the bucket) with `--side-effects`."""
+    check_lease: ClassVar[bool] = False
 
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
@@ -44,6 +53,12 @@ class Work(Procedure):
         await asyncio.sleep(self.data["sleep"])
         self.data["at"] += 1
         if self.data["at"] >= self.data["steps"]:
+            if self.side_effects is not None:
+                if self.check_lease:
+                    ctx.check_lease()
+                client, bucket = self.side_effects
+                key = f"effects/{self.data['i']}/{uuid.uuid4().hex}"
+                await asyncio.to_thread(client.put_object, Bucket=bucket, Key=key, Body=str(ctx.fencing_token).encode())
             return Status.done(self.data["i"])
         return Status.executing(persist=True)
 
@@ -87,6 +102,8 @@ async def run(args: argparse.Namespace) -> None:
         max_retry_delay=1.0,
         max_retry_times=8,
     )
+    if args.side_effects:
+        Work.side_effects, Work.check_lease = (s3_client(args.endpoint), args.bucket), args.check_lease
     manager.register(Work)
     await manager.start()
     say("started", leader=manager.is_leader)
@@ -136,6 +153,8 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=25)
     parser.add_argument("--read-timeout", type=float, default=2.0)
     parser.add_argument("--botocore-attempts", type=int, default=3, help="1: procstore retries every failure itself")
+    parser.add_argument("--side-effects", action="store_true", help="the last step writes effects/{i}/... first")
+    parser.add_argument("--check-lease", action="store_true", help="and calls ctx.check_lease() before")
     args = parser.parse_args()
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format=f"%(asctime)s {args.name} %(name)s %(levelname)s %(message)s"
