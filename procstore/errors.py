@@ -182,5 +182,9 @@ class NotLeader(ProcedureError):
     def __init__(self, holder: str, leader: str | None) -> None:
         self.holder = holder
         self.leader = leader
-        where = f"the leader is {leader!r}" if leader else "no manager holds the lease right now"
-        super().__init__(f"{holder} is a standby and does not accept submissions: {where}; submit there")
+        what_to_do = (
+            f"the leader is {leader!r}; submit there"
+            if leader
+            else "no manager holds the lease right now; try again shortly, or wait_until_leading() here"
+        )
+        super().__init__(f"{holder} is a standby and does not accept submissions: {what_to_do}")

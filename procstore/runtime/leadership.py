@@ -117,8 +117,11 @@ class Leadership:
         if not self.is_leading:
             await self._stand_by(interval)
             return
+        # Wait until the renewal is due: an interval after the last one was sent, or at once
+        # after a failed attempt, so that every second left is used for trying again.
+        wait = min(self.keeper.seconds_to_renewal, self.keeper.seconds_left)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._broken.wait(), timeout=min(interval, max(self.keeper.seconds_left, 0)))
+            await asyncio.wait_for(self._broken.wait(), timeout=max(wait, 0))
         if self._broken.is_set():
             holding = self.keeper.is_holding
             await self._end("a runner was fenced" if holding else "the lease ran out before a write")
@@ -152,12 +155,25 @@ class Leadership:
             await self._end("no renewal succeeded in time")
             return
         try:
-            # One attempt may not eat the whole lease: a request the store holds (a timeout)
-            # is given up after one interval and tried again, while there is time.
-            timeout = min(keeper.seconds_left, keeper.lease.renew_interval)
-            renewed = await asyncio.wait_for(keeper.renew_once(), timeout=timeout)
+            renewed = await asyncio.wait_for(keeper.renew_once(), timeout=self._attempt_budget())
         except (StoreError, TimeoutError) as e:
-            logger.warning("lease renewal failed (%s); %.2fs left to renew", e or type(e).__name__, keeper.seconds_left)
+            logger.warning(
+                "lease renewal failed (%s); %.2fs left to renew", str(e) or type(e).__name__, keeper.seconds_left
+            )
+            # A short pause, so that a store refusing at once is not asked in a tight loop.
+            await asyncio.sleep(min(keeper.lease.renew_interval / 8, max(keeper.seconds_left, 0)))
             return
         if not renewed:
             await self._end(f"the lease is held by {keeper.leader}")
+
+    def _attempt_budget(self) -> float:
+        """How long one renewal attempt may take before it is abandoned and tried again.
+
+        Half of what is left, but never less than one renewal interval (when that much is
+        left): a request the store holds is given up while a fresh one can still make it,
+        and a store that is merely slow (one moto process serving a leader's recovery)
+        still gets most of the lease to answer. An abandoned attempt that did land is
+        recognised by the next one (see `LeaseKeeper._write`).
+        """
+        left = max(self.keeper.seconds_left, 0.0)
+        return max(left / 2, min(self.keeper.lease.renew_interval, left))

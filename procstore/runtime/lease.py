@@ -177,6 +177,10 @@ class LeaseKeeper:
         self._seen_at = 0.0
         self._writable_until = 0.0
         """`time.monotonic()` after which this manager must not write (0 if not holding)."""
+        self._renewed_at = 0.0
+        """`time.monotonic()` when the last successful write of the lease was sent."""
+        self._sending: tuple[LeaseRecord, float] | None = None
+        """The record last sent and when it was first sent (attempts can be abandoned)."""
 
     @property
     def holder(self) -> str:
@@ -198,12 +202,23 @@ class LeaseKeeper:
         return self._writable_until - time.monotonic()
 
     @property
+    def seconds_to_renewal(self) -> float:
+        """Seconds until the next renewal is due (<= 0: now, e.g. after a failed attempt)."""
+        return self._renewed_at + self.lease.renew_interval - time.monotonic()
+
+    @property
     def leader(self) -> str | None:
-        """The holder named by the last record seen, unless it released the lease."""
+        """The holder named by the last record seen, unless it released the lease.
+
+        None as well when that record is this manager's own lapsed lease: nobody is known to
+        lead until a read shows who took it (this manager, again, perhaps).
+        """
         if self.is_holding:
             return self.holder
         record = self.record
-        return None if record is None or record.released else record.holder
+        if record is None or record.released or record.holder == self.holder:
+            return None
+        return record.holder
 
     def check_writable(self, key: str) -> None:
         """Raise `LeaseExpired` unless this manager may still write (called before each write)."""
@@ -234,12 +249,19 @@ class LeaseKeeper:
             ) from e
 
     async def _write(self, record: LeaseRecord, version: str | None) -> bool:
-        """Compare-and-swap `record` in; on success the lease runs from before the send."""
+        """Compare-and-swap `record` in; on success the lease runs from before the send.
+
+        Records never repeat, so a refused swap that reads back our own bytes means an
+        earlier, abandoned attempt at the same record landed: the lease then runs from that
+        attempt's send, the earliest moment a standby can have seen it.
+        """
         sent_at = time.monotonic()
+        if self._sending is not None and self._sending[0] == record:
+            sent_at = self._sending[1]
+        self._sending = (record, sent_at)
         await self.store.put_if_version(self.key, record.encode(), version)
         # Read back whatever the swap answered: it gives the version for the next swap, and
-        # a refused swap may be our own earlier attempt whose answer was lost (records never
-        # repeat, so equal bytes are ours).
+        # a refused swap may be our own earlier attempt whose answer was lost.
         found = await self._read()
         self._seen_at = time.monotonic()
         if found is None:
@@ -248,8 +270,10 @@ class LeaseKeeper:
         self.record, self._version = found
         if found[0] != record:
             return False
+        self._renewed_at = sent_at
         self._writable_until = sent_at + self.lease.ttl - self.lease.margin
-        return True
+        # False if the attempt that landed was sent so long ago that the lease has run out.
+        return self.is_holding
 
     async def acquire_once(self) -> bool:
         """Look at the lease once; take it if it is free, released or expired. True if held now.
@@ -294,16 +318,25 @@ class LeaseKeeper:
     async def release(self) -> None:
         """Mark the lease released so a standby takes over without waiting for the TTL.
 
-        Call only once nothing more will be written. Errors are logged: an unreleased lease
-        simply expires.
+        Call only once nothing more will be written. The stored record is read first: it is
+        released if it is still this manager's term (same holder and epoch), even when this
+        manager had stopped counting on it (a renewal whose answer was lost, say), since no
+        other manager writes a record with our holder and epoch. Errors are logged: an
+        unreleased lease simply expires.
         """
-        record = self.record
-        if record is None or record.holder != self.holder or self._writable_until == 0.0:
-            return
         self.give_up()
+        record = self.record
+        if record is None or record.holder != self.holder:
+            return
         try:
+            found = await self._read()
+            if found is None:
+                return
+            stored, version = found
+            if stored.holder != self.holder or stored.epoch != record.epoch or stored.released:
+                return
             await self.store.put_if_version(
-                self.key, replace(record, renewal=record.renewal + 1, released=True).encode(), self._version
+                self.key, replace(stored, renewal=stored.renewal + 1, released=True).encode(), version
             )
         except StoreError as e:
             logger.warning("could not release the lease (%s); it expires in %.0fs", e, record.ttl)
