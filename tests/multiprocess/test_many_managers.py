@@ -84,7 +84,7 @@ def disrupt_leaders(
     seed: int,
     pause_share: float,
     long_pause: float | None = None,
-    sleep: float = 0.15,
+    sleep: float = 0.3,
     disruptions: int = 4,
     worker_options: Sequence[str] = (),
     timeout: float = 80,
@@ -134,6 +134,7 @@ def disrupt_recorded(bucket_on_server: tuple[str, str, object, Path], **options:
         endpoint, bucket, client, record.parent, lambda: len(committed(read_record(record))), **options
     )
     check_record(record, ids)
+    print(f"disruptions: {dict(actions)}")
     return actions
 
 
