@@ -164,7 +164,8 @@ class Leadership:
             await asyncio.sleep(min(keeper.lease.renew_interval / 8, max(keeper.seconds_left, 0)))
             return
         if not renewed:
-            await self._end(f"the lease is held by {keeper.leader}")
+            leader = keeper.leader
+            await self._end(f"the lease is held by {leader}" if leader else "its renewal landed too late to count on")
 
     def _attempt_budget(self) -> float:
         """How long one renewal attempt may take before it is abandoned and tried again.

@@ -54,6 +54,20 @@ async def test_a_renewal_whose_answer_was_lost_is_recognised_and_counted_from_it
     assert keeper.seconds_left == pytest.approx(from_first_send, abs=0.05)
 
 
+async def test_a_renewal_recognised_only_after_its_lease_ran_out_does_not_count(memory_target: StoreTarget) -> None:
+    store = FaultyStore(open_state_store(memory_target.url))
+    keeper = keeper_on(store)
+    assert await keeper.acquire_once()
+    store.plan.faults.append(lost_answer())
+    with pytest.raises(StoreError):
+        await keeper.renew_once()
+    await asyncio.sleep(0.5)
+    # The retry's read-back comes after the first attempt's lease (0.8 s) is over.
+    store.plan.faults.append(Fault("delay", kinds=frozenset({"get_versioned"}), seconds=0.4, times=1))
+    assert not await keeper.renew_once()
+    assert not keeper.is_holding and keeper.leader is None
+
+
 async def test_release_after_a_lost_answer_still_marks_the_lease_released(memory_target: StoreTarget) -> None:
     store = FaultyStore(open_state_store(memory_target.url))
     keeper = keeper_on(store)
