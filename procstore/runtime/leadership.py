@@ -154,27 +154,40 @@ class Leadership:
             keeper.give_up()
             await self._end("no renewal succeeded in time")
             return
-        try:
-            renewed = await asyncio.wait_for(keeper.renew_once(), timeout=self._attempt_budget())
-        except (StoreError, TimeoutError) as e:
-            logger.warning(
-                "lease renewal failed (%s); %.2fs left to renew", str(e) or type(e).__name__, keeper.seconds_left
-            )
-            # A short pause, so that a store refusing at once is not asked in a tight loop.
-            await asyncio.sleep(min(keeper.lease.renew_interval / 8, max(keeper.seconds_left, 0)))
-            return
-        if not renewed:
+        renewed = await self._renew_hedged()
+        if renewed is False:
             leader = keeper.leader
             await self._end(f"the lease is held by {leader}" if leader else "its renewal landed too late to count on")
 
-    def _attempt_budget(self) -> float:
-        """How long one renewal attempt may take before it is abandoned and tried again.
+    async def _renew_hedged(self) -> bool | None:
+        """One renewal, as `renew_once` answers it; None if no attempt succeeded in time.
 
-        Half of what is left, but never less than one renewal interval (when that much is
-        left): a request the store holds is given up while a fresh one can still make it,
-        and a store that is merely slow (one moto process serving a leader's recovery)
-        still gets most of the lease to answer. An abandoned attempt that did land is
-        recognised by the next one (see `LeaseKeeper._write`).
+        No attempt is abandoned while the lease lasts: a slow store's answer (one moto
+        process serving a leader's recovery) is still worth having. An attempt that has not
+        answered within a renewal interval (a request the store holds) gets a second one
+        beside it, on a fresh request; both write the same record, so whichever lands second
+        is refused and reads back its twin (see `LeaseKeeper._write`). The first answer
+        decides, and the other attempt is cancelled.
         """
-        left = max(self.keeper.seconds_left, 0.0)
-        return max(left / 2, min(self.keeper.lease.renew_interval, left))
+        keeper = self.keeper
+        attempts: set[asyncio.Task[bool]] = set()
+        try:
+            while keeper.seconds_left > 0:
+                if len(attempts) < 2:
+                    attempts.add(asyncio.get_running_loop().create_task(keeper.renew_once()))
+                timeout = min(keeper.lease.renew_interval, keeper.seconds_left)
+                done, attempts = await asyncio.wait(attempts, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if (error := task.exception()) is None:
+                        return task.result()
+                    if not isinstance(error, StoreError):
+                        raise error
+                    logger.warning("lease renewal failed (%s); %.2fs left to renew", error, keeper.seconds_left)
+                if done and not attempts:
+                    # A short pause, so that a store refusing at once is not asked in a tight loop.
+                    await asyncio.sleep(min(keeper.lease.renew_interval / 8, max(keeper.seconds_left, 0)))
+            return None
+        finally:
+            for task in attempts:
+                task.cancel()
+            await asyncio.gather(*attempts, return_exceptions=True)

@@ -120,3 +120,29 @@ async def test_a_lapsed_lease_of_ones_own_names_no_leader(memory_target: StoreTa
     assert keeper.leader is None
     message = str(NotLeader("cp-1", keeper.leader))
     assert "no manager holds the lease right now; try again shortly" in message
+
+
+@pytest.mark.parametrize(
+    "delay",
+    [
+        pytest.param(Fault("delay", kinds=frozenset({"put_if_version"}), seconds=0.3), id="every-answer-slow"),
+        pytest.param(Fault("delay", kinds=frozenset({"put_if_version"}), seconds=30, times=1), id="one-request-held"),
+    ],
+)
+async def test_a_leader_keeps_its_lease_on_a_slow_store_and_past_a_held_request(
+    memory_target: StoreTarget, caplog: pytest.LogCaptureFixture, delay: Fault
+) -> None:
+    """A slow answer is waited for (not abandoned and asked again from the start), and a
+    request the store holds gets a second attempt beside it."""
+    store = FaultyStore(open_state_store(memory_target.url))
+    manager = manager_for(store, lease=Lease(ttl=TTL, holder="cp-1"))
+    await manager.start()
+    try:
+        store.plan.faults.append(delay)
+        with caplog.at_level(logging.WARNING, logger="procstore.lease"):
+            await asyncio.sleep(TTL * 2.5)
+        assert "stops leading" not in caplog.text
+        assert manager.is_leader
+    finally:
+        await manager.stop()
+        await store.inner.close()
