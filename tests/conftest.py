@@ -9,10 +9,7 @@ import os
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import shutil
-import socket
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from procstore.testing.pytest_plugin import create_bucket, free_port, s3_storage_options
+from procstore.testing.pytest_plugin import create_bucket, free_port, gcs_storage_options, s3_storage_options, serving
 
 
 @dataclass(frozen=True)
@@ -103,38 +100,30 @@ def store_target(request: pytest.FixtureRequest) -> StoreTarget:
 
 
 @pytest.fixture(scope="session")
-def gcs_endpoint() -> Iterator[str]:
-    """gcp-storage-emulator on 127.0.0.1, reached through gcsfs."""
+def gcs_endpoint(procstore_gcs_endpoint: str) -> str:
+    """The plugin's GCS emulator, which answers preconditions as GCS does (gcsfs over HTTP)."""
+    return procstore_gcs_endpoint
+
+
+@pytest.fixture(scope="session")
+def plain_gcs_endpoint() -> Iterator[str]:
+    """gcp-storage-emulator as it ships: it ignores every precondition."""
     exe = shutil.which("gcp-storage-emulator") or str(Path(sys.executable).parent / "gcp-storage-emulator")
     port = free_port()
-    proc = subprocess.Popen(
-        [exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-        except OSError:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        raise RuntimeError("gcp-storage-emulator did not start")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with serving([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"], port) as url:
+        yield url
+
+
+def gcs_bucket_target(endpoint: str) -> StoreTarget:
+    """A fresh bucket on the emulator at `endpoint`."""
+    import gcsfs
+
+    bucket = f"procstore-{uuid.uuid4().hex[:12]}"
+    options = gcs_storage_options(endpoint)
+    gcsfs.GCSFileSystem(skip_instance_cache=True, **options).mkdir(bucket)
+    return StoreTarget("gcs", f"gs://{bucket}/cp/", options)
 
 
 @pytest.fixture
 def gcs_target(gcs_endpoint: str) -> StoreTarget:
-    import gcsfs
-
-    bucket = f"procstore-{uuid.uuid4().hex[:12]}"
-    options = {"token": "anon", "endpoint_url": gcs_endpoint, "project": "test"}
-    fs = gcsfs.GCSFileSystem(skip_instance_cache=True, **options)
-    fs.mkdir(bucket)
-    return StoreTarget("gcs", f"gs://{bucket}/cp/", options)
+    return gcs_bucket_target(gcs_endpoint)

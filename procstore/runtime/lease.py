@@ -40,7 +40,9 @@ from procstore.store.state_store import StateStore
 
 logger = logging.getLogger("procstore.lease")
 
-LEASE_KEY = "lease/procedures.json"
+LEASE_FOLDER = "lease/"
+"""The lease's folder under the manager's `parent_path` (also where `start()` probes the store)."""
+LEASE_KEY = f"{LEASE_FOLDER}procedures.json"
 """Where the lease lives, under the manager's `parent_path`."""
 
 

@@ -26,7 +26,7 @@ from procstore.ids import ProcedureId
 from procstore.procedure import Procedure, ProcedureWithId
 from procstore.runtime.context import Loader, ManagerContext
 from procstore.runtime.leadership import Leadership
-from procstore.runtime.lease import Lease
+from procstore.runtime.lease import LEASE_FOLDER, Lease
 from procstore.runtime.recovery import adopt_unknown, recover
 from procstore.runtime.retry import RetryBudget, RetryPolicy
 from procstore.runtime.runner import Runner, describe, type_name_of
@@ -35,6 +35,7 @@ from procstore.state import ProcedureInfo, ProcedureState
 from procstore.store.guarded import GuardedStore
 from procstore.store.local import LocalDirStore
 from procstore.store.open import open_state_store
+from procstore.store.probe import ConditionalWritesIgnored, probe_conditional_writes
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.state_store import StateStore
 
@@ -174,7 +175,7 @@ class ProcedureManager:
         state_store = self._given_store or open_state_store(self.url, self.storage_options)
         try:
             await state_store.check_access()
-            self._check_lease_support(state_store)
+            await self._check_lease_support(state_store)
         except BaseException:
             if self._given_store is None:
                 await state_store.close()
@@ -200,14 +201,25 @@ class ProcedureManager:
             await self.stop()
             raise
 
-    def _check_lease_support(self, state_store: StateStore) -> None:
-        if self.lease is None or (state_store.supports_compare_and_swap and state_store.supports_create_only):
+    async def _check_lease_support(self, state_store: StateStore) -> None:
+        """With a lease: the store must promise conditional writes, and keep that promise when tried."""
+        if self.lease is None:
             return
-        raise StoreUnavailable(
-            f"{state_store.url}: a manager with a lease needs compare-and-swap and create-only writes, which this "
-            f"store ({type(state_store).__name__}) cannot guarantee across processes; use S3, a local directory or "
-            "memory://, or run a single manager without `lease=`"
-        )
+        remedy = "use S3, GCS, a local directory or memory://, or run a single manager without `lease=`"
+        if not (state_store.supports_compare_and_swap and state_store.supports_create_only):
+            raise StoreUnavailable(
+                f"{state_store.url}: a manager with a lease needs compare-and-swap and create-only writes, which "
+                f"this store ({type(state_store).__name__}) cannot guarantee across processes; {remedy}"
+            )
+        try:
+            await probe_conditional_writes(state_store, f"{self.parent_path}{LEASE_FOLDER}")
+        except ConditionalWritesIgnored as e:
+            raise StoreUnavailable(f"{e}: a manager with a lease cannot be fenced on this store; {remedy}") from e
+        except StoreError as e:
+            raise StoreUnavailable(
+                f"{state_store.url}: a manager with a lease could not try a conditional write ({e}); check that "
+                "these credentials may write to the store"
+            ) from e
 
     # Terms: with a lease, each leadership is a term with its own context, started when the
     # lease is won and ended (every runner cancelled) when it is lost; without one, a single

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from fsspec.spec import AbstractFileSystem
 
 from procstore.aio import run_blocking
+from procstore.errors import StoreError
 from procstore.store.errors import store_errors, unavailable
 from procstore.store.guarded import SEND_GUARD
 from procstore.store.state_store import StateStore
@@ -43,8 +45,9 @@ class FsspecStore(StateStore):
         self._inline = self.protocol == "memory" or bool(getattr(fs, "procstore_inline", False))
         self.supports_create_only = self.protocol in _CREATE_ONLY_PROTOCOLS
         self._s3 = self._async and self.protocol in ("s3", "s3a")
+        self._gcs = self._async and self.protocol in ("gs", "gcs")
         # memory:// lives in this process, so the in-process lock of the default is enough.
-        self.supports_compare_and_swap = self._s3 or self.protocol == "memory"
+        self.supports_compare_and_swap = self._s3 or self._gcs or self.protocol == "memory"
 
     def _full(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key
@@ -94,6 +97,8 @@ class FsspecStore(StateStore):
                     return False
                 await self._pipe(key, value)
                 return True
+            if self._gcs:
+                return await self._gcs_upload(key, value, if_generation_match="0")
             try:
                 await self._pipe(key, value, mode="create")
             except FileExistsError:
@@ -109,6 +114,8 @@ class FsspecStore(StateStore):
             return data
 
     async def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        if self._gcs:
+            return await self._gcs_get_versioned(key)
         if not self._s3:
             return await super().get_versioned(key)
         with store_errors("reading", self.url, key):
@@ -124,7 +131,11 @@ class FsspecStore(StateStore):
             return body, str(response["ETag"])
 
     async def put_if_version(self, key: str, value: bytes, version: str | None) -> bool:
-        """On S3, `If-Match: <etag>` (`If-None-Match: *` for `None`): atomic for every writer."""
+        """Atomic for every writer on S3 (`If-Match: <etag>`; `If-None-Match: *` for `None`) and
+        on GCS (`ifGenerationMatch=<generation>`; `0` for `None`)."""
+        if self._gcs:
+            with store_errors("writing", self.url, key):
+                return await self._gcs_upload(key, value, if_generation_match=version or "0")
         if not self._s3 or version is None:
             return await super().put_if_version(key, value, version)
         with store_errors("writing", self.url, key):
@@ -137,6 +148,42 @@ class FsspecStore(StateStore):
                     return False
                 raise
             return True
+
+    async def _gcs_get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """One media GET: GCS sends the object's generation with its bytes (`X-Goog-Generation`)."""
+        with store_errors("reading", self.url, key):
+            try:
+                headers, body = await self.fs._call("GET", self.fs.url(self._full(key)))
+            except FileNotFoundError:
+                return None
+        generation = headers.get("X-Goog-Generation")
+        if generation is None:
+            raise StoreError(
+                f"reading {self.url}{key}: the server sent no X-Goog-Generation header, so compare-and-swap "
+                "cannot be used on it (GCS sends one; the plain gcp-storage-emulator does not: test against "
+                "procstore.testing.gcs_server)",
+                key=key,
+            )
+        return bytes(body), str(generation)
+
+    async def _gcs_upload(self, key: str, value: bytes, *, if_generation_match: str) -> bool:
+        """A single-request upload that GCS applies only if the object's generation is
+        `if_generation_match` (`"0"`: it does not exist); False if it refused (412)."""
+        bucket, name, _ = self.fs.split_path(self._full(key))
+        try:
+            await self.fs._call(
+                "POST",
+                f"{self.fs._location}/upload/storage/v1/b/{quote(bucket, safe='')}/o",
+                uploadType="media",
+                name=name,
+                ifGenerationMatch=if_generation_match,
+                data=value,
+                headers={"Content-Type": "application/octet-stream"},
+                json_out=True,
+            )
+        except FileExistsError:  # gcsfs's name for 412 Precondition Failed
+            return False
+        return True
 
     async def walk(self, prefix: str) -> list[str]:
         return sorted(self._key(path) for path in await self._find(prefix, detail=False))
@@ -246,7 +293,27 @@ def _modified(info: dict[str, Any]) -> float | None:
     return None
 
 
-def _check_send_guard(request: Any, **_: Any) -> None:
+def _guard_request(method: str, url: str) -> None:
+    """Call the `SEND_GUARD` of the write in progress if this request changes the bucket."""
     guard = SEND_GUARD.get()
-    if guard is not None and request.method in ("PUT", "POST", "DELETE"):
-        guard(str(request.url))
+    if guard is not None and method in ("PUT", "POST", "DELETE", "PATCH"):
+        guard(url)
+
+
+def _check_send_guard(request: Any, **_: Any) -> None:
+    """botocore's `before-send` hook (S3): runs right before each attempt leaves the process."""
+    _guard_request(request.method, str(request.url))
+
+
+def send_guard_trace_config() -> Any:
+    """An aiohttp `TraceConfig` for gcsfs's session (`session_kwargs={"trace_configs": [...]}`)
+    that calls the write's `SEND_GUARD` right before each attempt is sent, gcsfs's own retries
+    included: GCS's counterpart of botocore's `before-send` hook."""
+    import aiohttp
+
+    async def on_request_start(_session: Any, _ctx: Any, params: aiohttp.TraceRequestStartParams) -> None:
+        _guard_request(params.method, str(params.url))
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_start.append(on_request_start)
+    return trace

@@ -9,7 +9,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from procstore.errors import StoreUnavailable
-from procstore.store.fsspec_store import FsspecStore
+from procstore.store.fsspec_store import FsspecStore, send_guard_trace_config
 from procstore.store.local import LocalDirStore
 from procstore.store.state_store import StateStore
 
@@ -43,6 +43,11 @@ def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any
         config = dict(options.get("config_kwargs") or {})
         config.setdefault("response_checksum_validation", "when_required")
         options["config_kwargs"] = config
+    if protocol in ("gs", "gcs"):
+        # A lease's write guard, checked again right before each request leaves (see guarded.py).
+        session = dict(options.get("session_kwargs") or {})
+        session["trace_configs"] = [*session.get("trace_configs", ()), send_guard_trace_config()]
+        options["session_kwargs"] = session
     if protocol in _ASYNC_PROTOCOLS:
         options.setdefault("asynchronous", True)
         options.setdefault("skip_instance_cache", True)

@@ -180,19 +180,46 @@ class ProcedureStore:
         with collector_paused():
             latest_of, to_read, stray = self._latest_keys(keys)
         values = await self._read_all([str(k) for k in to_read])
-        torn = [str(k) for k, v in zip(to_read, values, strict=True) if v == b"" and k.key_type is not KeyType.COMMIT]
-        if torn and self.skip_strays:
-            # Every message is non-empty JSON: an empty latest value is a create cut off by
-            # a killed writer (a test S3 server can store one; real S3 and a local directory
-            # cannot). It holds nothing: delete it, so the procedure resumes from the step
-            # before and writes this one again.
-            logger.warning("deleting %d empty latest keys left by killed writers: %s", len(torn), ", ".join(torn[:10]))
-            await self.store.batch_delete(torn)
-            return await self.load_messages()
+        if self.skip_strays:
+            torn = [i for i, (k, v) in enumerate(zip(to_read, values, strict=True)) if _is_torn(k, v)]
+            if torn and await self._step_over_torn(to_read, values, torn):
+                return await self.load_messages()
+            latest_of.update((to_read[i].procedure_id, to_read[i]) for i in torn)
         with collector_paused():
             result = self._classify(latest_of, dict(zip((k.procedure_id for k in to_read), values, strict=True)))
         result.stray_ids = stray
         return result
+
+    async def _step_over_torn(
+        self, to_read: list[ParsedKey], values: list[bytes | Exception | None], torn: list[int]
+    ) -> bool:
+        """Resume past empty latest keys: creates cut off by a killed writer.
+
+        Every message is non-empty JSON, so an empty latest `.step` or `.rollback` holds
+        nothing (a test S3 server can store one; real S3 and a local directory cannot). The
+        key is kept, since a create-only key is never written twice, and the procedure resumes
+        from the nearest readable step below it: `values[i]` becomes that step's bytes, under
+        the torn key's step number, so the next write goes one above. A torn step 0 (a submit
+        cut off before it returned) has nothing below: it is deleted, and True says to list
+        again.
+        """
+        unsubmitted = [str(to_read[i]) for i in torn if to_read[i].step == 0]
+        for i in torn:
+            key = to_read[i]
+            for step in range(key.step - 1, -1, -1):
+                below = await self.store.get(self.key(key.procedure_id, step, KeyType.STEP))
+                if below:
+                    values[i] = below
+                    to_read[i] = dataclasses.replace(key, key_type=KeyType.STEP)
+                    break
+        logger.warning(
+            "%d empty latest keys left by killed writers (resuming from the step below; deleting those at step 0): %s",
+            len(torn),
+            ", ".join(str(to_read[i]) for i in torn[:10]),
+        )
+        if unsubmitted:
+            await self.store.batch_delete(unsubmitted)
+        return bool(unsubmitted)
 
     async def _read_all(self, keys: list[str]) -> list[bytes | Exception | None]:
         """`get_many`, reading again what failed (a 503, a reset): a procedure skipped for a
@@ -272,6 +299,11 @@ class ProcedureStore:
         logger.error("skipping %s", problem)
         problems.append(problem)
         return None
+
+
+def _is_torn(key: ParsedKey, value: bytes | Exception | None) -> bool:
+    """An empty `.step` or `.rollback` (a `.commit` is empty by format)."""
+    return value == b"" and key.key_type is not KeyType.COMMIT
 
 
 def _latest_first(key: tuple[int, KeyType]) -> tuple[int, bool]:

@@ -2,6 +2,9 @@
 
 Fixtures:
 - `procstore_moto_endpoint` (session): a moto S3 server on 127.0.0.1, reached over HTTP.
+- `procstore_gcs_endpoint` (session): gcp-storage-emulator on 127.0.0.1 in its own process,
+  answering GCS's preconditions (`procstore.testing.gcs_server`); reach it with
+  `gcs_storage_options(endpoint)`.
 - `procstore_store`: a `StoreUnderTest` parametrized over memory://, a local directory and
   S3 on that moto server (a fresh bucket per test). Its `run_url(n)` gives run n of a crash
   explorer its own empty store.
@@ -15,8 +18,12 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +77,42 @@ def procstore_moto_endpoint() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+
+
+@contextmanager
+def serving(command: Sequence[str], port: int, *, startup: float = 20.0) -> Iterator[str]:
+    """Run a server process that listens on 127.0.0.1:`port`; yields its URL, stops it after."""
+    proc = subprocess.Popen(list(command), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + startup
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{command[0]} {' '.join(command[1:])} did not start listening") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def procstore_gcs_endpoint() -> Iterator[str]:
+    """gcp-storage-emulator answering GCS's preconditions, in its own process (needs `procstore[gcs]`
+    and `gcp-storage-emulator`). Set `GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false` before gcsfs is imported."""
+    port = free_port()
+    with serving([sys.executable, "-m", "procstore.testing.gcs_server", "--port", str(port)], port) as url:
+        yield url
+
+
+def gcs_storage_options(endpoint: str) -> dict[str, Any]:
+    return {"token": "anon", "endpoint_url": endpoint, "project": "test"}
 
 
 def s3_storage_options(endpoint: str) -> dict[str, Any]:

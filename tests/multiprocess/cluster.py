@@ -1,4 +1,5 @@
-"""Processes for the multi-process tests: a recording moto server and manager workers."""
+"""Processes for the multi-process tests: recording S3 and GCS servers, manager workers, and
+views of the bucket they share."""
 
 from __future__ import annotations
 
@@ -10,16 +11,17 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import boto3
 
-from procstore.testing.pytest_plugin import free_port
+from procstore.testing.pytest_plugin import free_port, gcs_storage_options, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 _PROCEDURE_KEY = re.compile(r"/cp/procedure/([0-9a-f-]{36})/(\d+)\.(step|commit|rollback)$")
@@ -75,6 +77,96 @@ def moto_s3_server() -> Iterator[str]:
         proc.wait(timeout=10)
 
 
+@contextmanager
+def recording_gcs_server(record: Path) -> Iterator[str]:
+    """`procstore.testing.gcs_server` (GCS's preconditions) in its own process; yields its endpoint."""
+    port = free_port()
+    command = [sys.executable, "-m", "procstore.testing.gcs_server", "--port", str(port), "--record", str(record)]
+    with serving(command, port) as endpoint:
+        yield endpoint
+
+
+class Bucket(Protocol):
+    """The bucket the workers share, as the test sees it from outside."""
+
+    @property
+    def backend(self) -> str:
+        """The worker's `--backend`."""
+
+    @property
+    def name(self) -> str: ...
+
+    def lease_holder(self) -> str | None:
+        """The holder named in the stored lease, unless released or absent."""
+
+    def procedure_keys_left(self) -> list[str]: ...
+
+
+def _holder(body: bytes | None) -> str | None:
+    if body is None:
+        return None
+    record = json.loads(body)
+    return None if record.get("released") else str(record["holder"])
+
+
+@dataclass(frozen=True)
+class S3Bucket:
+    client: Any
+    name: str
+    backend: str = "s3"
+
+    @classmethod
+    def create(cls, endpoint: str, *, versioned: bool = False) -> S3Bucket:
+        client = s3_client(endpoint)
+        name = f"procstore-{uuid.uuid4().hex[:12]}"
+        client.create_bucket(Bucket=name)
+        if versioned:
+            client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+        return cls(client, name)
+
+    def lease_holder(self) -> str | None:
+        try:
+            body = self.client.get_object(Bucket=self.name, Key="cp/lease/procedures.json")["Body"].read()
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return _holder(body)
+
+    def procedure_keys_left(self) -> list[str]:
+        found = self.client.list_objects_v2(Bucket=self.name, Prefix="cp/procedure/")
+        return [o["Key"] for o in found.get("Contents", [])]
+
+
+@dataclass(frozen=True)
+class GcsBucket:
+    fs: Any
+    """A blocking `gcsfs.GCSFileSystem` on the emulator."""
+    name: str
+    backend: str = "gcs"
+
+    @classmethod
+    def create(cls, endpoint: str) -> GcsBucket:
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+        import gcsfs
+
+        fs = gcsfs.GCSFileSystem(skip_instance_cache=True, use_listings_cache=False, **gcs_storage_options(endpoint))
+        name = f"procstore-{uuid.uuid4().hex[:12]}"
+        fs.mkdir(name)
+        return cls(fs, name)
+
+    def lease_holder(self) -> str | None:
+        try:
+            return _holder(self.fs.cat_file(f"{self.name}/cp/lease/procedures.json"))
+        except FileNotFoundError:
+            return None
+
+    def procedure_keys_left(self) -> list[str]:
+        self.fs.invalidate_cache()
+        try:
+            return list(self.fs.find(f"{self.name}/cp/procedure/"))
+        except FileNotFoundError:
+            return []
+
+
 def s3_client(endpoint: str) -> Any:
     return boto3.client(
         "s3",
@@ -96,12 +188,12 @@ class Worker:
     log: Path | None = None
 
     @classmethod
-    def start(cls, endpoint: str, bucket: str, name: str, *extra: str, logs: Path | None = None) -> Worker:
+    def start(cls, endpoint: str, bucket: Bucket, name: str, *extra: str, logs: Path | None = None) -> Worker:
         log = None if logs is None else logs / f"{name}.log"
         proc = subprocess.Popen(
             [
-                *(sys.executable, "-m", "tests.multiprocess.worker", "--endpoint", endpoint, "--bucket", bucket),
-                *("--name", name, *extra),
+                *(sys.executable, "-m", "tests.multiprocess.worker", "--endpoint", endpoint),
+                *("--bucket", bucket.name, "--backend", bucket.backend, "--name", name, *extra),
             ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
@@ -149,7 +241,7 @@ class Worker:
 
 @dataclass(frozen=True)
 class Write:
-    """One line of the server's record."""
+    """One line of a server's record (`procstore.testing.s3_server` or `gcs_server`)."""
 
     t: float
     wall: float
@@ -161,6 +253,17 @@ class Write:
     fault: str | None
     size: int
     """Bytes of the request body the server received (0: a create cut off by a killed client)."""
+    if_generation_match: str | None = None
+
+    @property
+    def wrote(self) -> bool:
+        """A write the server carried out: an S3 PUT or a GCS upload (a POST), answered 200."""
+        return self.method in ("PUT", "POST") and self.status == 200
+
+    @property
+    def create_only(self) -> bool:
+        """Sent as a create-only write: `If-None-Match: *` on S3, `ifGenerationMatch=0` on GCS."""
+        return self.if_none_match == "*" or self.if_generation_match == "0"
 
     @property
     def procedure_key(self) -> tuple[str, int, str] | None:
@@ -179,21 +282,22 @@ def read_record(path: Path) -> list[Write]:
                 obj["method"],
                 obj["key"],
                 obj["status"],
-                obj["client"],
-                obj["if_none_match"],
-                obj["fault"],
+                obj.get("client"),
+                obj.get("if_none_match"),
+                obj.get("fault"),
                 obj["size"],
+                obj.get("if_generation_match"),
             )
         )
     return writes
 
 
 def created(writes: list[Write]) -> Counter[str]:
-    """How many times each procedure key was created with a value (a PUT answered 200).
+    """How many times each procedure key was created (a PUT answered 200), empty or not.
 
     moto stores an empty object for a PUT whose sender was killed after the headers; recovery
-    deletes it and the key is written again, so such a torn create is not counted."""
-    return Counter(w.key for w in writes if w.method == "PUT" and w.status == 200 and w.size and w.procedure_key)
+    keeps it and resumes one step above, so even such a torn create is never repeated."""
+    return Counter(w.key for w in writes if w.wrote and w.procedure_key)
 
 
 def committed(writes: list[Write]) -> Counter[str]:
@@ -201,29 +305,14 @@ def committed(writes: list[Write]) -> Counter[str]:
     out: Counter[str] = Counter()
     for w in writes:
         parsed = w.procedure_key
-        if parsed is not None and parsed[2] == "commit" and w.method == "PUT" and w.status == 200:
+        if parsed is not None and parsed[2] == "commit" and w.wrote:
             out[parsed[0]] += 1
     return out
 
 
-def lease_holder(client: Any, bucket: str) -> str | None:
-    try:
-        body = client.get_object(Bucket=bucket, Key="cp/lease/procedures.json")["Body"].read()
-    except client.exceptions.NoSuchKey:
-        return None
-    record = json.loads(body)
-    return None if record.get("released") else str(record["holder"])
-
-
-def procedure_keys_left(client: Any, bucket: str) -> list[str]:
-    found = client.list_objects_v2(Bucket=bucket, Prefix="cp/procedure/")
-    return [o["Key"] for o in found.get("Contents", [])]
-
-
 def stored_versions(client: Any, bucket: str) -> tuple[Counter[str], Counter[str]]:
-    """From a versioned bucket: how many versions each procedure key has had with a value
-    (a torn, empty create does not count; commits are empty by format and count always),
-    and how many `.commit` versions each procedure id has had."""
+    """From a versioned bucket: how many versions each procedure key has had (empty ones, a
+    torn create's, included), and how many `.commit` versions each procedure id has had."""
     values: Counter[str] = Counter()
     commits: Counter[str] = Counter()
     for page in client.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix="cp/procedure/"):
@@ -233,8 +322,7 @@ def stored_versions(client: Any, bucket: str) -> tuple[Counter[str], Counter[str
                 continue
             if match[3] == "commit":
                 commits[match[1]] += 1
-            if match[3] == "commit" or version["Size"] > 0:
-                values[version["Key"]] += 1
+            values[version["Key"]] += 1
     return values, commits
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 import signal
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,15 +18,16 @@ from typing import Any
 import pytest
 
 from tests.multiprocess.cluster import (
+    Bucket,
+    GcsBucket,
+    S3Bucket,
     Worker,
     committed,
     created,
-    lease_holder,
     moto_s3_server,
-    procedure_keys_left,
     read_record,
+    recording_gcs_server,
     recording_s3_server,
-    s3_client,
     side_effects,
     stored_versions,
 )
@@ -38,22 +38,22 @@ TTL = 1.5
 
 def check_record(record: Path, ids: list[str]) -> None:
     """Every procedure committed exactly once, no procedure key created twice, none
-    written without `If-None-Match: *`."""
+    written without `If-None-Match: *` (S3) or `ifGenerationMatch=0` (GCS)."""
     writes = read_record(record)
     commits = committed(writes)
     assert sorted(commits) == sorted(ids), f"{len(set(ids) - set(commits))} procedures never committed"
     assert [pid for pid, n in commits.items() if n != 1] == []
     twice = [key for key, n in created(writes).items() if n > 1]
     assert twice == [], f"created more than once: {twice[:5]}"
-    unconditional = [w for w in writes if w.method == "PUT" and w.procedure_key and w.if_none_match != "*"]
+    unconditional = [w for w in writes if w.method in ("PUT", "POST") and w.procedure_key and not w.create_only]
     assert unconditional == []
 
 
-def wait_until_done(client: object, bucket: str, done: Callable[[], int], n: int, logs: Path, timeout: float) -> None:
+def wait_until_done(bucket: Bucket, done: Callable[[], int], n: int, logs: Path, timeout: float) -> None:
     """Until `done()` (procedures committed) reaches `n` and no procedure key is left."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if done() == n and not procedure_keys_left(client, bucket):
+        if done() == n and not bucket.procedure_keys_left():
             return
         time.sleep(1.0)  # listing every version loads the server the managers use
     tails = "\n".join(
@@ -67,16 +67,12 @@ def bucket_on_server(tmp_path: Path, request: pytest.FixtureRequest):  # type: i
     record = tmp_path / "writes.jsonl"
     fault_rate = getattr(request, "param", 0.0)
     with recording_s3_server(record, fault_rate=fault_rate, seed=11) as endpoint:
-        client = s3_client(endpoint)
-        bucket = f"procstore-{uuid.uuid4().hex[:12]}"
-        client.create_bucket(Bucket=bucket)
-        yield endpoint, bucket, client, record
+        yield endpoint, S3Bucket.create(endpoint), record
 
 
 def disrupt_leaders(
     endpoint: str,
-    bucket: str,
-    client: object,
+    bucket: Bucket,
     logs: Path,
     done: Callable[[], int],
     *,
@@ -85,6 +81,7 @@ def disrupt_leaders(
     pause_share: float,
     long_pause: float | None = None,
     sleep: float = 0.3,
+    slots: int = 20,
     disruptions: int = 4,
     worker_options: Sequence[str] = (),
     timeout: float = 80,
@@ -95,7 +92,8 @@ def disrupt_leaders(
     `done()` (procedures committed) reaches 80%. Returns the procedure ids and what was done."""
     rng = random.Random(seed)
     ids = [str(pid) for pid in procedure_ids(f"disrupted-{seed}", n)]
-    common = ["--ttl", str(TTL), "--seed", f"disrupted-{seed}", "--steps", "5", "--sleep", str(sleep), "--slots", "20"]
+    common = ["--ttl", str(TTL), "--seed", f"disrupted-{seed}", "--steps", "5", "--sleep", str(sleep)]
+    common += ["--slots", str(slots)]  # procedures run `slots` at a time (a lock per slot)
     common += worker_options
     workers = {"w0": Worker.start(endpoint, bucket, "w0", *common, "--submit", str(n), logs=logs)}
     actions: Counter[str] = Counter()
@@ -105,7 +103,7 @@ def disrupt_leaders(
             workers[name] = Worker.start(endpoint, bucket, name, *common, logs=logs)
         while actions.total() < disruptions and done() < n * 0.8:
             time.sleep(rng.uniform(0.5, 2.5))
-            holder = lease_holder(client, bucket)
+            holder = bucket.lease_holder()
             if holder is None or holder not in workers:
                 continue
             if rng.random() < pause_share:
@@ -120,18 +118,18 @@ def disrupt_leaders(
                 name = f"w{actions.total() + 2}"
                 workers[name] = Worker.start(endpoint, bucket, name, *common, logs=logs)
         assert actions.total() >= 3, f"the procedures finished after only {actions}"
-        wait_until_done(client, bucket, done, n, logs, timeout=timeout)
+        wait_until_done(bucket, done, n, logs, timeout=timeout)
     finally:
         for worker in workers.values():
             worker.kill()
     return ids, actions
 
 
-def disrupt_recorded(bucket_on_server: tuple[str, str, object, Path], **options: Any) -> Counter[str]:
+def disrupt_recorded(bucket_on_server: tuple[str, Bucket, Path], **options: Any) -> Counter[str]:
     """`disrupt_leaders` on the recording server, then the record's checks."""
-    endpoint, bucket, client, record = bucket_on_server
+    endpoint, bucket, record = bucket_on_server
     ids, actions = disrupt_leaders(
-        endpoint, bucket, client, record.parent, lambda: len(committed(read_record(record))), **options
+        endpoint, bucket, record.parent, lambda: len(committed(read_record(record))), **options
     )
     check_record(record, ids)
     print(f"disruptions: {dict(actions)}")
@@ -149,7 +147,7 @@ def test_leaders_killed_and_paused_at_random(bucket_on_server) -> None:  # type:
 
 
 def test_a_paused_leader_is_fenced_when_it_resumes(bucket_on_server) -> None:  # type: ignore[no-untyped-def]
-    endpoint, bucket, client, record = bucket_on_server
+    endpoint, bucket, record = bucket_on_server
     n = 60
     ids = [str(pid) for pid in procedure_ids("paused", n)]
     common = ["--ttl", str(TTL), "--seed", "paused", "--steps", "5", "--sleep", "0.1", "--slots", "20"]
@@ -165,7 +163,7 @@ def test_a_paused_leader_is_fenced_when_it_resumes(bucket_on_server) -> None:  #
         resumed_at = time.time()
         first.signal(signal.SIGCONT)
         first.wait_for("standing-by", timeout=TTL * 2)
-        wait_until_done(client, bucket, lambda: len(committed(read_record(record))), n, record.parent, timeout=60)
+        wait_until_done(bucket, lambda: len(committed(read_record(record))), n, record.parent, timeout=60)
     finally:
         first.kill()
         second.kill()
@@ -179,7 +177,7 @@ def test_a_paused_leader_is_fenced_when_it_resumes(bucket_on_server) -> None:  #
 def test_a_tenth_of_requests_failing_ends_with_every_procedure_done(bucket_on_server) -> None:  # type: ignore[no-untyped-def]
     """503 SlowDown, connection resets before and after the request was handled, and answers
     held past the client's read timeout, on 10% of all requests (leases included)."""
-    endpoint, bucket, client, record = bucket_on_server
+    endpoint, bucket, record = bucket_on_server
     n = 100
     ids = [str(pid) for pid in procedure_ids("faults", n)]
     common = ["--ttl", "6", "--seed", "faults", "--steps", "5", "--sleep", "0.05", "--slots", "50"]
@@ -189,7 +187,7 @@ def test_a_tenth_of_requests_failing_ends_with_every_procedure_done(bucket_on_se
     try:
         workers[0].wait_for("submitted", timeout=120)
         workers += [Worker.start(endpoint, bucket, name, *common, logs=record.parent) for name in ("w1", "w2")]
-        wait_until_done(client, bucket, lambda: len(committed(read_record(record))), n, record.parent, timeout=90)
+        wait_until_done(bucket, lambda: len(committed(read_record(record))), n, record.parent, timeout=90)
     finally:
         for worker in workers:
             worker.kill()
@@ -215,7 +213,7 @@ class Judged:
     never_committed: list[str]
     committed_twice: list[str]
     second_values: list[str]
-    """Procedure keys that ever held a second value."""
+    """Procedure keys that ever had a second version (an empty one included)."""
     side_effects: Counter[str]
     """How many times each procedure's last step wrote its side effect (with `--side-effects`)."""
 
@@ -224,25 +222,22 @@ def judge_by_s3_alone(logs: Path, *, n: int, seed: int, **options: Any) -> Judge
     """`disrupt_leaders` on a versioned bucket of moto's own server (no recording layer),
     with pauses longer than `late_write_grace` half of the time, judged by what S3 keeps."""
     with moto_s3_server() as endpoint:
-        client = s3_client(endpoint)
-        bucket = f"procstore-{uuid.uuid4().hex[:12]}"
-        client.create_bucket(Bucket=bucket)
-        client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        bucket = S3Bucket.create(endpoint, versioned=True)
         ids, actions = disrupt_leaders(
             endpoint,
             bucket,
-            client,
             logs,
-            lambda: len(stored_versions(client, bucket)[1]),
+            lambda: len(stored_versions(bucket.client, bucket.name)[1]),
             n=n,
             seed=seed,
             pause_share=0.6,
             long_pause=TTL * 6,  # the default grace is five TTLs
-            sleep=0.5,  # slower steps: time for several disruptions
+            sleep=0.5,  # slower steps, fewer at a time: time for several disruptions, long pauses included
+            slots=10,
             **options,
         )
-        values, commits = stored_versions(client, bucket)
-        effects = side_effects(client, bucket)
+        values, commits = stored_versions(bucket.client, bucket.name)
+        effects = side_effects(bucket.client, bucket.name)
     return Judged(
         actions,
         sorted(set(ids) - set(commits)),
@@ -259,3 +254,18 @@ def test_on_moto_s3_itself_no_procedure_key_gets_a_second_version(tmp_path: Path
     print(f"disruptions: {dict(judged.actions)}")
     assert judged.never_committed == [] and judged.committed_twice == []
     assert judged.second_values == [], judged.actions
+
+
+def test_on_gcs_leaders_killed_and_paused_at_random(tmp_path: Path) -> None:
+    """The same on GCS: three managers on the GCS emulator with GCS's preconditions (its own
+    process, recording every write), leaders killed or paused. Every procedure committed
+    once, no procedure key created twice, each created with `ifGenerationMatch=0`."""
+    record = tmp_path / "writes.jsonl"
+    with recording_gcs_server(record) as endpoint:
+        bucket = GcsBucket.create(endpoint)
+        ids, actions = disrupt_leaders(
+            endpoint, bucket, tmp_path, lambda: len(committed(read_record(record))), n=80, seed=12, pause_share=0.4
+        )
+    check_record(record, ids)
+    print(f"disruptions: {dict(actions)}")
+    assert actions["kill"] or actions["pause"], actions

@@ -1,6 +1,7 @@
 """One manager process of the multi-process tests: `python -m tests.multiprocess.worker`.
 
-It runs a `ProcedureManager` with a lease on an S3 bucket (a moto server), reports on
+It runs a `ProcedureManager` with a lease on a bucket of an S3 server (moto), or with
+`--backend gcs` of a GCS emulator (`procstore.testing.gcs_server`), reports on
 stdout when it leads or stops leading, and, with `--submit N`, submits N `Work`
 procedures (ids derived from `--seed`) as soon as it leads. It runs until killed.
 """
@@ -11,9 +12,13 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import uuid
 from typing import Any, ClassVar
+
+# gcsfs would wait 60 s per call on a gRPC probe the emulator does not answer.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 from procstore import (
     Context,
@@ -30,6 +35,7 @@ from procstore import (
     StoreError,
     StringKey,
 )
+from procstore.testing.pytest_plugin import gcs_storage_options
 from tests.multiprocess.cluster import s3_client
 
 
@@ -93,8 +99,11 @@ async def run(args: argparse.Namespace) -> None:
             "retries": {"max_attempts": args.botocore_attempts, "mode": "standard"},
         },
     }
+    url = f"s3://{args.bucket}/cp/"
+    if args.backend == "gcs":
+        url, options = f"gs://{args.bucket}/cp/", gcs_storage_options(args.endpoint)
     manager = ProcedureManager(
-        f"s3://{args.bucket}/cp/",
+        url,
         options,
         lease=Lease(ttl=args.ttl, holder=args.name),
         max_running_procedures=10_000,
@@ -144,6 +153,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--bucket", required=True)
+    parser.add_argument("--backend", choices=("s3", "gcs"), default="s3")
     parser.add_argument("--name", required=True)
     parser.add_argument("--ttl", type=float, default=2.0)
     parser.add_argument("--submit", type=int, default=0)

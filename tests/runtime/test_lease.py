@@ -17,6 +17,7 @@ from procstore import (
     LeaseExpired,
     NotLeader,
     Procedure,
+    ProcedureId,
     ProcedureManager,
     ProcedureWithId,
     Status,
@@ -24,30 +25,32 @@ from procstore import (
     StoreUnavailable,
 )
 from procstore.runtime.lease import LEASE_KEY, Lease, LeaseRecord
-from procstore.store import open_state_store
+from procstore.store import LocalDirStore, open_state_store
 from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.state_store import StateStore
+from procstore.store.wrapping import WrappingStore
 from procstore.testing import Fault, FaultyStore
-from tests.conftest import StoreTarget
+from tests.conftest import StoreTarget, gcs_bucket_target
 from tests.procedures import World
 from tests.runtime.helpers import blocker, eventually, manager_for, steps
 
 TTL = 1.0
-S3_TTL = 2.0
-"""The moto server answers from a thread of the test process, so a busy CI machine slows
-every request and the event loop at once; a second of lease is then too tight to be fair."""
+SERVER_TTL = 2.0
+"""For stores behind a server (moto answers from a thread of the test process; the GCS
+emulator from another process, one request at a time): a busy CI machine slows every
+request, and a second of lease is then too tight to be fair."""
 
 
 def ttl_for(target: StoreTarget | StateStore) -> float:
-    return S3_TTL if isinstance(target, StoreTarget) and target.kind == "s3" else TTL
+    return SERVER_TTL if isinstance(target, StoreTarget) and target.kind in ("s3", "gcs") else TTL
 
 
 def leased(target: StoreTarget | StateStore, name: str, **options: object) -> ProcedureManager:
     return manager_for(target, lease=Lease(ttl=ttl_for(target), holder=name), **options)
 
 
-@pytest.fixture(params=["local", "s3", "memory"])
+@pytest.fixture(params=["local", "s3", "memory", "gcs"])
 def shared_target(request: pytest.FixtureRequest) -> StoreTarget:
     target: StoreTarget = request.getfixturevalue(f"{request.param}_target")
     return target
@@ -169,6 +172,36 @@ async def test_lease_mode_needs_compare_and_swap(wrapped_target: StoreTarget) ->
     assert not manager.is_running
 
 
+async def test_lease_mode_refuses_a_server_that_ignores_preconditions(plain_gcs_endpoint: str) -> None:
+    """The GCS emulator as it ships accepts every conditional write: start() tries one and says so."""
+    target = gcs_bucket_target(plain_gcs_endpoint)
+    manager = ProcedureManager(target.url, target.storage_options, lease=Lease(ttl=1))
+    with pytest.raises(StoreUnavailable, match=r"lease/probe-.*replaced an existing object.*cannot be fenced"):
+        await manager.start()
+    assert not manager.is_running
+    plain = ProcedureManager(target.url, target.storage_options)  # a single manager needs no lease
+    await plain.start()
+    await plain.stop()
+
+
+class IgnoresIfMatch(WrappingStore):
+    """A store whose compare-and-swap writes whatever the version (a proxy dropping If-Match)."""
+
+    async def put_if_version(self, key: str, value: bytes, version: str | None) -> bool:
+        await self.inner.put(key, value)
+        return True
+
+
+async def test_lease_mode_refuses_a_store_whose_compare_and_swap_ignores_the_version(
+    memory_target: StoreTarget,
+) -> None:
+    store = IgnoresIfMatch(open_state_store(memory_target.url))
+    manager = ProcedureManager(store, lease=Lease(ttl=1))
+    with pytest.raises(StoreUnavailable, match="compare-and-swap on a replaced version was accepted"):
+        await manager.start()
+    assert await store.walk("") == []  # the probe's key is gone
+
+
 def test_lease_option_takes_a_lease_a_ttl_or_true() -> None:
     assert Lease.from_option(None) is None and Lease.from_option(False) is None
     default, three = Lease.from_option(True), Lease.from_option(3)
@@ -237,20 +270,40 @@ async def test_a_leader_deletes_keys_a_late_write_re_created_after_the_procedure
     await manager.stop()
 
 
-async def test_a_leader_deletes_an_empty_latest_key_and_resumes_from_the_step_before(tmp_path: Path) -> None:
-    """A create cut off by a killed writer can leave an empty object on a test S3 server."""
+@pytest.mark.parametrize("torn", ["0000000001.step", "0000000001.rollback"])
+async def test_a_leader_resumes_past_an_empty_latest_key_without_writing_it_again(tmp_path: Path, torn: str) -> None:
+    """A create cut off by a killed writer can leave an empty object on a test S3 server. The
+    procedure resumes from the step below and writes its next key one above: no key is ever
+    created twice, even an empty one (a versioned bucket would show a second version)."""
     world = World.new()
     submitted = steps(world, 3)
     folder = tmp_path / "procedure" / str(submitted.id)
     folder.mkdir(parents=True)
     first = ProcedureMessage("test::Steps", submitted.procedure.dump(), None, 0).encode()
     (folder / "0000000000.step").write_bytes(first)
-    (folder / "0000000001.step").write_bytes(b"")
-    manager = manager_for(StoreTarget("local", str(tmp_path)), lease=Lease(ttl=TTL, holder="cp-1"))
+    (folder / torn).write_bytes(b"")
+    store = FaultyStore(LocalDirStore(tmp_path))
+    manager = manager_for(store, lease=Lease(ttl=TTL, holder="cp-1"))
     await manager.start()
     assert manager.recovery_problems == []
     await eventually(lambda: (s := manager.procedure_state(submitted.id)) is not None and s.is_done(), timeout=10)
     assert [world.counts[f"steps/{at}"] for at in range(3)] == [1, 1, 1]
+    written = [
+        op.key.rsplit("/", 1)[1] for op in store.ops if op.kind == "put_if_absent" and str(submitted.id) in op.key
+    ]
+    assert written == ["0000000002.step", "0000000003.step", "0000000004.commit"]  # never 1 again
+    await manager.stop()
+
+
+async def test_a_leader_deletes_an_empty_submitted_state(tmp_path: Path) -> None:
+    """An empty step 0 is a submit cut off before it returned: there is nothing to resume."""
+    folder = tmp_path / "procedure" / str(ProcedureId.random())
+    folder.mkdir(parents=True)
+    (folder / "0000000000.step").write_bytes(b"")
+    manager = manager_for(StoreTarget("local", str(tmp_path)), lease=Lease(ttl=TTL, holder="cp-1"))
+    await manager.start()
+    assert manager.recovery_problems == [] and manager.list_procedures() == []
+    assert not list(folder.glob("*"))
     await manager.stop()
 
 
