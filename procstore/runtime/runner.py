@@ -130,7 +130,14 @@ class Runner:
             lease_check=ctx.lease_check,
         )
 
+    def _check_lease(self) -> None:
+        """With a lease: no attempt at a step or a rollback starts once the lease may have passed
+        to another manager (after a pause, or a retry's backoff); `LeaseExpired` ends the term."""
+        if self.ctx.lease_check is not None:
+            self.ctx.lease_check(f"step {self.step} of procedure {self.meta.id}")
+
     async def _execute_once(self, attempt: int) -> Status:
+        self._check_lease()
         status = await self.procedure.execute(self._context(attempt))
         if not isinstance(status, Status):
             raise TypeError(f"execute() returned {status!r}, not a Status")
@@ -328,6 +335,7 @@ class Runner:
             )
 
         async def attempt(n: int) -> None:
+            self._check_lease()
             await self.procedure.rollback(self._context(n))
 
         try:

@@ -20,6 +20,7 @@ from procstore import (
     ProcedureId,
     ProcedureManager,
     ProcedureWithId,
+    RetryLater,
     Status,
     StoreError,
     StoreUnavailable,
@@ -418,4 +419,47 @@ async def test_a_step_that_finds_its_lease_gone_before_a_side_effect_resumes_und
     # Not failed: the step ran again in the next term (epoch 2), and only there acted.
     assert SideEffect.effects[name] == [2]
     await eventually(lambda: (s := manager.procedure_state(procedure.id)) is not None and s.is_done())
+    await manager.stop()
+
+
+class RetriesUntilAllowed(Procedure):
+    """One step that asks to be retried until the test allows it; records each attempt's token."""
+
+    type_name = "tests::RetriesUntilAllowed"
+    attempts: ClassVar[dict[str, list[int | None]]] = {}
+    allowed: ClassVar[set[str]] = set()
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def execute(self, ctx: Context) -> Status:
+        self.attempts.setdefault(self.name, []).append(ctx.fencing_token)
+        if self.name not in self.allowed:
+            raise RetryLater("not yet")
+        return Status.done()
+
+    def dump(self) -> str:
+        return json.dumps(self.name)
+
+    @classmethod
+    def load(cls, data: str) -> RetriesUntilAllowed:
+        return cls(json.loads(data))
+
+
+async def test_no_attempt_starts_once_the_lease_may_have_passed(local_target: StoreTarget) -> None:
+    """A retry due after the lease lapsed (a pause, a long backoff) is not attempted: the term
+    ends, and the step runs again only under the next one."""
+    manager = leased(local_target, "cp-1", retry_delay=0.02, max_retry_delay=0.02, max_retry_times=10_000)
+    manager.register(RetriesUntilAllowed)
+    await manager.start()
+    name = uuid.uuid4().hex
+    await manager.submit(ProcedureWithId.new(RetriesUntilAllowed(name)))
+    await eventually(lambda: len(RetriesUntilAllowed.attempts.get(name, [])) >= 3)
+    assert manager._leadership is not None
+    manager._leadership.keeper.give_up()  # the lease as this manager counts it is gone; retries are due first
+    before = len(RetriesUntilAllowed.attempts[name])
+    RetriesUntilAllowed.allowed.add(name)
+    await eventually(lambda: RetriesUntilAllowed.attempts[name][-1] == 2, timeout=10)
+    assert set(RetriesUntilAllowed.attempts[name][:before]) == {1}
+    assert RetriesUntilAllowed.attempts[name][before:] == [2]  # no attempt under the lapsed term
     await manager.stop()
