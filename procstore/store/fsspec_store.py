@@ -1,30 +1,35 @@
-"""`FsspecStore`: a store on any fsspec filesystem (S3, GCS, memory, ...).
+"""`FsspecStore`: a store on any fsspec filesystem (memory://, sftp, ...; S3 and GCS build on it).
 
 Async filesystems (s3fs, gcsfs) are driven through their coroutine methods on the running
 loop. Blocking ones run in a thread, except `memory://`, which never blocks and is called
 inline. Listings bypass fsspec's listing cache, which otherwise hides keys written by
-another client.
+another client. `BucketStore` adds what every object store in a bucket shares; each
+service's conditional writes and request hooks live in its own module (`s3.py`, `gcs.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 from fsspec.spec import AbstractFileSystem
 
 from procstore.aio import run_blocking
-from procstore.errors import StoreError
 from procstore.store.errors import store_errors, unavailable
-from procstore.store.guarded import SEND_GUARD
 from procstore.store.state_store import StateStore
 
 T = TypeVar("T")
 
 _CREATE_ONLY_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "memory"})
-_BULK_DELETE_CHUNK = 1000
+_DELETE_CHUNK = 1000
+"""Keys per delete call (S3's DeleteObjects takes at most 1,000)."""
+
+
+def chunks(paths: Sequence[str]) -> Iterator[Sequence[str]]:
+    """`paths` in slices of at most `_DELETE_CHUNK`."""
+    for i in range(0, len(paths), _DELETE_CHUNK):
+        yield paths[i : i + _DELETE_CHUNK]
 
 
 def _protocol(fs: AbstractFileSystem) -> str:
@@ -44,10 +49,9 @@ class FsspecStore(StateStore):
         # memory:// never blocks; a wrapper may say the same of itself (`procstore_inline`).
         self._inline = self.protocol == "memory" or bool(getattr(fs, "procstore_inline", False))
         self.supports_create_only = self.protocol in _CREATE_ONLY_PROTOCOLS
-        self._s3 = self._async and self.protocol in ("s3", "s3a")
-        self._gcs = self._async and self.protocol in ("gs", "gcs")
-        # memory:// lives in this process, so the in-process lock of the default is enough.
-        self.supports_compare_and_swap = self._s3 or self._gcs or self.protocol == "memory"
+        if self.protocol == "memory":
+            # It lives in this process, so the in-process lock of the default is enough.
+            self.supports_compare_and_swap = True
 
     def _full(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key
@@ -67,12 +71,6 @@ class FsspecStore(StateStore):
         if self._inline:
             return sync_method(*args, **kwargs)
         return await run_blocking(lambda: sync_method(*args, **kwargs))
-
-    async def _install_send_guard(self) -> None:
-        """Have botocore call the `SEND_GUARD` of the write in progress right before it sends
-        each request that changes the bucket (registering twice is a no-op)."""
-        client = await self.fs.set_session()
-        client.meta.events.register("before-send.s3", _check_send_guard, unique_id="procstore-send-guard")
 
     async def _pipe(self, key: str, value: bytes, **kwargs: Any) -> None:
         path = self._full(key)
@@ -97,8 +95,6 @@ class FsspecStore(StateStore):
                     return False
                 await self._pipe(key, value)
                 return True
-            if self._gcs:
-                return await self._gcs_upload(key, value, if_generation_match="0")
             try:
                 await self._pipe(key, value, mode="create")
             except FileExistsError:
@@ -112,78 +108,6 @@ class FsspecStore(StateStore):
             except FileNotFoundError:
                 return None
             return data
-
-    async def get_versioned(self, key: str) -> tuple[bytes, str] | None:
-        if self._gcs:
-            return await self._gcs_get_versioned(key)
-        if not self._s3:
-            return await super().get_versioned(key)
-        with store_errors("reading", self.url, key):
-            bucket, name, _ = self.fs.split_path(self._full(key))
-            try:
-                response = await self.fs._call_s3("get_object", Bucket=bucket, Key=name)
-            except FileNotFoundError:
-                return None
-            try:
-                body: bytes = await response["Body"].read()
-            finally:
-                response["Body"].close()
-            return body, str(response["ETag"])
-
-    async def put_if_version(self, key: str, value: bytes, version: str | None) -> bool:
-        """Atomic for every writer on S3 (`If-Match: <etag>`; `If-None-Match: *` for `None`) and
-        on GCS (`ifGenerationMatch=<generation>`; `0` for `None`)."""
-        if self._gcs:
-            with store_errors("writing", self.url, key):
-                return await self._gcs_upload(key, value, if_generation_match=version or "0")
-        if not self._s3 or version is None:
-            return await super().put_if_version(key, value, version)
-        with store_errors("writing", self.url, key):
-            try:
-                await self.fs._pipe_file(self._full(key), value, IfMatch=version)
-            except FileNotFoundError:
-                return False
-            except OSError as e:
-                if _precondition_failed(e):
-                    return False
-                raise
-            return True
-
-    async def _gcs_get_versioned(self, key: str) -> tuple[bytes, str] | None:
-        """One media GET: GCS sends the object's generation with its bytes (`X-Goog-Generation`)."""
-        with store_errors("reading", self.url, key):
-            try:
-                headers, body = await self.fs._call("GET", self.fs.url(self._full(key)))
-            except FileNotFoundError:
-                return None
-        generation = headers.get("X-Goog-Generation")
-        if generation is None:
-            raise StoreError(
-                f"reading {self.url}{key}: the server sent no X-Goog-Generation header, so compare-and-swap "
-                "cannot be used on it (GCS sends one; the plain gcp-storage-emulator does not: test against "
-                "procstore.testing.gcs_server)",
-                key=key,
-            )
-        return bytes(body), str(generation)
-
-    async def _gcs_upload(self, key: str, value: bytes, *, if_generation_match: str) -> bool:
-        """A single-request upload that GCS applies only if the object's generation is
-        `if_generation_match` (`"0"`: it does not exist); False if it refused (412)."""
-        bucket, name, _ = self.fs.split_path(self._full(key))
-        try:
-            await self.fs._call(
-                "POST",
-                f"{self.fs._location}/upload/storage/v1/b/{quote(bucket, safe='')}/o",
-                uploadType="media",
-                name=name,
-                ifGenerationMatch=if_generation_match,
-                data=value,
-                headers={"Content-Type": "application/octet-stream"},
-                json_out=True,
-            )
-        except FileExistsError:  # gcsfs's name for 412 Precondition Failed
-            return False
-        return True
 
     async def walk(self, prefix: str) -> list[str]:
         return sorted(self._key(path) for path in await self._find(prefix, detail=False))
@@ -210,12 +134,7 @@ class FsspecStore(StateStore):
             return
         with store_errors("deleting", self.url, keys[0]):
             paths = [self._full(k) for k in keys]
-            for i in range(0, len(paths), _BULK_DELETE_CHUNK):
-                chunk = paths[i : i + _BULK_DELETE_CHUNK]
-                if self._async and self.protocol in ("s3", "s3a"):
-                    # One DeleteObjects request; `rm` would first expand the paths.
-                    await self.fs._bulk_delete(chunk)
-                    continue
+            for chunk in chunks(paths):
                 if self._inline:
                     # No thread hop to save, and `rm` checks each path with `exists`,
                     # which on memory:// scans every key.
@@ -244,37 +163,26 @@ class FsspecStore(StateStore):
     async def check_access(self) -> None:
         try:
             self.fs.invalidate_cache()
-            if self.protocol in ("s3", "s3a", "gs", "gcs"):
-                bucket = self.root.split("/", 1)[0]
-                await self._call("ls", bucket)
-                if self._s3:
-                    await self._install_send_guard()
-            else:
-                await self.walk("")
+            await self._try_access()
         except Exception as e:
             raise unavailable(self.url, e.__cause__ or e) from e
 
-    async def close(self) -> None:
-        if self.protocol in ("s3", "s3a") and self._async:
-            creator = getattr(self.fs, "_s3creator", None)
-            if creator is not None:
-                await creator.__aexit__(None, None, None)
-                self.fs._s3 = None
-        elif self.protocol in ("gs", "gcs") and self._async:
-            session = getattr(self.fs, "_session", None)
-            if session is not None:
-                await session.close()
+    async def _try_access(self) -> None:
+        """A cheap call that fails if the store cannot be used: here, listing it."""
+        await self.walk("")
 
 
-def _precondition_failed(exc: BaseException) -> bool:
-    """s3fs reports a failed If-Match as an OSError whose cause is a 412 ClientError."""
-    cause = exc.__cause__ or exc.__context__
-    response = getattr(cause, "response", None)
-    if not isinstance(response, dict):
-        return False
-    error = response.get("Error", {})
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return bool(status == 412 or error.get("Code") in ("PreconditionFailed", "412"))
+class BucketStore(FsspecStore):
+    """A prefix of an object store's bucket, through an async filesystem (s3fs, gcsfs)."""
+
+    @property
+    def bucket(self) -> str:
+        return self.root.split("/", 1)[0]
+
+    async def _try_access(self) -> None:
+        # Listing the bucket (one request) tells a missing bucket or denied access apart
+        # from an empty prefix; walking the prefix could take many.
+        await self._call("ls", self.bucket)
 
 
 def _modified(info: dict[str, Any]) -> float | None:
@@ -291,29 +199,3 @@ def _modified(info: dict[str, Any]) -> float | None:
             except ValueError:
                 continue
     return None
-
-
-def _guard_request(method: str, url: str) -> None:
-    """Call the `SEND_GUARD` of the write in progress if this request changes the bucket."""
-    guard = SEND_GUARD.get()
-    if guard is not None and method in ("PUT", "POST", "DELETE", "PATCH"):
-        guard(url)
-
-
-def _check_send_guard(request: Any, **_: Any) -> None:
-    """botocore's `before-send` hook (S3): runs right before each attempt leaves the process."""
-    _guard_request(request.method, str(request.url))
-
-
-def send_guard_trace_config() -> Any:
-    """An aiohttp `TraceConfig` for gcsfs's session (`session_kwargs={"trace_configs": [...]}`)
-    that calls the write's `SEND_GUARD` right before each attempt is sent, gcsfs's own retries
-    included: GCS's counterpart of botocore's `before-send` hook."""
-    import aiohttp
-
-    async def on_request_start(_session: Any, _ctx: Any, params: aiohttp.TraceRequestStartParams) -> None:
-        _guard_request(params.method, str(params.url))
-
-    trace = aiohttp.TraceConfig()
-    trace.on_request_start.append(on_request_start)
-    return trace

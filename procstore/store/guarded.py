@@ -30,6 +30,14 @@ event) calls this guard there too, which shrinks that window to microseconds.
 """
 
 
+def guard_request(method: str, url: str) -> None:
+    """For a backend's request hook: call the `SEND_GUARD` of the write in progress, if any,
+    when the request about to be sent changes the store."""
+    guard = SEND_GUARD.get()
+    if guard is not None and method in ("PUT", "POST", "DELETE", "PATCH"):
+        guard(url)
+
+
 class GuardedStore(WrappingStore):
     """Delegates to `inner`, calling `guard(key)` before each write or delete."""
 

@@ -9,8 +9,10 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from procstore.errors import StoreUnavailable
-from procstore.store.fsspec_store import FsspecStore, send_guard_trace_config
+from procstore.store.fsspec_store import FsspecStore
+from procstore.store.gcs import GcsStore, send_guard_trace_config
 from procstore.store.local import LocalDirStore
+from procstore.store.s3 import S3Store
 from procstore.store.state_store import StateStore
 
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
@@ -67,4 +69,9 @@ def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any
         ) from e
     if isinstance(fs, LocalFileSystem):
         return LocalDirStore(path)
+    if getattr(fs, "asynchronous", False):  # storage_options may have asked for a blocking client
+        if protocol in ("s3", "s3a"):
+            return S3Store(fs, path, text)
+        if protocol in ("gs", "gcs"):
+            return GcsStore(fs, path, text)
     return FsspecStore(fs, path, text)

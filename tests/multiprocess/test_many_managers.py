@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -31,7 +31,7 @@ from tests.multiprocess.cluster import (
     side_effects,
     stored_versions,
 )
-from tests.multiprocess.worker import procedure_ids
+from tests.multiprocess.worker import child_ids, procedure_ids
 
 TTL = 1.5
 
@@ -82,20 +82,25 @@ def disrupt_leaders(
     long_pause: float | None = None,
     sleep: float = 0.3,
     slots: int = 20,
+    children: int = 0,
+    victims: Literal["leader", "any"] = "leader",
     disruptions: int = 4,
     worker_options: Sequence[str] = (),
     timeout: float = 80,
 ) -> tuple[list[str], Counter[str]]:
-    """Three managers run `n` procedures; the leader is killed (SIGKILL, then replaced by a new
-    process) or paused past its lease (SIGSTOP for one to three TTLs, or `long_pause` seconds
-    half of the time if given, then SIGCONT) at random moments, `disruptions` times or until
-    `done()` (procedures committed) reaches 80%. Returns the procedure ids and what was done."""
+    """Three managers run `n` procedures (each with `children` subprocedures); the leader, or
+    with `victims="any"` any manager, is killed (SIGKILL, then replaced by a new process) or
+    paused (SIGSTOP for one to three TTLs, or `long_pause` seconds half of the time if given,
+    then SIGCONT) at random moments, `disruptions` times or until `done()` (procedures
+    committed) reaches 80%. Returns every procedure id, children included, and what was done."""
     rng = random.Random(seed)
-    ids = [str(pid) for pid in procedure_ids(f"disrupted-{seed}", n)]
+    roots = procedure_ids(f"disrupted-{seed}", n)
+    ids = [str(pid) for root in roots for pid in (root, *child_ids(root, children))]
+    n = len(ids)
     common = ["--ttl", str(TTL), "--seed", f"disrupted-{seed}", "--steps", "5", "--sleep", str(sleep)]
-    common += ["--slots", str(slots)]  # procedures run `slots` at a time (a lock per slot)
+    common += ["--slots", str(slots), "--children", str(children)]  # `slots` roots at a time (a lock each)
     common += worker_options
-    workers = {"w0": Worker.start(endpoint, bucket, "w0", *common, "--submit", str(n), logs=logs)}
+    workers = {"w0": Worker.start(endpoint, bucket, "w0", *common, "--submit", str(len(roots)), logs=logs)}
     actions: Counter[str] = Counter()
     try:
         workers["w0"].wait_for("submitted")
@@ -103,7 +108,7 @@ def disrupt_leaders(
             workers[name] = Worker.start(endpoint, bucket, name, *common, logs=logs)
         while actions.total() < disruptions and done() < n * 0.8:
             time.sleep(rng.uniform(0.5, 2.5))
-            holder = bucket.lease_holder()
+            holder = bucket.lease_holder() if victims == "leader" else rng.choice(sorted(workers))
             if holder is None or holder not in workers:
                 continue
             if rng.random() < pause_share:
@@ -144,6 +149,14 @@ def test_leaders_killed_at_random_while_200_procedures_run(bucket_on_server) -> 
 def test_leaders_killed_and_paused_at_random(bucket_on_server) -> None:  # type: ignore[no-untyped-def]
     actions = disrupt_recorded(bucket_on_server, n=150, seed=8, pause_share=0.5)
     assert actions["kill"] and actions["pause"], actions
+
+
+def test_any_manager_killed_or_paused_while_procedures_with_children_run(bucket_on_server) -> None:  # type: ignore[no-untyped-def]
+    """Standbys are killed and paused too, and every procedure runs three subprocedures first:
+    parents resumed by a new leader find their stored children (or re-submit the ones a kill
+    cut off) and wait for them. 160 procedures in all, each committed exactly once."""
+    actions = disrupt_recorded(bucket_on_server, n=40, seed=13, pause_share=0.4, children=3, slots=5, victims="any")
+    assert actions.total() >= 3, actions
 
 
 def test_a_paused_leader_is_fenced_when_it_resumes(bucket_on_server) -> None:  # type: ignore[no-untyped-def]

@@ -42,6 +42,9 @@ from tests.multiprocess.cluster import s3_client
 class Work(Procedure):
     """`steps` persisted steps of `sleep` seconds each, holding the lock of its slot.
 
+    With `children` > 0 (`--children`), it first runs that many child `Work`s (no children of
+    their own, no lock) as subprocedures, with ids derived from its own (`child_ids`).
+
     With `--side-effects`, the last step first writes `effects/{i}/{random}` to the bucket
     (a call to another system, which procstore does not fence), after `ctx.check_lease()`
     with `--check-lease`.
@@ -56,6 +59,10 @@ class Work(Procedure):
         self.data = data
 
     async def execute(self, ctx: Context) -> Status:
+        if self.data.get("children"):
+            status = self._join_children(ctx)
+            if status is not None:
+                return status
         await asyncio.sleep(self.data["sleep"])
         self.data["at"] += 1
         if self.data["at"] >= self.data["steps"]:
@@ -68,6 +75,27 @@ class Work(Procedure):
             return Status.done(self.data["i"])
         return Status.executing(persist=True)
 
+    def _join_children(self, ctx: Context) -> Status | None:
+        """Suspend on the children not yet known (all of them at first, then those whose first
+        write a crash cut off); None once every one has finished."""
+        kids = child_ids(ctx.procedure_id, self.data["children"])
+        unknown = [k for k in kids if ctx.provider.procedure_state(k) is None]
+        if self.data.get("spawned") and not unknown:
+            failed = [str(k) for k in kids if not (s := ctx.provider.procedure_state(k)) or not s.is_done()]
+            if failed:
+                raise RuntimeError(f"children failed: {failed}")
+            return None
+        self.data["spawned"] = True
+        pending = set(unknown or kids)
+        child = {**self.data, "children": 0, "spawned": False, "slots": 0}
+        return Status.suspended(
+            [
+                ProcedureWithId(k, Work({**child, "i": f"{self.data['i']}.{n}"}))
+                for n, k in enumerate(kids)
+                if k in pending
+            ]
+        )
+
     def dump(self) -> str:
         return json.dumps(self.data, sort_keys=True)
 
@@ -76,11 +104,18 @@ class Work(Procedure):
         return cls(json.loads(data))
 
     def lock_key(self) -> LockKey:
+        if not self.data["slots"]:
+            return LockKey([])
         return LockKey([StringKey.exclusive(f"slot/{self.data['i'] % self.data['slots']}")])
 
 
 def procedure_ids(seed: str, n: int) -> list[ProcedureId]:
     return [ProcedureId.parse(str(uuid.uuid5(uuid.NAMESPACE_URL, f"{seed}/{i}"))) for i in range(n)]
+
+
+def child_ids(parent: ProcedureId, n: int) -> list[ProcedureId]:
+    """The same ids on every run of the parent's step: a re-run finds the children it stored."""
+    return [ProcedureId.parse(str(uuid.uuid5(uuid.NAMESPACE_URL, f"{parent}/child/{k}"))) for k in range(n)]
 
 
 def say(event: str, **fields: Any) -> None:
@@ -121,6 +156,7 @@ async def run(args: argparse.Namespace) -> None:
         ids = procedure_ids(args.seed, args.submit)
         for i, pid in enumerate(ids):
             data = {"i": i, "at": 0, "steps": args.steps, "sleep": args.sleep, "slots": args.slots}
+            data["children"] = args.children
             maybe_stored = False
             while True:
                 try:
@@ -161,6 +197,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--sleep", type=float, default=0.2)
     parser.add_argument("--slots", type=int, default=25)
+    parser.add_argument("--children", type=int, default=0, help="each procedure first runs this many children")
     parser.add_argument("--read-timeout", type=float, default=2.0)
     parser.add_argument("--botocore-attempts", type=int, default=3, help="1: procstore retries every failure itself")
     parser.add_argument("--side-effects", action="store_true", help="the last step writes effects/{i}/... first")

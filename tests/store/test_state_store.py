@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from procstore import StoreError, StoreUnavailable
-from procstore.store import LocalDirStore, open_state_store
+from procstore.store import FsspecStore, GcsStore, LocalDirStore, S3Store, open_state_store
 from procstore.store.state_store import StateStore
 from tests.conftest import StoreTarget, s3_options
 
@@ -247,3 +247,20 @@ async def test_local_create_only_has_one_winner(
     assert results.count(True) == 1
     assert await store.get("procedure/a/0000000000.step") == b"v%d" % results.index(True)
     assert [p.name for p in (tmp_path / "procedure" / "a").iterdir()] == ["0000000000.step"]  # no temp left
+
+
+async def test_each_url_opens_the_backend_that_knows_its_conditional_writes(
+    s3_target: StoreTarget, gcs_target: StoreTarget, tmp_path: Path
+) -> None:
+    cases = [
+        (s3_target.url, s3_target.storage_options, S3Store),
+        (gcs_target.url, gcs_target.storage_options, GcsStore),
+        (str(tmp_path), None, LocalDirStore),
+        ("memory://procstore-kinds/", None, FsspecStore),
+        # A blocking client asked for in the options: the generic store, no S3 specifics.
+        (s3_target.url, {**s3_target.storage_options, "asynchronous": False}, FsspecStore),
+    ]
+    for url, options, kind in cases:
+        store = open_state_store(url, options)
+        assert type(store) is kind, (url, options)
+        await store.close()
