@@ -13,7 +13,7 @@ from benchmarks import recovery, suites
 from benchmarks.harness import Report, machine
 from benchmarks.stores import targets
 
-NAMES = ("step", "throughput", "recovery", "memory")
+NAMES = ("step", "throughput", "recovery", "memory", "lease")
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class Sizes:
     """From 1,000 up: below that the growth of the resident set is within the allocator's granularity."""
     dbos_max: int
     """The largest N DBOS runs at: beyond it a run takes minutes (about 30 workflows/s here)."""
+    lease: dict[str, tuple[int, ...]]
 
 
 QUICK = Sizes(  # CI runs this: under three minutes
@@ -35,6 +36,7 @@ QUICK = Sizes(  # CI runs this: under three minutes
     recovery=(100, 1000),
     memory=(1000,),
     dbos_max=100,
+    lease={"local": (100,), "memory": (100,), "s3": (25,)},
 )
 FULL = Sizes(  # S3 stops at 1,000: the moto server here does ~150 puts/s, 10,000 would take 7 minutes
     step={"local": (1, 100, 1000, 10_000), "memory": (1, 100, 1000, 10_000), "s3": (1, 100, 1000)},
@@ -42,6 +44,7 @@ FULL = Sizes(  # S3 stops at 1,000: the moto server here does ~150 puts/s, 10,00
     recovery=(1, 100, 1000, 10_000),
     memory=(1000, 10_000),
     dbos_max=1000,
+    lease={"local": (100, 1000), "memory": (100, 1000), "s3": (100,)},
 )
 
 
@@ -67,6 +70,10 @@ async def run(quick: bool, only: tuple[str, ...]) -> Report:
         if "memory" in chosen:
             for n in sizes.memory:
                 await suites.memory(report, n)
+        if "lease" in chosen:
+            for target in stores:
+                for n in sizes.lease[target.kind]:
+                    await suites.lease_overhead(report, target, n)
     return report
 
 

@@ -4,7 +4,8 @@ measured in the same run, on the same store:
 - step overhead: one persisted step vs one raw put of the same bytes;
 - throughput: N concurrent 5-step procedures vs N concurrent sequences of the same raw
   writes, and vs DBOS (SQLite) running the same 5-step workflow on the same disk;
-- memory: resident memory per in-flight procedure.
+- memory: resident memory per in-flight procedure;
+- lease: one persisted step of a manager with a lease vs of a manager without one.
 
 Recovery lives in `benchmarks.recovery`.
 """
@@ -19,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from benchmarks.harness import Report, Row, run_child, timed
 from benchmarks.procedures import Loop, new_loop
 from benchmarks.stores import Target
-from procstore import ProcedureManager, ProcedureWithId
+from procstore import Lease, ProcedureManager, ProcedureWithId
 from procstore.store import ProcedureMessage, StateStore
 
 RAW = "raw/"
@@ -28,8 +29,8 @@ MESSAGE = ProcedureMessage("bench::Loop", new_loop(5).dump(), None, 1).encode()
 """What one persisted step of a `Loop` writes (~150 bytes); the raw baselines write it too."""
 
 
-def manager(url: str, target: Target) -> ProcedureManager:
-    m = ProcedureManager(url, target.options, max_running_procedures=1_000_000)
+def manager(url: str, target: Target, lease: Lease | None = None) -> ProcedureManager:
+    m = ProcedureManager(url, target.options, max_running_procedures=1_000_000, lease=lease)
     m.register(Loop)
     return m
 
@@ -85,6 +86,27 @@ async def step_overhead(report: Report, target: Target, steps: int) -> None:
     )  # fmt: skip
     report.scale(f"{target.kind}: persisted step (N = steps)", "ms/step", steps, per_step)
     report.scale(f"{target.kind}: raw put (N = puts)", "ms/put", steps, raw_per_step)
+
+
+async def lease_overhead(report: Report, target: Target, steps: int) -> None:
+    """One procedure of `steps` steps run by a leader (each write checked against the lease,
+    again right before it is sent, and each step's attempt too) vs by a manager without a
+    lease; each manager on its own empty store of the same kind, the runs interleaved."""
+    async with manager(target.url(), target) as plain, manager(target.url(), target, Lease(ttl=10)) as leader:
+        await leader.wait_until_leading()
+
+        def run(m: ProcedureManager) -> Callable[[], Awaitable[None]]:
+            async def procedure() -> None:
+                await (await m.submit(ProcedureWithId.new(new_loop(steps)))).wait()
+
+            return procedure
+
+        leased_elapsed, plain_elapsed = await best_of(3, run(leader), run(plain))
+    writes = steps + 1
+    report.add(
+        Row("lease", f"{target.kind}: one persisted step of a leader, {steps}-step procedure",
+            1e3 * leased_elapsed / writes, "ms", 1e3 * plain_elapsed / writes, "the same, no lease", "")
+    )  # fmt: skip
 
 
 async def throughput(report: Report, target: Target, n: int, *, with_dbos: bool) -> None:
