@@ -66,7 +66,8 @@ async def lease(url: str, storage_options: tuple[str, ...], parent_path: str, as
         record = LeaseRecord.decode(raw)
     except ValueError as e:
         raise CommandError(
-            f"{where} is unreadable: {e}. The managers cannot lead while it is; delete it once none is running",
+            f"{where} is unreadable: {e}. Most likely a write cut off by a killed manager: the managers take it "
+            "for a lease nobody holds, and one of them takes it over once it has stayed so for a TTL",
             ExitCode.UNREADABLE,
         ) from e
     age = None if modified is None else max(0.0, time.time() - modified)

@@ -44,6 +44,8 @@ LEASE_FOLDER = "lease/"
 """The lease's folder under the manager's `parent_path` (also where `start()` probes the store)."""
 LEASE_KEY = f"{LEASE_FOLDER}procedures.json"
 """Where the lease lives, under the manager's `parent_path`."""
+NO_HOLDER = ""
+"""The holder of a stored lease that cannot be read (`LeaseKeeper` reads it as held by nobody)."""
 
 
 def default_holder_name() -> str:
@@ -218,7 +220,7 @@ class LeaseKeeper:
         if self.is_holding:
             return self.holder
         record = self.record
-        if record is None or record.released or record.holder == self.holder:
+        if record is None or record.released or record.holder in (self.holder, NO_HOLDER):
             return None
         return record.holder
 
@@ -244,11 +246,29 @@ class LeaseKeeper:
         try:
             return LeaseRecord.decode(raw), version
         except ValueError as e:
-            raise StoreError(
-                f"{self.store.url}{self.key}: {e}. "
-                "Stop every manager of this store, delete the key and start them again",
-                key=self.key,
-            ) from e
+            if version != self._version:
+                logger.warning(
+                    "%s%s is not a lease record (%s): a write cut off by a killed manager, taken for a lease "
+                    "nobody holds; a manager takes it over once it has stayed so for a TTL",
+                    self.store.url,
+                    self.key,
+                    e,
+                )
+            return self._unreadable(), version
+
+    def _unreadable(self) -> LeaseRecord:
+        """What a stored lease that cannot be read stands for: a lease held by nobody.
+
+        A test S3 server (moto) keeps the empty body of a PUT whose sender was killed after
+        its headers; a renewal cut off that way would otherwise stop every manager for good.
+        Like a lease nobody renews, it is taken over once its version has stayed the same
+        for a TTL (the longer of this manager's and the last record's), by compare-and-swap
+        on that version: one manager wins. Epochs go on from the last record this manager
+        read; a manager that read none counts from 1 again (so do fencing tokens then).
+        """
+        last = self.record
+        ttl = max(self.lease.ttl, last.ttl if last is not None else 0.0)
+        return LeaseRecord(NO_HOLDER, last.epoch if last is not None else 0, -1, ttl)
 
     async def _write(self, record: LeaseRecord, version: str | None) -> bool:
         """Compare-and-swap `record` in; on success the lease runs from before the send.
@@ -295,7 +315,7 @@ class LeaseKeeper:
         if expired and not record.released:
             logger.warning(
                 "lease of %s (epoch %d) not renewed for %.1fs: %s takes over",
-                record.holder,
+                record.holder or "nobody (an unreadable record)",
                 record.epoch,
                 now - self._seen_at,
                 self.holder,

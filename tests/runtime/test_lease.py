@@ -108,6 +108,34 @@ async def test_a_standby_takes_over_a_dead_leader_and_resumes_its_work(shared_ta
     await first.stop()
 
 
+async def test_a_lease_write_cut_off_by_a_killed_leader_is_taken_over_after_a_ttl(local_target: StoreTarget) -> None:
+    """moto keeps the empty body of a renewal whose sender was killed after its headers: the
+    standby takes it for a lease nobody holds, takes over after a TTL, and counts epochs on."""
+    world = World.new()
+    first, second = leased(local_target, "cp-1"), leased(local_target, "cp-2")
+    await first.start()
+    await second.start()
+    pid = (await first.submit(steps(world, 3))).procedure_id
+    assert first._leadership is not None
+    await first._leadership.stop()  # killed while renewing: no release...
+    await first.end_term()
+    store = open_state_store(local_target.url)
+    await store.put(LEASE_KEY, b"")  # ...and the renewal it was sending stored empty
+    assert second.leader == "cp-1"
+    await second.wait_until_leading()
+    assert second._leadership is not None and second._leadership.keeper.epoch == 2
+    await eventually(lambda: (s := second.procedure_state(pid)) is not None and s.is_done(), timeout=10)
+    await second.stop()
+    await first.stop()
+    # A manager that never read a good record takes such a lease over too, counting from 1.
+    await store.put(LEASE_KEY, b'{"holder": "cp-3", "epo')
+    third = leased(local_target, "cp-3")
+    await third.start()
+    await third.wait_until_leading()
+    assert third._leadership is not None and third._leadership.keeper.epoch == 1
+    await third.stop()
+
+
 async def test_a_clean_stop_hands_over_at_once(shared_target: StoreTarget, caplog: pytest.LogCaptureFixture) -> None:
     first, second = leased(shared_target, "cp-1"), leased(shared_target, "cp-2")
     await first.start()
