@@ -100,12 +100,12 @@ class PreconditionHandlers:
                 # a TCP reset) gives None for an empty one, on which the emulator's media
                 # upload fails; GCS stores an empty object.
                 request._data = b""
-            if not _precondition_holds(request, storage):
+            result = None
+            if _precondition_holds(request, storage):
+                result = handler(request, response, storage, *args, **kwargs)
+            else:
                 response.status = HTTPStatus.PRECONDITION_FAILED
                 response.json(_CONDITION_NOT_MET)
-                self._log(request, response)
-                return None
-            result = handler(request, response, storage, *args, **kwargs)
             self._log(request, response)
             return result
 
@@ -117,7 +117,7 @@ class PreconditionHandlers:
 
         def download(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> Any:
             result = handler(request, response, storage, *args, **kwargs)
-            if response.status == HTTPStatus.OK or response.status == HTTPStatus.PARTIAL_CONTENT:
+            if response.status in (HTTPStatus.OK, HTTPStatus.PARTIAL_CONTENT):
                 name = _object_name(request)
                 if name is not None:
                     response["X-Goog-Generation"] = _current_generation(storage, request.params["bucket_name"], name)

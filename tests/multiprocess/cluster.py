@@ -56,26 +56,10 @@ def recording_s3_server(record: Path, fault_rate: float = 0.0, seed: int = 0) ->
 def moto_s3_server() -> Iterator[str]:
     """moto's own server (`python -m moto.server`) in its own process; yields its endpoint."""
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                s3_client(endpoint).list_buckets()
-                break
-            except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto's server did not start on {endpoint}") from None
-                time.sleep(0.1)
-        yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with serving(
+        [sys.executable, "-m", "moto.server", "--host", "127.0.0.1", "--port", str(port)], port, startup=30
+    ) as url:
+        yield url
 
 
 @contextmanager
