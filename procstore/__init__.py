@@ -6,6 +6,7 @@ The public surface is re-exported here; see `api.md` for the contract.
 from procstore.errors import (
     DuplicateProcedure,
     Fenced,
+    InvalidProcedureId,
     LeaseExpired,
     LoaderConflict,
     LockConflict,
@@ -37,6 +38,7 @@ __all__ = [
     "ContextProvider",
     "DuplicateProcedure",
     "Fenced",
+    "InvalidProcedureId",
     "Lease",
     "LeaseExpired",
     "LoadProblem",

@@ -52,6 +52,22 @@ class ProcedureFailed(ProcedureError):
         self.__cause__ = state.cause
 
 
+class InvalidProcedureId(ProcedureError, ValueError):
+    """An id that is not a canonical `ProcedureId`: refused before anything is written.
+
+    Every id that reaches the store is the canonical lower-case UUID text, because that is
+    the only form recovery recognises in a key: a procedure stored under any other text
+    would never be resumed.
+    """
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+        super().__init__(
+            f"not a procedure id: {value!r}. Use ProcedureId.random(), or ProcedureId.parse(text) for a UUID "
+            "written in another form (it is stored in the canonical lower-case form)"
+        )
+
+
 class DuplicateProcedure(ProcedureError):
     """`submit()` of an id the manager already knows, or that already has stored steps."""
 

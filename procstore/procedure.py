@@ -11,6 +11,7 @@ from typing import ClassVar, Protocol, Self
 
 import orjson
 
+from procstore.errors import InvalidProcedureId
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
 from procstore.state import ProcedureState
@@ -63,6 +64,19 @@ class ProcedureWithId:
 
     id: ProcedureId
     procedure: Procedure
+
+    def __post_init__(self) -> None:
+        # Invariant: `id` is a ProcedureId, so its text is the canonical form used in keys.
+        # The canonical text itself is accepted for convenience; any other text (upper case,
+        # braces, a path) is refused here, before it can name a key outside the store or
+        # one that recovery would not recognise.
+        value: object = self.id
+        if isinstance(value, ProcedureId):
+            return
+        parsed = ProcedureId.parse_canonical(value) if isinstance(value, str) else None
+        if parsed is None:
+            raise InvalidProcedureId(value)
+        object.__setattr__(self, "id", parsed)
 
     @classmethod
     def new(cls, procedure: Procedure) -> ProcedureWithId:

@@ -46,7 +46,10 @@ class StoredProcedures:
     messages: dict[ProcedureId, tuple[ProcedureMessage, bool]] = field(default_factory=dict)
     """Unfinished children: their latest message and whether they were rolling back."""
     committed: dict[ProcedureId, str] = field(default_factory=dict)
-    """Committed children of unfinished parents, with their type names ("" if unknown)."""
+    """Finished children of unfinished parents, with their type names ("" if unknown)."""
+    rolled_back: dict[ProcedureId, str] = field(default_factory=dict)
+    """The finished children in `committed` that failed and rolled back, with their errors:
+    the parent sees them FAILED, and their rollback never runs again."""
     children_of: dict[ProcedureId, list[ProcedureId]] = field(default_factory=dict)
     unreadable: dict[ProcedureId, LoadProblem] = field(default_factory=dict)
 
@@ -54,10 +57,15 @@ class StoredProcedures:
         self.children_of.setdefault(parent_id, []).append(child_id)
 
     def descendants(self, procedure_id: ProcedureId) -> list[ProcedureId]:
+        # Stored parent links can form a cycle (a corrupt or hand-edited store): visit each once.
         out: list[ProcedureId] = []
+        seen = {procedure_id}
         queue = list(self.children_of.get(procedure_id, ()))
         while queue:
             child = queue.pop()
+            if child in seen:
+                continue
+            seen.add(child)
             out.append(child)
             queue.extend(self.children_of.get(child, ()))
         return out
@@ -167,6 +175,7 @@ class ManagerContext:
         for pid in ids:
             self.stored.messages.pop(pid, None)
             self.stored.committed.pop(pid, None)
+            self.stored.rolled_back.pop(pid, None)
             self.stored.children_of.pop(pid, None)
         self._finished_trees.append((time.monotonic(), ids))
 

@@ -12,6 +12,7 @@ from typing import Any, Self
 from procstore.errors import (
     DuplicateProcedure,
     Fenced,
+    InvalidProcedureId,
     LeaseExpired,
     LoaderConflict,
     ManagerNotStarted,
@@ -347,6 +348,8 @@ class ProcedureManager:
         if self._paused:
             raise SubmissionsPaused()
         pid = procedure.id
+        if not isinstance(pid, ProcedureId):
+            raise InvalidProcedureId(pid)
         if ctx.is_known(pid) or pid in self._submitting:
             raise DuplicateProcedure(pid)
         if ctx.unfinished + len(self._submitting) >= self.max_running_procedures:

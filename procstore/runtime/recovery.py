@@ -24,7 +24,8 @@ from procstore.store.procedure_store import LoadProblem, ProcedureMessages
 logger = logging.getLogger("procstore.recovery")
 
 ORPHAN_HINT = (
-    "Nothing will resume it: delete its folder if its parent finished, or restore the parent's keys and restart"
+    "Nothing will resume it and its keys were kept: delete its folder if its parent finished, "
+    "or restore the parent's keys and restart"
 )
 
 
@@ -45,11 +46,12 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
             ", ".join(map(str, loaded.stray_ids[:10])),
         )
     with collector_paused():
+        stranded = _stranded(loaded, alive)
         to_delete = _plan_finished(ctx, loaded, alive) + loaded.stray_ids
         rolling_back_roots = _plan_unfinished(
-            ctx, loaded.rollback_messages, alive, rolling_back=True, problems=problems
+            ctx, loaded.rollback_messages, stranded, alive, rolling_back=True, problems=problems
         )
-        running_roots = _plan_unfinished(ctx, loaded.messages, alive, rolling_back=False, problems=problems)
+        running_roots = _plan_unfinished(ctx, loaded.messages, stranded, alive, rolling_back=False, problems=problems)
 
     if to_delete:
         logger.info("deleting %d finished procedures left by an interrupted cleanup", len(to_delete))
@@ -80,44 +82,90 @@ def _plan_finished(ctx: ManagerContext, loaded: ProcedureMessages, alive: set[Pr
         parent = message.parent_id if message is not None else None
         if message is not None and parent is not None and parent in alive:
             ctx.stored.committed[pid] = message.type_name
+            if pid in loaded.rolled_back_ids:
+                ctx.stored.rolled_back[pid] = message.error or "rolled back"
             ctx.stored.add_child(parent, pid)
         else:
             to_delete.append(pid)
     return to_delete
 
 
+def _stranded(loaded: ProcedureMessages, alive: set[ProcedureId]) -> dict[ProcedureId, str]:
+    """Unfinished procedures that no resumed root would ever claim, with the reason.
+
+    A subprocedure runs only when its parent claims it, so one whose chain of parents never
+    reaches a root would wait forever, unreported: its parent links form a cycle (a corrupt
+    or hand-edited store), or an ancestor is an orphan (its own parent has no unfinished
+    state). A rolling-back child whose parent is gone is not stranded: it is resumed as a
+    root, since finishing a rollback needs no parent.
+    """
+    parent_of = {pid: m.parent_id for pid, m in loaded.messages.items()}
+    parent_of.update((pid, m.parent_id) for pid, m in loaded.rollback_messages.items())
+    stranded: dict[ProcedureId, str] = {}
+    settled: set[ProcedureId] = set()
+    for start in parent_of:
+        # Walk up from `start` until a verdict: `chain` is the path walked, `culprits` the
+        # members that are themselves the problem (a cycle's members, or the orphan).
+        chain: list[ProcedureId] = []
+        culprits: list[ProcedureId] = []
+        reason: str | None = None
+        pid = start
+        while True:
+            if pid in settled:
+                break
+            if pid in stranded:
+                culprits, reason = [pid], stranded[pid]
+                break
+            if pid in chain:
+                culprits = chain[chain.index(pid) :]
+                reason = "its parent links form a cycle: " + " -> ".join(map(str, [*culprits, pid]))
+                break
+            chain.append(pid)
+            parent = parent_of[pid]
+            if parent is None:
+                break
+            if parent not in parent_of:
+                if parent not in alive and pid not in loaded.rollback_messages:
+                    culprits, reason = [pid], f"orphaned subprocedure: its parent {parent} has no unfinished state"
+                break
+            pid = parent
+        if reason is None:
+            settled.update(chain)
+            continue
+        for member in chain:
+            stranded[member] = reason if member in culprits else f"its ancestor {culprits[0]} cannot run: {reason}"
+    return stranded
+
+
 def _plan_unfinished(
     ctx: ManagerContext,
     messages: dict[ProcedureId, ProcedureMessage],
+    stranded: dict[ProcedureId, str],
     alive: set[ProcedureId],
     *,
     rolling_back: bool,
     problems: list[LoadProblem],
 ) -> list[tuple[ProcedureId, ProcedureMessage]]:
-    """Split into roots to resume now and children to keep for their parents."""
+    """Split into roots to resume now and children to keep for their parents; report the
+    stranded ones (their keys are kept)."""
     roots: list[tuple[ProcedureId, ProcedureMessage]] = []
     for pid, message in messages.items():
         parent = message.parent_id
-        if parent is None:
+        if pid in stranded:
+            key = ctx.store.key(pid, message.step, KeyType.ROLLBACK if rolling_back else KeyType.STEP)
+            problem = LoadProblem(key, pid, stranded[pid], ORPHAN_HINT, message.type_name)
+            logger.error("skipping %s", problem)
+            problems.append(problem)
+            ctx.stored.unreadable[pid] = problem
+        elif parent is None:
             roots.append((pid, message))
         elif parent in alive:
             ctx.stored.messages[pid] = (message, rolling_back)
             ctx.stored.add_child(parent, pid)
-        elif rolling_back:
-            # Its tree was deleted around it (a rollback that failed is kept on purpose):
-            # finishing its rollback needs no parent.
-            roots.append((pid, message))
         else:
-            key = ctx.store.key(pid, message.step, KeyType.STEP)
-            problem = LoadProblem(
-                key,
-                pid,
-                f"orphaned subprocedure: its parent {parent} has no unfinished state",
-                ORPHAN_HINT,
-                message.type_name,
-            )
-            logger.error("skipping %s", problem)
-            problems.append(problem)
+            # A rolling-back child whose tree was deleted around it (a rollback that failed is
+            # kept on purpose): finishing its rollback needs no parent.
+            roots.append((pid, message))
     return roots
 
 

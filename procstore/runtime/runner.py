@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Sequence
 
 from procstore.aio import gather_settled
-from procstore.errors import Fenced, LeaseExpired, LockConflict, ProcedureError
+from procstore.errors import Fenced, LeaseExpired, LockConflict, ProcedureError, StoreError
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
@@ -160,17 +160,30 @@ class Runner:
             if conflict is not None:
                 await self._fail(conflict)
                 return
-        if status.need_persist and not await self._with_store_retries(self._persist):
-            return
+        if status.need_persist:
+            # Dumped once: every retry of the write sends these same bytes, so a retry that
+            # finds its own earlier write (answer lost) recognises it, whatever dump() does.
+            try:
+                data = self.procedure.dump()
+            except Exception as e:
+                await self._fail(e)
+                return
+            if not await self._with_store_retries(lambda: self._persist(data)):
+                return
         if status.is_done():
-            if await self._with_store_retries(self._commit):
-                await self._finish(ProcedureState.done(status.output))
+            await self._commit_or_fail(ProcedureState.done(status.output))
             return
         if self.meta.state.kind is not ProcedureStateKind.RUNNING:
             self.meta.set_state(ProcedureState.running())
         if status.is_suspended():
+            try:
+                # Dumped once, for the same reason as the parent's own state above.
+                dumped = {sub.id: (type_name_of(sub.procedure), sub.procedure.dump()) for sub in status.subprocedures}
+            except Exception as e:
+                await self._fail(e)
+                return
             subprocedures = status.subprocedures
-            if await self._with_store_retries(lambda: self._submit_children(subprocedures)):
+            if await self._with_store_retries(lambda: self._submit_children(subprocedures, dumped)):
                 await self._wait_children()
 
     async def _with_store_retries(self, write: Callable[[], Awaitable[None]]) -> bool:
@@ -188,8 +201,7 @@ class Runner:
             return False
         return True
 
-    async def _persist(self) -> None:
-        data = self.procedure.dump()
+    async def _persist(self, data: str) -> None:
         await self.ctx.store.store_procedure(self.meta.id, self.step, self.meta.type_name, data, self.meta.parent_id)
         self.step += 1
         self._stored_data = data
@@ -197,6 +209,54 @@ class Runner:
     async def _commit(self) -> None:
         await self.ctx.store.commit_procedure(self.meta.id, self.step)
         self.step += 1
+
+    async def _write_commit(self) -> bool | None:
+        """Write `{step}.commit`: True once stored, False if the store surely lacks it, None if unknown.
+
+        After the retries fail, the commit may still have landed with its answer lost, so the
+        store is asked before anything else is written: two terminal keys must never coexist.
+        """
+        try:
+            await self.ctx.policy.call(lambda _n: self._commit(), on_retry=self._on_retry)
+        except Fenced:
+            raise
+        except Exception as e:
+            logger.warning("procedure %s: cannot write its commit key: %s", self.meta.id, describe(e))
+        else:
+            return True
+        key = self.ctx.store.key(self.meta.id, self.step, KeyType.COMMIT)
+        try:
+            stored = await self.ctx.policy.call(lambda _n: self.ctx.store.store.get(key))
+        except Exception as e:
+            logger.error("procedure %s: cannot tell whether %s was written: %s", self.meta.id, key, describe(e))
+            return None
+        if stored is None:
+            return False
+        self.step += 1
+        return True
+
+    async def _commit_or_fail(self, done: ProcedureState) -> None:
+        """Commit and finish; if the commit surely failed, fail; if unknown, touch nothing more."""
+        key = self.ctx.store.key(self.meta.id, self.step, KeyType.COMMIT)
+        committed = await self._write_commit()
+        if committed:
+            await self._finish(done)
+        elif committed is False:
+            # Not stored now, but a delayed request could still land at this step: the
+            # failure goes one step above it, so the two can never share a step.
+            self.step += 1
+            await self._fail(StoreError("the commit could not be written", key=key))
+        else:
+            self._stop_unrecorded(f"its end could not be recorded and the store cannot say whether {key} was written")
+
+    def _stop_unrecorded(self, what: str) -> None:
+        """End this run writing nothing more: the next start() decides from what is stored."""
+        self.meta.keep_keys = True
+        self.meta.set_state(
+            ProcedureState.with_error(
+                ProcedureStateKind.FAILED, f"{what}; nothing more was written, and the next start() resumes it"
+            )
+        )
 
     # -- subprocedures ---------------------------------------------------------------
 
@@ -210,13 +270,15 @@ class Runner:
                     return LockConflict(holder.id, sub.id, keys)
         return None
 
-    async def _submit_children(self, subprocedures: Sequence[ProcedureWithId]) -> None:
+    async def _submit_children(
+        self, subprocedures: Sequence[ProcedureWithId], dumped: dict[ProcedureId, tuple[str, str]]
+    ) -> None:
         """Start each child that is not known yet; a known id is never started twice."""
         new: dict[ProcedureId, tuple[ProcedureWithId, str, str]] = {}
         for sub in subprocedures:
             self.meta.add_child(sub.id)
             if sub.id not in new and sub.id not in self.ctx.metas and not self._claim_stored(sub.id):
-                new[sub.id] = (sub, type_name_of(sub.procedure), sub.procedure.dump())
+                new[sub.id] = (sub, *dumped[sub.id])
         created = await gather_settled(
             *(self.ctx.store.create_procedure(sub.id, name, data, self.meta.id) for sub, name, data in new.values())
         )
@@ -242,7 +304,9 @@ class Runner:
         stored = self.ctx.stored
         if child_id in stored.committed:
             name = stored.committed.pop(child_id)
-            self.ctx.new_meta(child_id, name, self.meta.id, None, ProcedureState.done())
+            error = stored.rolled_back.pop(child_id, None)
+            final = ProcedureState.done() if error is None else _rolled_back(error)
+            self.ctx.new_meta(child_id, name, self.meta.id, None, final)
             return True
         if child_id in stored.unreadable:
             problem = stored.unreadable[child_id]
@@ -291,8 +355,10 @@ class Runner:
         if self.procedure.rollback_supported:
             self.meta.set_state(_with_kind(failed, ProcedureStateKind.PREPARE_ROLLBACK))
             return
-        recorded = await self._write_rollback_key(failed.error or "")
-        await self._finish(failed if recorded else _not_recorded(failed, self.step), delete=recorded)
+        if await self._write_rollback_key(failed.error or ""):
+            await self._end_failure(failed)
+        else:
+            await self._finish(_not_recorded(failed, self.step), delete=False)
 
     async def _prepare_rollback(self) -> None:
         state = self.meta.state
@@ -304,12 +370,13 @@ class Runner:
     async def _write_rollback_key(self, error: str) -> bool:
         """Write `{step}.rollback` with the failure; False if the store refused every retry."""
 
+        try:
+            data = self.procedure.dump()
+        except Exception:
+            data = self._stored_data
+        message = ProcedureMessage(self.meta.type_name, data, self.meta.parent_id, self.step, error)
+
         async def write(_attempt: int) -> None:
-            try:
-                data = self.procedure.dump()
-            except Exception:
-                data = self._stored_data
-            message = ProcedureMessage(self.meta.type_name, data, self.meta.parent_id, self.step, error)
             await self.ctx.store.rollback_procedure(self.meta.id, message)
             self.step += 1
 
@@ -326,7 +393,7 @@ class Runner:
         state = self.meta.state
         failed = _with_kind(state, ProcedureStateKind.FAILED)
         if not self.procedure.rollback_supported:
-            await self._finish(failed)
+            await self._end_failure(failed)
             return
 
         def on_retry(exc: BaseException, retry: int, delay: float) -> None:
@@ -348,7 +415,17 @@ class Runner:
                 ProcedureState.with_error(ProcedureStateKind.FAILED, error, e, _format_tb(e)), delete=False
             )
             return
-        await self._finish(failed)
+        await self._end_failure(failed)
+
+    async def _end_failure(self, failed: ProcedureState) -> None:
+        """The failure is recorded (and rolled back, if supported): write `.commit` above the
+        `.rollback`, so that no restart, whatever its crash point and whoever the parent, runs
+        the rollback again. Readers tell this end from success by the `.rollback` below it."""
+        if await self._write_commit():
+            await self._finish(failed)
+            return
+        note = "its end could not be recorded, so its rollback runs again at the next start"
+        await self._finish(_with_error(failed, f"{failed.error}; {note}"), delete=False)
 
     # -- ending ----------------------------------------------------------------------
 
@@ -408,6 +485,14 @@ def _failed(exc: BaseException, *, gave_up_after: int | None = None, prefix: str
     if gave_up_after is not None:
         error = f"gave up after {gave_up_after} retries: {error}"
     return ProcedureState.with_error(ProcedureStateKind.FAILED, error, exc, _format_tb(exc))
+
+
+def _rolled_back(error: str) -> ProcedureState:
+    return ProcedureState.with_error(ProcedureStateKind.FAILED, error)
+
+
+def _with_error(state: ProcedureState, error: str) -> ProcedureState:
+    return ProcedureState(state.kind, error=error, cause=state.cause, traceback=state.traceback)
 
 
 def _with_kind(state: ProcedureState, kind: ProcedureStateKind) -> ProcedureState:

@@ -243,7 +243,10 @@ class LocalDirStore(StateStore):
 
     def _delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> None:
         self._delete_files(first)
-        self._delete_files(then, durable=False)
+        # A `.rollback` below a `.commit` must be durably gone before the `.commit` goes.
+        for key in then[:-1]:
+            self._delete_files([key])
+        self._delete_files(then[-1:], durable=False)
         self._remove_folder(folder)
 
     async def delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> None:

@@ -25,6 +25,9 @@ from procstore.store.state_store import StateStore
 logger = logging.getLogger("procstore.store")
 
 _DELETE_CONCURRENCY = 32
+MAX_STEP = 2**32 - 1
+"""Step numbers are GreptimeDB's u32: the highest a key may carry. A procedure whose latest
+key is there could write nothing more."""
 _REREAD_DELAYS = (0.05, 0.5, 2.0)
 
 
@@ -59,9 +62,15 @@ class ProcedureMessages:
     rollback_messages: dict[ProcedureId, ProcedureMessage] = field(default_factory=dict)
     """Failed procedures (highest key `.rollback`), whose rollback must be (re)run."""
     finished_ids: list[ProcedureId] = field(default_factory=list)
-    """Committed procedures (highest key `.commit`), whose keys are to be deleted."""
+    """Finished procedures (highest key `.commit`), whose keys are to be deleted."""
     finished_messages: dict[ProcedureId, ProcedureMessage | None] = field(default_factory=dict)
-    """Each committed procedure's last `.step` message (its parent and type), None if unreadable."""
+    """Each finished procedure's highest message below its `.commit` (its parent, type and,
+    if it rolled back, its error); None only when it has no such key at all. A value that
+    exists but cannot be read is a problem instead: the procedure is not listed here, so
+    nothing deletes it without knowing whose child it is."""
+    rolled_back_ids: set[ProcedureId] = field(default_factory=set)
+    """Finished procedures whose message below the `.commit` is a `.rollback`: they failed
+    and their rollback ran to its end (the `.commit` above it says nothing more is to run)."""
     problems: list[LoadProblem] = field(default_factory=list)
     """Procedures skipped because their highest value could not be read."""
     stray_ids: list[ProcedureId] = field(default_factory=list)
@@ -146,14 +155,17 @@ class ProcedureStore:
         return sorted((p for p in parsed if p is not None), key=lambda p: p.step)
 
     async def delete_procedure(self, procedure_id: ProcedureId) -> None:
-        """Delete a procedure's keys: every `.step`, then `.commit`/`.rollback`, then the folder.
+        """Delete a procedure's keys: every `.step`, then its terminal keys from the lowest to
+        the highest (a `.rollback` before the `.commit` above it), then the folder.
 
-        A crash part way leaves the terminal key, so the procedure still reads as finished.
+        Each stage is verified gone before the next starts (a store that cannot delete a key
+        raises), so a crash or an error part way leaves the highest terminal key and the
+        procedure still reads as finished, never as unfinished or as rolling back.
         """
         folder = procedure_dir(self.proc_path, procedure_id)
         keys = await self.store.walk(folder)
         step_keys: list[str] = []
-        finish_keys: list[str] = []
+        finish_keys: list[tuple[int, str]] = []
         for key in keys:
             parsed = ParsedKey.parse(self.proc_path, key)
             if parsed is None:
@@ -161,8 +173,8 @@ class ProcedureStore:
             elif parsed.key_type is KeyType.STEP:
                 step_keys.append(key)
             else:
-                finish_keys.append(key)
-        await self.store.delete_in_order(step_keys, finish_keys, folder)
+                finish_keys.append((parsed.step, key))
+        await self.store.delete_in_order(step_keys, [key for _, key in sorted(finish_keys)], folder)
 
     async def delete_procedures(self, procedure_ids: Iterable[ProcedureId]) -> None:
         """`delete_procedure` for each id, several at a time, in no particular order."""
@@ -179,14 +191,22 @@ class ProcedureStore:
         keys = await self.store.walk(self.proc_path)
         with collector_paused():
             latest_of, to_read, stray = self._latest_keys(keys)
+            below_commit = {k.procedure_id: k for k in to_read if latest_of[k.procedure_id].key_type is KeyType.COMMIT}
         values = await self._read_all([str(k) for k in to_read])
         if self.skip_strays:
-            torn = [i for i, (k, v) in enumerate(zip(to_read, values, strict=True)) if _is_torn(k, v)]
+            # Only a latest key is stepped over; a message below a `.commit` is read for its
+            # parent alone, and an empty one there is an unreadable value like any other.
+            torn = [
+                i
+                for i, (k, v) in enumerate(zip(to_read, values, strict=True))
+                if _is_torn(k, v) and k.procedure_id not in below_commit
+            ]
             if torn and await self._step_over_torn(to_read, values, torn):
                 return await self.load_messages()
             latest_of.update((to_read[i].procedure_id, to_read[i]) for i in torn)
         with collector_paused():
-            result = self._classify(latest_of, dict(zip((k.procedure_id for k in to_read), values, strict=True)))
+            read = dict(zip((k.procedure_id for k in to_read), values, strict=True))
+            result = self._classify(latest_of, below_commit, read)
         result.stray_ids = stray
         return result
 
@@ -256,19 +276,29 @@ class ProcedureStore:
             if key_type is not KeyType.COMMIT:
                 to_read.append(latest)
             else:
-                last_step = max((k[0] for k in found if k[1] is KeyType.STEP), default=None)
-                if last_step is not None:
-                    to_read.append(ParsedKey(self.proc_path, pid, last_step, KeyType.STEP))
+                # A finished procedure's parent, type and outcome are in its highest message
+                # below the commit: a `.step` (it succeeded) or a `.rollback` (it rolled back).
+                below = max((k for k in found if k[1] is not KeyType.COMMIT), key=_latest_first, default=None)
+                if below is not None:
+                    to_read.append(ParsedKey(self.proc_path, pid, below[0], below[1]))
         return latest_of, to_read, stray
 
     def _classify(
-        self, latest_of: dict[ProcedureId, ParsedKey], read: dict[ProcedureId, bytes | Exception | None]
+        self,
+        latest_of: dict[ProcedureId, ParsedKey],
+        below_commit: dict[ProcedureId, ParsedKey],
+        read: dict[ProcedureId, bytes | Exception | None],
     ) -> ProcedureMessages:
         result = ProcedureMessages()
         for pid, latest in latest_of.items():
             if latest.key_type is KeyType.COMMIT:
-                result.finished_ids.append(pid)
-                result.finished_messages[pid] = _message_or_none(read.get(pid))
+                self._classify_finished(pid, below_commit.get(pid), read.get(pid), result)
+                continue
+            if latest.step >= MAX_STEP:
+                # Resuming writes at step + 1, which no message could hold: every write of
+                # the procedure would fail. A problem now, not a failure at every start.
+                reason = f"its step number {latest.step} is beyond the largest a procedure can write ({MAX_STEP})"
+                self._report(latest, reason, result.problems)
                 continue
             message = self._decode(latest, read[pid], result.problems)
             if message is None:
@@ -279,8 +309,38 @@ class ProcedureStore:
                 result.rollback_messages[pid] = message
         return result
 
+    def _classify_finished(
+        self,
+        pid: ProcedureId,
+        below: ParsedKey | None,
+        raw: bytes | Exception | None,
+        result: ProcedureMessages,
+    ) -> None:
+        """A procedure whose highest key is `.commit`: finished, unless we cannot tell whose.
+
+        Its keys are deleted later only if its parent is known to be gone; so a message below
+        the commit that exists but cannot be read (a 503 past the re-reads, a corrupt value)
+        is a load problem and the procedure is kept, never taken for a root and deleted.
+        """
+        if below is None:
+            result.finished_ids.append(pid)
+            result.finished_messages[pid] = None
+            return
+        message = self._decode(below, raw, result.problems, finished=True)
+        if message is None:
+            return
+        result.finished_ids.append(pid)
+        result.finished_messages[pid] = message
+        if below.key_type is KeyType.ROLLBACK:
+            result.rolled_back_ids.add(pid)
+
     def _decode(
-        self, key: ParsedKey, raw: bytes | Exception | None, problems: list[LoadProblem]
+        self,
+        key: ParsedKey,
+        raw: bytes | Exception | None,
+        problems: list[LoadProblem],
+        *,
+        finished: bool = False,
     ) -> ProcedureMessage | None:
         if raw is None:
             logger.info("key %s vanished while loading (deleted by another manager?)", key)
@@ -295,10 +355,16 @@ class ProcedureStore:
             else:
                 # The key decides the step: resuming writes at key step + 1, never over a key.
                 return message if message.step == key.step else dataclasses.replace(message, step=key.step)
+        if finished:
+            reason += " (the procedure finished, but whose subprocedure it was is unknown, so its keys are kept)"
+        self._report(key, reason, problems)
+        return None
+
+    @staticmethod
+    def _report(key: ParsedKey, reason: str, problems: list[LoadProblem]) -> None:
         problem = LoadProblem(str(key), key.procedure_id, reason, UNREADABLE_HINT)
         logger.error("skipping %s", problem)
         problems.append(problem)
-        return None
 
 
 def _is_torn(key: ParsedKey, value: bytes | Exception | None) -> bool:
@@ -309,12 +375,3 @@ def _is_torn(key: ParsedKey, value: bytes | Exception | None) -> bool:
 def _latest_first(key: tuple[int, KeyType]) -> tuple[int, bool]:
     """The latest-step rule: the highest step wins, and at the same step a commit or rollback."""
     return key[0], key[1] is not KeyType.STEP
-
-
-def _message_or_none(raw: bytes | Exception | None) -> ProcedureMessage | None:
-    if not isinstance(raw, bytes):
-        return None
-    try:
-        return ProcedureMessage.decode(raw)
-    except MessageDecodeError:
-        return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from procstore.errors import StoreError
 from procstore.store.errors import store_errors
 from procstore.store.fsspec_store import BucketStore, chunks
 from procstore.store.guarded import guard_request
@@ -53,8 +54,29 @@ class S3Store(BucketStore):
             return
         with store_errors("deleting", self.url, keys[0]):
             for chunk in chunks([self._full(k) for k in keys]):
-                # One DeleteObjects request; `rm` would first expand the paths.
-                await self.fs._bulk_delete(chunk)
+                await self._delete_objects(chunk)
+
+    async def _delete_objects(self, paths: Sequence[str]) -> None:
+        """One DeleteObjects request, which raises unless every key is gone.
+
+        S3 answers 200 and lists keys it could not delete under `Errors` (s3fs's own bulk
+        delete ignores them): a deletion order that went on past such a key could delete a
+        procedure's `.commit` while one of its steps remains.
+        """
+        bucket = self.bucket
+        names = [self.fs.split_path(path)[1] for path in paths]
+        out = await self.fs._call_s3(
+            "delete_objects", Bucket=bucket, Delete={"Objects": [{"Key": name} for name in names], "Quiet": True}
+        )
+        errors = out.get("Errors") or []
+        if errors:
+            first = errors[0]
+            key = str(first.get("Key", names[0]))
+            raise StoreError(
+                f"deleting s3://{bucket}/{key} failed: S3 kept {len(errors)} of {len(names)} keys "
+                f"({first.get('Code')}: {first.get('Message')}); the deletion is retried in order",
+                key=key,
+            )
 
     async def _try_access(self) -> None:
         await super()._try_access()

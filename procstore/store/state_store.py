@@ -86,21 +86,28 @@ class StateStore(abc.ABC):
 
     @abc.abstractmethod
     async def batch_delete(self, keys: Sequence[str]) -> None:
-        """Delete `keys`; the deletes are durable when this returns. Missing keys are fine."""
+        """Delete `keys`; the deletes are durable when this returns. Missing keys are fine.
+
+        Raises `StoreError` unless every key is gone: a bulk request that reports some keys
+        as not deleted (S3's DeleteObjects answers 200 with per-key errors) is a failure.
+        """
 
     @abc.abstractmethod
     async def delete(self, key: str) -> None:
         """Delete one key, or a folder (`key` ending in `/`) once it is empty."""
 
     async def delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> None:
-        """Delete `first` durably, then `then`, then `folder` once it is empty.
+        """Delete `first` durably, then each key of `then` in its order, then `folder` once empty.
 
-        The caller promises that `then` and `folder` coming back after a crash is harmless
-        (a procedure's `.commit` without its steps still reads as finished), so a store may
-        skip making those last deletes durable. Stops at the first error, keeping the order.
+        `batch_delete` raises unless every key is gone, so no key is deleted while one
+        before it remains. The caller promises that the last key of `then` and `folder`
+        coming back after a crash is harmless (a procedure's `.commit` without its steps
+        still reads as finished), so a store may skip making that last delete durable.
+        Stops at the first error, keeping the order.
         """
         await self.batch_delete(first)
-        await self.batch_delete(then)
+        for key in then:
+            await self.batch_delete([key])
         await self.delete(folder)
 
     async def check_access(self) -> None:
