@@ -11,7 +11,7 @@ from procstore.cli.common import ExitCode
 from procstore.cli.demo import demo
 from procstore.cli.lease import lease
 from procstore.cli.listing import ls, tree, watch
-from procstore.cli.maintenance import delete, fail, gc
+from procstore.cli.maintenance import cancel, delete, fail, gc
 from procstore.cli.show import show
 
 
@@ -21,7 +21,7 @@ def cli() -> None:
     """Crash-safe multi-step procedures on any fsspec store."""
 
 
-for command in (ls, show, tree, watch, lease, gc, fail, delete, demo):
+for command in (ls, show, tree, watch, lease, gc, fail, cancel, delete, demo):
     cli.add_command(command)
 
 

@@ -1,7 +1,8 @@
-"""`procstore gc`, `procstore fail` and `procstore delete`: change a store, carefully.
+"""`procstore gc`, `fail`, `cancel` and `delete`: change a store, carefully.
 
-Run them while no manager drives the store (as with Accumulo's `fate fail`): a manager that
-is running a procedure keeps writing its steps and would not see the change.
+`fail` and `cancel` write a request that running managers honour, so they are safe while
+managers run. `gc` and `delete` are for stores no manager drives (as with Accumulo's
+`fate delete`): a manager running a procedure would keep writing its steps.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from procstore.cli.common import (
 )
 from procstore.cli.listing import load_inventory, procedures_table
 from procstore.store import ProcedureStore
-from procstore.store.inventory import StoredProcedure, StoredStatus, mark_for_rollback
+from procstore.store.inventory import StoredProcedure, StoredStatus
+from procstore.store.requests import OperatorRequest, RequestKind
 
 _GC_CONCURRENCY = 16
 
@@ -79,7 +81,52 @@ async def _delete_all(store: ProcedureStore, procedures: list[StoredProcedure], 
     return len(procedures)
 
 
-@click.command()
+async def _request(
+    kind: RequestKind,
+    url: str,
+    storage_options: tuple[str, ...],
+    parent_path: str,
+    procedure_id: str,
+    reason: str,
+    yes: bool,
+) -> None:
+    store = await open_existing_store(url, storage_options, parent_path)
+    try:
+        inventory = await load_inventory(store, Console(stderr=True))
+        p = inventory.procedures[resolve_id(inventory.procedures, procedure_id)]
+        if p.status is not StoredStatus.UNFINISHED or p.message is None:
+            raise CommandError(
+                f"procedure {p.procedure_id} is {p.status.value}; only an unfinished procedure with a readable "
+                f"latest step can be asked to {kind}",
+                ExitCode.REFUSED,
+            )
+        _confirm(f"{kind.capitalize()} {p.type_name} {p.procedure_id} (step {p.latest.step})?", yes)
+        request = OperatorRequest.new(kind, reason)
+        if not await store.requests.put(p.procedure_id, request):
+            existing = await store.requests.get(p.procedure_id)
+            said = existing.describe() if existing else "unreadable"
+            raise CommandError(
+                f"procedure {p.procedure_id} already has a request: {said}",
+                ExitCode.REFUSED,
+            )
+    finally:
+        await store.store.close()
+    output_console().print(
+        f"wrote {store.requests.key(p.procedure_id)}: the manager running {p.procedure_id} (or the next one to start) "
+        "stops it before its next step and rolls it back if it supports rollback; its unfinished subprocedures too"
+    )
+
+
+_REQUEST_HELP = """
+
+    Writes a durable request (`requests/ID.json`) that the manager running the procedure, in
+    this process or another, honours before the procedure's next step at the latest, also
+    under a lease; a procedure waiting for its subprocedures or a retry is reached within a
+    second or so. Without a running manager, the next start honours it.
+    """
+
+
+@click.command(help="Fail an unfinished procedure: it rolls back if it can, else fails." + _REQUEST_HELP)
 @store_options
 @click.argument("procedure_id")
 @click.option("--reason", default="marked failed by an operator", show_default=True, help="Stored as the error.")
@@ -88,27 +135,19 @@ async def _delete_all(store: ProcedureStore, procedures: list[StoredProcedure], 
 async def fail(
     url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, reason: str, yes: bool
 ) -> None:
-    """Mark an unfinished procedure for rollback: the next manager start rolls it back.
+    await _request("fail", url, storage_options, parent_path, procedure_id, reason, yes)
 
-    Writes a new `.rollback` key one step above the latest (never over an existing key),
-    holding the latest state and REASON. Its subprocedures are rolled back by their own
-    `procstore fail` or left to finish.
-    """
-    store = await open_existing_store(url, storage_options, parent_path)
-    try:
-        inventory = await load_inventory(store, Console(stderr=True))
-        p = inventory.procedures[resolve_id(inventory.procedures, procedure_id)]
-        if p.status is not StoredStatus.UNFINISHED or p.message is None:
-            raise CommandError(
-                f"procedure {p.procedure_id} is {p.status.value}; only an unfinished procedure with a readable "
-                "latest step can be marked for rollback",
-                ExitCode.REFUSED,
-            )
-        _confirm(f"Mark {p.type_name} {p.procedure_id} (step {p.latest.step}) for rollback?", yes)
-        key = await mark_for_rollback(store, p, reason)
-    finally:
-        await store.store.close()
-    output_console().print(f"wrote {key}: the next start of a manager on this store rolls {p.procedure_id} back")
+
+@click.command(help="Cancel an unfinished procedure: it rolls back if it can, else fails." + _REQUEST_HELP)
+@store_options
+@click.argument("procedure_id")
+@click.option("--reason", default="cancelled by an operator", show_default=True, help="Stored as the error.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@run_command
+async def cancel(
+    url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, reason: str, yes: bool
+) -> None:
+    await _request("cancel", url, storage_options, parent_path, procedure_id, reason, yes)
 
 
 @click.command()

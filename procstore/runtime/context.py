@@ -21,6 +21,7 @@ from procstore.runtime.retry import RetryPolicy
 from procstore.state import ProcedureState
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
+from procstore.store.requests import OperatorRequest
 
 logger = logging.getLogger("procstore.runtime")
 
@@ -97,6 +98,38 @@ class ManagerContext:
         self.lease_check: Callable[[str], None] | None = None
         """Raises `LeaseExpired` once this term may no longer write: `Context.check_lease`."""
         self._finished_trees: deque[tuple[float, list[ProcedureId]]] = deque()
+        self.operator_requests: dict[ProcedureId, OperatorRequest] = {}
+        """Requests known to apply to procedures of this term: read from the store, or passed
+        down from an ancestor's. A runner checks here, then the store, before every attempt."""
+
+    def note_request(self, procedure_id: ProcedureId, request: OperatorRequest) -> None:
+        """Apply an operator request to a procedure and its unfinished descendants."""
+        self.operator_requests.setdefault(procedure_id, request)
+        inherited = OperatorRequest(
+            kind=request.kind,
+            reason=f"its ancestor {procedure_id} was {'cancelled' if request.kind == 'cancel' else 'failed'}: "
+            f"{request.reason}",
+            requested_at=request.requested_at,
+            requested_by=request.requested_by,
+        )
+        for child in self._descendants(procedure_id):
+            meta = self.metas.get(child)
+            if meta is None or not meta.state.is_ended():
+                self.operator_requests.setdefault(child, inherited)
+
+    def _descendants(self, procedure_id: ProcedureId) -> list[ProcedureId]:
+        out: list[ProcedureId] = []
+        seen = {procedure_id}
+        queue = [procedure_id]
+        while queue:
+            pid = queue.pop()
+            meta = self.metas.get(pid)
+            for child in [*(meta.children if meta is not None else ()), *self.stored.children_of.get(pid, ())]:
+                if child not in seen:
+                    seen.add(child)
+                    out.append(child)
+                    queue.append(child)
+        return out
 
     # -- ContextProvider -------------------------------------------------------------
 

@@ -28,6 +28,8 @@ from procstore.procedure import Procedure, ProcedureWithId
 from procstore.runtime.context import Loader, ManagerContext
 from procstore.runtime.leadership import Leadership
 from procstore.runtime.lease import LEASE_FOLDER, Lease
+from procstore.runtime.operator import request as request_stop
+from procstore.runtime.operator import watch_operator_requests
 from procstore.runtime.recovery import adopt_unknown, recover
 from procstore.runtime.retry import RetryBudget, RetryPolicy
 from procstore.runtime.runner import Runner, describe, type_name_of
@@ -75,6 +77,9 @@ class ProcedureManager:
             over when it stops renewing. Needs a store with compare-and-swap and
             create-only writes (S3, a local directory, memory://). A number is the TTL in
             seconds (`Lease(ttl=…)`), True the default `Lease()`. See README, "Many managers".
+        request_poll_interval: seconds between looks for operator requests (`cancel`,
+            `procstore fail`) that must reach procedures waiting for children or a retry.
+            A procedure about to attempt a step always reads its own request first.
     """
 
     def __init__(
@@ -91,6 +96,7 @@ class ProcedureManager:
         parent_path: str = "",
         lease: Lease | float | bool | None = None,
         retry_budget: RetryBudget | None = None,
+        request_poll_interval: float = 1.0,
     ) -> None:
         self._given_store = url if isinstance(url, StateStore) else None
         self.url = url.url if isinstance(url, StateStore) else os.fspath(url)
@@ -101,6 +107,7 @@ class ProcedureManager:
         self.metadata_ttl = metadata_ttl
         self.gc_interval = gc_interval
         self.parent_path = parent_path
+        self.request_poll_interval = request_poll_interval
         self.recovery_problems: list[LoadProblem] = []
         """Procedures the last `start()` found but could not resume, with what to do."""
         self._loaders: dict[str, Loader] = {}
@@ -246,6 +253,7 @@ class ProcedureManager:
     async def _recover(self, ctx: ManagerContext) -> None:
         self.recovery_problems = await recover(ctx)
         self._gc_task = asyncio.get_running_loop().create_task(self._collect_garbage(ctx), name="procstore:gc")
+        ctx.spawn(watch_operator_requests(ctx, self.request_poll_interval), name="procstore:requests")
 
     async def wait_recovered(self) -> None:
         """Wait for the term's recovery; raise its error."""
@@ -310,6 +318,29 @@ class ProcedureManager:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
+
+    # -- operators -------------------------------------------------------------------
+
+    async def cancel(self, procedure_id: ProcedureId, reason: str = "") -> None:
+        """Ask a procedure to stop, durably, wherever it runs.
+
+        Writes a request to the store (see `procstore cancel`) that the manager running the
+        procedure, this one or another process, honours before the procedure's next step at
+        the latest: it rolls back if it supports rollback, else fails, and so do its
+        unfinished descendants; its watchers raise `ProcedureFailed` naming the cancel and
+        `reason`. Returns once the request is stored, not once the procedure has ended.
+        Raises `ProcedureError` for a procedure that has ended or that the store does not
+        hold, `InvalidProcedureId`, or `ManagerNotStarted`.
+        """
+        if not isinstance(procedure_id, ProcedureId):
+            raise InvalidProcedureId(procedure_id)
+        self._started_or_standby("cancel")
+        ctx = self._ctx
+        if ctx is None or not ctx.running:
+            # A standby: the leader's look at `requests/` (or its next step) finds it.
+            assert self._state_store is not None
+            ctx = ManagerContext(ProcedureStore(self._state_store, self.parent_path), self.policy, self._loaders)
+        await request_stop(ctx, procedure_id, "cancel", reason)
 
     # -- submitting ------------------------------------------------------------------
 

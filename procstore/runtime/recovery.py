@@ -192,7 +192,7 @@ def _resume_root(
     meta = ctx.new_meta(pid, message.type_name, message.parent_id, procedure, state)
     meta.is_root = True
     meta.inherited = True
-    Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=not rolling_back).start()
+    Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=True).start()
 
 
 async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy: set[ProcedureId]) -> set[ProcedureId]:

@@ -31,6 +31,7 @@ from procstore.runtime.retry import is_rollback_retryable, is_transient
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage
+from procstore.store.requests import OperatorRequested
 
 logger = logging.getLogger("procstore.runtime")
 
@@ -136,8 +137,20 @@ class Runner:
         if self.ctx.lease_check is not None:
             self.ctx.lease_check(f"step {self.step} of procedure {self.meta.id}")
 
+    async def _check_operator_request(self) -> None:
+        """Before every attempt: an operator's request (`cancel`, `fail`) ends the execution,
+        read here from the store so that one written since the last step is seen in time."""
+        request = self.ctx.operator_requests.get(self.meta.id)
+        if request is None:
+            request = await self.ctx.store.requests.get(self.meta.id)
+            if request is not None:
+                self.ctx.note_request(self.meta.id, request)
+        if request is not None:
+            raise OperatorRequested(request)
+
     async def _execute_once(self, attempt: int) -> Status:
         self._check_lease()
+        await self._check_operator_request()
         status = await self.procedure.execute(self._context(attempt))
         if not isinstance(status, Status):
             raise TypeError(f"execute() returned {status!r}, not a Status")
@@ -290,17 +303,26 @@ class Runner:
                 self._poison_child(sub.id, name, "its id already has stored steps that this manager could not load")
 
     async def _resume_stored_children(self) -> None:
-        """After a restart, resume the children this procedure had stored, then wait for them."""
+        """After a restart, resume the children this procedure had stored, then wait for them.
+
+        A procedure resumed while rolling back rolls back its unfinished children first (those
+        that were still running fail, "their parent is rolling back"), so that no child's keys
+        are deleted with the tree before its own rollback ran.
+        """
+        rolling_back = self.meta.state.kind in (ProcedureStateKind.PREPARE_ROLLBACK, ProcedureStateKind.ROLLING_BACK)
         children = self.ctx.stored.children_of.get(self.meta.id, [])
         for child_id in list(children):
             self.meta.add_child(child_id)
             if child_id not in self.ctx.metas:
-                self._claim_stored(child_id)
+                self._claim_stored(child_id, roll_back=rolling_back)
         if children:
             await self._wait_children()
 
-    def _claim_stored(self, child_id: ProcedureId) -> bool:
-        """Take over a child found in the store at start; False if there is none."""
+    def _claim_stored(self, child_id: ProcedureId, *, roll_back: bool = False) -> bool:
+        """Take over a child found in the store at start; False if there is none.
+
+        With `roll_back`, an unfinished child is made to fail and roll back instead of resuming.
+        """
         stored = self.ctx.stored
         if child_id in stored.committed:
             name = stored.committed.pop(child_id)
@@ -324,13 +346,16 @@ class Runner:
             stored.unreadable[child_id] = e.problem
             self._poison_child(child_id, message.type_name, e.problem.reason)
             return True
-        state = (
-            ProcedureState.with_error(ProcedureStateKind.ROLLING_BACK, message.error or "unknown error")
-            if rolling_back
-            else ProcedureState.running()
-        )
+        if rolling_back:
+            state = ProcedureState.with_error(ProcedureStateKind.ROLLING_BACK, message.error or "unknown error")
+        elif roll_back:
+            state = ProcedureState.with_error(
+                ProcedureStateKind.PREPARE_ROLLBACK, f"its parent {self.meta.id} is rolling back"
+            )
+        else:
+            state = ProcedureState.running()
         meta = self.ctx.new_meta(child_id, message.type_name, self.meta.id, procedure, state)
-        Runner(self.ctx, meta, procedure, message.step + 1, message.data, resume_children=not rolling_back).start()
+        Runner(self.ctx, meta, procedure, message.step + 1, message.data, resume_children=True).start()
         return True
 
     def _poison_child(self, child_id: ProcedureId, type_name: str, reason: str) -> None:
@@ -465,6 +490,8 @@ class Runner:
             await self.ctx.store.delete_procedures(children)
             if doomed[0] == self.meta.id:
                 await self.ctx.store.delete_procedure(self.meta.id)
+            # Requests go last: until the keys are gone, a restart must honour them again.
+            await self.ctx.store.requests.delete([pid for pid in doomed if pid in self.ctx.operator_requests])
 
         try:
             await self.ctx.policy.call(delete)

@@ -7,12 +7,10 @@ whoever wrote it (GreptimeDB or procstore).
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from procstore.errors import StoreError
 from procstore.ids import ProcedureId
 from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey
 from procstore.store.message import MessageDecodeError, ProcedureMessage
@@ -163,26 +161,6 @@ async def read_history(
         except MessageDecodeError as e:
             history.append((key, modified.get(str(key)), None, str(e)))
     return history
-
-
-async def mark_for_rollback(store: ProcedureStore, procedure: StoredProcedure, reason: str) -> ParsedKey:
-    """Write `{latest + 1}.rollback` holding the latest state and `reason`; returns the key.
-
-    Create-only: if a manager wrote that step meanwhile, nothing is written and
-    `StoreError` says to stop the managers and try again.
-    """
-    if procedure.message is None or procedure.status is not StoredStatus.UNFINISHED:
-        raise ValueError(f"procedure {procedure.procedure_id} is {procedure.status.value}, not unfinished and readable")
-    step = procedure.latest.step + 1
-    key = ParsedKey(store.proc_path, procedure.procedure_id, step, KeyType.ROLLBACK)
-    message = dataclasses.replace(procedure.message, step=step, error=reason)
-    if not await store.store.put_if_absent(str(key), message.encode()):
-        raise StoreError(
-            f"{key} appeared while marking procedure {procedure.procedure_id} failed: a manager is running it; "
-            "stop the managers on this store and try again",
-            key=str(key),
-        )
-    return key
 
 
 def _order(key: ParsedKey) -> tuple[int, bool]:

@@ -146,17 +146,17 @@ def test_gc_deletes_committed_roots_only(mixed: tuple[Place, MixedStore]) -> Non
     assert "deleted 2 committed" in result.stderr
 
 
-def test_fail_marks_for_rollback_and_a_manager_rolls_back(mixed: tuple[Place, MixedStore]) -> None:
+def test_fail_writes_a_request_and_a_manager_rolls_back(mixed: tuple[Place, MixedStore]) -> None:
     place, store = mixed
     before = place.stored_keys()
     declined = place.run("fail", store.ps_unfinished, input="n\n")
     assert declined.exit_code == ExitCode.REFUSED and place.stored_keys() == before
     result = place.run("fail", store.ps_unfinished, "--reason", "stuck since 3am", "--yes")
     assert result.exit_code == 0, result.output
-    assert place.stored_keys() - before == {f"procedure/{store.ps_unfinished}/0000000003.rollback"}
+    assert place.stored_keys() - before == {f"requests/{store.ps_unfinished}.json"}
+    assert place.run("fail", store.ps_unfinished, "-y").exit_code == ExitCode.REFUSED  # one request per procedure
     assert place.run("fail", store.gt_committed, "-y").exit_code == ExitCode.REFUSED
     assert place.run("fail", store.truncated, "-y").exit_code == ExitCode.REFUSED
-    assert ls_json(place)[store.ps_unfinished]["status"] == "rolling back"
 
     pid = ProcedureId.parse(store.ps_unfinished)
 

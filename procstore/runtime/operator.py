@@ -1,0 +1,80 @@
+"""How operator requests reach running procedures (see `procstore.store.requests`).
+
+A runner reads its procedure's request key before every attempt at a step. What that read
+cannot reach is a procedure that is not attempting anything: one waiting for its children,
+for a lock or for a retry's backoff. `watch_operator_requests` polls the `requests/`
+folder for those, and passes each request down to the procedure's unfinished descendants,
+so that the children end first and the parent sees the request at its next attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from procstore.errors import ProcedureError
+from procstore.ids import ProcedureId
+from procstore.runtime.context import ManagerContext
+from procstore.store.keys import procedure_dir
+from procstore.store.requests import OperatorRequest, RequestKind
+
+logger = logging.getLogger("procstore.runtime")
+
+STALE_REQUEST_AGE = 600.0
+"""Seconds after which a request for a procedure the store no longer holds is deleted."""
+
+
+async def watch_operator_requests(ctx: ManagerContext, interval: float) -> None:
+    """Every `interval` seconds, apply new requests to the procedures of this term.
+
+    Survives any error (logged): a store outage must not end the watch for the whole term.
+    """
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await _look_once(ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("looking for operator requests failed; trying again in %.1fs", interval)
+
+
+async def _look_once(ctx: ManagerContext) -> None:
+    found = await ctx.store.requests.list_all()
+    stale: list[ProcedureId] = []
+    for pid, request in found.items():
+        meta = ctx.metas.get(pid)
+        if meta is not None:
+            if not meta.state.is_ended() and pid not in ctx.operator_requests:
+                logger.warning("procedure %s: %s", pid, request.describe())
+                ctx.note_request(pid, request)
+        elif (
+            not ctx.is_known(pid)
+            and time.time() - request.requested_at > STALE_REQUEST_AGE
+            and not await ctx.store.store.walk(procedure_dir(ctx.store.proc_path, pid))
+        ):
+            # Its procedure ended (and its keys went) before the request was seen, or never existed.
+            stale.append(pid)
+    if stale:
+        logger.info("deleting %d operator requests for procedures the store no longer holds", len(stale))
+        await ctx.store.requests.delete(stale)
+
+
+async def request(ctx: ManagerContext, procedure_id: ProcedureId, kind: RequestKind, reason: str) -> OperatorRequest:
+    """Write a request for `procedure_id` and apply it here at once.
+
+    Raises `ProcedureError` if the procedure has ended, or is neither known here nor stored.
+    Returns the request in force (an earlier one, if the procedure already had one).
+    """
+    meta = ctx.metas.get(procedure_id)
+    if meta is not None and meta.state.is_ended():
+        raise ProcedureError(f"procedure {procedure_id} has already ended ({meta.state.kind.name}): nothing to {kind}")
+    if meta is None and not await ctx.store.store.walk(procedure_dir(ctx.store.proc_path, procedure_id)):
+        raise ProcedureError(f"procedure {procedure_id} is not in the store (finished and deleted, or never submitted)")
+    wanted = OperatorRequest.new(kind, reason)
+    if not await ctx.store.requests.put(procedure_id, wanted):
+        existing = await ctx.store.requests.get(procedure_id)
+        wanted = existing if existing is not None else wanted
+    ctx.note_request(procedure_id, wanted)
+    return wanted

@@ -1,0 +1,126 @@
+"""Operator requests: a durable "stop this procedure" that reaches whichever manager runs it.
+
+An operator (`procstore fail`, `procstore cancel`, `ProcedureManager.cancel`) writes one
+small key per procedure, outside `procedure/` so that GreptimeDB's loader never sees it:
+
+    {parent_path}requests/{procedure_id}.json   {"kind":"cancel","reason":"...","requested_at":...}
+
+The manager that runs the procedure reads that key before every attempt at a step, and a
+poll over `requests/` reaches procedures that wait (for children, a retry's backoff). A
+procedure with a request stops executing and fails with the request's reason, rolling back
+first if it supports rollback; its unfinished descendants do the same. The key is written
+create-only (the first request wins) and deleted only after the procedure's keys are gone,
+so a crash in between honours it again: failing is idempotent.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import socket
+import time
+from typing import Literal
+
+import msgspec
+
+from procstore.errors import ProcedureError
+from procstore.ids import ProcedureId
+from procstore.store.state_store import StateStore
+
+logger = logging.getLogger("procstore.store")
+
+REQUESTS_PATH = "requests/"
+"""The folder under a store's root that holds operator requests."""
+
+RequestKind = Literal["fail", "cancel"]
+
+
+class OperatorRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What an operator asked of one procedure, and why."""
+
+    kind: RequestKind
+    reason: str
+    requested_at: float
+    """Seconds since the epoch, when the request was written."""
+    requested_by: str = ""
+    """Who wrote it (`user@host` for the CLI)."""
+
+    @classmethod
+    def new(cls, kind: RequestKind, reason: str) -> OperatorRequest:
+        return cls(kind=kind, reason=reason, requested_at=time.time(), requested_by=_who())
+
+    def describe(self) -> str:
+        verb = "cancelled" if self.kind == "cancel" else "failed"
+        by = f" ({self.requested_by})" if self.requested_by else ""
+        return f"{verb} by an operator{by}: {self.reason or 'no reason given'}"
+
+
+class OperatorRequested(ProcedureError):
+    """Raised inside a runner when its procedure has an operator request: not retried."""
+
+    def __init__(self, request: OperatorRequest) -> None:
+        self.request = request
+        super().__init__(request.describe())
+
+
+_decoder = msgspec.json.Decoder(OperatorRequest)
+
+
+def decode_request(raw: bytes, key: str) -> OperatorRequest | None:
+    """The request under `key`, or None (logged, key kept) for a value that is not one."""
+    try:
+        return _decoder.decode(raw)
+    except msgspec.DecodeError as e:
+        logger.error(
+            "ignoring the operator request at %s: %s; write it again with `procstore cancel` or `procstore fail`",
+            key,
+            e,
+        )
+        return None
+
+
+class RequestStore:
+    """Reads and writes operator requests under `{parent_path}requests/` of a `StateStore`."""
+
+    def __init__(self, store: StateStore, parent_path: str = "") -> None:
+        self.store = store
+        self.prefix = f"{parent_path}{REQUESTS_PATH}"
+
+    def key(self, procedure_id: ProcedureId) -> str:
+        return f"{self.prefix}{procedure_id}.json"
+
+    async def put(self, procedure_id: ProcedureId, request: OperatorRequest) -> bool:
+        """Write `request` unless one exists: False if the procedure already had a request."""
+        key = self.key(procedure_id)
+        value = msgspec.json.encode(request)
+        return await self.store.put_if_absent(key, value) or await self.store.get(key) == value
+
+    async def get(self, procedure_id: ProcedureId) -> OperatorRequest | None:
+        key = self.key(procedure_id)
+        raw = await self.store.get(key)
+        return None if raw is None else decode_request(raw, key)
+
+    async def list_all(self) -> dict[ProcedureId, OperatorRequest]:
+        """Every readable request in the store, by procedure id."""
+        keys = [k for k in await self.store.walk(self.prefix) if k.endswith(".json")]
+        ids = {k: ProcedureId.parse_canonical(k[len(self.prefix) : -len(".json")]) for k in keys}
+        wanted = [k for k, pid in ids.items() if pid is not None]
+        found: dict[ProcedureId, OperatorRequest] = {}
+        for key, raw in zip(wanted, await self.store.get_many(wanted), strict=True):
+            pid = ids[key]
+            if pid is not None and isinstance(raw, bytes) and (request := decode_request(raw, key)) is not None:
+                found[pid] = request
+        return found
+
+    async def delete(self, procedure_ids: list[ProcedureId]) -> None:
+        """Forget the requests of procedures whose keys are gone."""
+        if procedure_ids:
+            await self.store.batch_delete([self.key(pid) for pid in procedure_ids])
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
