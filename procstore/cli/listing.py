@@ -33,7 +33,9 @@ _STATUS_STYLE = {
     StoredStatus.UNFINISHED: "yellow",
     StoredStatus.COMMITTED: "green",
     StoredStatus.ROLLING_BACK: "magenta",
+    StoredStatus.ROLLED_BACK: "cyan",
     StoredStatus.UNREADABLE: "bold red",
+    StoredStatus.PARENT_CYCLE: "bold red",
 }
 STATUS_CHOICE = click.Choice([s.value for s in StoredStatus] + ["rolling-back"])
 

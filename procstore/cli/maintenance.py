@@ -55,7 +55,7 @@ async def gc(url: str, storage_options: tuple[str, ...], parent_path: str, older
         inventory = await load_inventory(store, console)
         now = time.time()
         chosen = [p for p in inventory.collectable() if p.modified is not None and now - p.modified >= min_age]
-        kept = sum(p.status is StoredStatus.COMMITTED for p in inventory.procedures.values()) - len(chosen)
+        kept = sum(p.is_finished for p in inventory.procedures.values()) - len(chosen)
         if dry_run:
             output_console().print(procedures_table(chosen, now, title="would delete"))
             console.print(f"dry run: {len(chosen)} committed procedures would be deleted, {kept} committed kept")

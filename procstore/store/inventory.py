@@ -32,8 +32,12 @@ class StoredStatus(enum.StrEnum):
     """Highest key `.commit`: finished; its keys are waiting to be deleted."""
     ROLLING_BACK = "rolling back"
     """Highest key `.rollback`: failed; the next start (re)runs its rollback."""
+    ROLLED_BACK = "rolled back"
+    """Highest key `.commit` above a `.rollback`: failed, and its rollback ran to its end."""
     UNREADABLE = "unreadable"
     """Its highest value cannot be decoded: recovery skips it and leaves it alone."""
+    PARENT_CYCLE = "parent cycle"
+    """Its parent links form a cycle (a corrupt or hand-edited store): nothing resumes it."""
 
 
 _STATUS_OF_LATEST = {
@@ -73,12 +77,17 @@ class StoredProcedure:
 
     @property
     def error(self) -> str | None:
-        return self.message.error if self.status is StoredStatus.ROLLING_BACK and self.message else None
+        failed = self.status in (StoredStatus.ROLLING_BACK, StoredStatus.ROLLED_BACK)
+        return self.message.error if failed and self.message else None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (StoredStatus.COMMITTED, StoredStatus.ROLLED_BACK)
 
     @property
     def is_alive(self) -> bool:
         """Whether a manager would still run something of it (or must not lose it)."""
-        return self.status is not StoredStatus.COMMITTED
+        return not self.is_finished
 
 
 @dataclass(slots=True)
@@ -89,15 +98,27 @@ class Inventory:
     other_keys: list[str]
 
     def roots(self) -> list[StoredProcedure]:
-        """Procedures without a parent, or whose parent is no longer stored."""
-        return [p for p in self.procedures.values() if p.parent_id is None or p.parent_id not in self.procedures]
+        """Procedures without a parent, whose parent is no longer stored, or in a parent cycle
+        (which has no root, and would be shown nowhere else)."""
+        return [
+            p
+            for p in self.procedures.values()
+            if p.parent_id is None or p.parent_id not in self.procedures or p.status is StoredStatus.PARENT_CYCLE
+        ]
 
     def descendants(self, procedure_id: ProcedureId) -> list[StoredProcedure]:
-        """Children, grandchildren... of a procedure, deepest first."""
+        """Children, grandchildren... of a procedure, deepest first (each once, cycles too)."""
         out: list[StoredProcedure] = []
-        for child_id in self.procedures[procedure_id].children:
-            out += self.descendants(child_id)
-            out.append(self.procedures[child_id])
+        seen = {procedure_id}
+
+        def visit(pid: ProcedureId) -> None:
+            for child_id in self.procedures[pid].children:
+                if child_id not in seen:
+                    seen.add(child_id)
+                    visit(child_id)
+                    out.append(self.procedures[child_id])
+
+        visit(procedure_id)
         return out
 
     def collectable(self) -> list[StoredProcedure]:
@@ -105,7 +126,7 @@ class Inventory:
         out = []
         for p in self.procedures.values():
             parent = self.procedures.get(p.parent_id) if p.parent_id is not None else None
-            if p.status is StoredStatus.COMMITTED and (parent is None or not parent.is_alive):
+            if p.is_finished and (parent is None or not parent.is_alive):
                 out.append(p)
         return out
 
@@ -125,20 +146,38 @@ async def read_inventory(store: ProcedureStore, progress: Progress | None = None
         readable = [k for k in keys if k.key_type is not KeyType.COMMIT]
         if readable:
             to_read.append((procedure, readable[-1]))
+            if status is StoredStatus.COMMITTED and readable[-1].key_type is KeyType.ROLLBACK:
+                procedure.status = StoredStatus.ROLLED_BACK
     values = await _read_in_chunks(store, [str(key) for _, key in to_read], progress)
     for (procedure, key), raw in zip(to_read, values, strict=True):
         try:
             procedure.message = _decode(raw)
         except MessageDecodeError as e:
             procedure.problem = f"{key}: {e}"
-            if procedure.status is not StoredStatus.COMMITTED:  # finished is finished, readable or not
+            if not procedure.is_finished:  # finished is finished, readable or not
                 procedure.status = StoredStatus.UNREADABLE
             procedure.message = await _earlier_message(store, procedure, key)
     for procedure in procedures.values():
         parent = procedures.get(procedure.parent_id) if procedure.parent_id is not None else None
         if parent is not None:
             parent.children.append(procedure.procedure_id)
+    _flag_parent_cycles(procedures)
     return Inventory(procedures, grouped.others)
+
+
+def _flag_parent_cycles(procedures: dict[ProcedureId, StoredProcedure]) -> None:
+    """Mark every procedure whose parent links loop back to it."""
+    for start in procedures.values():
+        chain: list[ProcedureId] = []
+        current: StoredProcedure | None = start
+        while current is not None and current.procedure_id not in chain:
+            chain.append(current.procedure_id)
+            parent = current.parent_id
+            current = procedures.get(parent) if parent is not None else None
+        if current is not None and current.procedure_id == start.procedure_id:
+            cycle = " -> ".join(map(str, [*chain, start.procedure_id]))
+            start.status = StoredStatus.PARENT_CYCLE
+            start.problem = f"its parent links form a cycle: {cycle}; nothing resumes it"
 
 
 async def read_history(

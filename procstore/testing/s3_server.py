@@ -40,6 +40,7 @@ WsgiApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 FAULTS = ("slowdown", "reset-before", "reset-after", "timeout-after")
 _CLIENT = re.compile(r"procstore-client/(\S+)")
 _DELETE_KEY = re.compile(rb"<Key>(.*?)</Key>", re.DOTALL)
+_DELETE_OBJECT = re.compile(rb"<Object>\s*<Key>(.*?)</Key>.*?</Object>", re.DOTALL)
 _SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
@@ -50,9 +51,18 @@ class RecordingFaultyApp:
     """WSGI middleware around moto's app: records writes, injects faults."""
 
     def __init__(
-        self, app: WsgiApp, record_path: str | None, fault_rate: float, seed: int, hold_seconds: float
+        self,
+        app: WsgiApp,
+        record_path: str | None,
+        fault_rate: float,
+        seed: int,
+        hold_seconds: float,
+        delete_errors: int = 0,
     ) -> None:
         self.app = app
+        self.delete_errors = delete_errors
+        """How many DeleteObjects requests (the first ones) keep their first key and report it
+        under `Errors` with a 200, as S3 does when it fails one key of a batch."""
         self.fault_rate = fault_rate
         self.hold_seconds = hold_seconds
         self._random = random.Random(seed)
@@ -83,6 +93,11 @@ class RecordingFaultyApp:
             _reset(environ)
             return []
         body = self._drain(environ)
+        kept = self._keep_one_key(body) if method == "POST" and "delete" in query else None
+        if kept is not None:
+            body = body.replace(kept[1], b"", 1)
+            for header in [h for h in environ if h.startswith(("HTTP_CONTENT_MD5", "HTTP_X_AMZ_CHECKSUM"))]:
+                del environ[header]
         environ["wsgi.input"] = _Body(body)
         environ["CONTENT_LENGTH"] = str(len(body))
         captured: dict[str, Any] = {}
@@ -93,6 +108,13 @@ class RecordingFaultyApp:
 
         chunks = b"".join(self.app(environ, capture))
         status = int(captured["status"].split()[0])
+        if kept is not None:
+            error = (
+                b"<Error><Key>" + kept[0] + b"</Key><Code>InternalError</Code>"
+                b"<Message>We encountered an internal error. Please try again.</Message></Error>"
+            )
+            chunks = chunks.replace(b"</DeleteResult>", error + b"</DeleteResult>")
+            captured["headers"] = [(k, v) for k, v in captured["headers"] if k.lower() != "content-length"]
         if method == "POST" and "delete" in query:
             for key in _DELETE_KEY.findall(body):
                 self._log(environ, "DELETE", f"{path.rstrip('/')}/{key.decode()}", status, fault, 0)
@@ -107,6 +129,17 @@ class RecordingFaultyApp:
             return []
         start_response(captured["status"], captured["headers"])
         return [chunks]
+
+    def _keep_one_key(self, body: bytes) -> tuple[bytes, bytes] | None:
+        """For an injected per-key delete error: the first key and its `<Object>` element."""
+        with self._lock:
+            if self.delete_errors <= 0:
+                return None
+            match = _DELETE_OBJECT.search(body)
+            if match is None:
+                return None
+            self.delete_errors -= 1
+        return match.group(1), match.group(0)
 
     @staticmethod
     def _drain(environ: Environ) -> bytes:
@@ -161,15 +194,22 @@ def _reset(environ: Environ) -> None:
     sock.close()
 
 
-def serve(port: int, record: str | None, fault_rate: float, seed: int, hold_seconds: float) -> None:
-    from moto.moto_server.werkzeug_app import (
-        DomainDispatcherApplication,
-        MotoRequestHandler,
-        create_backend_app,
+def make_app(
+    record: str | None = None, fault_rate: float = 0.0, seed: int = 0, hold_seconds: float = 3.0, delete_errors: int = 0
+) -> RecordingFaultyApp:
+    """moto's S3 app behind the recording, fault-injecting middleware."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+    return RecordingFaultyApp(
+        DomainDispatcherApplication(create_backend_app), record, fault_rate, seed, hold_seconds, delete_errors
     )
+
+
+def serve(port: int, record: str | None, fault_rate: float, seed: int, hold_seconds: float) -> None:
+    from moto.moto_server.werkzeug_app import MotoRequestHandler
     from werkzeug.serving import make_server
 
-    app = RecordingFaultyApp(DomainDispatcherApplication(create_backend_app), record, fault_rate, seed, hold_seconds)
+    app = make_app(record, fault_rate, seed, hold_seconds)
     server = make_server("127.0.0.1", port, app, threaded=True, request_handler=MotoRequestHandler)
     print(f"ready http://127.0.0.1:{port}", flush=True)
     server.serve_forever()
