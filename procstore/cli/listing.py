@@ -26,6 +26,7 @@ from procstore.cli.common import (
     run_command,
     store_options,
 )
+from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore
 from procstore.store.inventory import Inventory, StoredProcedure, StoredStatus, read_inventory
 
@@ -165,12 +166,17 @@ async def tree(url: str, storage_options: tuple[str, ...], parent_path: str, pro
     output_console().print(top)
 
 
-def _add_branch(parent: Tree, inventory: Inventory, p: StoredProcedure) -> None:
+def _add_branch(
+    parent: Tree, inventory: Inventory, p: StoredProcedure, shown: frozenset[ProcedureId] = frozenset()
+) -> None:
     status = f"[{_STATUS_STYLE[p.status]}]{p.status.value}[/]"
     label = f"{p.procedure_id} [bold]{p.type_name or '?'}[/] {status} step {p.latest.step}"
+    if p.procedure_id in shown:  # parent links that loop back: show the loop once, not forever
+        parent.add(f"{label} [bold red](the cycle closes here)[/]")
+        return
     branch = parent.add(label)
     for child_id in p.children:
-        _add_branch(branch, inventory, inventory.procedures[child_id])
+        _add_branch(branch, inventory, inventory.procedures[child_id], shown | {p.procedure_id})
 
 
 @click.command()
