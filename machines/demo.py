@@ -27,7 +27,7 @@ from machines.create_table import CreateTable, new_create_table
 from machines.create_table import register as register_create_table
 from machines.region_migration import RegionMigration, SimCluster, VolatileContext, check_cluster, new_migration
 from machines.region_migration.cluster import REGION_LEASE_SECONDS, region_id
-from procstore import ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId, Watcher
+from procstore import ManagerStopped, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId, Watcher
 from procstore.store import StateStore, open_state_store
 from procstore.testing import FaultyStore, SimulatedCrash
 
@@ -103,20 +103,27 @@ def inject_mailbox_faults(cluster: SimCluster, rng: random.Random, plan: Plan, h
     return f"datanode {node} cut off"
 
 
-async def _wait(watcher: Watcher) -> str:
+async def _wait(watcher: Watcher) -> str | None:
+    """The procedure's outcome; None if the manager stopped (was killed) before it ended."""
     try:
         await watcher.wait()
     except ProcedureFailed as e:
         return f"failed: {e.error}"
+    except ManagerStopped:
+        return None
     return "done"
 
 
-async def run_round(store_url: str, plan: Plan, crash_at: int | None, rng: random.Random) -> str:
+async def run_round(
+    store_url: str, options: dict[str, Any], plan: Plan, crash_at: int | None, rng: random.Random
+) -> str:
     """One manager's life on the store; returns what happened."""
-    faulty = FaultyStore(open_state_store(store_url), crash_at=crash_at, crash_when=rng.choice(["before", "after"]))
+    faulty = FaultyStore(
+        open_state_store(store_url, options), crash_at=crash_at, crash_when=rng.choice(["before", "after"])
+    )
     cluster = SimCluster(faulty, DATANODES)
     notes = ""
-    waits: dict[ProcedureId, asyncio.Future[str]] = {}
+    waits: dict[ProcedureId, asyncio.Future[str | None]] = {}
     manager = new_manager(faulty, cluster)
     try:
         with contextlib.suppress(SimulatedCrash):
@@ -142,8 +149,9 @@ async def run_round(store_url: str, plan: Plan, crash_at: int | None, rng: rando
     crashed_now = faulty.crashed.is_set()
     for job in plan.jobs:
         future = waits.pop(job.procedure_id, None)
-        if future is not None and future.done() and not future.cancelled():
-            job.outcome = future.result()
+        outcome = future.result() if future is not None and future.done() and not future.cancelled() else None
+        if outcome is not None:
+            job.outcome = outcome
         elif job.outcome == "pending" and crashed_now:
             job.crashes_survived += 1
         if future is not None:
@@ -155,8 +163,8 @@ async def run_round(store_url: str, plan: Plan, crash_at: int | None, rng: rando
     return what + (f" ({notes})" if notes else "")
 
 
-async def bootstrap(store_url: str, plan: Plan) -> None:
-    store = open_state_store(store_url)
+async def bootstrap(store_url: str, options: dict[str, Any], plan: Plan) -> None:
+    store = open_state_store(store_url, options)
     try:
         await store.check_access()
         cluster = SimCluster(store, DATANODES)
@@ -168,9 +176,9 @@ async def bootstrap(store_url: str, plan: Plan) -> None:
         await store.close()
 
 
-async def verify(store_url: str, plan: Plan) -> list[str]:
+async def verify(store_url: str, options: dict[str, Any], plan: Plan) -> list[str]:
     """The invariants, read from the store alone."""
-    store = open_state_store(store_url)
+    store = open_state_store(store_url, options)
     try:
         broken = await check_cluster(store)
         left = await store.walk("procedure/")
@@ -189,14 +197,17 @@ async def verify(store_url: str, plan: Plan) -> list[str]:
         await store.close()
 
 
-async def run_demo(store_url: str, seed: int, size: int, crashes: int, console: Console) -> int:
+async def run_demo(
+    store_url: str, seed: int, size: int, crashes: int, console: Console, options: dict[str, Any] | None = None
+) -> int:
+    options = options or {}
     rng = random.Random(seed)
     plan = make_plan(rng, size)
     started = time.monotonic()
     console.print(f"[bold]procstore demo[/] seed={seed} size={size} crashes={crashes}")
     console.print(f"  store: {store_url}  (cluster state under cluster/, procedures under procedure/)")
     console.print(f"  {len(plan.jobs)} procedures on {len(DATANODES)} datanodes; lease {REGION_LEASE_SECONDS}s")
-    await bootstrap(store_url, plan)
+    await bootstrap(store_url, options, plan)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("round 1", total=len(plan.jobs))
@@ -209,16 +220,16 @@ async def run_demo(store_url: str, seed: int, size: int, crashes: int, console: 
             last = number > crashes or finished == len(plan.jobs)
             crash_at = None if last else rng.randrange(5, 15 * size)
             progress.update(task, description=f"round {number}")
-            what = await run_round(store_url, plan, crash_at, rng)
+            what = await run_round(store_url, options, plan, crash_at, rng)
             finished = sum(1 for j in plan.jobs if j.outcome != "pending")
             progress.update(task, completed=finished)
             progress.console.print(f"  round {number}: {what}; {finished}/{len(plan.jobs)} finished")
             if last:
                 break
-    return await report(store_url, plan, console, time.monotonic() - started)
+    return await report(store_url, options, plan, console, time.monotonic() - started)
 
 
-async def report(store_url: str, plan: Plan, console: Console, elapsed: float) -> int:
+async def report(store_url: str, options: dict[str, Any], plan: Plan, console: Console, elapsed: float) -> int:
     table = Table(title="procedures", show_lines=False)
     for column in ("procedure", "what", "outcome", "crashes survived"):
         table.add_column(column)
@@ -226,7 +237,7 @@ async def report(store_url: str, plan: Plan, console: Console, elapsed: float) -
         style = "green" if job.outcome == "done" else "yellow"
         table.add_row(job.kind, job.label, f"[{style}]{job.outcome}[/]", str(job.crashes_survived))
     console.print(table)
-    broken = await verify(store_url, plan)
+    broken = await verify(store_url, options, plan)
     console.print(f"  finished in {elapsed:.1f}s")
     if broken:
         console.print("[bold red]INVARIANTS BROKEN[/]")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from procstore.cli.common import parse_storage_options
+
 
 @click.command()
 @click.option("--store", "store_url", help="Store URL or path (default: a new temp directory).")
@@ -20,7 +22,17 @@ import click
               help="Tables to create and regions to migrate.")  # fmt: skip
 @click.option("--crashes", type=click.IntRange(0, 50), default=4, show_default=True, help="Kills to inject.")
 @click.option("--verbose", "-v", is_flag=True, help="Show procstore's log (retries, failures, recovery).")
-def demo(store_url: str | None, seed: int | None, size: int, crashes: int, verbose: bool) -> None:
+@click.option(
+    "-o",
+    "--storage-option",
+    "storage_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="fsspec storage option for --store, repeatable (`-o endpoint_url=http://...`); values are JSON if they parse.",
+)
+def demo(
+    store_url: str | None, seed: int | None, size: int, crashes: int, verbose: bool, storage_options: tuple[str, ...]
+) -> None:
     """Create tables and migrate regions while the manager is killed and restarted."""
     from rich.console import Console
     from rich.logging import RichHandler
@@ -32,4 +44,5 @@ def demo(store_url: str | None, seed: int | None, size: int, crashes: int, verbo
 
     store_url = store_url or str(Path(tempfile.mkdtemp(prefix="procstore-demo-")) / "store")
     seed = seed if seed is not None else random.randrange(1_000_000)
-    sys.exit(asyncio.run(run_demo(store_url, seed, size, crashes, Console())))
+    options = parse_storage_options(storage_options)
+    sys.exit(asyncio.run(run_demo(store_url, seed, size, crashes, Console(), options)))
