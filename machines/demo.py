@@ -123,7 +123,7 @@ async def run_round(
     )
     cluster = SimCluster(faulty, DATANODES)
     notes = ""
-    waits: dict[ProcedureId, asyncio.Future[str | None]] = {}
+    waits: dict[ProcedureId, asyncio.Future[Any]] = {}
     manager = new_manager(faulty, cluster)
     try:
         with contextlib.suppress(SimulatedCrash):
@@ -138,9 +138,10 @@ async def run_round(
                     watcher = await manager.submit(ProcedureWithId(job.procedure_id, build(job, cluster)))
                 if watcher is not None:
                     waits[job.procedure_id] = asyncio.ensure_future(_wait(watcher))
-            crashed: asyncio.Future[object] = asyncio.ensure_future(faulty.crashed.wait())
-            pending: list[asyncio.Future[Any]] = [*waits.values(), crashed]
-            while not faulty.crashed.is_set() and not all(w.done() for w in waits.values()):
+            crashed: asyncio.Future[Any] = asyncio.ensure_future(faulty.crashed.wait())
+            # Wait only on what is still pending: a finished future would return at once.
+            while not faulty.crashed.is_set() and (pending := [w for w in waits.values() if not w.done()]):
+                pending.append(crashed)
                 await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             crashed.cancel()
         await manager.stop()
