@@ -17,8 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
-from procstore.testing.pytest_plugin import create_bucket, free_port, gcs_storage_options, s3_storage_options, serving
+from procstore.testing.pytest_plugin import (
+    create_bucket,
+    free_port,
+    gcs_storage_options,
+    register_hypothesis_profiles,
+    s3_storage_options,
+    serving,
+)
+
+# Our own suite's choice (a user's project keeps its own): bounded examples under CI.
+register_hypothesis_profiles()
+if os.environ.get("CI"):
+    settings.load_profile("procstore-ci")
 
 
 @dataclass(frozen=True)

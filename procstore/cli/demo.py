@@ -1,5 +1,5 @@
 """`procstore demo`: region migrations and table creations on a simulated cluster, with the
-manager killed at random store operations (see `machines/demo.py`)."""
+manager killed at random store operations (see `procstore_machines/demo.py`)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def demo(
     from rich.console import Console
     from rich.logging import RichHandler
 
-    from machines.demo import run_demo
+    from procstore_machines.demo import run_demo
 
     # Failures the demo provokes on purpose are in its summary; the log is for the curious.
     logging.basicConfig(level=logging.INFO if verbose else logging.CRITICAL, handlers=[RichHandler()])

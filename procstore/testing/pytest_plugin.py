@@ -10,13 +10,14 @@ Fixtures:
   explorer its own empty store.
 - `procstore_explorer`: `procstore_explorer(scenario)` makes a `CrashExplorer` on that store.
 
-Hypothesis profiles: `ci` (bounded, the default under `CI=true`) and `long`; pick one with
-`--hypothesis-profile=long`.
+Hypothesis is optional: the plugin never imports it, and never changes a hypothesis profile
+unless asked. `--procstore-hypothesis-profile=procstore-ci` (bounded: 25 examples, 20 steps)
+or `=procstore-long` (500 examples, 60 steps) registers procstore's profiles and loads one;
+`register_hypothesis_profiles()` registers them for a conftest that loads its own.
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -29,16 +30,39 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 
 from procstore.testing.explorer import CrashExplorer, Scenario
 
-settings.register_profile(
-    "ci", max_examples=25, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile("long", max_examples=500, stateful_step_count=60, deadline=None)
-if os.environ.get("CI"):
-    settings.load_profile("ci")
+
+def register_hypothesis_profiles() -> None:
+    """Register `procstore-ci` and `procstore-long` with hypothesis (imported only here)."""
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "procstore-ci",
+        max_examples=25,
+        stateful_step_count=20,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    settings.register_profile("procstore-long", max_examples=500, stateful_step_count=60, deadline=None)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--procstore-hypothesis-profile",
+        default=None,
+        help="load procstore's hypothesis profile: procstore-ci (bounded) or procstore-long",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    profile = config.getoption("--procstore-hypothesis-profile", default=None)
+    if profile:
+        from hypothesis import settings
+
+        register_hypothesis_profiles()
+        settings.load_profile(profile)
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,21 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
-from machines.create_table import new_create_table
-from machines.create_table import register as register_create_table
-from machines.publish import new_publish, read_current
-from machines.publish import register as register_publish
-from machines.region_migration import RegionMigration, SimCluster, VolatileContext, check_cluster, new_migration
-from machines.region_migration.cluster import region_id
 from procstore import ProcedureManager, ProcedureWithId
 from procstore.store import StateStore
 from procstore.testing import Scenario
+from procstore_machines.create_table import new_create_table
+from procstore_machines.create_table import register as register_create_table
+from procstore_machines.publish import new_publish, read_current
+from procstore_machines.publish import register as register_publish
+from procstore_machines.region_migration import (
+    RegionMigration,
+    SimCluster,
+    VolatileContext,
+    check_cluster,
+    new_migration,
+)
+from procstore_machines.region_migration.cluster import region_id
 
 TABLE = 1024
 

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from machines.create_table import CreateTable, new_create_table, register
-from machines.region_migration import SimCluster, check_cluster
-from machines.region_migration.cluster import DatanodeError
 from procstore import ProcedureFailed, ProcedureManager, ProcedureWithId
 from procstore.store import LocalDirStore, StateStore
 from procstore.testing import CrashExplorer
+from procstore_machines.create_table import CreateTable, new_create_table, register
+from procstore_machines.region_migration import SimCluster, check_cluster
+from procstore_machines.region_migration.cluster import DatanodeError
 from tests.machines.scenarios import CreateThreeRegionTable, run_url
 
 

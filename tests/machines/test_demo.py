@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from machines.region_migration import check_cluster
 from procstore.cli import cli
 from procstore.store import open_state_store
+from procstore_machines.region_migration import check_cluster
 
 
 @pytest.mark.parametrize(("seed", "size", "crashes"), [(1, 6, 4), (7, 4, 6), (42, 10, 3), (209, 12, 8)])

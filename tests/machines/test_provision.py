@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from machines.provision import CreateResource, ProvisionService, check_world
 from procstore import ProcedureManager, ProcedureWithId
+from procstore_machines.provision import CreateResource, ProvisionService, check_world
 
 
 async def test_provision_a_service(tmp_path: Path) -> None:

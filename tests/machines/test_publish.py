@@ -7,11 +7,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from machines.publish import Publish, new_publish, read_current, register
-from machines.publish.machine import current_key
 from procstore import ProcedureManager, ProcedureWithId
 from procstore.store import StateStore, open_state_store
 from procstore.testing import CrashExplorer
+from procstore_machines.publish import Publish, new_publish, read_current, register
+from procstore_machines.publish.machine import current_key
 from tests.conftest import StoreTarget
 from tests.machines.scenarios import PublishV2, run_url
 

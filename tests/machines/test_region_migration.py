@@ -7,13 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from machines.region_migration import RegionMigration, SimCluster, VolatileContext, check_cluster, new_migration
-from machines.region_migration.cluster import region_id
-from machines.region_migration.machine import PersistentContext, UpdateMetadata
 from procstore import ProcedureFailed, ProcedureManager, ProcedureWithId
 from procstore.machine import Duration
 from procstore.store import LocalDirStore, StateStore
 from procstore.testing import CrashExplorer
+from procstore_machines.region_migration import (
+    RegionMigration,
+    SimCluster,
+    VolatileContext,
+    check_cluster,
+    new_migration,
+)
+from procstore_machines.region_migration.cluster import region_id
+from procstore_machines.region_migration.machine import PersistentContext, UpdateMetadata
 from tests.machines.scenarios import MigrateTwoRegions, run_url
 
 DATA = Path(__file__).parent / "data"
@@ -119,7 +125,7 @@ async def test_upgrade_failing_past_the_timeout_rolls_back(tmp_path: Path) -> No
 
 
 def _refuse(instruction: str, handle: object) -> object:
-    from machines.region_migration.cluster import DatanodeError
+    from procstore_machines.region_migration.cluster import DatanodeError
 
     async def handler(kind: str, region: int, **args: object) -> object:
         if kind == instruction:

@@ -7,13 +7,19 @@ import weakref
 
 from hypothesis import settings
 
-from machines.create_table import new_create_table
-from machines.create_table import register as register_create_table
-from machines.region_migration import RegionMigration, SimCluster, VolatileContext, check_cluster, new_migration
-from machines.region_migration.cluster import region_id
 from procstore import ProcedureId, ProcedureManager, ProcedureWithId
 from procstore.store import StateStore, open_state_store
 from procstore.testing.stateful import ProcedureStateMachine
+from procstore_machines.create_table import new_create_table
+from procstore_machines.create_table import register as register_create_table
+from procstore_machines.region_migration import (
+    RegionMigration,
+    SimCluster,
+    VolatileContext,
+    check_cluster,
+    new_migration,
+)
+from procstore_machines.region_migration.cluster import region_id
 from tests.procedures import Steps, Undoable, World, register_all
 
 
@@ -53,7 +59,7 @@ TestStepsAndRollbacks = StepsAndRollbacks.TestCase
 
 
 class CreateTables(ProcedureStateMachine):
-    """`machines/create_table` under random crashes: the cluster lives in the same store."""
+    """`procstore_machines/create_table` under random crashes: the cluster lives in the same store."""
 
     def __init__(self) -> None:
         self.clusters: weakref.WeakKeyDictionary[StateStore, SimCluster] = weakref.WeakKeyDictionary()
@@ -92,7 +98,7 @@ TestCreateTables = CreateTables.TestCase
 
 
 class MigrateRegions(ProcedureStateMachine):
-    """`machines/region_migration` under random crashes; migrations may race and abort."""
+    """`procstore_machines/region_migration` under random crashes; migrations may race and abort."""
 
     def __init__(self) -> None:
         self.clusters: weakref.WeakKeyDictionary[StateStore, SimCluster] = weakref.WeakKeyDictionary()

@@ -21,7 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from machines.region_migration.cluster import (
+from procstore import LockKey, RetryLater, Status, StringKey
+from procstore.machine import Duration, MachineContext, State, StateMachine, StateRegistry
+from procstore.machine.codec import SKIP_IF_EMPTY
+from procstore_machines.region_migration.cluster import (
     REGION_LEASE_SECONDS,
     DatanodeError,
     MailboxTimeout,
@@ -30,9 +33,6 @@ from machines.region_migration.cluster import (
     VersionConflict,
     table_of,
 )
-from procstore import LockKey, RetryLater, Status, StringKey
-from procstore.machine import Duration, MachineContext, State, StateMachine, StateRegistry
-from procstore.machine.codec import SKIP_IF_EMPTY
 
 TYPE_NAME = "metasrv-procedure::RegionMigration"
 registry = StateRegistry("region_migration_state", machine=TYPE_NAME)

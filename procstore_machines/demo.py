@@ -23,13 +23,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from machines.create_table import CreateTable, new_create_table
-from machines.create_table import register as register_create_table
-from machines.region_migration import RegionMigration, SimCluster, VolatileContext, check_cluster, new_migration
-from machines.region_migration.cluster import REGION_LEASE_SECONDS, region_id
 from procstore import ManagerStopped, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId, Watcher
 from procstore.store import StateStore, open_state_store
 from procstore.testing import FaultyStore, SimulatedCrash
+from procstore_machines.create_table import CreateTable, new_create_table
+from procstore_machines.create_table import register as register_create_table
+from procstore_machines.region_migration import (
+    RegionMigration,
+    SimCluster,
+    VolatileContext,
+    check_cluster,
+    new_migration,
+)
+from procstore_machines.region_migration.cluster import REGION_LEASE_SECONDS, region_id
 
 DATANODES = [1, 2, 3, 4]
 

@@ -1,5 +1,5 @@
 """Create a table and its regions (a parent with one subprocedure per region)."""
 
-from machines.create_table.machine import CreateRegion, CreateTable, new_create_table, register
+from procstore_machines.create_table.machine import CreateRegion, CreateTable, new_create_table, register
 
 __all__ = ["CreateRegion", "CreateTable", "new_create_table", "register"]

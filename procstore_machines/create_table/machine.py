@@ -16,7 +16,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from machines.region_migration.cluster import (
+from procstore import LockKey, ProcedureId, ProcedureWithId, RetryLater, Status, StringKey
+from procstore.machine import MachineContext, State, StateMachine, StateRegistry
+from procstore_machines.region_migration.cluster import (
     DatanodeError,
     MailboxTimeout,
     RegionRoute,
@@ -24,8 +26,6 @@ from machines.region_migration.cluster import (
     TableRoute,
     region_id,
 )
-from procstore import LockKey, ProcedureId, ProcedureWithId, RetryLater, Status, StringKey
-from procstore.machine import MachineContext, State, StateMachine, StateRegistry
 
 CREATE_TABLE = "metasrv-procedure::CreateTable"
 CREATE_REGION = "metasrv-procedure::CreateRegion"

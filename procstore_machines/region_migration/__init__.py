@@ -1,7 +1,7 @@
 """Region migration against a simulated cluster (see `machine.py` and `cluster.py`)."""
 
-from machines.region_migration.cluster import SimCluster, check_cluster, region_id
-from machines.region_migration.machine import (
+from procstore_machines.region_migration.cluster import SimCluster, check_cluster, region_id
+from procstore_machines.region_migration.machine import (
     PersistentContext,
     RegionMigration,
     VolatileContext,
