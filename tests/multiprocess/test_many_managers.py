@@ -33,6 +33,8 @@ from tests.multiprocess.cluster import (
 )
 from tests.multiprocess.worker import child_ids, procedure_ids
 
+pytestmark = pytest.mark.multiprocess
+
 TTL = 1.5
 
 
