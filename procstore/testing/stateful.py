@@ -164,8 +164,9 @@ class ProcedureStateMachine(RuleBasedStateMachine):
     def _ended_before(self, pid: ProcedureId) -> bool:
         ended = any(str(pid) in op.key and op.key.endswith((".commit", ".rollback")) for op in self.history)
         if ended and pid not in self.outcomes:
-            commit = any(str(pid) in op.key and op.key.endswith(".commit") for op in self.history)
-            self.outcomes[pid] = "done" if commit else "failed"
+            # A `.commit` above a `.rollback` ends a rolled-back procedure: the rollback decides.
+            rolled_back = any(str(pid) in op.key and op.key.endswith(".rollback") for op in self.history)
+            self.outcomes[pid] = "failed" if rolled_back else "done"
         return ended
 
     @invariant()
