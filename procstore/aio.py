@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -21,7 +22,10 @@ async def run_blocking(fn: Callable[..., T], *args: object) -> T:
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
-        await asyncio.wait([future])
+        # However many cancels arrive (a stop, then a lease loss), the thread is waited for.
+        while not future.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([future])
         raise
 
 

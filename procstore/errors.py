@@ -100,8 +100,11 @@ class ManagerStopped(ProcedureError):
     Nothing is lost: the procedure resumes from its last stored step at the next `start()`.
     """
 
-    def __init__(self, procedure_id: ProcedureId) -> None:
+    def __init__(self, procedure_id: ProcedureId | None = None, what: str | None = None) -> None:
         self.procedure_id = procedure_id
+        if procedure_id is None:
+            super().__init__(f"the manager was stopped{f' while {what}' if what else ''}")
+            return
         super().__init__(
             f"procedure {procedure_id}: the manager stopped before it ended; "
             "it resumes from its last stored step when a manager starts on the same store"
@@ -137,6 +140,27 @@ class LockConflict(ProcedureError):
         super().__init__(
             f"subprocedure {child_id} wants lock key(s) {keys} that conflict with those held by "
             f"its ancestor {parent_id}; it would deadlock. Give the child finer keys."
+        )
+
+
+class LockCycle(LockConflict):
+    """Waiting for a lock key would close a cycle of procedures waiting for each other.
+
+    The cycle runs through lock holders and through parents, which hold their locks while
+    they wait for their subprocedures. The procedure whose wait would close it fails instead,
+    so the others go on: lock keys in one order across a tree to avoid it.
+    """
+
+    def __init__(self, waiter: ProcedureId, key: str, cycle: list[ProcedureId]) -> None:
+        self.parent_id = cycle[0] if cycle else waiter
+        self.child_id = waiter
+        self.keys = [key]
+        self.cycle = cycle
+        ProcedureError.__init__(
+            self,
+            f"procedure {waiter} would wait for lock key {key!r} in a cycle: "
+            + " -> ".join(map(str, [waiter, *cycle, waiter]))
+            + "; it fails instead of deadlocking. Take lock keys in one order across a tree.",
         )
 
 

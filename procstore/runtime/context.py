@@ -9,9 +9,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from procstore.errors import Fenced, ProcedureError
+from procstore.errors import Fenced, ManagerStopped, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Procedure
@@ -26,6 +26,7 @@ from procstore.store.requests import OperatorRequest
 logger = logging.getLogger("procstore.runtime")
 
 Loader = Callable[[str], Procedure]
+T = TypeVar("T")
 
 
 class LoadFailed(ProcedureError):
@@ -85,7 +86,7 @@ class ManagerContext:
         self.stored = StoredProcedures()
         self.running = False
         self.unfinished = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.fenced: Fenced | None = None
         """Set when another manager was found writing this store's step keys: nothing runs any more."""
         self.inherited_deletes_after = 0.0
@@ -98,9 +99,49 @@ class ManagerContext:
         self.lease_check: Callable[[str], None] | None = None
         """Raises `LeaseExpired` once this term may no longer write: `Context.check_lease`."""
         self._finished_trees: deque[tuple[float, list[ProcedureId]]] = deque()
+        self.lock_holders: dict[str, set[ProcedureId]] = {}
+        """Who holds each lock key (of `locks`), for finding cycles of waits."""
+        self.lock_waits: dict[ProcedureId, str] = {}
+        """The lock key each procedure is waiting for, if it is waiting for one."""
         self.operator_requests: dict[ProcedureId, OperatorRequest] = {}
         """Requests known to apply to procedures of this term: read from the store, or passed
         down from an ancestor's. A runner checks here, then the store, before every attempt."""
+
+    def lock_cycle(self, waiter: ProcedureId, key: StringKey) -> list[ProcedureId] | None:
+        """The procedures `waiter` would wait for in a cycle back to itself, if it waited for
+        `key` now; None if there is no such cycle.
+
+        A procedure waits for the holders of the key it waits for (and for those queued
+        before it), and a parent for its unfinished subprocedures: it holds its locks while
+        they run.
+        """
+        came_from: dict[ProcedureId, ProcedureId | None] = {}
+        queue: deque[ProcedureId] = deque()
+        for first in self._waited_for(key.key, waiter):
+            came_from.setdefault(first, None)
+            queue.append(first)
+        while queue:
+            pid = queue.popleft()
+            if pid == waiter:
+                cycle = []
+                at: ProcedureId | None = came_from[pid]
+                while at is not None:
+                    cycle.append(at)
+                    at = came_from[at]
+                return cycle[::-1]
+            meta = self.metas.get(pid)
+            nexts = list(self._waited_for(self.lock_waits[pid], pid)) if pid in self.lock_waits else []
+            if meta is not None:
+                nexts += [c for c in meta.children if (m := self.metas.get(c)) is not None and not m.state.is_ended()]
+            for nxt in nexts:
+                if nxt not in came_from:
+                    came_from[nxt] = pid
+                    queue.append(nxt)
+        return None
+
+    def _waited_for(self, key: str, waiter: ProcedureId) -> set[ProcedureId]:
+        queued = {pid for pid, waited in self.lock_waits.items() if waited == key and pid != waiter}
+        return (self.lock_holders.get(key, set()) | queued) - {waiter}
 
     def note_request(self, procedure_id: ProcedureId, request: OperatorRequest) -> None:
         """Apply an operator request to a procedure and its unfinished descendants."""
@@ -155,9 +196,13 @@ class ManagerContext:
         parent_id: ProcedureId | None,
         procedure: Procedure | None,
         state: ProcedureState,
+        lock_key: LockKey | None = None,
     ) -> ProcedureMeta:
-        """Create and register the metadata of a procedure (the id must be new)."""
-        lock_key = procedure.lock_key() if procedure is not None else LockKey()
+        """Create and register the metadata of a procedure (the id must be new).
+
+        `lock_key` is the procedure's, when the caller has computed it already."""
+        if lock_key is None:
+            lock_key = procedure.lock_key() if procedure is not None else LockKey()
         meta = ProcedureMeta(procedure_id, type_name, parent_id, lock_key, state, self._on_end)
         if procedure_id in self.metas:
             raise AssertionError(f"procedure {procedure_id} registered twice")
@@ -241,12 +286,13 @@ class ManagerContext:
             )
         try:
             procedure = loader(message.data)
+            procedure.lock_key()  # a procedure whose lock keys cannot be computed cannot run
         except Exception as e:
             raise LoadFailed(
                 LoadProblem(
                     key,
                     procedure_id,
-                    f"its loader rejected the stored data: {type(e).__name__}: {e}",
+                    f"its loader or its lock_key() rejected the stored data: {type(e).__name__}: {e}",
                     "Fix the loader (old data must keep loading) or the stored value; the keys were left untouched",
                     message.type_name,
                 )
@@ -265,12 +311,29 @@ class ManagerContext:
 
     # -- tasks -----------------------------------------------------------------------
 
+    async def run_in_term(self, coro: Coroutine[Any, Any, T], what: str) -> T:
+        """Await `coro` in a task of this term, which `cancel_all` cancels and waits for.
+
+        For work started by a caller outside the term (a `submit`'s write): once the term has
+        ended, none of it can still land. Raises `ManagerStopped` if the term ended it.
+        """
+        task = asyncio.get_running_loop().create_task(coro, name=f"procstore:{what}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and not (current is not None and current.cancelling()):
+                raise ManagerStopped(what=what) from None
+            raise
+
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
             # Only a BaseException gets here (the runner turns errors into FAILED): a

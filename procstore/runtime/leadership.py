@@ -23,7 +23,7 @@ import contextlib
 import logging
 from typing import Protocol
 
-from procstore.errors import Fenced, LeaseExpired, StoreError
+from procstore.errors import Fenced, LeaseExpired, ManagerStopped, StoreError
 from procstore.runtime.lease import LEASE_KEY, Lease, LeaseKeeper
 from procstore.store.state_store import StateStore
 
@@ -53,6 +53,7 @@ class Leadership:
         self.is_leading = False
         """Between `begin_term` and `end_term` (the lease itself may lapse first)."""
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
         self._broken = asyncio.Event()
         self._leading_changed = asyncio.Event()
 
@@ -68,6 +69,8 @@ class Leadership:
 
     async def stop(self) -> None:
         """Cancel the task; the manager then ends the term and releases the lease."""
+        self._stopped = True
+        self._leading_changed.set()  # wakes `wait_until_leading`, which then raises
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -82,9 +85,14 @@ class Leadership:
         self._broken.set()
 
     async def wait_until_leading(self) -> None:
+        """Return once leading; raise `ManagerStopped` if the manager stops first."""
         while not self.is_leading:
+            if self._stopped:
+                raise ManagerStopped(what="waiting to lead")
             self._leading_changed.clear()
             await self._leading_changed.wait()
+        if self._stopped:
+            raise ManagerStopped(what="waiting to lead")
 
     def _begin(self) -> None:
         """Begin a term; its recovery runs in its own task, so renewals go on meanwhile."""

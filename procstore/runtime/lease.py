@@ -32,7 +32,9 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field, replace
+from typing import Annotated
 
+import msgspec
 import orjson
 
 from procstore.errors import LeaseExpired, StoreError
@@ -149,19 +151,34 @@ class LeaseRecord:
 
     @classmethod
     def decode(cls, raw: bytes) -> LeaseRecord:
-        """Raises `ValueError` naming what is wrong."""
+        """Raises `ValueError` naming what is wrong (the field's path, for a wrong value).
+
+        Validated, never coerced: a TTL of "inf" or "nan" would mean no standby ever takes
+        over, an epoch of 1e300 would break every takeover, and "released": "false" would
+        read as released. Any such record is as unreadable as a torn one.
+        """
         try:
-            obj = orjson.loads(raw)
-            record = cls(
-                holder=str(obj["holder"]),
-                epoch=int(obj["epoch"]),
-                renewal=int(obj["renewal"]),
-                ttl=float(obj["ttl"]),
-                released=bool(obj.get("released", False)),
-            )
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"not a lease record ({type(e).__name__}: {e}): {raw[:200]!r}") from e
-        return record
+            stored = _lease_decoder.decode(raw)
+        except msgspec.DecodeError as e:
+            raise ValueError(f"not a lease record ({e}): {raw[:200]!r}") from e
+        return cls(stored.holder, stored.epoch, stored.renewal, stored.ttl, stored.released)
+
+
+_MAX_TTL = 86_400.0 * 365
+"""A year: far above any sane TTL, and it keeps infinity out."""
+
+
+class _StoredLease(msgspec.Struct, frozen=True):
+    """The wire form of `LeaseRecord`, with the bounds a usable record must meet."""
+
+    holder: Annotated[str, msgspec.Meta(min_length=1)]
+    epoch: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+    renewal: Annotated[int, msgspec.Meta(ge=0)]
+    ttl: Annotated[float, msgspec.Meta(gt=0, le=_MAX_TTL)]
+    released: bool = False
+
+
+_lease_decoder = msgspec.json.Decoder(_StoredLease)
 
 
 class LeaseKeeper:
@@ -177,6 +194,9 @@ class LeaseKeeper:
         self.lease = lease
         self.record: LeaseRecord | None = None
         """The last record seen or written."""
+        self.highest_epoch = 0
+        """The highest epoch this manager has read or written: the next term's is above it.
+        Invariant: never decreases, so neither do this manager's fencing tokens."""
         self._version: str | None = None
         self._seen_at = 0.0
         self._writable_until = 0.0
@@ -268,7 +288,7 @@ class LeaseKeeper:
         """
         last = self.record
         ttl = max(self.lease.ttl, last.ttl if last is not None else 0.0)
-        return LeaseRecord(NO_HOLDER, last.epoch if last is not None else 0, -1, ttl)
+        return LeaseRecord(NO_HOLDER, self.highest_epoch, -1, ttl)
 
     async def _write(self, record: LeaseRecord, version: str | None) -> bool:
         """Compare-and-swap `record` in; on success the lease runs from before the send.
@@ -290,6 +310,7 @@ class LeaseKeeper:
             self.record, self._version = None, None
             return False
         self.record, self._version = found
+        self.highest_epoch = max(self.highest_epoch, found[0].epoch)
         if found[0] != record:
             return False
         self._renewed_at = sent_at
@@ -305,8 +326,11 @@ class LeaseKeeper:
         found = await self._read()
         now = time.monotonic()
         if found is None:
-            return await self._write(LeaseRecord(self.holder, 1, 0, self.lease.ttl), None)
+            # No lease object (a new store, or one deleted by hand): epochs go on from the
+            # highest this manager has seen, so its fencing tokens never go backwards.
+            return await self._write(LeaseRecord(self.holder, self.highest_epoch + 1, 0, self.lease.ttl), None)
         record, version = found
+        self.highest_epoch = max(self.highest_epoch, record.epoch)
         if version != self._version:
             self.record, self._version, self._seen_at = record, version, now
         expired = now - self._seen_at >= record.ttl * (1 + self.lease.drift)
@@ -320,7 +344,7 @@ class LeaseKeeper:
                 now - self._seen_at,
                 self.holder,
             )
-        return await self._write(LeaseRecord(self.holder, record.epoch + 1, 0, self.lease.ttl), version)
+        return await self._write(LeaseRecord(self.holder, self.highest_epoch + 1, 0, self.lease.ttl), version)
 
     async def renew_once(self) -> bool:
         """Extend the lease; False if another manager holds it now (this one must stop).

@@ -65,6 +65,11 @@ class KeyRwLock:
                 self._wake(key.key, entry)  # we may have been the head blocking others
             raise
 
+    def would_block(self, key: StringKey) -> bool:
+        """Whether `acquire(key)` would wait now (held in a conflicting mode, or queued)."""
+        entry = self._entries.get(key.key)
+        return entry is not None and (bool(entry.waiters) or not entry.can_grant(key.is_exclusive))
+
     def release(self, key: StringKey) -> None:
         entry = self._entries[key.key]
         if key.is_exclusive:

@@ -16,6 +16,7 @@ from procstore.errors import (
     LeaseExpired,
     LoaderConflict,
     ManagerNotStarted,
+    ManagerStopped,
     NotLeader,
     ProcedureError,
     StoreError,
@@ -30,12 +31,14 @@ from procstore.runtime.leadership import Leadership
 from procstore.runtime.lease import LEASE_FOLDER, Lease
 from procstore.runtime.operator import request as request_stop
 from procstore.runtime.operator import watch_operator_requests
+from procstore.runtime.outcome import describe, type_name_of
 from procstore.runtime.recovery import adopt_unknown, recover
 from procstore.runtime.retry import RetryBudget, RetryPolicy
-from procstore.runtime.runner import Runner, describe, type_name_of
+from procstore.runtime.runner import Runner
 from procstore.runtime.watcher import Watcher
 from procstore.state import ProcedureInfo, ProcedureState
 from procstore.store.guarded import GuardedStore
+from procstore.store.keys import KeyType
 from procstore.store.local import LocalDirStore
 from procstore.store.open import open_state_store
 from procstore.store.probe import ConditionalWritesIgnored, probe_conditional_writes
@@ -119,6 +122,10 @@ class ProcedureManager:
         self.lease = Lease.from_option(lease)
         self._leadership: Leadership | None = None
         self._recovering: asyncio.Task[None] | None = None
+        self._highest_epoch = 0
+        """The highest lease epoch any of this manager's terms has seen."""
+        self._lifecycle = asyncio.Lock()
+        """Serialises start() and stop(): two concurrent starts would recover everything twice."""
 
     # -- registration ----------------------------------------------------------------
 
@@ -176,8 +183,13 @@ class ProcedureManager:
         lease expires; `wait_until_leading()` waits for it.
         Raises `StoreUnavailable` if the store cannot be used (or, with a lease, cannot
         compare-and-swap); procedures that cannot be loaded are skipped and listed in
-        `recovery_problems`.
+        `recovery_problems`. Safe to call concurrently with itself and with `stop()`:
+        calls are serialised, and a second `start()` is a no-op.
         """
+        async with self._lifecycle:
+            await self._start()
+
+    async def _start(self) -> None:
         if self.is_running:
             return
         state_store = self._given_store or open_state_store(self.url, self.storage_options)
@@ -204,9 +216,11 @@ class ProcedureManager:
                 # connection (botocore pools ten per client).
                 lease_store = self._given_store or open_state_store(self.url, self.storage_options)
                 self._leadership = Leadership(self, lease_store, self.lease, self.parent_path)
+                # Fencing tokens never go backwards, not even across this manager's restarts.
+                self._leadership.keeper.highest_epoch = self._highest_epoch
                 await self._leadership.start()
         except BaseException:
-            await self.stop()
+            await self._stop()
             raise
 
     async def _check_lease_support(self, state_store: StateStore) -> None:
@@ -274,6 +288,8 @@ class ProcedureManager:
         if self._leadership is not None:
             await self._leadership.wait_until_leading()
         await self.wait_recovered()
+        if not self.is_running:
+            raise ManagerStopped(what="waiting to lead")
 
     async def end_term(self) -> None:
         """Stop leading: cancel every runner and wait for each. Nothing is written afterwards."""
@@ -294,14 +310,20 @@ class ProcedureManager:
         Nothing more is written once this returns (but for a lease: it is marked released,
         so that a standby takes over at once). Unfinished procedures resume at the next
         `start()` on the same store; their watchers raise `ManagerStopped`. Metadata stays
-        readable until the next `start()`.
+        readable until the next `start()`. Safe to call concurrently and repeatedly; it
+        returns once a `submit` whose write was under way has finished or been cancelled.
         """
+        async with self._lifecycle:
+            await self._stop()
+
+    async def _stop(self) -> None:
         state_store, self._state_store = self._state_store, None
         if state_store is None:
             return
         leadership, self._leadership = self._leadership, None
         if leadership is not None:
             await leadership.stop()
+            self._highest_epoch = max(self._highest_epoch, leadership.keeper.highest_epoch)
         await self.end_term()
         if leadership is not None:
             await leadership.keeper.release()
@@ -389,15 +411,26 @@ class ProcedureManager:
         type_name = type_name_of(proc)
         if type_name not in self._loaders:
             logger.warning("procedure type %r has no loader: it cannot be resumed after a restart", type_name)
+        # Both before the write: an error here reaches the caller with nothing stored.
+        lock_key = proc.lock_key()
         data = proc.dump()
         self._submitting.add(pid)
         try:
-            created = await self._store_submitted(ctx, pid, type_name, data)
+            # The write belongs to the term: stop() cancels it and waits for it, so it can
+            # never land after stop() returned.
+            created = await ctx.run_in_term(self._store_submitted(ctx, pid, type_name, data), what="submitting")
+        except ManagerStopped as e:
+            raise StoreError(
+                f"submitting procedure {pid}: the manager stopped leading or was stopped while the write was under "
+                "way, so it may have landed. Submit it again on the leader: DuplicateProcedure then means it is "
+                "stored and runs there",
+                key=ctx.store.key(pid, 0, KeyType.STEP),
+            ) from e
         finally:
             self._submitting.discard(pid)
         if not created:
             raise DuplicateProcedure(pid, " in the store (it has stored steps)")
-        meta = ctx.new_meta(pid, type_name, None, proc, ProcedureState.running())
+        meta = ctx.new_meta(pid, type_name, None, proc, ProcedureState.running(), lock_key)
         if self._leadership is not None and not (ctx.running and self._leadership.keeper.is_holding):
             # Stored, but the lease was lost meanwhile: the leader runs it (its recovery, or
             # its next look for procedures stored after recovery, finds it).
@@ -472,13 +505,20 @@ class ProcedureManager:
         next_gc = time.monotonic() + self.gc_interval
         while True:
             await asyncio.sleep(interval)
+            # Any error is logged and the loop goes on: if it died, procedures stored after
+            # recovery would wait for the next takeover, silently.
             try:
                 unknown = await adopt_unknown(ctx, unknown, self._submitting)
             except ProcedureError as e:
                 logger.warning("could not look for procedures stored after recovery: %s", e)
+            except Exception:
+                logger.exception("looking for procedures stored after recovery failed; trying again")
             if time.monotonic() >= next_gc:
                 next_gc += self.gc_interval
-                self.remove_outdated_metadata()
+                try:
+                    self.remove_outdated_metadata()
+                except Exception:
+                    logger.exception("forgetting finished procedures failed; trying again")
 
     async def _remove_stale_temps(self) -> None:
         if self._ctx is not None and isinstance(self._state_store, LocalDirStore):

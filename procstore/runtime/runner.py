@@ -17,16 +17,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import traceback
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from procstore.aio import gather_settled
-from procstore.errors import Fenced, LeaseExpired, LockConflict, ProcedureError, StoreError
+from procstore.errors import Fenced, LeaseExpired, LockConflict, LockCycle, ProcedureError, StoreError
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.runtime.context import LoadFailed, ManagerContext
 from procstore.runtime.meta import ProcedureMeta
+from procstore.runtime.outcome import (
+    Child,
+    describe,
+    failed_state,
+    format_tb,
+    not_cancelled_by_itself,
+    not_recorded,
+    rolled_back,
+    with_error,
+    with_kind,
+)
 from procstore.runtime.retry import is_rollback_retryable, is_transient
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.keys import KeyType
@@ -35,22 +46,9 @@ from procstore.store.requests import OperatorRequested
 
 logger = logging.getLogger("procstore.runtime")
 
+T = TypeVar("T")
+
 _RUNNING_KINDS = (ProcedureStateKind.RUNNING, ProcedureStateKind.RETRYING)
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def type_name_of(procedure: Procedure) -> str:
-    name = getattr(procedure, "type_name", None)
-    if not isinstance(name, str) or not name:
-        raise TypeError(
-            f"{type(procedure).__qualname__} has no `type_name`: set the class attribute "
-            '`type_name = "app::Name"` (the key its loader is registered under)'
-        )
-    return name
 
 
 class Runner:
@@ -82,7 +80,9 @@ class Runner:
         held: list[StringKey] = []
         try:
             for key in self.meta.lock_key.keys_to_lock():
-                await self.ctx.locks.acquire(key)
+                if not await self._acquire(key):
+                    await self._drive()  # the failure it recorded (a rollback, if supported)
+                    return
                 held.append(key)
             self.meta.mark_started()
             if self._resume_children:
@@ -98,14 +98,33 @@ class Runner:
             self.meta.set_state(ProcedureState.with_error(ProcedureStateKind.POISONED, str(e), e))
             self.ctx.step_down(e)
         except Exception as e:
-            # A bug in procstore or in a hook outside execute(): end the procedure rather
-            # than leave its watchers waiting forever. (BaseExceptions such as a cancel or a
-            # simulated crash end the task as a killed process would.)
+            # A bug in procstore or in a hook outside execute(): end this run rather than
+            # leave its watchers waiting forever. Nothing is written (the store may be what
+            # failed), so the procedure resumes from its last stored step at the next start.
+            # (BaseExceptions such as a cancel or a simulated crash end the task as a killed
+            # process would.)
             logger.exception("procedure %s (%s) crashed its runner", self.meta.id, self.meta.type_name)
-            self.meta.set_state(_failed(e, prefix="internal error: "))
+            self.meta.keep_keys = True
+            failed = failed_state(e, prefix="internal error: ")
+            note = "nothing more was written; it resumes from its last stored step at the next start"
+            self.meta.set_state(with_error(failed, f"{failed.error}; {note}"))
         finally:
             for key in reversed(held):
                 self.ctx.locks.release(key)
+                self.ctx.lock_holders.get(key.key, set()).discard(self.meta.id)
+
+    async def _acquire(self, key: StringKey) -> bool:
+        """Take `key`; False (the procedure failed with `LockCycle`) if waiting would deadlock."""
+        if self.ctx.locks.would_block(key) and (cycle := self.ctx.lock_cycle(self.meta.id, key)) is not None:
+            await self._fail(LockCycle(self.meta.id, key.key, cycle))
+            return False
+        self.ctx.lock_waits[self.meta.id] = key.key
+        try:
+            await self.ctx.locks.acquire(key)
+        finally:
+            del self.ctx.lock_waits[self.meta.id]
+        self.ctx.lock_holders.setdefault(key.key, set()).add(self.meta.id)
+        return True
 
     async def _drive(self) -> None:
         while True:
@@ -151,7 +170,7 @@ class Runner:
     async def _execute_once(self, attempt: int) -> Status:
         self._check_lease()
         await self._check_operator_request()
-        status = await self.procedure.execute(self._context(attempt))
+        status = await not_cancelled_by_itself(self.procedure.execute(self._context(attempt)), "execute()")
         if not isinstance(status, Status):
             raise TypeError(f"execute() returned {status!r}, not a Status")
         return status
@@ -168,8 +187,16 @@ class Runner:
         except Exception as e:
             await self._fail(e)
             return
+        children: dict[ProcedureId, Child] = {}
         if status.is_suspended():
-            conflict = self._lock_conflict(status.subprocedures)
+            try:
+                # Everything user code computes for a child, once and before any write: its
+                # bytes are the same for every retry, and an error fails the parent cleanly.
+                children = {sub.id: Child.of(sub) for sub in status.subprocedures}
+            except Exception as e:
+                await self._fail(e)
+                return
+            conflict = self._lock_conflict(status.subprocedures, children)
             if conflict is not None:
                 await self._fail(conflict)
                 return
@@ -189,14 +216,8 @@ class Runner:
         if self.meta.state.kind is not ProcedureStateKind.RUNNING:
             self.meta.set_state(ProcedureState.running())
         if status.is_suspended():
-            try:
-                # Dumped once, for the same reason as the parent's own state above.
-                dumped = {sub.id: (type_name_of(sub.procedure), sub.procedure.dump()) for sub in status.subprocedures}
-            except Exception as e:
-                await self._fail(e)
-                return
             subprocedures = status.subprocedures
-            if await self._with_store_retries(lambda: self._submit_children(subprocedures, dumped)):
+            if await self._with_store_retries(lambda: self._submit_children(subprocedures, children)):
                 await self._wait_children()
 
     async def _with_store_retries(self, write: Callable[[], Awaitable[None]]) -> bool:
@@ -273,10 +294,12 @@ class Runner:
 
     # -- subprocedures ---------------------------------------------------------------
 
-    def _lock_conflict(self, subprocedures: Sequence[ProcedureWithId]) -> LockConflict | None:
+    def _lock_conflict(
+        self, subprocedures: Sequence[ProcedureWithId], children: dict[ProcedureId, Child]
+    ) -> LockConflict | None:
         holders = [self.meta, *self.ctx.ancestors(self.meta)]
         for sub in subprocedures:
-            child_keys = sub.procedure.lock_key()
+            child_keys = children[sub.id].lock_key
             for holder in holders:
                 keys = holder.lock_key.conflicts_with(child_keys)
                 if keys:
@@ -284,23 +307,28 @@ class Runner:
         return None
 
     async def _submit_children(
-        self, subprocedures: Sequence[ProcedureWithId], dumped: dict[ProcedureId, tuple[str, str]]
+        self, subprocedures: Sequence[ProcedureWithId], children: dict[ProcedureId, Child]
     ) -> None:
         """Start each child that is not known yet; a known id is never started twice."""
-        new: dict[ProcedureId, tuple[ProcedureWithId, str, str]] = {}
+        new: dict[ProcedureId, tuple[ProcedureWithId, Child]] = {}
         for sub in subprocedures:
             self.meta.add_child(sub.id)
             if sub.id not in new and sub.id not in self.ctx.metas and not self._claim_stored(sub.id):
-                new[sub.id] = (sub, *dumped[sub.id])
+                new[sub.id] = (sub, children[sub.id])
         created = await gather_settled(
-            *(self.ctx.store.create_procedure(sub.id, name, data, self.meta.id) for sub, name, data in new.values())
+            *(
+                self.ctx.store.create_procedure(sub.id, child.type_name, child.data, self.meta.id)
+                for sub, child in new.values()
+            )
         )
-        for (sub, name, data), ok in zip(new.values(), created, strict=True):
+        for (sub, child), ok in zip(new.values(), created, strict=True):
             if ok:
-                meta = self.ctx.new_meta(sub.id, name, self.meta.id, sub.procedure, ProcedureState.running())
-                Runner(self.ctx, meta, sub.procedure, 1, data).start()
+                state = ProcedureState.running()
+                meta = self.ctx.new_meta(sub.id, child.type_name, self.meta.id, sub.procedure, state, child.lock_key)
+                Runner(self.ctx, meta, sub.procedure, 1, child.data).start()
             else:
-                self._poison_child(sub.id, name, "its id already has stored steps that this manager could not load")
+                reason = "its id already has stored steps that this manager could not load"
+                self._poison_child(sub.id, child.type_name, reason)
 
     async def _resume_stored_children(self) -> None:
         """After a restart, resume the children this procedure had stored, then wait for them.
@@ -327,7 +355,7 @@ class Runner:
         if child_id in stored.committed:
             name = stored.committed.pop(child_id)
             error = stored.rolled_back.pop(child_id, None)
-            final = ProcedureState.done() if error is None else _rolled_back(error)
+            final = ProcedureState.done() if error is None else rolled_back(error)
             self.ctx.new_meta(child_id, name, self.meta.id, None, final)
             return True
         if child_id in stored.unreadable:
@@ -375,22 +403,22 @@ class Runner:
 
     async def _fail(self, exc: BaseException) -> None:
         """Record the failure: PREPARE_ROLLBACK, or for a procedure without rollback, FAILED."""
-        failed = _failed(exc, gave_up_after=self.ctx.policy.max_retry_times if is_transient(exc) else None)
+        failed = failed_state(exc, gave_up_after=self.ctx.policy.max_retry_times if is_transient(exc) else None)
         logger.warning("procedure %s (%s) failed: %s", self.meta.id, self.meta.type_name, failed.error)
         if self.procedure.rollback_supported:
-            self.meta.set_state(_with_kind(failed, ProcedureStateKind.PREPARE_ROLLBACK))
+            self.meta.set_state(with_kind(failed, ProcedureStateKind.PREPARE_ROLLBACK))
             return
         if await self._write_rollback_key(failed.error or ""):
             await self._end_failure(failed)
         else:
-            await self._finish(_not_recorded(failed, self.step), delete=False)
+            await self._finish(not_recorded(failed, self.step), delete=False)
 
     async def _prepare_rollback(self) -> None:
         state = self.meta.state
         if await self._write_rollback_key(state.error or ""):
-            self.meta.set_state(_with_kind(state, ProcedureStateKind.ROLLING_BACK))
+            self.meta.set_state(with_kind(state, ProcedureStateKind.ROLLING_BACK))
         else:
-            await self._finish(_not_recorded(_with_kind(state, ProcedureStateKind.FAILED), self.step), delete=False)
+            await self._finish(not_recorded(with_kind(state, ProcedureStateKind.FAILED), self.step), delete=False)
 
     async def _write_rollback_key(self, error: str) -> bool:
         """Write `{step}.rollback` with the failure; False if the store refused every retry."""
@@ -416,7 +444,7 @@ class Runner:
 
     async def _rollback(self) -> None:
         state = self.meta.state
-        failed = _with_kind(state, ProcedureStateKind.FAILED)
+        failed = with_kind(state, ProcedureStateKind.FAILED)
         if not self.procedure.rollback_supported:
             await self._end_failure(failed)
             return
@@ -428,7 +456,7 @@ class Runner:
 
         async def attempt(n: int) -> None:
             self._check_lease()
-            await self.procedure.rollback(self._context(n))
+            await not_cancelled_by_itself(self.procedure.rollback(self._context(n)), "rollback()")
 
         try:
             await self.ctx.policy.call(attempt, retry_on=is_rollback_retryable, on_retry=on_retry)
@@ -437,7 +465,7 @@ class Runner:
         except Exception as e:
             error = f"{state.error}; then its rollback failed: {describe(e)} (it runs again at the next start)"
             await self._finish(
-                ProcedureState.with_error(ProcedureStateKind.FAILED, error, e, _format_tb(e)), delete=False
+                ProcedureState.with_error(ProcedureStateKind.FAILED, error, e, format_tb(e)), delete=False
             )
             return
         await self._end_failure(failed)
@@ -450,7 +478,7 @@ class Runner:
             await self._finish(failed)
             return
         note = "its end could not be recorded, so its rollback runs again at the next start"
-        await self._finish(_with_error(failed, f"{failed.error}; {note}"), delete=False)
+        await self._finish(with_error(failed, f"{failed.error}; {note}"), delete=False)
 
     # -- ending ----------------------------------------------------------------------
 
@@ -501,34 +529,3 @@ class Runner:
                 self.meta.id,
                 e,
             )
-
-
-def _format_tb(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc))
-
-
-def _failed(exc: BaseException, *, gave_up_after: int | None = None, prefix: str = "") -> ProcedureState:
-    error = prefix + describe(exc)
-    if gave_up_after is not None:
-        error = f"gave up after {gave_up_after} retries: {error}"
-    return ProcedureState.with_error(ProcedureStateKind.FAILED, error, exc, _format_tb(exc))
-
-
-def _rolled_back(error: str) -> ProcedureState:
-    return ProcedureState.with_error(ProcedureStateKind.FAILED, error)
-
-
-def _with_error(state: ProcedureState, error: str) -> ProcedureState:
-    return ProcedureState(state.kind, error=error, cause=state.cause, traceback=state.traceback)
-
-
-def _with_kind(state: ProcedureState, kind: ProcedureStateKind) -> ProcedureState:
-    return ProcedureState(kind, error=state.error, cause=state.cause, traceback=state.traceback)
-
-
-def _not_recorded(state: ProcedureState, step: int) -> ProcedureState:
-    error = (
-        f"{state.error}; the failure could not be written to the store (as step {step}), so "
-        "the procedure resumes from its last stored step at the next start"
-    )
-    return ProcedureState(ProcedureStateKind.FAILED, error=error, cause=state.cause, traceback=state.traceback)

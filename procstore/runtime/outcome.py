@@ -1,0 +1,93 @@
+"""What a runner makes of outcomes: failure states and their texts, the record a parent
+computes for each child, and the guard that tells a stray `CancelledError` from a stop."""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from procstore.errors import ProcedureError
+from procstore.lock_key import LockKey
+from procstore.procedure import Procedure, ProcedureWithId
+from procstore.state import ProcedureState, ProcedureStateKind
+
+T = TypeVar("T")
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def type_name_of(procedure: Procedure) -> str:
+    name = getattr(procedure, "type_name", None)
+    if not isinstance(name, str) or not name:
+        raise TypeError(
+            f"{type(procedure).__qualname__} has no `type_name`: set the class attribute "
+            '`type_name = "app::Name"` (the key its loader is registered under)'
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Child:
+    """What a parent computes for a subprocedure before it is written."""
+
+    type_name: str
+    data: str
+    lock_key: LockKey
+
+    @classmethod
+    def of(cls, sub: ProcedureWithId) -> Child:
+        return cls(type_name_of(sub.procedure), sub.procedure.dump(), sub.procedure.lock_key())
+
+
+class StrayCancellation(ProcedureError):
+    """User code raised `CancelledError` although nothing cancelled its procedure."""
+
+
+async def not_cancelled_by_itself(call: Awaitable[T], what: str) -> T:
+    """Await `call`; a `CancelledError` it raises while nobody cancels this task (user code
+    that cancelled and awaited its own helper task, say) is that code's failure, not a stop:
+    taken for a stop, it would leave the procedure RUNNING and its watchers waiting forever."""
+    try:
+        return await call
+    except asyncio.CancelledError as e:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        raise StrayCancellation(f"{what} raised CancelledError, but nothing cancelled the procedure") from e
+
+
+def format_tb(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))
+
+
+def failed_state(exc: BaseException, *, gave_up_after: int | None = None, prefix: str = "") -> ProcedureState:
+    error = prefix + describe(exc)
+    if gave_up_after is not None:
+        error = f"gave up after {gave_up_after} retries: {error}"
+    return ProcedureState.with_error(ProcedureStateKind.FAILED, error, exc, format_tb(exc))
+
+
+def rolled_back(error: str) -> ProcedureState:
+    return ProcedureState.with_error(ProcedureStateKind.FAILED, error)
+
+
+def with_error(state: ProcedureState, error: str) -> ProcedureState:
+    return ProcedureState(state.kind, error=error, cause=state.cause, traceback=state.traceback)
+
+
+def with_kind(state: ProcedureState, kind: ProcedureStateKind) -> ProcedureState:
+    return ProcedureState(kind, error=state.error, cause=state.cause, traceback=state.traceback)
+
+
+def not_recorded(state: ProcedureState, step: int) -> ProcedureState:
+    error = (
+        f"{state.error}; the failure could not be written to the store (as step {step}), so "
+        "the procedure resumes from its last stored step at the next start"
+    )
+    return ProcedureState(ProcedureStateKind.FAILED, error=error, cause=state.cause, traceback=state.traceback)

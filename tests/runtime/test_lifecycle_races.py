@@ -1,0 +1,237 @@
+"""Reproductions of the review's lifecycle races and hangs (issue 15), through the public API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from procstore import (
+    Context,
+    Lease,
+    LockCycle,
+    LockKey,
+    ManagerStopped,
+    ProcedureFailed,
+    ProcedureId,
+    ProcedureManager,
+    ProcedureWithId,
+    Status,
+    StoreError,
+    StringKey,
+)
+from procstore.aio import run_blocking
+from procstore.store.local import LocalDirStore
+from procstore.store.procedure_store import ProcedureStore
+from procstore.testing import Fault, FaultyStore
+from tests.conftest import StoreTarget
+from tests.procedures import BLOCKERS, JsonProcedure, World, register_all
+from tests.runtime.helpers import FAST, blocker, steps
+
+
+class BadLocks(JsonProcedure):
+    """Its lock_key() raises: a bug in user code."""
+
+    type_name = "races::BadLocks"
+
+    async def execute(self, ctx: Context) -> Status:
+        return Status.done()
+
+    def lock_key(self) -> LockKey:
+        raise KeyError("no such table")
+
+
+class CancelsItself(JsonProcedure):
+    """execute() cancels and awaits its own helper task, and lets the CancelledError out."""
+
+    type_name = "races::CancelsItself"
+
+    async def execute(self, ctx: Context) -> Status:
+        helper = asyncio.ensure_future(asyncio.sleep(10))
+        await asyncio.sleep(0)
+        helper.cancel()
+        await helper
+        return Status.done()
+
+
+class HoldsC(JsonProcedure):
+    """Holds lock `c`; waits for its gate, then runs a child that wants `b`."""
+
+    type_name = "races::HoldsC"
+
+    async def execute(self, ctx: Context) -> Status:
+        if not self.data.get("suspended"):
+            await BLOCKERS[self.data["gate"]].wait()
+            self.data["suspended"] = True
+            child = ProcedureWithId(ProcedureId.parse(self.data["child"]), WantsB({"world": self.data["world"]}))
+            return Status.suspended([child])
+        state = ctx.provider.procedure_state(ProcedureId.parse(self.data["child"]))
+        self.world.log.append(f"child ended: {state.kind.name if state else None}")
+        return Status.done()
+
+    def lock_key(self) -> LockKey:
+        return LockKey([StringKey.exclusive("c")])
+
+
+class WantsB(JsonProcedure):
+    type_name = "races::WantsB"
+
+    async def execute(self, ctx: Context) -> Status:
+        return Status.done()
+
+    def lock_key(self) -> LockKey:
+        return LockKey([StringKey.exclusive("b")])
+
+
+def _manager(target: StoreTarget | str, **options: object) -> ProcedureManager:
+    url = target if isinstance(target, str) else target.url
+    manager = register_all(ProcedureManager(url, **{**FAST, **options}))  # type: ignore[arg-type]
+    for cls in (BadLocks, CancelsItself, HoldsC, WantsB):
+        manager.register(cls)
+    return manager
+
+
+async def test_a_lock_key_that_raises_stores_nothing_and_never_stops_a_start(tmp_path: Path) -> None:
+    world = World.new()
+    async with _manager(str(tmp_path)) as manager:
+        with pytest.raises(KeyError, match="no such table"):
+            await manager.submit(ProcedureWithId.new(BadLocks({"world": world.name})))
+    assert await LocalDirStore(tmp_path).walk("procedure/") == []
+
+    # One stored anyway (an older release, another process): start() reports it and goes on.
+    bad = ProcedureId.random()
+    await ProcedureStore(LocalDirStore(tmp_path)).create_procedure(bad, BadLocks.type_name, "{}", None)
+    async with _manager(str(tmp_path)) as manager:
+        assert [p.procedure_id for p in manager.recovery_problems] == [bad]
+        assert "lock_key" in manager.recovery_problems[0].reason
+        await (await manager.submit(steps(world, 1))).wait()
+
+
+async def test_a_stray_cancelled_error_fails_the_procedure_instead_of_hanging(memory_target: StoreTarget) -> None:
+    world = World.new()
+    async with _manager(memory_target) as manager:
+        watcher = await manager.submit(ProcedureWithId.new(CancelsItself({"world": world.name})))
+        with pytest.raises(ProcedureFailed, match="nothing cancelled the procedure"):
+            await asyncio.wait_for(watcher.wait(), 10)
+
+
+async def test_concurrent_starts_run_every_procedure_once(tmp_path: Path) -> None:
+    world = World.new()
+    name, gate = blocker()
+    async with _manager(str(tmp_path)) as first:
+        await first.submit(steps(world, 2, block=name, block_at=1))
+        while world.counts["steps/0"] == 0:
+            await asyncio.sleep(0.01)
+    manager = _manager(str(tmp_path))
+    gate.set()
+    await asyncio.gather(manager.start(), manager.start(), manager.start())
+    while world.counts["steps/1"] == 0:
+        await asyncio.sleep(0.01)
+    await asyncio.gather(manager.stop(), manager.stop())
+    await asyncio.sleep(0.1)
+    assert world.counts["steps/1"] == 1
+
+
+async def test_stop_returns_only_once_an_in_flight_submit_can_no_longer_land(tmp_path: Path) -> None:
+    world = World.new()
+    slow = Fault("delay", kinds=frozenset({"put_if_absent"}), key="*/0000000000.step", seconds=0.3)
+    store = FaultyStore(LocalDirStore(tmp_path), faults=[slow])
+    manager = register_all(ProcedureManager(store, **FAST))  # type: ignore[arg-type]
+    await manager.start()
+    submitting = asyncio.ensure_future(manager.submit(steps(world, 1)))
+    await asyncio.sleep(0.05)
+    await manager.stop()
+    with pytest.raises(StoreError, match="may have landed"):
+        await submitting
+    keys = await LocalDirStore(tmp_path).walk("procedure/")
+    await asyncio.sleep(0.5)
+    assert await LocalDirStore(tmp_path).walk("procedure/") == keys == []
+
+
+async def test_run_blocking_waits_for_its_thread_however_often_it_is_cancelled() -> None:
+    finished = threading.Event()
+
+    def write() -> None:
+        time.sleep(0.3)
+        finished.set()
+
+    task = asyncio.ensure_future(run_blocking(write))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert finished.is_set(), "returned while the write could still land"
+
+
+async def test_wait_until_leading_raises_after_the_standbys_stop(tmp_path: Path) -> None:
+    leader = _manager(str(tmp_path), lease=Lease(ttl=5.0, holder="leader"))
+    standby = _manager(str(tmp_path), lease=Lease(ttl=5.0, holder="standby"))
+    await leader.start()
+    await standby.start()
+    waiting = asyncio.ensure_future(standby.wait_until_leading())
+    await asyncio.sleep(0.1)
+    await standby.stop()
+    with pytest.raises(ManagerStopped):
+        await asyncio.wait_for(waiting, 5)
+    await leader.stop()
+
+
+async def test_the_epoch_never_goes_backwards_when_the_lease_object_is_deleted(tmp_path: Path) -> None:
+    lease_file = tmp_path / "lease" / "procedures.json"
+    manager = _manager(str(tmp_path), lease=Lease(ttl=2.0, holder="only"))
+    epochs = []
+    for _ in range(2):
+        await manager.start()
+        await manager.wait_until_leading()
+        epochs.append(json.loads(lease_file.read_bytes())["epoch"])
+        await manager.stop()
+    lease_file.unlink()
+    await manager.start()
+    await manager.wait_until_leading()
+    epochs.append(json.loads(lease_file.read_bytes())["epoch"])
+    await manager.stop()
+    assert epochs == sorted(epochs) and len(set(epochs)) == 3, epochs
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"holder": "ghost", "epoch": 4, "renewal": 1, "ttl": "inf", "released": False},
+        {"holder": "ghost", "epoch": 1e300, "renewal": 1, "ttl": 0.5, "released": False},
+        {"holder": "ghost", "epoch": 4, "renewal": 1, "ttl": 0.5, "released": "false"},
+    ],
+)
+async def test_an_invalid_lease_record_is_taken_over_as_an_unreadable_one(tmp_path: Path, record: dict) -> None:
+    (tmp_path / "lease").mkdir()
+    (tmp_path / "lease" / "procedures.json").write_text(json.dumps(record))
+    manager = _manager(str(tmp_path), lease=Lease(ttl=0.5, holder="new"))
+    await manager.start()
+    try:
+        await asyncio.wait_for(manager.wait_until_leading(), 10)
+        assert manager.leader == "new"
+    finally:
+        await manager.stop()
+
+
+async def test_a_three_procedure_lock_cycle_fails_one_instead_of_deadlocking(memory_target: StoreTarget) -> None:
+    world = World.new()
+    name, gate = blocker()
+    child = ProcedureId.random()
+    async with _manager(memory_target) as manager:
+        holder = await manager.submit(
+            ProcedureWithId.new(HoldsC({"world": world.name, "gate": name, "child": str(child)}))
+        )
+        await asyncio.sleep(0.05)  # P holds c
+        other = await manager.submit(steps(world, 1, name="q", exclusive=["b", "c"]))  # Q takes b, waits for c
+        await asyncio.sleep(0.05)
+        gate.set()  # P's child now wants b
+        await asyncio.wait_for(asyncio.gather(holder.wait(), other.wait()), 10)
+        state = manager.procedure_state(child)
+        assert state is not None and state.is_failed() and isinstance(state.cause, LockCycle), state
+    assert "child ended: FAILED" in world.log and "q/0" in world.log
