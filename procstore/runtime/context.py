@@ -76,7 +76,17 @@ class StoredProcedures:
 class ManagerContext:
     """Everything runners share: the store, metadata, locks, loaders and their tasks."""
 
-    def __init__(self, store: ProcedureStore, policy: RetryPolicy, loaders: dict[str, Loader]) -> None:
+    def __init__(
+        self,
+        store: ProcedureStore,
+        policy: RetryPolicy,
+        loaders: dict[str, Loader],
+        *,
+        on_fenced: Callable[[Fenced], None] | None = None,
+        lease_check: Callable[[str], None] | None = None,
+        fencing_token: int | None = None,
+        inherited_deletes_after: float = 0.0,
+    ) -> None:
         self.store = store
         self.policy = policy
         self.loaders = loaders
@@ -89,14 +99,14 @@ class ManagerContext:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.fenced: Fenced | None = None
         """Set when another manager was found writing this store's step keys: nothing runs any more."""
-        self.inherited_deletes_after = 0.0
+        self.inherited_deletes_after = inherited_deletes_after
         """`time.monotonic()` before which an inherited tree's keys are not deleted (see
         `ProcedureMeta.inherited`); 0 without a lease."""
-        self.on_fenced: Callable[[Fenced], None] | None = None
+        self.on_fenced = on_fenced
         """Replaces `step_down`'s own handling: a manager with a lease decides what a fence means."""
-        self.fencing_token: int | None = None
+        self.fencing_token = fencing_token
         """The lease epoch of this term (None without a lease): `Context.fencing_token`."""
-        self.lease_check: Callable[[str], None] | None = None
+        self.lease_check = lease_check
         """Raises `LeaseExpired` once this term may no longer write: `Context.check_lease`."""
         self._finished_trees: deque[tuple[float, list[ProcedureId]]] = deque()
         self.lock_holders: dict[str, set[ProcedureId]] = {}
@@ -284,29 +294,17 @@ class ManagerContext:
                     message.type_name,
                 )
             )
+        hint = "Fix the loader (old data must keep loading) or the stored value; the keys were left untouched"
         try:
             procedure = loader(message.data)
+        except Exception as e:
+            reason = f"its loader rejected the stored data: {type(e).__name__}: {e}"
+            raise LoadFailed(LoadProblem(key, procedure_id, reason, hint, message.type_name)) from e
+        try:
             procedure.lock_key()  # a procedure whose lock keys cannot be computed cannot run
         except Exception as e:
-            raise LoadFailed(
-                LoadProblem(
-                    key,
-                    procedure_id,
-                    f"its loader or its lock_key() rejected the stored data: {type(e).__name__}: {e}",
-                    "Fix the loader (old data must keep loading) or the stored value; the keys were left untouched",
-                    message.type_name,
-                )
-            ) from e
-        if not isinstance(procedure, Procedure):
-            raise LoadFailed(
-                LoadProblem(
-                    key,
-                    procedure_id,
-                    f"its loader returned {type(procedure).__name__}, not a Procedure",
-                    "Make the loader return a Procedure",
-                    message.type_name,
-                )
-            )
+            reason = f"its lock_key() failed on the stored data: {type(e).__name__}: {e}"
+            raise LoadFailed(LoadProblem(key, procedure_id, reason, hint, message.type_name)) from e
         return procedure
 
     # -- tasks -----------------------------------------------------------------------

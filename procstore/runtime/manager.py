@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from types import TracebackType
 from typing import Any, Self
 
@@ -18,7 +17,6 @@ from procstore.errors import (
     ManagerNotStarted,
     ManagerStopped,
     NotLeader,
-    ProcedureError,
     StoreError,
     StoreUnavailable,
     SubmissionsPaused,
@@ -30,16 +28,13 @@ from procstore.runtime.context import Loader, ManagerContext
 from procstore.runtime.leadership import Leadership
 from procstore.runtime.lease import LEASE_FOLDER, Lease
 from procstore.runtime.operator import request as request_stop
-from procstore.runtime.operator import watch_operator_requests
 from procstore.runtime.outcome import describe, type_name_of
-from procstore.runtime.recovery import adopt_unknown, recover
 from procstore.runtime.retry import RetryBudget, RetryPolicy
 from procstore.runtime.runner import Runner
+from procstore.runtime.term import LeaseHooks, Term, TermSettings
 from procstore.runtime.watcher import Watcher
 from procstore.state import ProcedureInfo, ProcedureState
-from procstore.store.guarded import GuardedStore
 from procstore.store.keys import KeyType
-from procstore.store.local import LocalDirStore
 from procstore.store.open import open_state_store
 from procstore.store.probe import ConditionalWritesIgnored, probe_conditional_writes
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
@@ -114,18 +109,21 @@ class ProcedureManager:
         self.recovery_problems: list[LoadProblem] = []
         """Procedures the last `start()` found but could not resume, with what to do."""
         self._loaders: dict[str, Loader] = {}
-        self._ctx: ManagerContext | None = None
+        self._term: Term | None = None
+        """The current or last term: its metadata stays readable after it ends."""
         self._state_store: StateStore | None = None
-        self._gc_task: asyncio.Task[None] | None = None
         self._paused = False
         self._submitting: set[ProcedureId] = set()
         self.lease = Lease.from_option(lease)
         self._leadership: Leadership | None = None
-        self._recovering: asyncio.Task[None] | None = None
         self._highest_epoch = 0
         """The highest lease epoch any of this manager's terms has seen."""
         self._lifecycle = asyncio.Lock()
         """Serialises start() and stop(): two concurrent starts would recover everything twice."""
+
+    @property
+    def _ctx(self) -> ManagerContext | None:
+        return None if self._term is None else self._term.ctx
 
     # -- registration ----------------------------------------------------------------
 
@@ -159,9 +157,8 @@ class ProcedureManager:
         if self._leadership is not None:
             # Not before recovery has registered what the store holds: a submission racing
             # with it could be found by it too.
-            recovering = self._recovering
-            recovered = recovering is not None and recovering.done() and self.recovery_error() is None
-            return self._leadership.is_leading and recovered and self._ctx is not None and self._ctx.running
+            term = self._term
+            return self._leadership.is_leading and term is not None and term.recovered and term.ctx.running
         return self.is_running
 
     @property
@@ -209,13 +206,13 @@ class ProcedureManager:
         self._state_store = state_store
         try:
             if self.lease is None:
-                self.begin_term()
-                await self.wait_recovered()
+                self._begin_term()
+                await self._wait_recovered()
             else:
                 # Its own client: renewals must not queue behind the runners' writes for a
                 # connection (botocore pools ten per client).
                 lease_store = self._given_store or open_state_store(self.url, self.storage_options)
-                self._leadership = Leadership(self, lease_store, self.lease, self.parent_path)
+                self._leadership = Leadership(_Terms(self), lease_store, self.lease, self.parent_path)
                 # Fencing tokens never go backwards, not even across this manager's restarts.
                 self._leadership.keeper.highest_epoch = self._highest_epoch
                 await self._leadership.start()
@@ -243,40 +240,39 @@ class ProcedureManager:
                 "these credentials may write to the store"
             ) from e
 
-    # Terms: with a lease, each leadership is a term with its own context, started when the
-    # lease is won and ended (every runner cancelled) when it is lost; without one, a single
-    # term runs from start() to stop().
+    # Terms (see runtime/term.py): with a lease, each leadership is a term, begun when the
+    # lease is won and ended when it is lost; without one, a single term runs from start()
+    # to stop(). `_Terms` is what the leadership drives; nothing of it is public.
 
-    def begin_term(self) -> None:
-        """Start leading: a fresh context, and recovery of everything the store holds."""
+    def _begin_term(self) -> None:
         assert self._state_store is not None
-        state_store: StateStore = self._state_store
+        settings = TermSettings(
+            self._state_store,
+            self.parent_path,
+            self.policy,
+            self._loaders,
+            self.gc_interval,
+            self.metadata_ttl,
+            self.request_poll_interval,
+            self._submitting,
+        )
+        hooks = None
         if self._leadership is not None:
-            state_store = GuardedStore(state_store, self._leadership.keeper.check_writable)
-        store = ProcedureStore(state_store, self.parent_path, skip_strays=self._leadership is not None)
-        ctx = ManagerContext(store, self.policy, self._loaders)
-        if self._leadership is not None:
-            ctx.on_fenced = self._leadership.on_fenced
-            ctx.inherited_deletes_after = time.monotonic() + self._leadership.keeper.lease.grace
-            ctx.lease_check = self._leadership.keeper.check_writable
-            ctx.fencing_token = self._leadership.keeper.epoch
-        ctx.running = True
-        self._ctx = ctx
-        self._recovering = asyncio.get_running_loop().create_task(self._recover(ctx), name="procstore:recovery")
+            keeper = self._leadership.keeper
+            hooks = LeaseHooks(
+                self._leadership.on_fenced,
+                keeper.check_writable,
+                keeper.epoch,
+                keeper.lease.grace,
+                keeper.lease.adopt_every,
+            )
+        self._term = Term(settings, hooks)
+        self._term.begin()
 
-    async def _recover(self, ctx: ManagerContext) -> None:
-        self.recovery_problems = await recover(ctx)
-        self._gc_task = asyncio.get_running_loop().create_task(self._collect_garbage(ctx), name="procstore:gc")
-        ctx.spawn(watch_operator_requests(ctx, self.request_poll_interval), name="procstore:requests")
-
-    async def wait_recovered(self) -> None:
-        """Wait for the term's recovery; raise its error."""
-        if self._recovering is not None:
-            await asyncio.shield(self._recovering)
-
-    def recovery_error(self) -> BaseException | None:
-        task = self._recovering
-        return task.exception() if task is not None and task.done() and not task.cancelled() else None
+    async def _wait_recovered(self) -> None:
+        if self._term is not None:
+            await self._term.wait_recovered()
+            self.recovery_problems = self._term.problems
 
     async def wait_until_leading(self) -> None:
         """Wait until this manager leads and has resumed the store's procedures.
@@ -287,22 +283,13 @@ class ProcedureManager:
         self._started_or_standby("wait_until_leading")
         if self._leadership is not None:
             await self._leadership.wait_until_leading()
-        await self.wait_recovered()
+        await self._wait_recovered()
         if not self.is_running:
             raise ManagerStopped(what="waiting to lead")
 
-    async def end_term(self) -> None:
-        """Stop leading: cancel every runner and wait for each. Nothing is written afterwards."""
-        ctx = self._ctx
-        if ctx is None or not ctx.running:
-            return
-        ctx.running = False
-        for task in (self._recovering, self._gc_task):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        self._recovering = self._gc_task = None
-        await ctx.cancel_all()
+    async def _end_term(self) -> None:
+        if self._term is not None:
+            await self._term.end()
 
     async def stop(self) -> None:
         """Stop like a process exit: cancel every runner at its next await and wait for it.
@@ -324,7 +311,7 @@ class ProcedureManager:
         if leadership is not None:
             await leadership.stop()
             self._highest_epoch = max(self._highest_epoch, leadership.keeper.highest_epoch)
-        await self.end_term()
+        await self._end_term()
         if leadership is not None:
             await leadership.keeper.release()
         if self._given_store is None:
@@ -485,47 +472,7 @@ class ProcedureManager:
 
     def remove_outdated_metadata(self) -> int:
         """Forget finished trees older than `metadata_ttl` now; returns how many procedures."""
-        return 0 if self._ctx is None else self._ctx.remove_outdated_metadata(self.metadata_ttl)
-
-    async def _collect_garbage(self, ctx: ManagerContext) -> None:
-        # A second walk of the whole store would double start()'s cost; temp files left by a
-        # crashed writer are invisible to loading and can go a moment later.
-        await self._remove_stale_temps()
-        if self._leadership is not None:
-            await self._adopt_and_collect(ctx, self._leadership.keeper.lease.adopt_every)
-        while True:
-            await asyncio.sleep(self.gc_interval)
-            removed = self.remove_outdated_metadata()
-            if removed:
-                logger.debug("forgot %d finished procedures", removed)
-
-    async def _adopt_and_collect(self, ctx: ManagerContext, interval: float) -> None:
-        """A leader's housekeeping: adopt procedures stored after its recovery, forget old metadata."""
-        unknown: set[ProcedureId] = set()
-        next_gc = time.monotonic() + self.gc_interval
-        while True:
-            await asyncio.sleep(interval)
-            # Any error is logged and the loop goes on: if it died, procedures stored after
-            # recovery would wait for the next takeover, silently.
-            try:
-                unknown = await adopt_unknown(ctx, unknown, self._submitting)
-            except ProcedureError as e:
-                logger.warning("could not look for procedures stored after recovery: %s", e)
-            except Exception:
-                logger.exception("looking for procedures stored after recovery failed; trying again")
-            if time.monotonic() >= next_gc:
-                next_gc += self.gc_interval
-                try:
-                    self.remove_outdated_metadata()
-                except Exception:
-                    logger.exception("forgetting finished procedures failed; trying again")
-
-    async def _remove_stale_temps(self) -> None:
-        if self._ctx is not None and isinstance(self._state_store, LocalDirStore):
-            try:
-                await self._state_store.remove_stale_temps(self._ctx.store.proc_path)
-            except Exception as e:
-                logger.warning("could not remove stale temp files: %s", e)
+        return 0 if self._term is None else self._term.forget_finished()
 
     @property
     def fenced(self) -> Fenced | None:
@@ -544,3 +491,23 @@ class ProcedureManager:
         if self._ctx is None or not self._ctx.running:
             raise ManagerNotStarted(what)
         return self._ctx
+
+
+class _Terms:
+    """What a leadership drives: the manager's terms, and nothing else of the manager."""
+
+    def __init__(self, manager: ProcedureManager) -> None:
+        self._manager = manager
+
+    def begin_term(self) -> None:
+        self._manager._begin_term()
+
+    async def wait_recovered(self) -> None:
+        await self._manager._wait_recovered()
+
+    def recovery_error(self) -> BaseException | None:
+        term = self._manager._term
+        return None if term is None else term.recovery_error()
+
+    async def end_term(self) -> None:
+        await self._manager._end_term()

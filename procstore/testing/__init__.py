@@ -5,6 +5,7 @@ nothing was lost or done twice."""
 from procstore.testing.explorer import CrashExplorer, CrashPoint, ExplorationReport, Scenario
 from procstore.testing.faults import FaultyStore
 from procstore.testing.fsspec_faults import FaultyFileSystem
+from procstore.testing.kill import kill_manager
 from procstore.testing.plan import Fault, FaultPlan, SimulatedCrash, StoreOp
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "Scenario",
     "SimulatedCrash",
     "StoreOp",
+    "kill_manager",
 ]

@@ -31,7 +31,7 @@ from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.state_store import StateStore
 from procstore.store.wrapping import WrappingStore
-from procstore.testing import Fault, FaultyStore
+from procstore.testing import Fault, FaultyStore, kill_manager
 from tests.conftest import StoreTarget, gcs_bucket_target
 from tests.procedures import World
 from tests.runtime.helpers import blocker, eventually, manager_for, steps
@@ -95,9 +95,7 @@ async def test_a_standby_takes_over_a_dead_leader_and_resumes_its_work(shared_ta
     pid = (await first.submit(steps(world, 3, block=gate, block_at=2))).procedure_id
     await eventually(lambda: world.counts["steps/1"] == 1)
     # A dead leader: its tasks stop with no release, as under kill -9.
-    assert first._leadership is not None
-    await first._leadership.stop()
-    await first.end_term()
+    await kill_manager(first)
     await second.wait_until_leading()
     assert second.is_leader and second.leader == "cp-2"
     opened.set()
@@ -116,9 +114,7 @@ async def test_a_lease_write_cut_off_by_a_killed_leader_is_taken_over_after_a_tt
     await first.start()
     await second.start()
     pid = (await first.submit(steps(world, 3))).procedure_id
-    assert first._leadership is not None
-    await first._leadership.stop()  # killed while renewing: no release...
-    await first.end_term()
+    await kill_manager(first)  # killed while renewing: no release...
     store = open_state_store(local_target.url)
     await store.put(LEASE_KEY, b"")  # ...and the renewal it was sending stored empty
     assert second.leader == "cp-1"
@@ -412,9 +408,7 @@ async def test_a_step_sees_its_leaders_epoch_as_fencing_token(memory_target: Sto
     procedure, name, gate = SideEffect.new()
     await first.submit(procedure)
     await eventually(lambda: first.procedure_state(procedure.id) is not None)
-    assert first._leadership is not None
-    await first._leadership.stop()  # dies without releasing, after its first step
-    await first.end_term()
+    await kill_manager(first)  # dies without releasing, after its first step
     await second.wait_until_leading()
     gate.set()
     watcher = second.procedure_watcher(procedure.id)

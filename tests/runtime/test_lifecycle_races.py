@@ -107,7 +107,7 @@ async def test_a_lock_key_that_raises_stores_nothing_and_never_stops_a_start(tmp
     await ProcedureStore(LocalDirStore(tmp_path)).create_procedure(bad, BadLocks.type_name, "{}", None)
     async with _manager(str(tmp_path)) as manager:
         assert [p.procedure_id for p in manager.recovery_problems] == [bad]
-        assert "lock_key" in manager.recovery_problems[0].reason
+        assert "lock_key() failed" in manager.recovery_problems[0].reason
         await (await manager.submit(steps(world, 1))).wait()
 
 
@@ -207,7 +207,9 @@ async def test_the_epoch_never_goes_backwards_when_the_lease_object_is_deleted(t
         {"holder": "ghost", "epoch": 4, "renewal": 1, "ttl": 0.5, "released": "false"},
     ],
 )
-async def test_an_invalid_lease_record_is_taken_over_as_an_unreadable_one(tmp_path: Path, record: dict) -> None:
+async def test_an_invalid_lease_record_is_taken_over_as_an_unreadable_one(
+    tmp_path: Path, record: dict[str, object]
+) -> None:
     (tmp_path / "lease").mkdir()
     (tmp_path / "lease" / "procedures.json").write_text(json.dumps(record))
     manager = _manager(str(tmp_path), lease=Lease(ttl=0.5, holder="new"))
