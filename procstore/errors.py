@@ -13,6 +13,12 @@ if TYPE_CHECKING:
     from procstore.state import ProcedureState
 
 
+def describe(exc: BaseException) -> str:
+    """`Type: message`, or just `Type` for an exception without a message."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class ProcedureError(Exception):
     """Base class of every procstore error."""
 

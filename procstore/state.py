@@ -27,6 +27,36 @@ class ProcedureStateKind(enum.StrEnum):
 _FINAL = frozenset({ProcedureStateKind.DONE, ProcedureStateKind.FAILED, ProcedureStateKind.POISONED})
 
 
+class Predicate:
+    """The answer of an `is_*` predicate, usable called or not.
+
+    `state.is_running()` is the contract's form (as in GreptimeDB); `if state.is_running:`
+    reads the same way and means the same, instead of a bound method that is always true.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: bool) -> None:
+        self._value = value
+
+    def __call__(self) -> bool:
+        return self._value
+
+    def __bool__(self) -> bool:
+        return self._value
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Predicate | bool):
+            return self._value == bool(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __repr__(self) -> str:
+        return repr(self._value)
+
+
 @dataclass(frozen=True, slots=True)
 class ProcedureState:
     """A procedure's state: its `kind`, and `error`/`output` where they apply.
@@ -68,31 +98,39 @@ class ProcedureState:
     ) -> ProcedureState:
         return cls(kind, error=error, cause=cause, traceback=traceback)
 
-    def is_running(self) -> bool:
+    @property
+    def is_running(self) -> Predicate:
         """RUNNING or RETRYING."""
-        return self.kind in (ProcedureStateKind.RUNNING, ProcedureStateKind.RETRYING)
+        return Predicate(self.kind in (ProcedureStateKind.RUNNING, ProcedureStateKind.RETRYING))
 
-    def is_retrying(self) -> bool:
-        return self.kind is ProcedureStateKind.RETRYING
+    @property
+    def is_retrying(self) -> Predicate:
+        return Predicate(self.kind is ProcedureStateKind.RETRYING)
 
-    def is_done(self) -> bool:
-        return self.kind is ProcedureStateKind.DONE
+    @property
+    def is_done(self) -> Predicate:
+        return Predicate(self.kind is ProcedureStateKind.DONE)
 
-    def is_failed(self) -> bool:
-        return self.kind is ProcedureStateKind.FAILED
+    @property
+    def is_failed(self) -> Predicate:
+        return Predicate(self.kind is ProcedureStateKind.FAILED)
 
-    def is_poisoned(self) -> bool:
-        return self.kind is ProcedureStateKind.POISONED
+    @property
+    def is_poisoned(self) -> Predicate:
+        return Predicate(self.kind is ProcedureStateKind.POISONED)
 
-    def is_prepare_rollback(self) -> bool:
-        return self.kind is ProcedureStateKind.PREPARE_ROLLBACK
+    @property
+    def is_prepare_rollback(self) -> Predicate:
+        return Predicate(self.kind is ProcedureStateKind.PREPARE_ROLLBACK)
 
-    def is_rolling_back(self) -> bool:
-        return self.kind is ProcedureStateKind.ROLLING_BACK
+    @property
+    def is_rolling_back(self) -> Predicate:
+        return Predicate(self.kind is ProcedureStateKind.ROLLING_BACK)
 
-    def is_ended(self) -> bool:
+    @property
+    def is_ended(self) -> Predicate:
         """DONE, FAILED or POISONED: nothing more will happen to the procedure here."""
-        return self.kind in _FINAL
+        return Predicate(self.kind in _FINAL)
 
 
 _RUNNING = ProcedureState(ProcedureStateKind.RUNNING)

@@ -31,6 +31,7 @@ import os
 import socket
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Annotated
 
@@ -83,9 +84,11 @@ class Lease:
     ttl: float = 10.0
     holder: str = field(default_factory=default_holder_name)
     drift: float = 0.05
-    stop_margin: float | None = None
-    late_write_grace: float | None = None
-    adopt_interval: float | None = None
+    # Each option has one name: left out (None), it is set to its default from the TTL when
+    # the Lease is made, so reading it always gives the value in force.
+    stop_margin: float = None  # type: ignore[assignment]
+    late_write_grace: float = None  # type: ignore[assignment]
+    adopt_interval: float = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.ttl <= 0:
@@ -94,7 +97,11 @@ class Lease:
             raise ValueError(f"lease drift must be in [0, 1), got {self.drift}")
         if not self.holder:
             raise ValueError("lease holder must not be empty")
-        if self.stop_margin is not None and not 0 <= self.stop_margin < self.ttl:
+        defaults = {"stop_margin": self.ttl / 5, "late_write_grace": 5 * self.ttl, "adopt_interval": 3 * self.ttl}
+        for name, default in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
+        if not 0 <= self.stop_margin < self.ttl:
             raise ValueError(f"lease stop_margin must be in [0, ttl), got {self.stop_margin}")
 
     @classmethod
@@ -110,15 +117,21 @@ class Lease:
 
     @property
     def margin(self) -> float:
-        return self.ttl / 5 if self.stop_margin is None else self.stop_margin
+        """Deprecated: `stop_margin`."""
+        warnings.warn("Lease.margin is deprecated: use Lease.stop_margin", DeprecationWarning, stacklevel=2)
+        return self.stop_margin
 
     @property
     def grace(self) -> float:
-        return 5 * self.ttl if self.late_write_grace is None else self.late_write_grace
+        """Deprecated: `late_write_grace`."""
+        warnings.warn("Lease.grace is deprecated: use Lease.late_write_grace", DeprecationWarning, stacklevel=2)
+        return self.late_write_grace
 
     @property
     def adopt_every(self) -> float:
-        return 3 * self.ttl if self.adopt_interval is None else self.adopt_interval
+        """Deprecated: `adopt_interval`."""
+        warnings.warn("Lease.adopt_every is deprecated: use Lease.adopt_interval", DeprecationWarning, stacklevel=2)
+        return self.adopt_interval
 
     @property
     def renew_interval(self) -> float:
@@ -314,7 +327,7 @@ class LeaseKeeper:
         if found[0] != record:
             return False
         self._renewed_at = sent_at
-        self._writable_until = sent_at + self.lease.ttl - self.lease.margin
+        self._writable_until = sent_at + self.lease.ttl - self.lease.stop_margin
         # False if the attempt that landed was sent so long ago that the lease has run out.
         return self.is_holding
 

@@ -21,6 +21,7 @@ from procstore.errors import (
     StoreUnavailable,
     SubmissionsPaused,
     TooManyRunningProcedures,
+    describe,
 )
 from procstore.ids import ProcedureId
 from procstore.procedure import Procedure, ProcedureWithId
@@ -28,12 +29,12 @@ from procstore.runtime.context import Loader, ManagerContext
 from procstore.runtime.leadership import Leadership
 from procstore.runtime.lease import LEASE_FOLDER, Lease
 from procstore.runtime.operator import request as request_stop
-from procstore.runtime.outcome import describe, type_name_of
+from procstore.runtime.outcome import type_name_of
 from procstore.runtime.retry import RetryBudget, RetryPolicy
 from procstore.runtime.runner import Runner
 from procstore.runtime.term import LeaseHooks, Term, TermSettings
 from procstore.runtime.watcher import Watcher
-from procstore.state import ProcedureInfo, ProcedureState
+from procstore.state import Predicate, ProcedureInfo, ProcedureState
 from procstore.store.keys import KeyType
 from procstore.store.open import open_state_store
 from procstore.store.probe import ConditionalWritesIgnored, probe_conditional_writes
@@ -146,19 +147,23 @@ class ProcedureManager:
     # -- lifecycle -------------------------------------------------------------------
 
     @property
-    def is_running(self) -> bool:
-        """Started and not stopped (leading or, with a lease, standing by)."""
-        return self._state_store is not None
+    def is_running(self) -> Predicate:
+        """Started and not stopped (leading or, with a lease, standing by).
+
+        Like every `is_*` of procstore, it reads the same called or not: `manager.is_running()`.
+        """
+        return Predicate(self._state_store is not None)
 
     @property
-    def is_leader(self) -> bool:
+    def is_leader(self) -> Predicate:
         """Whether this manager runs procedures now: always once started, unless it has a lease
-        and another manager holds it."""
+        and another manager holds it (`manager.is_leader()` reads the same)."""
         if self._leadership is not None:
             # Not before recovery has registered what the store holds: a submission racing
             # with it could be found by it too.
             term = self._term
-            return self._leadership.is_leading and term is not None and term.recovered and term.ctx.running
+            leading = self._leadership.is_leading and term is not None and term.recovered and term.ctx.running
+            return Predicate(leading)
         return self.is_running
 
     @property
@@ -263,8 +268,8 @@ class ProcedureManager:
                 self._leadership.on_fenced,
                 keeper.check_writable,
                 keeper.epoch,
-                keeper.lease.grace,
-                keeper.lease.adopt_every,
+                keeper.lease.late_write_grace,
+                keeper.lease.adopt_interval,
             )
         self._term = Term(settings, hooks)
         self._term.begin()

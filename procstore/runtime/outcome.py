@@ -9,17 +9,12 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from procstore.errors import ProcedureError
+from procstore.errors import ProcedureError, describe
 from procstore.lock_key import LockKey
 from procstore.procedure import Procedure, ProcedureWithId
 from procstore.state import ProcedureState, ProcedureStateKind
 
 T = TypeVar("T")
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def type_name_of(procedure: Procedure) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from procstore.aio import gather_settled
-from procstore.errors import Fenced, LeaseExpired, LockConflict, LockCycle, ProcedureError, StoreError
+from procstore.errors import Fenced, LeaseExpired, LockConflict, LockCycle, ProcedureError, StoreError, describe
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
@@ -29,7 +29,6 @@ from procstore.runtime.context import LoadFailed, ManagerContext
 from procstore.runtime.meta import ProcedureMeta
 from procstore.runtime.outcome import (
     Child,
-    describe,
     failed_state,
     format_tb,
     not_cancelled_by_itself,

@@ -51,9 +51,9 @@ class LeaseHooks:
     """Raises `LeaseExpired` once the term may no longer write."""
     fencing_token: int | None
     """The lease epoch of this term: `Context.fencing_token`."""
-    grace: float
+    late_write_grace: float
     """Seconds after the term begins during which inherited trees' keys are kept."""
-    adopt_every: float
+    adopt_interval: float
     """Seconds between looks for procedures stored after recovery."""
 
 
@@ -89,7 +89,7 @@ class Term:
             on_fenced=lease.on_fenced if lease else None,
             lease_check=lease.check_writable if lease else None,
             fencing_token=lease.fencing_token if lease else None,
-            inherited_deletes_after=time.monotonic() + lease.grace if lease else 0.0,
+            inherited_deletes_after=time.monotonic() + lease.late_write_grace if lease else 0.0,
         )
         self.problems: list[LoadProblem] = []
         """What this term's recovery could not load."""
@@ -142,7 +142,7 @@ class Term:
         # A second walk of the whole store would double start()'s cost; temp files left by a
         # crashed writer are invisible to loading and can go a moment later.
         await self._remove_stale_temps()
-        adopt_every = self.lease.adopt_every if self.lease is not None else None
+        adopt_every = self.lease.adopt_interval if self.lease is not None else None
         interval = adopt_every if adopt_every is not None else self.settings.gc_interval
         unknown: set[ProcedureId] = set()
         next_gc = time.monotonic() + self.settings.gc_interval

@@ -5,12 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from procstore.errors import StoreError, StoreUnavailable
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"
+from procstore.errors import StoreError, StoreUnavailable, describe
 
 
 @contextmanager

@@ -50,7 +50,7 @@ async def test_a_renewal_whose_answer_was_lost_is_recognised_and_counted_from_it
     assert keeper.record is not None and keeper.record.renewal == 1
     # A standby may have seen that record as soon as the first attempt landed: the lease
     # runs from then (not from the retry, 0.2 s later).
-    from_first_send = first_sent + TTL - keeper.lease.margin - time.monotonic()
+    from_first_send = first_sent + TTL - keeper.lease.stop_margin - time.monotonic()
     assert keeper.seconds_left == pytest.approx(from_first_send, abs=0.05)
 
 

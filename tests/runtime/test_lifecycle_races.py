@@ -237,3 +237,25 @@ async def test_a_three_procedure_lock_cycle_fails_one_instead_of_deadlocking(mem
         state = manager.procedure_state(child)
         assert state is not None and state.is_failed() and isinstance(state.cause, LockCycle), state
     assert "child ended: FAILED" in world.log and "q/0" in world.log
+
+
+def test_an_is_predicate_reads_the_same_called_or_not() -> None:
+    from procstore import ProcedureState
+
+    done = ProcedureState.done()
+    assert done.is_done() and done.is_done
+    assert not done.is_running() and not done.is_running  # a bound method was always true
+    manager = ProcedureManager("memory://never-started/")
+    assert not manager.is_running and not manager.is_running()
+
+
+def test_each_lease_option_has_one_name_and_the_old_ones_warn() -> None:
+    lease = Lease(ttl=10.0)
+    assert (lease.stop_margin, lease.late_write_grace, lease.adopt_interval) == (2.0, 50.0, 30.0)
+    assert Lease(ttl=10.0, stop_margin=1.0).stop_margin == 1.0
+    with pytest.warns(DeprecationWarning, match="stop_margin"):
+        assert lease.margin == 2.0
+    with pytest.warns(DeprecationWarning, match="late_write_grace"):
+        assert lease.grace == 50.0
+    with pytest.warns(DeprecationWarning, match="adopt_interval"):
+        assert lease.adopt_every == 30.0
