@@ -126,28 +126,25 @@ _REQUEST_HELP = """
     """
 
 
-@click.command(help="Fail an unfinished procedure: it rolls back if it can, else fails." + _REQUEST_HELP)
-@store_options
-@click.argument("procedure_id")
-@click.option("--reason", default="marked failed by an operator", show_default=True, help="Stored as the error.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@run_command
-async def fail(
-    url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, reason: str, yes: bool
-) -> None:
-    await _request("fail", url, storage_options, parent_path, procedure_id, reason, yes)
+def _request_command(kind: RequestKind, verb: str, default_reason: str) -> click.Command:
+    """`procstore fail` and `procstore cancel`: the same request, of another kind."""
+
+    @click.command(kind, help=f"{verb} an unfinished procedure: it rolls back if it can, else fails." + _REQUEST_HELP)
+    @store_options
+    @click.argument("procedure_id")
+    @click.option("--reason", default=default_reason, show_default=True, help="Stored as the error.")
+    @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+    @run_command
+    async def command(
+        url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, reason: str, yes: bool
+    ) -> None:
+        await _request(kind, url, storage_options, parent_path, procedure_id, reason, yes)
+
+    return command
 
 
-@click.command(help="Cancel an unfinished procedure: it rolls back if it can, else fails." + _REQUEST_HELP)
-@store_options
-@click.argument("procedure_id")
-@click.option("--reason", default="cancelled by an operator", show_default=True, help="Stored as the error.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@run_command
-async def cancel(
-    url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, reason: str, yes: bool
-) -> None:
-    await _request("cancel", url, storage_options, parent_path, procedure_id, reason, yes)
+fail = _request_command("fail", "Fail", "marked failed by an operator")
+cancel = _request_command("cancel", "Cancel", "cancelled by an operator")
 
 
 @click.command()

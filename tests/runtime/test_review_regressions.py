@@ -40,6 +40,15 @@ def _manager(store: object, **options: object) -> ProcedureManager:
     return manager
 
 
+async def _run_until_crash(tmp_path: Path, procedure: ProcedureWithId, crash: Fault) -> None:
+    """Submit `procedure` on a local store and let it run until `crash` kills the manager."""
+    crashing = FaultyStore(LocalDirStore(tmp_path), faults=[crash])
+    async with _manager(crashing) as manager:
+        await manager.submit(procedure)
+        while not crashing.crashed.is_set():
+            await asyncio.sleep(0.01)
+
+
 async def _restart_and_settle(store_url: str, seconds: float = 0.5) -> ProcedureManager:
     manager = _manager(store_url)
     async with manager:
@@ -108,12 +117,8 @@ async def test_a_childs_finished_rollback_never_runs_again_after_its_parent_comm
 
 async def test_a_rolled_back_root_is_sealed_and_its_rollback_never_reruns(tmp_path: Path) -> None:
     world = World.new()
-    crashing = FaultyStore(LocalDirStore(tmp_path), faults=[Fault("crash", kinds=frozenset({"batch_delete"}), nth=0)])
     pwid = ProcedureWithId.new(Region({"world": world.name, "name": "r9", "fail": True, "attempt": 0}))
-    async with _manager(crashing) as manager:
-        await manager.submit(pwid)
-        while not crashing.crashed.is_set():
-            await asyncio.sleep(0.01)
+    await _run_until_crash(tmp_path, pwid, Fault("crash", kinds=frozenset({"batch_delete"}), nth=0))
     names = sorted(k.rsplit("/", 1)[1] for k in await LocalDirStore(tmp_path).walk(f"procedure/{pwid.id}/"))
     assert names == ["0000000000.step", "0000000001.step", "0000000002.rollback", "0000000003.commit"]
     await _restart_and_settle(str(tmp_path))
@@ -127,14 +132,8 @@ async def test_a_committed_childs_unreadable_step_is_kept_and_the_child_never_ru
     world = World.new()
     table = Table.new(world.name)
     first_child = ProcedureId.parse(table.procedure.data["children"][0])  # type: ignore[attr-defined]
-    crashing = FaultyStore(
-        LocalDirStore(tmp_path),
-        faults=[Fault("crash", kinds=frozenset({"put_if_absent"}), key=f"*{first_child}*.commit", when="after")],
-    )
-    async with _manager(crashing) as manager:
-        await manager.submit(table)
-        while not crashing.crashed.is_set():
-            await asyncio.sleep(0.01)
+    creates = frozenset({"put_if_absent"})
+    await _run_until_crash(tmp_path, table, Fault("crash", kinds=creates, key=f"*{first_child}*.commit", when="after"))
     child_dir = tmp_path / "procedure" / str(first_child)
     rollback_key = sorted(child_dir.iterdir())[-2]
     assert rollback_key.name.endswith(".rollback")
@@ -194,14 +193,10 @@ async def test_a_parent_marked_rolling_back_rolls_back_its_unfinished_children(t
     table = Table.new(world.name)
     child = ProcedureId.parse(table.procedure.data["children"][0])  # type: ignore[attr-defined]
     # Stop after the child created its region and stored its step, before it fails.
-    crashing = FaultyStore(
-        LocalDirStore(tmp_path),
-        faults=[Fault("crash", kinds=frozenset({"put_if_absent"}), key=f"*{child}/0000000001.step", when="after")],
+    creates = frozenset({"put_if_absent"})
+    await _run_until_crash(
+        tmp_path, table, Fault("crash", kinds=creates, key=f"*{child}/0000000001.step", when="after")
     )
-    async with _manager(crashing) as manager:
-        await manager.submit(table)
-        while not crashing.crashed.is_set():
-            await asyncio.sleep(0.01)
     assert world.effects == {"region/r1"}
     # An operator marks the table failed the way GreptimeDB's tools and older procstore did.
     store = ProcedureStore(LocalDirStore(tmp_path))
