@@ -350,11 +350,14 @@ class ProcedureManager:
             raise InvalidProcedureId(procedure_id)
         self._started_or_standby("cancel")
         ctx = self._ctx
-        if ctx is None or not ctx.running:
-            # A standby: the leader's look at `requests/` (or its next step) finds it.
-            assert self._state_store is not None
-            ctx = ManagerContext(ProcedureStore(self._state_store, self.parent_path), self.policy, self._loaders)
-        await request_stop(ctx, procedure_id, "cancel", reason)
+        if ctx is not None and ctx.running:
+            # Owned by the term, as a submit's write: stop() waits for it.
+            await ctx.run_in_term(request_stop(ctx, procedure_id, "cancel", reason), what="cancelling")
+            return
+        # A standby: the leader's look at `requests/` (or its next step) finds the request.
+        assert self._state_store is not None
+        standby = ManagerContext(ProcedureStore(self._state_store, self.parent_path), self.policy, self._loaders)
+        await request_stop(standby, procedure_id, "cancel", reason)
 
     # -- submitting ------------------------------------------------------------------
 

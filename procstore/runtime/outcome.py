@@ -13,6 +13,7 @@ from procstore.errors import ProcedureError, describe
 from procstore.lock_key import LockKey
 from procstore.procedure import Procedure, ProcedureWithId
 from procstore.state import ProcedureState, ProcedureStateKind
+from procstore.store.requests import OperatorRequested
 
 T = TypeVar("T")
 
@@ -62,7 +63,8 @@ def format_tb(exc: BaseException) -> str:
 
 
 def failed_state(exc: BaseException, *, gave_up_after: int | None = None, prefix: str = "") -> ProcedureState:
-    error = prefix + describe(exc)
+    # An operator's request says itself what happened; its class name would only be noise.
+    error = prefix + (str(exc) if isinstance(exc, OperatorRequested) else describe(exc))
     if gave_up_after is not None:
         error = f"gave up after {gave_up_after} retries: {error}"
     return ProcedureState.with_error(ProcedureStateKind.FAILED, error, exc, format_tb(exc))
