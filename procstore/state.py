@@ -32,6 +32,7 @@ class Predicate:
 
     `state.is_running()` is the contract's form (as in GreptimeDB); `if state.is_running:`
     reads the same way and means the same, instead of a bound method that is always true.
+    (`ProcedureManager.is_running` and `is_leader` are plain `bool` properties.)
     """
 
     __slots__ = ("_value",)

@@ -34,7 +34,7 @@ from procstore.runtime.retry import RetryBudget, RetryPolicy
 from procstore.runtime.runner import Runner
 from procstore.runtime.term import LeaseHooks, Term, TermSettings
 from procstore.runtime.watcher import Watcher
-from procstore.state import Predicate, ProcedureInfo, ProcedureState
+from procstore.state import ProcedureInfo, ProcedureState
 from procstore.store.keys import KeyType
 from procstore.store.open import open_state_store
 from procstore.store.probe import ConditionalWritesIgnored, probe_conditional_writes
@@ -147,23 +147,19 @@ class ProcedureManager:
     # -- lifecycle -------------------------------------------------------------------
 
     @property
-    def is_running(self) -> Predicate:
-        """Started and not stopped (leading or, with a lease, standing by).
-
-        Like every `is_*` of procstore, it reads the same called or not: `manager.is_running()`.
-        """
-        return Predicate(self._state_store is not None)
+    def is_running(self) -> bool:
+        """Started and not stopped (leading or, with a lease, standing by)."""
+        return self._state_store is not None
 
     @property
-    def is_leader(self) -> Predicate:
+    def is_leader(self) -> bool:
         """Whether this manager runs procedures now: always once started, unless it has a lease
-        and another manager holds it (`manager.is_leader()` reads the same)."""
+        and another manager holds it."""
         if self._leadership is not None:
             # Not before recovery has registered what the store holds: a submission racing
             # with it could be found by it too.
             term = self._term
-            leading = self._leadership.is_leading and term is not None and term.recovered and term.ctx.running
-            return Predicate(leading)
+            return self._leadership.is_leading and term is not None and term.recovered and term.ctx.running
         return self.is_running
 
     @property
