@@ -163,6 +163,12 @@ class ProcedureManager:
         return self.is_running
 
     @property
+    def lease_epoch(self) -> int | None:
+        """With a lease: the epoch of the last lease record this manager read or wrote (its
+        term's fencing token while it leads); None without a lease, or before any was read."""
+        return None if self._leadership is None else self._leadership.keeper.epoch
+
+    @property
     def leader(self) -> str | None:
         """With a lease: the holder name of the current leader as last seen (None if none)."""
         return None if self._leadership is None else self._leadership.keeper.leader

@@ -8,8 +8,9 @@ there is none. Readers accept unknown extra fields and a missing `error`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import orjson
 
 from procstore.ids import ProcedureId
@@ -50,39 +51,34 @@ class ProcedureMessage:
 
     @classmethod
     def decode(cls, raw: bytes) -> ProcedureMessage:
-        """Parse a stored value; raises `MessageDecodeError` saying what is wrong."""
+        """Parse a stored value; raises `MessageDecodeError` saying what is wrong, and where
+        (`$.step`, for a field)."""
         if not raw:
             raise MessageDecodeError("the value is empty (a truncated or torn write?)")
         try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
+            stored = _decoder.decode(raw)
+        except msgspec.ValidationError as e:
+            raise MessageDecodeError(f"the value is not a procedure message: {e}") from None
+        except msgspec.DecodeError as e:
             raise MessageDecodeError(f"the value is not JSON ({e}); it may be truncated") from None
-        if not isinstance(obj, dict):
-            raise MessageDecodeError(f"the value is JSON but not an object: {type(obj).__name__}")
-        type_name = _field(obj, "type_name", str)
-        data = _field(obj, "data", str)
-        step = _field(obj, "step", int)
-        if isinstance(step, bool) or not 0 <= step <= _U32_MAX:
-            raise MessageDecodeError(f"field 'step' must be an integer in 0..2^32-1, got {step!r}")
-        parent_text = obj.get("parent_id")
         parent_id = None
-        if parent_text is not None:
-            if not isinstance(parent_text, str):
-                raise MessageDecodeError(f"field 'parent_id' must be a UUID string or null, got {parent_text!r}")
+        if stored.parent_id is not None:
             try:
-                parent_id = ProcedureId.parse(parent_text)
+                parent_id = ProcedureId.parse(stored.parent_id)
             except ValueError as e:
-                raise MessageDecodeError(f"field 'parent_id': {e}") from None
-        error = obj.get("error")
-        if error is not None and not isinstance(error, str):
-            raise MessageDecodeError(f"field 'error' must be a string, got {type(error).__name__}")
-        return cls(type_name, data, parent_id, step, error)
+                raise MessageDecodeError(f"the value is not a procedure message: {e} - at `$.parent_id`") from None
+        return cls(stored.type_name, stored.data, parent_id, stored.step, stored.error)
 
 
-def _field(obj: dict[str, Any], name: str, kind: type) -> Any:
-    if name not in obj:
-        raise MessageDecodeError(f"field {name!r} is missing")
-    value = obj[name]
-    if not isinstance(value, kind):
-        raise MessageDecodeError(f"field {name!r} must be {kind.__name__}, got {type(value).__name__}")
-    return value
+class _StoredMessage(msgspec.Struct, kw_only=True):
+    """The wire form read back: every field's type and range checked, unknown fields allowed
+    (GreptimeDB has since added an optional `context`), `parent_id` and `error` optional."""
+
+    type_name: str
+    data: str
+    parent_id: str | None = None
+    step: Annotated[int, msgspec.Meta(ge=0, le=_U32_MAX)]
+    error: str | None = None
+
+
+_decoder = msgspec.json.Decoder(_StoredMessage)

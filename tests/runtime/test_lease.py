@@ -119,7 +119,7 @@ async def test_a_lease_write_cut_off_by_a_killed_leader_is_taken_over_after_a_tt
     await store.put(LEASE_KEY, b"")  # ...and the renewal it was sending stored empty
     assert second.leader == "cp-1"
     await second.wait_until_leading()
-    assert second._leadership is not None and second._leadership.keeper.epoch == 2
+    assert second.lease_epoch == 2
     await eventually(lambda: (s := second.procedure_state(pid)) is not None and s.is_done(), timeout=10)
     await second.stop()
     await first.stop()
@@ -128,7 +128,7 @@ async def test_a_lease_write_cut_off_by_a_killed_leader_is_taken_over_after_a_tt
     third = leased(local_target, "cp-3")
     await third.start()
     await third.wait_until_leading()
-    assert third._leadership is not None and third._leadership.keeper.epoch == 1
+    assert third.lease_epoch == 1
     await third.stop()
 
 
@@ -183,8 +183,7 @@ async def test_a_paused_leader_is_fenced_by_its_own_lease(local_target: StoreTar
     # The lease was taken again (epoch 2) before any step was written, and the new term
     # resumed the procedure from the store.
     assert writes[0].key == LEASE_KEY, writes[:3]
-    assert manager._leadership is not None and manager._leadership.keeper.record is not None
-    assert manager._leadership.keeper.record.epoch == 2
+    assert manager.lease_epoch == 2
     await manager.stop()
     await store.inner.close()
 
@@ -257,8 +256,7 @@ async def test_a_leader_that_finds_a_former_leaders_late_step_reloads_and_goes_o
     assert [world.counts[f"steps/{at}"] for at in range(4)] == [1, 1, 1, 1]
     assert "already written by another manager" in caplog.text and "reloading every procedure" in caplog.text
     # The same lease (epoch 1): the term restarted, the leadership did not change hands.
-    assert manager._leadership is not None and manager._leadership.keeper.record is not None
-    assert manager._leadership.keeper.record.epoch == 1
+    assert manager.lease_epoch == 1
     await manager.stop()
 
 

@@ -48,13 +48,14 @@ def test_round_trip(type_name: str, data: str, parent: ProcedureId | None, step:
     [
         (b"", "empty"),
         (b'{"type_name":"T","da', "not JSON"),
-        (b"[1,2]", "not an object"),
-        (b'{"data":"d","parent_id":null,"step":1}', "'type_name' is missing"),
-        (b'{"type_name":1,"data":"d","parent_id":null,"step":1}', "'type_name' must be str"),
-        (b'{"type_name":"T","data":"d","parent_id":null,"step":-1}', "'step'"),
-        (b'{"type_name":"T","data":"d","parent_id":null,"step":true}', "'step'"),
-        (b'{"type_name":"T","data":"d","parent_id":"xyz","step":1}', "parent_id"),
-        (b'{"type_name":"T","data":"d","parent_id":null,"step":1,"error":3}', "'error'"),
+        (b"[1,2]", "Expected `object`, got `array`"),
+        (b'{"data":"d","parent_id":null,"step":1}', "missing required field `type_name`"),
+        (b'{"type_name":1,"data":"d","parent_id":null,"step":1}', r"Expected `str`, got `int` - at `\$.type_name`"),
+        (b'{"type_name":"T","data":"d","parent_id":null,"step":-1}', r"\$.step"),
+        (b'{"type_name":"T","data":"d","parent_id":null,"step":true}', r"\$.step"),
+        (b'{"type_name":"T","data":"d","parent_id":null,"step":4294967296}', r"\$.step"),
+        (b'{"type_name":"T","data":"d","parent_id":"xyz","step":1}', r"\$.parent_id"),
+        (b'{"type_name":"T","data":"d","parent_id":null,"step":1,"error":3}', r"\$.error"),
     ],
 )
 def test_bad_values_say_what_is_wrong(raw: bytes, fragment: str) -> None:
