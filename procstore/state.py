@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
+import warnings
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from procstore.ids import ProcedureId
@@ -58,8 +59,25 @@ class Predicate:
         return repr(self._value)
 
 
+class _KindAliases(type):
+    """`ProcedureState.DONE` and the like: the kinds, once spelled on the state class.
+
+    One name per concept is `ProcedureStateKind.DONE`; the old spelling keeps working for
+    code written against it, with a `DeprecationWarning`.
+    """
+
+    def __getattr__(cls, name: str) -> ProcedureStateKind:
+        kind = ProcedureStateKind.__members__.get(name)
+        if kind is None:
+            raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+        warnings.warn(
+            f"ProcedureState.{name} is deprecated: use ProcedureStateKind.{name}", DeprecationWarning, stacklevel=2
+        )
+        return kind
+
+
 @dataclass(frozen=True, slots=True)
-class ProcedureState:
+class ProcedureState(metaclass=_KindAliases):
     """A procedure's state: its `kind`, and `error`/`output` where they apply.
 
     `error` is text, which is all that survives a restart; `cause` is the exception object
@@ -72,14 +90,6 @@ class ProcedureState:
     output: object = None
     cause: BaseException | None = None
     traceback: str | None = None
-
-    RUNNING: ClassVar[ProcedureStateKind] = ProcedureStateKind.RUNNING
-    RETRYING: ClassVar[ProcedureStateKind] = ProcedureStateKind.RETRYING
-    PREPARE_ROLLBACK: ClassVar[ProcedureStateKind] = ProcedureStateKind.PREPARE_ROLLBACK
-    ROLLING_BACK: ClassVar[ProcedureStateKind] = ProcedureStateKind.ROLLING_BACK
-    DONE: ClassVar[ProcedureStateKind] = ProcedureStateKind.DONE
-    FAILED: ClassVar[ProcedureStateKind] = ProcedureStateKind.FAILED
-    POISONED: ClassVar[ProcedureStateKind] = ProcedureStateKind.POISONED
 
     @classmethod
     def running(cls) -> ProcedureState:

@@ -27,6 +27,7 @@ from procstore.testing.pytest_plugin import (
     s3_storage_options,
     serving,
 )
+from tests.support import store_targets
 
 # Our own suite's choice (a user's project keeps its own): bounded examples under CI.
 register_hypothesis_profiles()
@@ -105,11 +106,24 @@ def wrapped_target(tmp_path: Path) -> StoreTarget:
     )
 
 
-@pytest.fixture(params=["memory", "local", "s3"])
-def store_target(request: pytest.FixtureRequest) -> StoreTarget:
-    """The same test on memory://, a local directory and S3 (moto server)."""
-    target: StoreTarget = request.getfixturevalue(f"{request.param}_target")
-    return target
+store_target = store_targets(
+    "memory", "local", "s3", doc="The same test on memory://, a local directory and S3 (moto)."
+)
+
+# A test that reaches a server by any fixture carries that server's marker, so that
+# `-m "not s3 and not gcs"` never starts one.
+SERVER_FIXTURES = {
+    "s3": {"s3_target", "s3_bucket", "moto_endpoint", "procstore_moto_endpoint"},
+    "gcs": {"gcs_target", "gcs_endpoint", "plain_gcs_endpoint", "procstore_gcs_endpoint"},
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        for marker, fixtures in SERVER_FIXTURES.items():
+            if names & fixtures:
+                item.add_marker(getattr(pytest.mark, marker))
 
 
 @pytest.fixture(scope="session")

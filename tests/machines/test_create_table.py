@@ -13,12 +13,11 @@ from procstore_machines.create_table import CreateTable, new_create_table, regis
 from procstore_machines.region_migration import SimCluster, check_cluster
 from procstore_machines.region_migration.cluster import DatanodeError
 from tests.machines.scenarios import CreateThreeRegionTable, run_url
+from tests.support import fast_manager
 
 
 def manager_on(store: StateStore, cluster: SimCluster, **options: float) -> ProcedureManager:
-    manager = ProcedureManager(store, retry_delay=0.001, max_retry_delay=0.01, **options)  # type: ignore[arg-type]
-    register(manager, cluster)
-    return manager
+    return fast_manager(store, lambda m: register(m, cluster), None, **options)
 
 
 async def test_creates_the_table_and_its_regions(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from procstore_machines.publish import Publish, new_publish, read_current, regis
 from procstore_machines.publish.machine import current_key
 from tests.conftest import StoreTarget
 from tests.machines.scenarios import PublishV2, run_url
+from tests.support import fast_manager
 
 
 async def build(source: StateStore, name: str, version: str, files: dict[str, str]) -> None:
@@ -24,9 +25,7 @@ async def build(source: StateStore, name: str, version: str, files: dict[str, st
 def manager_on(
     procedures: StateStore | str, store: StateStore, source: StateStore, options: dict[str, str] | None = None
 ) -> ProcedureManager:
-    manager = ProcedureManager(procedures, options, retry_delay=0.001, max_retry_delay=0.01, max_retry_times=10)
-    register(manager, store, source)
-    return manager
+    return fast_manager(procedures, lambda m: register(m, store, source), options, max_retry_times=10)
 
 
 async def test_publish_flip_and_collect_on_s3(s3_target: StoreTarget) -> None:

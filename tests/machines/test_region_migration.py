@@ -21,6 +21,7 @@ from procstore_machines.region_migration import (
 from procstore_machines.region_migration.cluster import region_id
 from procstore_machines.region_migration.machine import PersistentContext, UpdateMetadata
 from tests.machines.scenarios import MigrateTwoRegions, run_url
+from tests.support import fast_manager
 
 DATA = Path(__file__).parent / "data"
 TABLE = 1024
@@ -34,9 +35,7 @@ async def new_cluster(store: StateStore, regions: int = 1) -> SimCluster:
 
 
 def manager_on(store: StateStore, cluster: SimCluster) -> ProcedureManager:
-    manager = ProcedureManager(store, retry_delay=0.001, max_retry_delay=0.01)
-    RegionMigration.register_with(manager, lambda _p: VolatileContext(cluster))
-    return manager
+    return fast_manager(store, lambda m: RegionMigration.register_with(m, lambda _p: VolatileContext(cluster)))
 
 
 async def migrate(store: StateStore, cluster: SimCluster, machine: RegionMigration) -> object:

@@ -14,6 +14,7 @@ from procstore.testing import Fault, FaultPlan, FaultyStore
 from tests.conftest import StoreTarget
 from tests.procedures import Steps, World
 from tests.runtime.helpers import blocker, eventually, manager_for, steps, wait_for_state
+from tests.support import store_targets
 
 
 class Stamped(Steps):
@@ -28,11 +29,7 @@ class Stamped(Steps):
         return status
 
 
-@pytest.fixture(params=["local", "s3"])
-def shared_target(request: pytest.FixtureRequest) -> StoreTarget:
-    """One store that two managers share (each with its own client)."""
-    target: StoreTarget = request.getfixturevalue(f"{request.param}_target")
-    return target
+shared_target = store_targets("local", "s3", doc="One store that two managers share (each with its own client).")
 
 
 async def test_the_manager_that_loses_a_step_key_is_fenced(shared_target: StoreTarget) -> None:

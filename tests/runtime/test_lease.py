@@ -35,6 +35,7 @@ from procstore.testing import Fault, FaultyStore, kill_manager
 from tests.conftest import StoreTarget, gcs_bucket_target
 from tests.procedures import World
 from tests.runtime.helpers import blocker, eventually, manager_for, steps
+from tests.support import store_targets
 
 TTL = 1.0
 SERVER_TTL = 2.0
@@ -51,10 +52,7 @@ def leased(target: StoreTarget | StateStore, name: str, **options: object) -> Pr
     return manager_for(target, lease=Lease(ttl=ttl_for(target), holder=name), **options)
 
 
-@pytest.fixture(params=["local", "s3", "memory", "gcs"])
-def shared_target(request: pytest.FixtureRequest) -> StoreTarget:
-    target: StoreTarget = request.getfixturevalue(f"{request.param}_target")
-    return target
+shared_target = store_targets("local", "s3", "memory", "gcs")
 
 
 def test_lease_record_round_trips() -> None:
@@ -469,17 +467,22 @@ class RetriesUntilAllowed(Procedure):
 async def test_no_attempt_starts_once_the_lease_may_have_passed(local_target: StoreTarget) -> None:
     """A retry due after the lease lapsed (a pause, a long backoff) is not attempted: the term
     ends, and the step runs again only under the next one."""
-    manager = leased(local_target, "cp-1", retry_delay=0.02, max_retry_delay=0.02, max_retry_times=10_000)
+    store = FaultyStore(open_state_store(local_target.url))
+    manager = leased(store, "cp-1", retry_delay=0.02, max_retry_delay=0.02, max_retry_times=10_000)
     manager.register(RetriesUntilAllowed)
     await manager.start()
     name = uuid.uuid4().hex
     await manager.submit(ProcedureWithId.new(RetriesUntilAllowed(name)))
     await eventually(lambda: len(RetriesUntilAllowed.attempts.get(name, [])) >= 3)
-    assert manager._leadership is not None
-    manager._leadership.keeper.give_up()  # the lease as this manager counts it is gone; retries are due first
+    # No renewal succeeds from here: the lease as this manager counts it runs out while
+    # retries keep falling due every 20 ms.
+    store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_version"}), key=LEASE_KEY))
+    await eventually(lambda: not manager.is_leader, timeout=10)
+    store.plan.faults.clear()
     before = len(RetriesUntilAllowed.attempts[name])
     RetriesUntilAllowed.allowed.add(name)
     await eventually(lambda: RetriesUntilAllowed.attempts[name][-1] == 2, timeout=10)
     assert set(RetriesUntilAllowed.attempts[name][:before]) == {1}
     assert RetriesUntilAllowed.attempts[name][before:] == [2]  # no attempt under the lapsed term
     await manager.stop()
+    await store.inner.close()

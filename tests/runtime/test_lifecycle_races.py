@@ -248,6 +248,16 @@ def test_an_is_predicate_reads_the_same_called_or_not() -> None:
     assert ProcedureManager("memory://never-started/").is_running is False  # a plain bool, JSON-ready
 
 
+def test_the_kinds_have_one_name_and_the_old_spelling_warns() -> None:
+    from procstore import ProcedureState, ProcedureStateKind
+
+    assert "DONE" not in vars(ProcedureState)  # no second name in the class itself
+    with pytest.warns(DeprecationWarning, match=r"ProcedureStateKind\.DONE"):
+        assert ProcedureState.DONE is ProcedureStateKind.DONE
+    with pytest.raises(AttributeError):
+        _ = ProcedureState.NOT_A_KIND
+
+
 def test_each_lease_option_has_one_name_and_the_old_ones_warn() -> None:
     lease = Lease(ttl=10.0)
     assert (lease.stop_margin, lease.late_write_grace, lease.adopt_interval) == (2.0, 50.0, 30.0)

@@ -25,6 +25,7 @@ from procstore.testing import FaultyStore
 from tests.conftest import StoreTarget
 from tests.procedures import Steps, World
 from tests.runtime.helpers import blocker, eventually, manager_for, steps
+from tests.support import store_targets
 
 
 def written(recorder: FaultyStore, pid: ProcedureId) -> list[str]:
@@ -32,10 +33,7 @@ def written(recorder: FaultyStore, pid: ProcedureId) -> list[str]:
     return [op.key.rsplit("/", 1)[1] for op in recorder.ops if op.kind.startswith("put") and str(pid) in op.key]
 
 
-@pytest.fixture(params=["memory", "local", "s3", "gcs", "wrapped"])
-def every_target(request: pytest.FixtureRequest) -> StoreTarget:
-    target: StoreTarget = request.getfixturevalue(f"{request.param}_target")
-    return target
+every_target = store_targets("memory", "local", "s3", "gcs", "wrapped")
 
 
 async def test_submit_runs_to_done_on_every_store(every_target: StoreTarget) -> None:

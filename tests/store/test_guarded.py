@@ -8,12 +8,9 @@ from procstore import LeaseExpired
 from procstore.store import open_state_store
 from procstore.store.guarded import GuardedStore
 from tests.conftest import StoreTarget
+from tests.support import store_targets
 
-
-@pytest.fixture(params=["s3", "gcs"])
-def server_target(request: pytest.FixtureRequest) -> StoreTarget:
-    target: StoreTarget = request.getfixturevalue(f"{request.param}_target")
-    return target
+server_target = store_targets("s3", "gcs")
 
 
 class RefusesAtSend:

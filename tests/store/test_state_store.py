@@ -13,12 +13,9 @@ from procstore import StoreError, StoreUnavailable
 from procstore.store import FsspecStore, GcsStore, LocalDirStore, S3Store, open_state_store
 from procstore.store.state_store import StateStore
 from tests.conftest import StoreTarget, s3_options
+from tests.support import store_targets
 
-
-@pytest.fixture(params=["memory", "local", "s3", "gcs", "wrapped"])
-def any_target(request: pytest.FixtureRequest) -> StoreTarget:
-    target: StoreTarget = request.getfixturevalue(f"{request.param}_target")
-    return target
+any_target = store_targets("memory", "local", "s3", "gcs", "wrapped")
 
 
 async def test_put_get_walk_delete(any_target: StoreTarget) -> None:
