@@ -30,6 +30,7 @@ from procstore.runtime.manager import ProcedureManager
 from procstore.runtime.retry import RetryBudget
 from procstore.runtime.watcher import Watcher
 from procstore.state import ProcedureInfo, ProcedureState, ProcedureStateKind
+from procstore.store.history import History, HistoryRecord
 from procstore.store.procedure_store import LoadProblem
 
 __version__ = "0.1.0"
@@ -39,6 +40,8 @@ __all__ = [
     "ContextProvider",
     "DuplicateProcedure",
     "Fenced",
+    "History",
+    "HistoryRecord",
     "InvalidProcedureId",
     "Lease",
     "LeaseExpired",

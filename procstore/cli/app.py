@@ -12,6 +12,7 @@ from procstore.cli.demo import demo
 from procstore.cli.lease import lease
 from procstore.cli.listing import ls, tree, watch
 from procstore.cli.maintenance import cancel, delete, fail, gc
+from procstore.cli.operations import resume, rewind
 from procstore.cli.show import show
 
 
@@ -21,7 +22,7 @@ def cli() -> None:
     """Crash-safe multi-step procedures on any fsspec store."""
 
 
-for command in (ls, show, tree, watch, lease, gc, fail, cancel, delete, demo):
+for command in (ls, show, tree, watch, lease, gc, fail, cancel, resume, rewind, delete, demo):
     cli.add_command(command)
 
 

@@ -26,6 +26,7 @@ from procstore.cli.common import (
     run_command,
     store_options,
 )
+from procstore.cli.history import print_history
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore
 from procstore.store.inventory import Inventory, StoredProcedure, StoredStatus, read_inventory
@@ -117,6 +118,7 @@ def select(
 )
 @click.option("--newer-than", callback=lambda _c, _p, v: parse_age(v) if v else None, help="Last step newer than.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line, for scripts.")
+@click.option("--history", "ended", is_flag=True, help="Ended procedures instead (managers with history=...).")
 @run_command
 async def ls(
     url: str,
@@ -127,12 +129,16 @@ async def ls(
     older_than: float | None,
     newer_than: float | None,
     as_json: bool,
+    ended: bool,
 ) -> None:
     """One row per procedure: id, type, status, step, parent, children, time of the last step.
 
     A status with `*` has a problem with an older value (see `procstore show`).
     """
     store = await open_existing_store(url, storage_options, parent_path)
+    if ended:
+        await closing(store, print_history(store, as_json))
+        return
     inventory = await closing(store, load_inventory(store, Console(stderr=True)))
     chosen = select(inventory, type_name, statuses, older_than, newer_than)
     if as_json:

@@ -21,6 +21,7 @@ from procstore.cli.common import (
     run_command,
     store_options,
 )
+from procstore.cli.history import show_ended
 from procstore.store.inventory import read_history
 from procstore.store.keys import KeysByProcedure, KeyType
 from procstore.store.message import ProcedureMessage
@@ -76,13 +77,20 @@ async def show(url: str, storage_options: tuple[str, ...], parent_path: str, pro
     """
     store = await open_existing_store(url, storage_options, parent_path)
 
-    async def read() -> tuple[Any, Any]:
+    async def read() -> tuple[Any, Any] | None:
         # A listing is enough to resolve the id; reading every procedure would not be.
         listed = KeysByProcedure.group(store.proc_path, await store.store.walk(store.proc_path))
+        if not any(str(p).startswith(procedure_id.lower()) for p in listed.steps):
+            # Ended and deleted: its history record, if managers keep history.
+            await show_ended(store, procedure_id, as_json)
+            return None
         pid = resolve_id(listed.steps, procedure_id)
         return pid, await read_history(store, pid)
 
-    pid, history = await closing(store, read())
+    found = await closing(store, read())
+    if found is None:
+        return
+    pid, history = found
     console = output_console()
     previous: dict[str, Any] | None = None
     unreadable = [str(key) for key, _, _, problem in history if problem is not None]

@@ -19,6 +19,7 @@ from procstore.runtime.locks import KeyRwLock
 from procstore.runtime.meta import ProcedureMeta
 from procstore.runtime.retry import RetryPolicy
 from procstore.state import ProcedureState
+from procstore.store.history import HistoryStore
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.requests import OperatorRequest
@@ -86,6 +87,8 @@ class ManagerContext:
         lease_check: Callable[[str], None] | None = None,
         fencing_token: int | None = None,
         inherited_deletes_after: float = 0.0,
+        history: HistoryStore | None = None,
+        keep_failed: bool = False,
     ) -> None:
         self.store = store
         self.policy = policy
@@ -113,6 +116,10 @@ class ManagerContext:
         """Who holds each lock key (of `locks`), for finding cycles of waits."""
         self.lock_waits: dict[ProcedureId, str] = {}
         """The lock key each procedure is waiting for, if it is waiting for one."""
+        self.history = history
+        """Where ended procedures are recorded (None: history is off)."""
+        self.keep_failed = keep_failed
+        """A root that ends FAILED keeps its keys, for an operator to resume or rewind it."""
         self.operator_requests: dict[ProcedureId, OperatorRequest] = {}
         """Requests known to apply to procedures of this term: read from the store, or passed
         down from an ancestor's. A runner checks here, then the store, before every attempt."""
@@ -266,6 +273,16 @@ class ManagerContext:
             self.stored.rolled_back.pop(pid, None)
             self.stored.children_of.pop(pid, None)
         self._finished_trees.append((time.monotonic(), ids))
+
+    def forget(self, procedure_id: ProcedureId) -> None:
+        """Drop what this term knows of an ended procedure: it is about to run again (resumed
+        or rewound) under the same id, and its old metadata's TTL must not remove the new."""
+        self.metas.pop(procedure_id, None)
+        for _, ids in self._finished_trees:
+            if procedure_id in ids:
+                ids.remove(procedure_id)
+        for table in (self.stored.unreadable, self.stored.committed, self.stored.rolled_back):
+            table.pop(procedure_id, None)
 
     def remove_outdated_metadata(self, ttl: float, now: float | None = None) -> int:
         """Forget finished trees that ended more than `ttl` seconds ago; returns how many procedures."""

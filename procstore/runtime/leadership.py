@@ -23,8 +23,9 @@ import contextlib
 import logging
 from typing import Protocol
 
-from procstore.errors import Fenced, LeaseExpired, ManagerStopped, StoreError
+from procstore.errors import Fenced, LeaseExpired, ManagerStopped, StoreError, StoreUnavailable
 from procstore.runtime.lease import LEASE_KEY, Lease, LeaseKeeper
+from procstore.store.probe import ConditionalWritesIgnored, probe_conditional_writes
 from procstore.store.state_store import StateStore
 
 logger = logging.getLogger("procstore.lease")
@@ -199,3 +200,23 @@ class Leadership:
             for task in attempts:
                 task.cancel()
             await asyncio.gather(*attempts, return_exceptions=True)
+
+
+async def check_lease_support(state_store: StateStore, lease_folder: str) -> None:
+    """A store for managers with a lease must promise conditional writes, and keep that
+    promise when tried (on a scratch key under `lease_folder`); `StoreUnavailable` if not."""
+    remedy = "use S3, GCS, a local directory or memory://, or run a single manager without `lease=`"
+    if not (state_store.supports_compare_and_swap and state_store.supports_create_only):
+        raise StoreUnavailable(
+            f"{state_store.url}: a manager with a lease needs compare-and-swap and create-only writes, which "
+            f"this store ({type(state_store).__name__}) cannot guarantee across processes; {remedy}"
+        )
+    try:
+        await probe_conditional_writes(state_store, lease_folder)
+    except ConditionalWritesIgnored as e:
+        raise StoreUnavailable(f"{e}: a manager with a lease cannot be fenced on this store; {remedy}") from e
+    except StoreError as e:
+        raise StoreUnavailable(
+            f"{state_store.url}: a manager with a lease could not try a conditional write ({e}); check that "
+            "these credentials may write to the store"
+        ) from e

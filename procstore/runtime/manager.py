@@ -18,7 +18,6 @@ from procstore.errors import (
     ManagerStopped,
     NotLeader,
     StoreError,
-    StoreUnavailable,
     SubmissionsPaused,
     TooManyRunningProcedures,
     describe,
@@ -26,18 +25,19 @@ from procstore.errors import (
 from procstore.ids import ProcedureId
 from procstore.procedure import Procedure, ProcedureWithId
 from procstore.runtime.context import Loader, ManagerContext
-from procstore.runtime.leadership import Leadership
+from procstore.runtime.leadership import Leadership, check_lease_support
 from procstore.runtime.lease import LEASE_FOLDER, Lease
 from procstore.runtime.operator import request as request_stop
 from procstore.runtime.outcome import type_name_of
+from procstore.runtime.restart import restart
 from procstore.runtime.retry import RetryBudget, RetryPolicy
 from procstore.runtime.runner import Runner
 from procstore.runtime.term import LeaseHooks, Term, TermSettings
 from procstore.runtime.watcher import Watcher
 from procstore.state import ProcedureInfo, ProcedureState
+from procstore.store.history import History
 from procstore.store.keys import KeyType
 from procstore.store.open import open_state_store
-from procstore.store.probe import ConditionalWritesIgnored, probe_conditional_writes
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.state_store import StateStore
 
@@ -79,6 +79,11 @@ class ProcedureManager:
         request_poll_interval: seconds between looks for operator requests (`cancel`,
             `procstore fail`) that must reach procedures waiting for children or a retry.
             A procedure about to attempt a step always reads its own request first.
+        history: keep a record of each ended procedure under `history/` (a `History`, or
+            True for `History()`): `procstore ls --history`, `procstore show`. Off by default,
+            as in GreptimeDB, which keeps nothing of an ended procedure.
+        keep_failed: a root that ends FAILED keeps its keys (children's go as usual), so that
+            an operator can `resume` or `rewind` it; `procstore delete` removes them.
     """
 
     def __init__(
@@ -96,6 +101,8 @@ class ProcedureManager:
         lease: Lease | float | bool | None = None,
         retry_budget: RetryBudget | None = None,
         request_poll_interval: float = 1.0,
+        history: History | bool | None = None,
+        keep_failed: bool = False,
     ) -> None:
         self._given_store = url if isinstance(url, StateStore) else None
         self.url = url.url if isinstance(url, StateStore) else os.fspath(url)
@@ -107,6 +114,8 @@ class ProcedureManager:
         self.gc_interval = gc_interval
         self.parent_path = parent_path
         self.request_poll_interval = request_poll_interval
+        self.history = History() if history is True else (history or None)
+        self.keep_failed = keep_failed
         self.recovery_problems: list[LoadProblem] = []
         """Procedures the last `start()` found but could not resume, with what to do."""
         self._loaders: dict[str, Loader] = {}
@@ -228,24 +237,8 @@ class ProcedureManager:
             raise
 
     async def _check_lease_support(self, state_store: StateStore) -> None:
-        """With a lease: the store must promise conditional writes, and keep that promise when tried."""
-        if self.lease is None:
-            return
-        remedy = "use S3, GCS, a local directory or memory://, or run a single manager without `lease=`"
-        if not (state_store.supports_compare_and_swap and state_store.supports_create_only):
-            raise StoreUnavailable(
-                f"{state_store.url}: a manager with a lease needs compare-and-swap and create-only writes, which "
-                f"this store ({type(state_store).__name__}) cannot guarantee across processes; {remedy}"
-            )
-        try:
-            await probe_conditional_writes(state_store, f"{self.parent_path}{LEASE_FOLDER}")
-        except ConditionalWritesIgnored as e:
-            raise StoreUnavailable(f"{e}: a manager with a lease cannot be fenced on this store; {remedy}") from e
-        except StoreError as e:
-            raise StoreUnavailable(
-                f"{state_store.url}: a manager with a lease could not try a conditional write ({e}); check that "
-                "these credentials may write to the store"
-            ) from e
+        if self.lease is not None:
+            await check_lease_support(state_store, f"{self.parent_path}{LEASE_FOLDER}")
 
     # Terms (see runtime/term.py): with a lease, each leadership is a term, begun when the
     # lease is won and ended when it is lost; without one, a single term runs from start()
@@ -262,6 +255,8 @@ class ProcedureManager:
             self.metadata_ttl,
             self.request_poll_interval,
             self._submitting,
+            self.history,
+            self.keep_failed,
         )
         hooks = None
         if self._leadership is not None:
@@ -360,6 +355,38 @@ class ProcedureManager:
         assert self._state_store is not None
         standby = ManagerContext(ProcedureStore(self._state_store, self.parent_path), self.policy, self._loaders)
         await request_stop(standby, procedure_id, "cancel", reason)
+
+    async def resume(self, procedure_id: ProcedureId) -> Watcher:
+        """Run an ended or stuck root again from its last stored step, with fresh retries.
+
+        For a FAILED root whose keys were kept (`keep_failed`, or a rollback that failed), a
+        POISONED one (say, a loader registered since), or one that `start()` could not
+        load. A rolled-back procedure is refused (its later steps would run over undone
+        work): `rewind` it. Returns a watcher of the new run. Raises `ProcedureError`
+        saying why not (running here, a subprocedure, finished, keys gone),
+        `NotLeader` on a standby, `ManagerNotStarted`.
+        """
+        return await self._restart(procedure_id, None)
+
+    async def rewind(self, procedure_id: ProcedureId, to_step: int) -> Watcher:
+        """Make step `to_step`'s stored state the latest again, and run the root from there.
+
+        The state is copied to a new key above the latest (step keys are never
+        overwritten: the history stays for audit). Refused, with `ProcedureError`, on a
+        procedure running here: cancel it and wait until it has ended first.
+        """
+        if isinstance(to_step, bool) or not isinstance(to_step, int) or to_step < 0:
+            raise ValueError(f"to_step must be a step number (an int >= 0), not {to_step!r}")
+        return await self._restart(procedure_id, to_step)
+
+    async def _restart(self, procedure_id: ProcedureId, to_step: int | None) -> Watcher:
+        if not isinstance(procedure_id, ProcedureId):
+            raise InvalidProcedureId(procedure_id)
+        if self._leadership is not None and not self.is_leader:
+            raise NotLeader(self._leadership.keeper.holder, self.leader)
+        ctx = self._started("resume" if to_step is None else "rewind")
+        meta = await ctx.run_in_term(restart(ctx, procedure_id, to_step), what="restarting")
+        return Watcher(meta)
 
     # -- submitting ------------------------------------------------------------------
 

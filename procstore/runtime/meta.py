@@ -46,6 +46,12 @@ class ProcedureMeta:
         may still have a write of it in flight, so its keys are deleted after a grace period."""
         self.keep_keys = False
         """Its stored keys must survive the tree's deletion (rollback failed, unreadable)."""
+        self.rolled_back = False
+        """Its rollback ran to the end (its FAILED state is a rolled-back one)."""
+        self.steps = 0
+        """The highest step number it stored, as of its end (for its history record)."""
+        self.retries = 0
+        """Retries of its steps and rollback in this process (for its history record)."""
         self._state = state
         # Events are made on first wait: most procedures are never watched, and recovery
         # builds thousands of these at once.

@@ -16,6 +16,7 @@ import time
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.runtime.context import ManagerContext
+from procstore.runtime.restart import restart
 from procstore.store.keys import procedure_dir
 from procstore.store.requests import OperatorRequest, RequestKind
 
@@ -59,6 +60,20 @@ async def _look_once(ctx: ManagerContext) -> None:
     if stale:
         logger.info("deleting %d operator requests for procedures the store no longer holds", len(stale))
         await ctx.store.requests.delete(stale)
+    for pid in await ctx.store.resumes.list_all():
+        await _load_again(ctx, pid)
+
+
+async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId) -> None:
+    """Apply a resume nudge: run the procedure from what the store now holds, unless it
+    runs here already. The nudge is deleted either way (a refusal is logged)."""
+    meta = ctx.metas.get(procedure_id)
+    if meta is None or meta.state.is_ended() or procedure_id in ctx.stored.unreadable:
+        try:
+            await restart(ctx, procedure_id, None)
+        except ProcedureError as e:
+            logger.error("cannot resume procedure %s as an operator asked: %s", procedure_id, e)
+    await ctx.store.resumes.delete([procedure_id])
 
 
 async def request(ctx: ManagerContext, procedure_id: ProcedureId, kind: RequestKind, reason: str) -> OperatorRequest:

@@ -15,6 +15,7 @@ from procstore.bulk import collector_paused
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.runtime.context import LoadFailed, ManagerContext
+from procstore.runtime.history import record_recovered
 from procstore.runtime.runner import Runner
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.keys import KeysByProcedure, KeyType
@@ -56,6 +57,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     if to_delete:
         logger.info("deleting %d finished procedures left by an interrupted cleanup", len(to_delete))
         try:
+            await record_recovered(ctx, loaded, to_delete)
             await ctx.store.delete_procedures(to_delete)
         except ProcedureError as e:
             logger.warning("could not delete finished procedures (%s); the next start tries again", e)
@@ -85,6 +87,10 @@ def _plan_finished(ctx: ManagerContext, loaded: ProcedureMessages, alive: set[Pr
             if pid in loaded.rolled_back_ids:
                 ctx.stored.rolled_back[pid] = message.error or "rolled back"
             ctx.stored.add_child(parent, pid)
+        elif message is not None and parent is None and ctx.keep_failed and pid in loaded.rolled_back_ids:
+            # A failed root kept for an operator (`keep_failed`): known, so never adopted or swept.
+            ctx.stored.committed[pid] = message.type_name
+            ctx.stored.rolled_back[pid] = message.error or "failed"
         else:
             to_delete.append(pid)
     return to_delete
@@ -169,6 +175,15 @@ def _plan_unfinished(
     return roots
 
 
+def resume_root(
+    ctx: ManagerContext, pid: ProcedureId, message: ProcedureMessage, *, rolling_back: bool
+) -> list[LoadProblem]:
+    """Run a stored root in this term, as recovery does; returns why it could not be loaded."""
+    problems: list[LoadProblem] = []
+    _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=problems)
+    return problems
+
+
 def _resume_root(
     ctx: ManagerContext,
     pid: ProcedureId,
@@ -214,7 +229,9 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
         return set()
     loaded = await ctx.store.load_messages()
     unknown_now: set[ProcedureId] = set()
-    leftovers = [pid for pid in _leftovers(loaded) if not ctx.is_known(pid) and pid not in busy]
+    leftovers = [
+        pid for pid in _leftovers(loaded, keep_failed=ctx.keep_failed) if not ctx.is_known(pid) and pid not in busy
+    ]
     unknown_now.update(leftovers)
     # Not during the grace: an inherited procedure's keys wait it out even if forgotten.
     doomed = [pid for pid in leftovers if pid in seen_before and time.monotonic() >= ctx.inherited_deletes_after]
@@ -238,12 +255,14 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
     return unknown_now - seen_before
 
 
-def _leftovers(loaded: ProcedureMessages) -> list[ProcedureId]:
-    """Folders nothing will run: strays, and committed roots (or committed keys alone)."""
+def _leftovers(loaded: ProcedureMessages, *, keep_failed: bool) -> list[ProcedureId]:
+    """Folders nothing will run: strays, and committed roots (or committed keys alone),
+    except failed roots kept for an operator."""
     committed = [
         pid
         for pid in loaded.finished_ids
-        if (message := loaded.finished_messages.get(pid)) is None or message.parent_id is None
+        if ((message := loaded.finished_messages.get(pid)) is None or message.parent_id is None)
+        and not (keep_failed and pid in loaded.rolled_back_ids)
     ]
     return loaded.stray_ids + committed
 

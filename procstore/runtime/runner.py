@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import TypeVar
 
 from procstore.aio import gather_settled
@@ -26,6 +27,7 @@ from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.runtime.context import LoadFailed, ManagerContext
+from procstore.runtime.history import record_tree
 from procstore.runtime.meta import ProcedureMeta
 from procstore.runtime.outcome import (
     Child,
@@ -176,6 +178,7 @@ class Runner:
 
     def _on_retry(self, exc: BaseException, retry: int, delay: float) -> None:
         logger.info("procedure %s: retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc))
+        self.meta.retries += 1
         self.meta.set_state(ProcedureState.with_error(ProcedureStateKind.RETRYING, describe(exc), exc))
 
     async def _execute_step(self) -> None:
@@ -452,6 +455,7 @@ class Runner:
             logger.warning(
                 "procedure %s: rollback retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc)
             )
+            self.meta.retries += 1
 
         async def attempt(n: int) -> None:
             self._check_lease()
@@ -467,6 +471,7 @@ class Runner:
                 ProcedureState.with_error(ProcedureStateKind.FAILED, error, e, format_tb(e)), delete=False
             )
             return
+        self.meta.rolled_back = True
         await self._end_failure(failed)
 
     async def _end_failure(self, failed: ProcedureState) -> None:
@@ -474,6 +479,8 @@ class Runner:
         `.rollback`, so that no restart, whatever its crash point and whoever the parent, runs
         the rollback again. Readers tell this end from success by the `.rollback` below it."""
         if await self._write_commit():
+            # Kept (if asked) for an operator to resume or rewind; its children go as usual.
+            self.meta.keep_keys = self.meta.keep_keys or (self.ctx.keep_failed and self.meta.is_root)
             await self._finish(failed)
             return
         note = "its end could not be recorded, so its rollback runs again at the next start"
@@ -485,6 +492,7 @@ class Runner:
         """Set the final state; a root first deletes its tree's keys (if `delete`)."""
         if not delete:
             self.meta.keep_keys = True
+        self.meta.steps = max(self.step - 1, 0)
         if self.meta.is_root:
             ids = self.ctx.tree_ids(self.meta)
             wait = self.ctx.inherited_deletes_after - time.monotonic() if self.meta.inherited else 0.0
@@ -493,29 +501,33 @@ class Runner:
                 self.meta.set_state(state)
                 self.ctx.spawn(self._delete_tree_later(ids, wait), name=f"procstore:delete-later:{self.meta.id}")
                 return
-            await self._delete_tree(ids)
+            await self._delete_tree(ids, state)
             self.ctx.on_tree_finished(ids)
         self.meta.set_state(state)
 
     async def _delete_tree_later(self, ids: list[ProcedureId], delay: float) -> None:
         await asyncio.sleep(delay)
-        await self._delete_tree(ids)
+        await self._delete_tree(ids, self.meta.state)
         self.ctx.on_tree_finished(ids)
 
-    async def _delete_tree(self, ids: list[ProcedureId]) -> None:
+    async def _delete_tree(self, ids: list[ProcedureId], state: ProcedureState) -> None:
+        """Record the tree (with history on), then delete the keys that may go."""
         doomed = [
             pid
             for pid in ids
             if pid not in self.ctx.stored.unreadable and not ((m := self.ctx.metas.get(pid)) and m.keep_keys)
         ]
-        if not doomed:
+        if not doomed and self.ctx.history is None:
             return
         children = [pid for pid in doomed if pid != self.meta.id]
+        ended = datetime.now(UTC)  # one end time for every attempt: one record, not one per retry
 
         async def delete(_attempt: int) -> None:
+            # The record first: keys deleted unrecorded would be history lost for good.
+            await record_tree(self.ctx, ids, self.meta, state, ended)
             # Children first, the root last: a crash part way leaves the root marked finished.
             await self.ctx.store.delete_procedures(children)
-            if doomed[0] == self.meta.id:
+            if doomed and doomed[0] == self.meta.id:
                 await self.ctx.store.delete_procedure(self.meta.id)
             # Requests go last: until the keys are gone, a restart must honour them again.
             await self.ctx.store.requests.delete([pid for pid in doomed if pid in self.ctx.operator_requests])

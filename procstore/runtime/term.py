@@ -34,6 +34,7 @@ from procstore.runtime.operator import watch_operator_requests
 from procstore.runtime.recovery import adopt_unknown, recover
 from procstore.runtime.retry import RetryPolicy
 from procstore.store.guarded import GuardedStore
+from procstore.store.history import History, HistoryStore
 from procstore.store.local import LocalDirStore
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.state_store import StateStore
@@ -70,6 +71,8 @@ class TermSettings:
     request_poll_interval: float
     submitting: set[ProcedureId]
     """The ids of the manager's submits under way (shared): never taken for strangers."""
+    history: History | None = None
+    keep_failed: bool = False
 
 
 class Term:
@@ -90,6 +93,10 @@ class Term:
             lease_check=lease.check_writable if lease else None,
             fencing_token=lease.fencing_token if lease else None,
             inherited_deletes_after=time.monotonic() + lease.late_write_grace if lease else 0.0,
+            history=None
+            if settings.history is None
+            else HistoryStore(state_store, settings.parent_path, settings.history),
+            keep_failed=settings.keep_failed,
         )
         self.problems: list[LoadProblem] = []
         """What this term's recovery could not load."""
@@ -162,6 +169,8 @@ class Term:
                 try:
                     if removed := self.forget_finished():
                         logger.debug("forgot %d finished procedures", removed)
+                    if self.ctx.history is not None and (swept := await self.ctx.history.sweep()):
+                        logger.info("deleted %d history records past their retention", swept)
                 except Exception:
                     logger.exception("forgetting finished procedures failed; trying again")
 

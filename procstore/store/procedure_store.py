@@ -20,7 +20,7 @@ from procstore.errors import Fenced
 from procstore.ids import ProcedureId
 from procstore.store.keys import PROC_PATH, KeysByProcedure, KeyType, ParsedKey, procedure_dir
 from procstore.store.message import MessageDecodeError, ProcedureMessage
-from procstore.store.requests import RequestStore
+from procstore.store.requests import RESUME_PATH, RequestStore
 from procstore.store.state_store import StateStore
 
 logger = logging.getLogger("procstore.store")
@@ -94,6 +94,8 @@ class ProcedureStore:
         self.proc_path = f"{parent_path}{PROC_PATH}"
         self.requests = RequestStore(store, parent_path)
         """Operator requests (`fail`, `cancel`) for the procedures of this store."""
+        self.resumes = RequestStore(store, parent_path, RESUME_PATH)
+        """Nudges to load a restarted procedure again (`procstore resume`, `rewind`)."""
         self.skip_strays = skip_strays
         """Whether `load_messages` sets apart unfinished-looking procedures with no key at
         step 0 (`ProcedureMessages.stray_ids`) and deletes empty latest keys (torn creates).

@@ -11,6 +11,14 @@ procedure with a request stops executing and fails with the request's reason, ro
 first if it supports rollback; its unfinished descendants do the same. The key is written
 create-only (the first request wins) and deleted only after the procedure's keys are gone,
 so a crash in between honours it again: failing is idempotent.
+
+`procstore resume` and `procstore rewind` leave a nudge of their own, in a subfolder that
+the ids above never collide with:
+
+    {parent_path}requests/resume/{procedure_id}.json   {"kind":"resume",...}
+
+It tells the running leader to load a procedure it holds as ended or unloadable again
+(`procstore.store.restart` wrote what to run from); the next start loads it anyway.
 """
 
 from __future__ import annotations
@@ -32,7 +40,10 @@ logger = logging.getLogger("procstore.store")
 REQUESTS_PATH = "requests/"
 """The folder under a store's root that holds operator requests."""
 
-RequestKind = Literal["fail", "cancel"]
+RESUME_PATH = f"{REQUESTS_PATH}resume/"
+"""The folder of resume nudges, under a store's root."""
+
+RequestKind = Literal["fail", "cancel", "resume"]
 
 
 class OperatorRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,7 +61,7 @@ class OperatorRequest(msgspec.Struct, frozen=True, kw_only=True):
         return cls(kind=kind, reason=reason, requested_at=time.time(), requested_by=_who())
 
     def describe(self) -> str:
-        verb = "cancelled" if self.kind == "cancel" else "failed"
+        verb = {"cancel": "cancelled", "fail": "failed", "resume": "resumed"}[self.kind]
         by = f" ({self.requested_by})" if self.requested_by else ""
         return f"{verb} by an operator{by}: {self.reason or 'no reason given'}"
 
@@ -82,9 +93,9 @@ def decode_request(raw: bytes, key: str) -> OperatorRequest | None:
 class RequestStore:
     """Reads and writes operator requests under `{parent_path}requests/` of a `StateStore`."""
 
-    def __init__(self, store: StateStore, parent_path: str = "") -> None:
+    def __init__(self, store: StateStore, parent_path: str = "", folder: str = REQUESTS_PATH) -> None:
         self.store = store
-        self.prefix = f"{parent_path}{REQUESTS_PATH}"
+        self.prefix = f"{parent_path}{folder}"
 
     def key(self, procedure_id: ProcedureId) -> str:
         return f"{self.prefix}{procedure_id}.json"

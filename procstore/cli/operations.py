@@ -1,0 +1,112 @@
+"""`procstore resume` and `procstore rewind`: run a failed or stuck procedure again.
+
+Both act through the store, so they work while managers run, under a lease too: the
+state to run from is written as a new step key (`procstore.store.restart`), and a nudge
+(`requests/resume/ID.json`) tells the leader to load the procedure again within a poll
+interval; with no manager running, the next one to start does.
+"""
+
+from __future__ import annotations
+
+import click
+
+from procstore.cli.common import (
+    CommandError,
+    ExitCode,
+    open_existing_store,
+    output_console,
+    resolve_id,
+    run_command,
+    store_options,
+)
+from procstore.cli.maintenance import _confirm
+from procstore.errors import ProcedureError
+from procstore.ids import ProcedureId
+from procstore.store import ProcedureStore
+from procstore.store.keys import KeysByProcedure
+from procstore.store.requests import OperatorRequest
+from procstore.store.restart import RestartPlan, apply_restart, plan_restart
+
+
+async def _plan(store: ProcedureStore, procedure_id: str, to_step: int | None) -> RestartPlan:
+    listed = KeysByProcedure.group(store.proc_path, await store.store.walk(store.proc_path))
+    pid = resolve_id(set(listed.steps), procedure_id)
+    try:
+        return await plan_restart(store, pid, to_step)
+    except ProcedureError as e:
+        raise CommandError(str(e), ExitCode.REFUSED) from e
+
+
+async def _nudge(store: ProcedureStore, pid: ProcedureId, what: str) -> None:
+    await store.resumes.put(pid, OperatorRequest.new("resume", what))
+    output_console().print(
+        f"wrote {store.resumes.key(pid)}: the leader loads {pid} again within a second or so (its "
+        "request_poll_interval); with no manager running, the next one to start runs it"
+    )
+
+
+@click.command()
+@store_options
+@click.argument("procedure_id")
+@run_command
+async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str) -> None:
+    """Run a failed or stuck procedure again from its last stored step, with fresh retries.
+
+    For a procedure that ended FAILED with its keys kept (managers with keep_failed=True,
+    or a rollback that failed), or that its manager could not load or run (POISONED). The
+    manager that runs it checks the rest: a rolled-back procedure is not resumed (rewind
+    it), one that is running is left alone. PROCEDURE_ID may be a unique prefix.
+    """
+    store = await open_existing_store(url, storage_options, parent_path)
+    try:
+        plan = await _plan(store, procedure_id, None)
+        await _nudge(store, plan.procedure_id, "resume")
+    finally:
+        await store.store.close()
+
+
+@click.command()
+@store_options
+@click.argument("procedure_id")
+@click.option("--to-step", "to_step", type=click.IntRange(min=0), required=True, help="The stored step to run from.")
+@click.option("--force", is_flag=True, help="Rewind an unfinished procedure: only when no manager runs on the store.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@run_command
+async def rewind(
+    url: str,
+    storage_options: tuple[str, ...],
+    parent_path: str,
+    procedure_id: str,
+    to_step: int,
+    force: bool,
+    yes: bool,
+) -> None:
+    """Make step N's stored state the latest again, then run the procedure from there.
+
+    The state is copied to a new key above the latest: step keys are never overwritten, so
+    the history stays for audit. Refused on an unfinished procedure, which a manager may be
+    running: cancel it (`procstore cancel`), wait until it has ended, then rewind (its keys
+    are kept if managers run with keep_failed=True). `--force` rewinds it anyway, for a
+    store no manager runs on. PROCEDURE_ID may be a unique prefix.
+    """
+    store = await open_existing_store(url, storage_options, parent_path)
+    try:
+        plan = await _plan(store, procedure_id, to_step)
+        pid = plan.procedure_id
+        if not plan.ended and not force:
+            raise CommandError(
+                f"procedure {pid} is unfinished (its latest key is {plan.latest.step}.{plan.latest.key_type.value}): "
+                f"a manager may be running it. Cancel it first (procstore cancel {pid}) and rewind it once it has "
+                "ended, or pass --force if no manager runs on this store",
+                ExitCode.REFUSED,
+            )
+        _confirm(f"Rewind {pid} to step {to_step} (written as step {plan.latest.step + 1})?", yes)
+        # The old request first: left in place, it would fail the rewound run at once.
+        await store.requests.delete([pid])
+        try:
+            await apply_restart(store, plan)
+        except ProcedureError as e:
+            raise CommandError(str(e), ExitCode.REFUSED) from e
+        await _nudge(store, pid, f"rewind to step {to_step}")
+    finally:
+        await store.store.close()

@@ -1,0 +1,87 @@
+"""Writing history records (see `procstore.store.history`) as trees end and at recovery."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from procstore.ids import ProcedureId
+from procstore.runtime.context import ManagerContext
+from procstore.runtime.meta import ProcedureMeta
+from procstore.state import ProcedureState, ProcedureStateKind
+from procstore.store.history import HistoryRecord, Outcome, iso
+from procstore.store.procedure_store import ProcedureMessages
+
+logger = logging.getLogger("procstore.runtime")
+
+
+def _outcome(meta: ProcedureMeta, state: ProcedureState) -> Outcome:
+    if state.kind is ProcedureStateKind.DONE:
+        return "done"
+    if state.kind is ProcedureStateKind.POISONED:
+        return "poisoned"
+    return "rolled back" if meta.rolled_back else "failed"
+
+
+def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime) -> HistoryRecord:
+    return HistoryRecord(
+        id=str(meta.id),
+        type_name=meta.type_name,
+        parent_id=None if meta.parent_id is None else str(meta.parent_id),
+        outcome=_outcome(meta, state),
+        error=state.error,
+        started_at=iso(meta.start_time),
+        ended_at=iso(meta.end_time or ended) or "",
+        steps=meta.steps,
+        retries=meta.retries,
+    )
+
+
+async def record_tree(
+    ctx: ManagerContext, ids: list[ProcedureId], root: ProcedureMeta, root_state: ProcedureState, ended: datetime
+) -> None:
+    """Write a record for each ended procedure of a finished tree (before its keys go).
+
+    Raises the store's error: the caller then keeps the keys, and the next start records
+    and deletes them.
+    """
+    if ctx.history is None:
+        return
+    records: list[HistoryRecord] = []
+    for pid in ids:
+        meta = ctx.metas.get(pid)
+        if meta is None:
+            continue
+        state = root_state if meta is root else meta.state
+        if state.is_ended():
+            records.append(_record(meta, state, ended))
+    await ctx.history.put_many(records)
+
+
+async def record_recovered(ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId]) -> None:
+    """Records for finished procedures recovery is about to delete, unless one exists.
+
+    What the store keeps of them is their last message: no start time, no retry count.
+    """
+    if ctx.history is None or not ids:
+        return
+    recorded = await ctx.history.recorded_ids()
+    now = iso(datetime.now(UTC)) or ""
+    records: list[HistoryRecord] = []
+    for pid in ids:
+        message = loaded.finished_messages.get(pid)
+        if str(pid) in recorded or message is None:
+            continue
+        rolled_back = pid in loaded.rolled_back_ids
+        records.append(
+            HistoryRecord(
+                id=str(pid),
+                type_name=message.type_name,
+                parent_id=None if message.parent_id is None else str(message.parent_id),
+                outcome="rolled back" if rolled_back else "done",
+                error=message.error if rolled_back else None,
+                ended_at=now,
+                steps=message.step,
+            )
+        )
+    await ctx.history.put_many(records)

@@ -1,0 +1,74 @@
+"""`ProcedureManager.resume` and `rewind`: run an ended or stuck procedure again.
+
+The store's side is `procstore.store.restart`. Here: the checks only a running manager
+can make (is it running here? did its rollback already run?), then the order of writes:
+
+1. the procedure's operator request (cancel, fail) is deleted, or it would fail again at
+   once; a crash after this leaves it ended as it was;
+2. the copy of the state to run from is written (`apply_restart`); a crash after it
+   leaves an unfinished procedure that the next start runs;
+3. it runs here, as a root resumed at start would, with fresh retries.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from procstore.errors import ProcedureError
+from procstore.ids import ProcedureId
+from procstore.procedure import Procedure
+from procstore.runtime.context import LoadFailed, ManagerContext
+from procstore.runtime.meta import ProcedureMeta
+from procstore.runtime.recovery import resume_root
+from procstore.store.keys import ParsedKey
+from procstore.store.message import MessageDecodeError, ProcedureMessage
+from procstore.store.restart import apply_restart, plan_restart
+
+logger = logging.getLogger("procstore.runtime")
+
+
+async def restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int | None) -> ProcedureMeta:
+    """Resume (`to_step` None) or rewind `procedure_id` in this term; returns its new metadata.
+
+    Raises `ProcedureError` saying why not: it is running or waiting here, it is a
+    subprocedure, it finished successfully, its keys are gone, or (resume only) its
+    rollback already ran.
+    """
+    meta = ctx.metas.get(procedure_id)
+    if (meta is not None and not meta.state.is_ended()) or procedure_id in ctx.stored.messages:
+        state = meta.state.kind.name if meta is not None else "waiting for its parent"
+        raise ProcedureError(
+            f"procedure {procedure_id} is running here ({state}): cancel it and wait until it has ended first"
+        )
+    plan = await plan_restart(ctx.store, procedure_id, to_step)
+    if to_step is None and plan.ended:
+        assert plan.source is not None
+        raw = await ctx.store.store.get(str(plan.source))
+        procedure = _load_or_none(ctx, procedure_id, plan.source, raw)
+        if procedure is not None and procedure.rollback_supported:
+            raise ProcedureError(
+                f"procedure {procedure_id} was rolled back: resuming would run its later steps over undone work; "
+                "rewind it instead (to step 0 to run it again from the start)"
+            )
+    await ctx.store.requests.delete([procedure_id])
+    ctx.operator_requests.pop(procedure_id, None)
+    message = await apply_restart(ctx.store, plan)
+    ctx.forget(procedure_id)
+    problems = resume_root(ctx, procedure_id, message, rolling_back=plan.rolling_back)
+    if problems:
+        raise ProcedureError(f"procedure {procedure_id} cannot run: {problems[0]}")
+    verb = "resumed" if to_step is None else f"rewound to step {to_step}"
+    logger.warning("procedure %s %s by an operator (running from step %d)", procedure_id, verb, message.step)
+    return ctx.metas[procedure_id]
+
+
+def _load_or_none(
+    ctx: ManagerContext, procedure_id: ProcedureId, key: ParsedKey, raw: bytes | None
+) -> Procedure | None:
+    """The procedure stored at `key`, or None if it cannot be loaded (`apply_restart` says why)."""
+    if raw is None:
+        return None
+    try:
+        return ctx.load(procedure_id, ProcedureMessage.decode(raw), str(key))
+    except (LoadFailed, MessageDecodeError):
+        return None

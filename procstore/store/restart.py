@@ -1,0 +1,110 @@
+"""Resume and rewind, as writes to the store: what an operator's restart changes.
+
+Step keys are never overwritten, so a restart adds one key: the state to run from, copied
+from an earlier `.step` key to `{latest + 1}.step`. The copy makes that state the latest
+again; every earlier key stays for audit. What may be restarted, by the latest key:
+
+- `.step` or `.rollback` (unfinished): resumed as stored, nothing written. A manager may
+  be running it, so only the manager that knows (`ProcedureManager.resume`) acts on it,
+  or an operator who says no manager runs (`procstore rewind --force`).
+- `.commit` above a `.rollback` (ended FAILED, kept by `keep_failed`): resume copies its
+  last `.step`; rewind copies the step asked for. No manager runs an ended procedure, so
+  this is safe while managers run.
+- `.commit` alone (DONE): refused.
+
+Crash points: the copy is one create-only write. Lost answer: the key holds our bytes,
+which counts as written. A crash before it changes nothing; after it, the procedure is
+unfinished at `latest + 1` and the next start (or the running manager, nudged) runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from procstore.errors import ProcedureError
+from procstore.ids import ProcedureId
+from procstore.store.keys import KeyType, ParsedKey
+from procstore.store.message import MessageDecodeError, ProcedureMessage
+from procstore.store.procedure_store import MAX_STEP, ProcedureStore
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPlan:
+    """What restarting one procedure takes, read from its keys."""
+
+    procedure_id: ProcedureId
+    latest: ParsedKey
+    source: ParsedKey | None
+    """The `.step` key whose state is copied to `latest.step + 1`; None: resumed as stored."""
+    ended: bool
+    """Its latest key is a `.commit` above a `.rollback`: it ended FAILED and was kept."""
+
+    @property
+    def rolling_back(self) -> bool:
+        """Resumed as stored, it continues a rollback."""
+        return self.source is None and self.latest.key_type is KeyType.ROLLBACK
+
+
+async def plan_restart(store: ProcedureStore, procedure_id: ProcedureId, to_step: int | None) -> RestartPlan:
+    """How to resume (`to_step` None) or rewind `procedure_id`; `ProcedureError` saying why not."""
+    keys = await store.procedure_keys(procedure_id)
+    if not keys:
+        raise ProcedureError(
+            f"procedure {procedure_id} is not in the store: it never existed, or it ended and its keys were "
+            "deleted (managers keep a failed procedure's keys with keep_failed=True)"
+        )
+    ordered = sorted(keys, key=lambda k: (k.step, k.key_type is KeyType.COMMIT))
+    latest = ordered[-1]
+    if latest.step >= MAX_STEP:
+        raise ProcedureError(f"procedure {procedure_id} is at the highest step number a key can carry ({latest})")
+    steps = {k.step: k for k in keys if k.key_type is KeyType.STEP}
+    # Only the key right below the commit says how it ended: a rewound procedure has an
+    # older `.rollback` further down, from the run before.
+    failed_below = len(ordered) > 1 and ordered[-2].key_type is KeyType.ROLLBACK
+    ended = latest.key_type is KeyType.COMMIT
+    if ended and not failed_below:
+        raise ProcedureError(f"procedure {procedure_id} finished successfully ({latest}): nothing to restart")
+    if to_step is None:
+        source = steps[max(steps)] if ended and steps else None
+        if ended and source is None:
+            raise ProcedureError(f"procedure {procedure_id} has no stored step to resume from (keys: {_listed(keys)})")
+        return RestartPlan(procedure_id, latest, source, ended)
+    if to_step not in steps:
+        raise ProcedureError(
+            f"procedure {procedure_id} has no step {to_step} to rewind to; its stored steps: "
+            f"{', '.join(map(str, sorted(steps))) or 'none'}"
+        )
+    return RestartPlan(procedure_id, latest, steps[to_step], ended)
+
+
+async def apply_restart(store: ProcedureStore, plan: RestartPlan) -> ProcedureMessage:
+    """Write the copy the plan needs (if any); return the message to run from.
+
+    Raises `ProcedureError` for a value that cannot be read, `Fenced` if someone else wrote
+    `latest + 1` first.
+    """
+    key = plan.source or plan.latest
+    message = await _read(store, key, plan.procedure_id)
+    if message.parent_id is not None:
+        raise ProcedureError(
+            f"procedure {plan.procedure_id} is a subprocedure of {message.parent_id}: restart its root instead"
+        )
+    if plan.source is None:
+        return message
+    step = plan.latest.step + 1
+    await store.store_procedure(plan.procedure_id, step, message.type_name, message.data, None)
+    return ProcedureMessage(message.type_name, message.data, None, step)
+
+
+async def _read(store: ProcedureStore, key: ParsedKey, procedure_id: ProcedureId) -> ProcedureMessage:
+    raw = await store.store.get(str(key))
+    if raw is None:
+        raise ProcedureError(f"procedure {procedure_id}: {key} disappeared while restarting it; try again")
+    try:
+        return ProcedureMessage.decode(raw)
+    except MessageDecodeError as e:
+        raise ProcedureError(f"procedure {procedure_id}: {key} cannot be read ({e}); rewind it to another step") from e
+
+
+def _listed(keys: list[ParsedKey]) -> str:
+    return ", ".join(f"{k.step}.{k.key_type.value}" for k in keys)

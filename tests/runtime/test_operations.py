@@ -1,0 +1,274 @@
+"""Operators' resume, rewind and history: through the manager's public API, crash-tested."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from procstore import (
+    Context,
+    History,
+    Procedure,
+    ProcedureError,
+    ProcedureFailed,
+    ProcedureId,
+    ProcedureManager,
+    ProcedureWithId,
+    Status,
+)
+from procstore.store import LocalDirStore, StateStore
+from procstore.store.history import HistoryStore
+from procstore.testing import Fault, FaultyStore, kill_manager
+from tests.support import fast_manager
+
+
+class Flaky(Procedure):
+    """Four steps; step `fail_at` fails while its name is in `broken` (no rollback)."""
+
+    type_name = "tests::Flaky"
+    broken: ClassVar[set[str]] = set()
+    effects: ClassVar[dict[str, list[int]]] = {}
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    async def execute(self, ctx: Context) -> Status:
+        at, name = self.data["at"], self.data["name"]
+        if at == self.data["fail_at"] and name in self.broken:
+            raise ValueError(f"{name} broke at step {at}")
+        self.effects.setdefault(name, []).append(at)
+        self.data["at"] = at + 1
+        return Status.done(name) if at + 1 >= 4 else Status.executing()
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    @classmethod
+    def load(cls, data: str) -> Flaky:
+        return cls(json.loads(data))
+
+
+class Undone(Flaky):
+    """Flaky with a rollback."""
+
+    type_name = "tests::Undone"
+    rollback_supported = True
+
+    async def rollback(self, ctx: Context) -> None:
+        self.effects.setdefault(self.data["name"], []).append(-1)
+
+
+def flaky(cls: type[Flaky] = Flaky, fail_at: int = 2) -> tuple[ProcedureWithId, str]:
+    name = uuid.uuid4().hex
+    Flaky.broken.add(name)
+    return ProcedureWithId.new(cls({"name": name, "at": 0, "fail_at": fail_at})), name
+
+
+def manager_on(store: StateStore | str, **options: Any) -> ProcedureManager:
+    def register(m: ProcedureManager) -> None:
+        m.register(Flaky)
+        m.register(Undone)
+
+    return fast_manager(store, register, max_retry_times=0, **options)
+
+
+async def failed_and_kept(manager: ProcedureManager, cls: type[Flaky] = Flaky) -> tuple[ProcedureId, str]:
+    procedure, name = flaky(cls)
+    watcher = await manager.submit(procedure)
+    with pytest.raises(ProcedureFailed):
+        await watcher.wait()
+    assert await manager.store.procedure_keys(procedure.id), "keep_failed keeps a failed root's keys"
+    return procedure.id, name
+
+
+async def test_resume_runs_a_failed_root_from_its_last_step(tmp_path: Path) -> None:
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        assert await (await manager.resume(pid)).wait() == name
+        assert Flaky.effects[name] == [0, 1, 2, 3]  # nothing before the failure ran twice
+        assert await manager.store.procedure_keys(pid) == []  # done: deleted as usual
+
+
+async def test_rewind_runs_again_from_the_step_asked_for_and_keeps_every_key(tmp_path: Path) -> None:
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        pid, name = await failed_and_kept(manager)
+        before = [str(k) for k in await manager.store.procedure_keys(pid)]
+        Flaky.broken.discard(name)
+        Flaky.broken.add(name + "-never")  # still fails nowhere
+        manager.keep_failed = True
+        watcher = await manager.rewind(pid, 1)
+        assert await watcher.wait() == name
+        assert Flaky.effects[name] == [0, 1, 1, 2, 3]
+    assert before  # step keys were never overwritten: the rewind wrote above them
+
+
+async def test_a_restart_is_refused_with_the_reason(tmp_path: Path) -> None:
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        with pytest.raises(ProcedureError, match="not in the store"):
+            await manager.resume(ProcedureId.random())
+        pid, name = await failed_and_kept(manager)
+        with pytest.raises(ProcedureError, match="no step 9"):
+            await manager.rewind(pid, 9)
+        with pytest.raises(ValueError, match="to_step"):
+            await manager.rewind(pid, -1)
+        Flaky.broken.discard(name)
+        await (await manager.resume(pid)).wait()
+        with pytest.raises(ProcedureError, match="not in the store"):
+            await manager.resume(pid)  # done, and deleted
+
+
+async def test_a_running_procedure_is_not_restarted(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+
+    class Waits(Flaky):
+        type_name = "tests::Waits"
+
+        async def execute(self, ctx: Context) -> Status:
+            await gate.wait()
+            return Status.done()
+
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        manager.register(Waits)
+        watcher = await manager.submit(ProcedureWithId.new(Waits({"name": "w", "at": 0, "fail_at": 9})))
+        with pytest.raises(ProcedureError, match="running here"):
+            await manager.resume(watcher.procedure_id)
+        with pytest.raises(ProcedureError, match="running here"):
+            await manager.rewind(watcher.procedure_id, 0)
+        gate.set()
+        await watcher.wait()
+
+
+async def test_a_rolled_back_root_is_rewound_not_resumed(tmp_path: Path) -> None:
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        pid, name = await failed_and_kept(manager, Undone)
+        assert Flaky.effects[name] == [0, 1, -1]
+        with pytest.raises(ProcedureError, match="rewind it instead"):
+            await manager.resume(pid)
+        Flaky.broken.discard(name)
+        assert await (await manager.rewind(pid, 0)).wait() == name
+        assert Flaky.effects[name] == [0, 1, -1, 0, 1, 2, 3]
+
+
+async def test_a_root_that_could_not_be_loaded_is_resumed_once_its_loader_is_registered(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+
+    class Stalls(Flaky):
+        type_name = "tests::Stalls"
+
+        async def execute(self, ctx: Context) -> Status:
+            if self.data["at"] == 1:
+                await gate.wait()  # never set: the manager is killed here
+            return await super().execute(ctx)
+
+    name = uuid.uuid4().hex
+    procedure = ProcedureWithId.new(Stalls({"name": name, "at": 0, "fail_at": 9}))
+    first = manager_on(str(tmp_path))
+    first.register(Stalls)
+    await first.start()
+    await first.submit(procedure)
+    await asyncio.sleep(0.1)
+    await kill_manager(first)
+    await first.stop()
+    async with ProcedureManager(str(tmp_path)) as second:  # no loader for it
+        assert [p.procedure_id for p in second.recovery_problems] == [procedure.id]
+        with pytest.raises(ProcedureError, match="no loader"):
+            await second.resume(procedure.id)
+        second.register(Flaky)
+        gate.set()
+
+        class Resumed(Flaky):
+            type_name = "tests::Stalls"
+
+        second.register_loader("tests::Stalls", Resumed.load)
+        assert await (await second.resume(procedure.id)).wait() == name
+    assert Flaky.effects[name] == [0, 1, 2, 3]
+
+
+async def test_a_cancelled_procedure_is_resumed_without_its_old_request(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+
+    class Held(Flaky):
+        type_name = "tests::Held"
+
+        async def execute(self, ctx: Context) -> Status:
+            if self.data["at"] == 1 and self.data["name"] in Flaky.broken:
+                await gate.wait()
+            return await super().execute(ctx)
+
+    async with manager_on(str(tmp_path), keep_failed=True, request_poll_interval=0.05) as manager:
+        manager.register(Held)
+        procedure, name = flaky(Held, fail_at=9)
+        watcher = await manager.submit(procedure)
+        await asyncio.sleep(0.1)
+        await manager.cancel(procedure.id, "operator test")
+        gate.set()
+        with pytest.raises(ProcedureFailed, match="operator test"):
+            await watcher.wait()
+        Flaky.broken.discard(name)
+        assert await (await manager.resume(procedure.id)).wait() == name
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_a_crash_at_any_write_of_a_rewind_leaves_it_applied_or_not_at_all(tmp_path: Path, when: str) -> None:
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        pid, name = await failed_and_kept(manager)
+    Flaky.broken.discard(name)
+    writes = frozenset({"put", "put_if_absent", "batch_delete", "delete"})
+    for nth in range(3):
+        crashing = FaultyStore(LocalDirStore(tmp_path), faults=[Fault("crash", kinds=writes, nth=nth, when=when)])
+        manager = manager_on(crashing, keep_failed=True)
+        await manager.start()
+        try:
+            watcher = await manager.rewind(pid, 0)
+            await asyncio.wait_for(watcher.wait(), 5)
+        except BaseException:
+            pass
+        await manager.stop()
+        async with manager_on(str(tmp_path), keep_failed=True) as after:
+            keys = await after.store.procedure_keys(pid)
+            if not keys:
+                break  # the rewound run finished (here or at this start)
+            state = after.procedure_state(pid)
+            watcher_after = after.procedure_watcher(pid)
+            if watcher_after is not None:
+                await asyncio.wait_for(watcher_after.wait(), 5)
+                break
+            assert state is None  # still ended and kept, untouched: the next try applies it
+    effects = Flaky.effects[name]
+    assert effects[:2] == [0, 1] and effects[-4:] == [0, 1, 2, 3]
+
+
+async def test_history_records_every_end_before_keys_go(tmp_path: Path) -> None:
+    async with manager_on(str(tmp_path), history=History(max_records=100)) as manager:
+        done, done_name = flaky(fail_at=9)
+        Flaky.broken.discard(done_name)
+        await (await manager.submit(done)).wait()
+        failed, _ = flaky()
+        with pytest.raises(ProcedureFailed):
+            await (await manager.submit(failed)).wait()
+        undone, _ = flaky(Undone)
+        with pytest.raises(ProcedureFailed):
+            await (await manager.submit(undone)).wait()
+        await asyncio.sleep(0.05)
+    records = {r.id: r for r in await HistoryStore(LocalDirStore(tmp_path)).list()}
+    assert records[str(done.id)].outcome == "done" and records[str(done.id)].steps == 4
+    assert records[str(failed.id)].outcome == "failed" and "broke at step 2" in (records[str(failed.id)].error or "")
+    assert records[str(undone.id)].outcome == "rolled back"
+    assert records[str(done.id)].started_at is not None and records[str(done.id)].type_name == "tests::Flaky"
+
+
+async def test_history_is_swept_beyond_its_count(tmp_path: Path) -> None:
+    store = HistoryStore(LocalDirStore(tmp_path), settings=History(max_records=2))
+    async with manager_on(str(tmp_path), history=True) as manager:
+        for _ in range(4):
+            procedure, name = flaky(fail_at=9)
+            await (await manager.submit(procedure)).wait()
+    assert len(await store.list()) == 4
+    assert await store.sweep() == 2
+    assert len(await store.list()) == 2
