@@ -7,13 +7,14 @@ import sys
 
 import click
 
-from procstore.cli.common import ExitCode
+from procstore.cli.common import DECLINED, ExitCode
 from procstore.cli.demo import demo
 from procstore.cli.lease import lease
-from procstore.cli.listing import ls, tree, watch
+from procstore.cli.listing import ls, tree
 from procstore.cli.maintenance import cancel, delete, fail, gc
 from procstore.cli.operations import resume, rewind
 from procstore.cli.show import show
+from procstore.cli.watch import watch
 
 
 @click.group()
@@ -30,20 +31,33 @@ def main() -> None:
     """The `procstore` entry point: unexpected errors are one line too (PROCSTORE_DEBUG=1 shows the traceback)."""
     try:
         cli(standalone_mode=False)
+        sys.stdout.flush()  # a closed pipe shows here, not in Python's own flush at exit
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    except BrokenPipeError:
+        _quiet_closed_pipe()
     except click.Abort:
-        click.echo("Aborted: nothing was changed.", err=True)
+        click.echo(f"Error: {DECLINED}", err=True)
         sys.exit(ExitCode.REFUSED)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
     except Exception as e:
+        if isinstance(e.__context__, BrokenPipeError) or isinstance(e.__cause__, BrokenPipeError):
+            _quiet_closed_pipe()
         if os.environ.get("PROCSTORE_DEBUG"):
             raise
         click.echo(
             f"Error: internal error: {type(e).__name__}: {e} (rerun with PROCSTORE_DEBUG=1 for the traceback)", err=True
         )
         sys.exit(ExitCode.INTERNAL)
+
+
+def _quiet_closed_pipe() -> None:
+    """The reader went away (`procstore ls | head -1`): what it wanted, it has. Exit 0,
+    quietly, and send what is still buffered nowhere (Python would report it at exit)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(0)

@@ -14,8 +14,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import click
 import orjson
-from rich.console import Console
 
+from procstore.cli.output import FORMATS
 from procstore.errors import StoreError
 from procstore.ids import ProcedureId
 from procstore.store import LocalDirStore, ProcedureStore, open_state_store
@@ -40,6 +40,10 @@ class ExitCode(enum.IntEnum):
     """A value in the store cannot be decoded (shown, left untouched)."""
     REFUSED = 6
     """The procedure is not in a state the command can act on, or the prompt was declined."""
+
+
+DECLINED = "declined: nothing was changed"
+"""What every command says when its prompt is declined or interrupted."""
 
 
 class CommandError(click.ClickException):
@@ -74,8 +78,13 @@ def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
+        if not sep and pair in FORMATS:
+            continue  # `-o json`: an output format (procstore.cli.output), not a storage option
         if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--storage-option")
+            raise click.BadParameter(
+                f"expected KEY=VALUE or an output format ({', '.join(FORMATS)}), got {pair!r}",
+                param_hint="'-o' / '--storage-option'",
+            )
         try:
             options[key] = orjson.loads(value)
         except orjson.JSONDecodeError:
@@ -173,9 +182,3 @@ def format_age(timestamp: float | None, now: float | None = None) -> str:
         if seconds >= size:
             return f"{int(seconds // size)}{unit} ago"
     return f"{int(seconds)}s ago"
-
-
-def output_console() -> Console:
-    """stdout; when piped, wide enough for full ids (rich would assume 80 columns)."""
-    console = Console()
-    return console if console.is_terminal else Console(width=220)

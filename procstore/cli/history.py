@@ -8,7 +8,8 @@ import click
 import msgspec
 from rich.table import Table
 
-from procstore.cli.common import CommandError, ExitCode, output_console
+from procstore.cli.common import CommandError, ExitCode
+from procstore.cli.output import output_console
 from procstore.store import ProcedureStore
 from procstore.store.history import HistoryStore
 

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
 import click
-import orjson
 
 from procstore.cli.common import (
     CommandError,
     ExitCode,
     closing,
-    format_age,
-    format_time,
     open_existing_store,
-    output_console,
     run_command,
     store_options,
 )
+from procstore.cli.output import chosen_format, emit, iso_time, output_options, table_time
 from procstore.runtime.lease import LEASE_KEY, LeaseRecord
 from procstore.store import ProcedureStore
 
@@ -45,9 +41,11 @@ async def read_lease(store: ProcedureStore) -> tuple[str, bytes | None, float | 
 
 @click.command("lease")
 @store_options
-@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+@output_options
 @run_command
-async def lease(url: str, storage_options: tuple[str, ...], parent_path: str, as_json: bool) -> None:
+async def lease(
+    url: str, storage_options: tuple[str, ...], parent_path: str, output: str | None, as_json: bool
+) -> None:
     """Who leads the managers of this store: holder, epoch, TTL and the last renewal.
 
     Only managers started with `lease=` keep a lease. The age of the last renewal compares
@@ -71,23 +69,22 @@ async def lease(url: str, storage_options: tuple[str, ...], parent_path: str, as
             ExitCode.UNREADABLE,
         ) from e
     age = None if modified is None else max(0.0, time.time() - modified)
-    if as_json:
-        out: dict[str, Any] = {
-            "key": key,
-            "holder": record.holder,
-            "epoch": record.epoch,
-            "renewal": record.renewal,
-            "ttl": record.ttl,
-            "released": record.released,
-            "modified": modified,
-            "state": lease_state(record, age)[0],
-        }
-        sys.stdout.write(orjson.dumps(out).decode() + "\n")
-        return
-    console = output_console()
-    console.print(f"lease    {where}")
-    console.print(f"holder   {record.holder}")
-    console.print(f"epoch    {record.epoch} (leaderships so far), renewal {record.renewal}")
-    console.print(f"ttl      {record.ttl:g} s")
-    console.print(f"written  {format_time(modified)} ({format_age(modified, time.time())})")
-    console.print(f"state    {lease_state(record, age)[1]}")
+    document: dict[str, Any] = {
+        "key": key,
+        "holder": record.holder,
+        "epoch": record.epoch,
+        "renewal": record.renewal,
+        "ttl": record.ttl,
+        "released": record.released,
+        "modified": iso_time(modified),
+        "state": lease_state(record, age)[0],
+    }
+    lines = [
+        f"lease    {where}",
+        f"holder   {record.holder}",
+        f"epoch    {record.epoch} (leaderships so far), renewal {record.renewal}",
+        f"ttl      {record.ttl:g} s",
+        f"written  {iso_time(modified) or '-'} ({table_time(modified, 'relative', time.time())})",
+        f"state    {lease_state(record, age)[1]}",
+    ]
+    emit(chosen_format(storage_options, output, as_json), document, lambda: lines)

@@ -1,37 +1,49 @@
-"""`procstore ls`, `procstore tree` and `procstore watch`: what the store holds, now and as it changes."""
+"""`procstore ls` and `procstore tree`: what the store holds, as a table, a tree or data."""
 
 from __future__ import annotations
 
-import asyncio
-import sys
 import time
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 import click
-import orjson
-from rich.console import Console
-from rich.live import Live
+from rich import box
+from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from procstore.cli.common import (
+    CommandError,
+    ExitCode,
     closing,
-    format_age,
-    format_time,
     open_existing_store,
-    output_console,
     parse_age,
     resolve_id,
     run_command,
     store_options,
 )
 from procstore.cli.history import print_history
+from procstore.cli.output import (
+    SHORT_ID,
+    Format,
+    TimeFormat,
+    chosen_format,
+    emit,
+    iso_time,
+    output_console,
+    output_options,
+    plural,
+    short_ids,
+    table_time,
+    time_option,
+)
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore
 from procstore.store.inventory import Inventory, StoredProcedure, StoredStatus, read_inventory
 
-_STATUS_STYLE = {
+STATUS_STYLE = {
     StoredStatus.UNFINISHED: "yellow",
     StoredStatus.COMMITTED: "green",
     StoredStatus.ROLLING_BACK: "magenta",
@@ -39,7 +51,20 @@ _STATUS_STYLE = {
     StoredStatus.UNREADABLE: "bold red",
     StoredStatus.PARENT_CYCLE: "bold red",
 }
-STATUS_CHOICE = click.Choice([s.value for s in StoredStatus] + ["rolling-back"])
+OUR_FOLDERS = ("lease/", "requests/", "history/")
+"""Folders a manager writes beside `procedure/`: a store holding only these is ours, and empty."""
+
+
+def _statuses(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> set[StoredStatus]:
+    # One spelling in the help; `rolling-back` and `ROLLED_BACK` are read the same.
+    out: set[StoredStatus] = set()
+    for value in values:
+        try:
+            out.add(StoredStatus(value.lower().replace("-", " ").replace("_", " ")))
+        except ValueError:
+            choices = ", ".join(s.value for s in StoredStatus)
+            raise click.BadParameter(f"{value!r} is not a status ({choices})") from None
+    return out
 
 
 async def load_inventory(store: ProcedureStore, console: Console) -> Inventory:
@@ -57,7 +82,8 @@ async def load_inventory(store: ProcedureStore, console: Console) -> Inventory:
         return await read_inventory(store, advance)
 
 
-def row_json(p: StoredProcedure) -> dict[str, Any]:
+def row_json(p: StoredProcedure, inventory: Inventory | None = None) -> dict[str, Any]:
+    """One procedure as data; times are ISO 8601 in UTC."""
     return {
         "id": str(p.procedure_id),
         "type": p.type_name,
@@ -65,35 +91,102 @@ def row_json(p: StoredProcedure) -> dict[str, Any]:
         "step": p.latest.step,
         "parent": None if p.parent_id is None else str(p.parent_id),
         "children": len(p.children),
-        "modified": p.modified,
+        "modified": iso_time(p.modified),
         "error": p.error,
         "problem": p.problem,
+        "orphan": inventory is not None and inventory.is_orphan(p),
     }
 
 
-def procedures_table(procedures: list[StoredProcedure], now: float, title: str | None = None) -> Table:
-    table = Table(title=title, title_justify="left")
-    for column in ("id", "type", "status", "step", "parent", "children", "last step"):
-        table.add_column(column, no_wrap=column in ("id", "parent"), justify="right" if column == "step" else "left")
+def status_text(p: StoredProcedure, inventory: Inventory | None) -> str:
+    """The status, `*` when its latest state cannot be read although it finished (see
+    `procstore show`), and `orphan` when its parent is not in the store."""
+    text = p.status.value
+    if p.problem is not None and p.status is not StoredStatus.UNREADABLE and p.status is not StoredStatus.PARENT_CYCLE:
+        text += "*"
+    if inventory is not None and inventory.is_orphan(p):
+        text += " (orphan)"
+    return f"[{STATUS_STYLE[p.status]}]{text}[/]"
+
+
+# Dropped in this order when a table is too wide for the terminal; the id never is.
+_DROP_ORDER = ("parent", "ch", "step", "last step")
+_TYPE_MIN = 12
+
+
+def procedures_table(
+    procedures: list[StoredProcedure],
+    now: float,
+    *,
+    inventory: Inventory | None = None,
+    title: str | None = None,
+    wide: bool = False,
+    time_format: TimeFormat = "relative",
+    headers: bool = True,
+    width: int | None = None,
+) -> Table:
+    """One row per procedure, fitted to `width` columns: ids cut to a unique prefix, then
+    columns dropped (parent, children, step, time) and the type cut with an ellipsis until
+    it fits. `wide` shows full ids and every column, however wide."""
+    known = list(inventory.procedures) if inventory is not None else [p.procedure_id for p in procedures]
+    ids = {i: str(i) for i in known} if wide else short_ids(known)
+    rows: list[dict[str, str]] = []
     for p in procedures:
-        status = p.status.value if p.problem is None or p.status is StoredStatus.UNREADABLE else f"{p.status.value}*"
-        table.add_row(
-            str(p.procedure_id),
-            p.type_name or "?",
-            f"[{_STATUS_STYLE[p.status]}]{status}[/]",
-            str(p.latest.step),
-            str(p.parent_id) if p.parent_id else "",
-            str(len(p.children)) if p.children else "",
-            f"{format_time(p.modified)} ({format_age(p.modified, now)})",
-        )
+        when = table_time(p.modified, time_format, now)
+        if wide and time_format == "relative":
+            when = f"{iso_time(p.modified)} ({when})"
+        parent = "" if p.parent_id is None else ids.get(p.parent_id) or str(p.parent_id)[: 36 if wide else SHORT_ID]
+        rows.append({
+            "id": ids.get(p.procedure_id, str(p.procedure_id)), "type": p.type_name or "?",
+            "status": status_text(p, inventory), "step": str(p.latest.step), "parent": parent,
+            "ch": str(len(p.children)) if p.children else "", "last step": when,
+        })  # fmt: skip
+    columns = ["id", "type", "status", "step", "parent", "ch", "last step"]
+    natural = {c: max([len(c), *(len(Text.from_markup(r[c]).plain) for r in rows)]) for c in columns}
+    type_width: int | None = None
+    if not wide and width is not None:
+        # Between two columns: a padding space, the divider and another padding space.
+        def others() -> int:
+            return sum(natural[c] for c in columns if c != "type") + 3 * (len(columns) - 1)
+
+        for dropped in _DROP_ORDER:
+            if others() + min(natural["type"], _TYPE_MIN) <= width:
+                break
+            columns.remove(dropped)
+        type_width = max(_TYPE_MIN, width - others())
+    table = Table(
+        title=title, title_justify="left", show_header=headers, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False
+    )
+    for column in columns:
+        if column == "type":
+            table.add_column(column, no_wrap=not wide, overflow="ellipsis", max_width=type_width)
+        else:
+            justify: Literal["left", "right"] = "right" if column in ("step", "ch") else "left"
+            table.add_column(column, no_wrap=True, justify=justify, min_width=natural[column])
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
     return table
 
 
+_SORT_KEYS: dict[str, Callable[[StoredProcedure], Any]] = {
+    "time": lambda p: (p.modified or 0.0, str(p.procedure_id)),
+    "id": lambda p: str(p.procedure_id),
+    "type": lambda p: (p.type_name or "", str(p.procedure_id)),
+    "status": lambda p: (p.status.value, str(p.procedure_id)),
+    "step": lambda p: (p.latest.step, str(p.procedure_id)),
+}
+
+
 def select(
-    inventory: Inventory, type_name: str | None, statuses: tuple[str, ...], older: float | None, newer: float | None
+    inventory: Inventory,
+    type_name: str | None,
+    statuses: Iterable[StoredStatus],
+    older: float | None,
+    newer: float | None,
+    sort: str = "time",
 ) -> list[StoredProcedure]:
     now = time.time()
-    wanted = {StoredStatus(s.replace("-", " ")) for s in statuses}
+    wanted = set(statuses)
     out = []
     for p in inventory.procedures.values():
         age = None if p.modified is None else now - p.modified
@@ -106,126 +199,202 @@ def select(
         if newer is not None and (age is None or age > newer):
             continue
         out.append(p)
-    return sorted(out, key=lambda p: (p.modified or 0.0, str(p.procedure_id)))
+    return sorted(out, key=_SORT_KEYS[sort])
+
+
+def inventory_warnings(inventory: Inventory) -> list[str]:
+    return [f"not a procedure key, ignored: {key}" for key in inventory.other_keys]
+
+
+async def check_not_misplaced(store: ProcedureStore, inventory: Inventory) -> None:
+    """An empty listing of a folder that holds other things is most likely a wrong prefix."""
+    if inventory.procedures or inventory.other_keys:
+        return
+    around = [
+        k for k in await store.store.walk(store.parent_path) if not k[len(store.parent_path) :].startswith(OUR_FOLDERS)
+    ]
+    if around:
+        raise CommandError(
+            f"no {store.proc_path} in {store.store.url} but {plural(len(around), 'other key')} "
+            f"(such as {around[0]}): a wrong prefix, or a store under --parent-path?",
+            ExitCode.NOT_FOUND,
+        )
 
 
 @click.command("ls")
 @store_options
 @click.option("--type", "type_name", help="Only procedures of this type_name.")
-@click.option("--status", "statuses", multiple=True, type=STATUS_CHOICE, help="Only these statuses (repeatable).")
 @click.option(
-    "--older-than", callback=lambda _c, _p, v: parse_age(v) if v else None, help="Last step older than (7d, 12h)."
+    "--status",
+    "statuses",
+    multiple=True,
+    callback=_statuses,
+    metavar="STATUS",
+    help="Only these statuses (repeatable): " + ", ".join(s.value for s in StoredStatus) + ".",
 )
+@click.option("--older-than", callback=lambda _c, _p, v: parse_age(v) if v else None, help="Last step older than (7d).")
 @click.option("--newer-than", callback=lambda _c, _p, v: parse_age(v) if v else None, help="Last step newer than.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line, for scripts.")
+@click.option("--sort", type=click.Choice(sorted(_SORT_KEYS)), default="time", show_default=True, help="Order rows by.")
+@click.option("--reverse", is_flag=True, help="Reverse the order.")
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="At most this many rows (after sorting).")
+@click.option("--wide", is_flag=True, help="Full ids and every detail, however wide.")
+@click.option("--no-headers", is_flag=True, help="Table rows only: no header, no summary.")
 @click.option("--history", "ended", is_flag=True, help="Ended procedures instead (managers with history=...).")
+@time_option
+@output_options
 @run_command
 async def ls(
     url: str,
     storage_options: tuple[str, ...],
     parent_path: str,
     type_name: str | None,
-    statuses: tuple[str, ...],
+    statuses: set[StoredStatus],
     older_than: float | None,
     newer_than: float | None,
-    as_json: bool,
+    sort: str,
+    reverse: bool,
+    limit: int | None,
+    wide: bool,
+    no_headers: bool,
     ended: bool,
+    time_format: TimeFormat,
+    output: str | None,
+    as_json: bool,
 ) -> None:
     """One row per procedure: id, type, status, step, parent, children, time of the last step.
 
-    A status with `*` has a problem with an older value (see `procstore show`).
+    Ids are shortened to a unique prefix (any command takes it back); --wide shows them
+    whole. A status marked `*` finished, but its last state cannot be read (`procstore
+    show` says why); `(orphan)` marks a procedure whose parent is not in the store: nothing
+    will run it. Warnings go to stderr (and into -o json as "warnings").
     """
+    fmt: Format = chosen_format(storage_options, output, as_json)
     store = await open_existing_store(url, storage_options, parent_path)
     if ended:
-        await closing(store, print_history(store, as_json))
+        await closing(store, print_history(store, fmt != "table"))
         return
-    inventory = await closing(store, load_inventory(store, Console(stderr=True)))
-    chosen = select(inventory, type_name, statuses, older_than, newer_than)
-    if as_json:
-        for p in chosen:
-            sys.stdout.write(orjson.dumps(row_json(p)).decode() + "\n")
-        return
-    console = output_console()
-    console.print(procedures_table(chosen, time.time()))
-    counts = {s: sum(p.status is s for p in chosen) for s in StoredStatus}
-    summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
-    console.print(f"{len(chosen)} procedures{': ' + summary if summary else ''}")
-    for key in inventory.other_keys[:5]:
-        console.print(f"[dim]not a procedure key, ignored: {key}[/]")
+
+    async def read() -> Inventory:
+        inventory = await load_inventory(store, Console(stderr=True))
+        await check_not_misplaced(store, inventory)
+        return inventory
+
+    inventory = await closing(store, read())
+    chosen = select(inventory, type_name, statuses, older_than, newer_than, sort)
+    if reverse:
+        chosen.reverse()
+    if limit is not None:
+        chosen = chosen[:limit]
+    now = time.time()
+
+    def table() -> list[RenderableType]:
+        rows: list[RenderableType] = [
+            procedures_table(
+                chosen,
+                now,
+                inventory=inventory,
+                wide=wide,
+                time_format=time_format,
+                headers=not no_headers,
+                width=output_console().width,
+            )
+        ]
+        if not no_headers:
+            counts = {s: sum(p.status is s for p in chosen) for s in StoredStatus}
+            summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
+            rows.append(f"{plural(len(chosen), 'procedure')}{': ' + summary if summary else ''}")
+        return rows
+
+    document = {"procedures": [row_json(p, inventory) for p in chosen]}
+    emit(fmt, document, table, rows="procedures", warnings=inventory_warnings(inventory))
+
+
+def _ancestors(inventory: Inventory, p: StoredProcedure) -> list[StoredProcedure]:
+    """Its parent, grandparent... as stored, nearest first (each once: cycles end the walk)."""
+    out: list[StoredProcedure] = []
+    seen = {p.procedure_id}
+    current = p
+    while current.parent_id is not None and current.parent_id not in seen:
+        parent = inventory.procedures.get(current.parent_id)
+        if parent is None:
+            break
+        out.append(parent)
+        seen.add(parent.procedure_id)
+        current = parent
+    return out
+
+
+def _node(inventory: Inventory, p: StoredProcedure, shown: frozenset[ProcedureId] = frozenset()) -> dict[str, Any]:
+    node = row_json(p, inventory)
+    node["children"] = [] if p.procedure_id in shown else [
+        _node(inventory, inventory.procedures[c], shown | {p.procedure_id}) for c in p.children
+    ]  # fmt: skip
+    return node
 
 
 @click.command()
 @store_options
 @click.argument("procedure_id", required=False)
+@output_options
 @run_command
-async def tree(url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str | None) -> None:
-    """Parents and their children (the whole store, or the tree of one procedure)."""
+async def tree(
+    url: str,
+    storage_options: tuple[str, ...],
+    parent_path: str,
+    procedure_id: str | None,
+    output: str | None,
+    as_json: bool,
+) -> None:
+    """Parents and their children: the whole store, or one procedure's tree.
+
+    For a subprocedure, its ancestors are shown above it, from the root down.
+    """
+    fmt: Format = chosen_format(storage_options, output, as_json)
     store = await open_existing_store(url, storage_options, parent_path)
     inventory = await closing(store, load_inventory(store, Console(stderr=True)))
+    ancestors: list[StoredProcedure] = []
     if procedure_id is not None:
-        roots = [inventory.procedures[resolve_id(inventory.procedures, procedure_id)]]
+        chosen = inventory.procedures[resolve_id(inventory.procedures, procedure_id)]
+        roots = [chosen]
+        ancestors = list(reversed(_ancestors(inventory, chosen)))
     else:
         roots = sorted(inventory.roots(), key=lambda p: (p.modified or 0.0, str(p.procedure_id)))
-    top = Tree(f"{store.store.url}{store.proc_path}", guide_style="dim")
-    for root in roots:
-        _add_branch(top, inventory, root)
-    output_console().print(top)
+    ids = short_ids(list(inventory.procedures))
+
+    def table() -> list[RenderableType]:
+        top = Tree(f"{store.store.url}{store.proc_path}", guide_style="dim")
+        at = top
+        for ancestor in ancestors:
+            at = at.add(f"{_label(inventory, ancestor, ids)} [dim](ancestor)[/]")
+        for root in roots:
+            _add_branch(at, inventory, root, ids)
+        return [top]
+
+    document = {
+        "ancestors": [row_json(a, inventory) for a in ancestors],
+        "procedures": [_node(inventory, r) for r in roots],
+    }
+    emit(fmt, document, table, rows="procedures", warnings=inventory_warnings(inventory))
+
+
+def _label(inventory: Inventory, p: StoredProcedure, ids: dict[ProcedureId, str]) -> str:
+    label = f"{ids[p.procedure_id]} [bold]{p.type_name or '?'}[/] {status_text(p, inventory)} step {p.latest.step}"
+    if inventory.is_orphan(p):
+        label += f" [bold red](its parent {p.parent_id} is not in the store: nothing runs it)[/]"
+    return label
 
 
 def _add_branch(
-    parent: Tree, inventory: Inventory, p: StoredProcedure, shown: frozenset[ProcedureId] = frozenset()
+    parent: Tree,
+    inventory: Inventory,
+    p: StoredProcedure,
+    ids: dict[ProcedureId, str],
+    shown: frozenset[ProcedureId] = frozenset(),
 ) -> None:
-    status = f"[{_STATUS_STYLE[p.status]}]{p.status.value}[/]"
-    label = f"{p.procedure_id} [bold]{p.type_name or '?'}[/] {status} step {p.latest.step}"
+    label = _label(inventory, p, ids)
     if p.procedure_id in shown:  # parent links that loop back: show the loop once, not forever
         parent.add(f"{label} [bold red](the cycle closes here)[/]")
         return
     branch = parent.add(label)
     for child_id in p.children:
-        _add_branch(branch, inventory, inventory.procedures[child_id], shown | {p.procedure_id})
-
-
-@click.command()
-@store_options
-@click.option(
-    "--interval", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between listings."
-)
-@click.option("--count", type=click.IntRange(1), default=None, help="Stop after this many listings (default: Ctrl-C).")
-@run_command
-async def watch(
-    url: str, storage_options: tuple[str, ...], parent_path: str, interval: float, count: int | None
-) -> None:
-    """A live view of the procedures, re-listed every INTERVAL seconds; changed rows are marked.
-
-    Object stores have no change feed, so this polls: each refresh is one listing plus a read
-    of each procedure's latest key.
-    """
-    store = await open_existing_store(url, storage_options, parent_path)
-    console = output_console()
-    seen: dict[str, tuple[str, int]] = {}
-    try:
-        with Live(console=console, auto_refresh=False) as live:
-            n = 0
-            while count is None or n < count:
-                inventory = await read_inventory(store)
-                procedures = sorted(
-                    inventory.procedures.values(), key=lambda p: (p.modified or 0.0, str(p.procedure_id))
-                )
-                current = {str(p.procedure_id): (p.status.value, p.latest.step) for p in procedures}
-                changed = {pid for pid, state in current.items() if seen and seen.get(pid) != state}
-                gone = len(set(seen) - set(current))
-                title = (
-                    f"{store.store.url}{store.proc_path} at {format_time(time.time())}: {len(procedures)} procedures"
-                )
-                title += f", {len(changed)} changed, {gone} gone since the last listing" if seen else ""
-                table = procedures_table(procedures, time.time(), title)
-                for i, p in enumerate(procedures):
-                    if str(p.procedure_id) in changed:
-                        table.rows[i].style = "reverse"
-                live.update(table, refresh=True)
-                seen = current
-                n += 1
-                if count is None or n < count:
-                    await asyncio.sleep(interval)
-    finally:
-        await store.store.close()
+        _add_branch(branch, inventory, inventory.procedures[child_id], ids, shown | {p.procedure_id})

@@ -15,18 +15,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from procstore.cli.common import (
+    DECLINED,
     CommandError,
     ExitCode,
     open_existing_store,
-    output_console,
     parse_age,
     resolve_id,
     run_command,
     store_options,
 )
-from procstore.cli.listing import load_inventory, procedures_table
-from procstore.store import ProcedureStore
+from procstore.cli.listing import load_inventory, procedures_table, row_json
+from procstore.cli.output import chosen_format, emit, output_console, output_options, plural
+from procstore.store import LocalDirStore, ProcedureStore
 from procstore.store.inventory import StoredProcedure, StoredStatus
+from procstore.store.local import TEMP_PREFIX
 from procstore.store.requests import OperatorRequest, RequestKind
 
 _GC_CONCURRENCY = 16
@@ -34,36 +36,74 @@ _GC_CONCURRENCY = 16
 
 def _confirm(question: str, yes: bool) -> None:
     if not yes and not click.confirm(question, default=False, err=True):
-        raise CommandError("nothing was changed", ExitCode.REFUSED)
+        raise CommandError(DECLINED, ExitCode.REFUSED)
 
 
 @click.command()
 @store_options
-@click.option("--older-than", default="0s", show_default=True, help="Only procedures finished longer ago (7d, 12h).")
+@click.option(
+    "--older-than",
+    default="0s",
+    show_default=True,
+    callback=lambda _c, _p, v: parse_age(v),
+    help="Only procedures finished longer ago (7d, 12h).",
+)
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; change nothing.")
+@output_options
 @run_command
-async def gc(url: str, storage_options: tuple[str, ...], parent_path: str, older_than: str, dry_run: bool) -> None:
+async def gc(
+    url: str,
+    storage_options: tuple[str, ...],
+    parent_path: str,
+    older_than: float,
+    dry_run: bool,
+    output: str | None,
+    as_json: bool,
+) -> None:
     """Delete committed procedures, in the documented order (steps, then commit, then folder).
 
     Committed subprocedures of a parent that is still unfinished are kept: the parent reads
-    them when it resumes. Managers do the same at start; this is for stores no one starts.
+    them when it resumes. Temp files a crashed writer left in a local store (`.tmp-*`, older
+    than an hour) go too. Other keys under `procedure/` are reported, never deleted: procstore
+    did not write them. Managers do the same at start; this is for stores no one starts.
     """
-    min_age = parse_age(older_than)
+    fmt = chosen_format(storage_options, output, as_json)
     store = await open_existing_store(url, storage_options, parent_path)
     console = Console(stderr=True)
+    temps = 0
     try:
         inventory = await load_inventory(store, console)
         now = time.time()
-        chosen = [p for p in inventory.collectable() if p.modified is not None and now - p.modified >= min_age]
+        chosen = [p for p in inventory.collectable() if p.modified is not None and now - p.modified >= older_than]
         kept = sum(p.is_finished for p in inventory.procedures.values()) - len(chosen)
-        if dry_run:
-            output_console().print(procedures_table(chosen, now, title="would delete"))
-            console.print(f"dry run: {len(chosen)} committed procedures would be deleted, {kept} committed kept")
-            return
-        deleted = await _delete_all(store, chosen, console)
+        if not dry_run:
+            await _delete_all(store, chosen, console)
+            if isinstance(store.store, LocalDirStore):
+                temps = await store.store.remove_stale_temps(store.proc_path)
     finally:
         await store.store.close()
-    console.print(f"deleted {deleted} committed procedures; kept {kept} committed (too recent or parent still running)")
+    verb = "would delete" if dry_run else "deleted"
+    others = [k for k in inventory.other_keys if not k.rsplit("/", 1)[-1].startswith(TEMP_PREFIX)]
+    summary = (
+        f"{'dry run: ' if dry_run else ''}{verb} {plural(len(chosen), 'committed procedure')}; kept "
+        f"{kept} committed (too recent, or parent still unfinished)"
+        + (f"; removed {plural(temps, 'stale temp file')}" if temps else "")
+    )
+    document = {
+        "dry_run": dry_run,
+        "deleted": [row_json(p, inventory) for p in chosen],
+        "kept_committed": kept,
+        "temp_files_removed": temps,
+        "left_alone": others,
+    }
+    warnings = [f"not written by procstore, left alone: {k}" for k in others]
+    emit(
+        fmt,
+        document,
+        lambda: [procedures_table(chosen, now, inventory=inventory, title=verb), summary],
+        rows="deleted",
+        warnings=warnings,
+    )
 
 
 async def _delete_all(store: ProcedureStore, procedures: list[StoredProcedure], console: Console) -> int:
@@ -163,10 +203,11 @@ async def delete(url: str, storage_options: tuple[str, ...], parent_path: str, p
         inventory = await load_inventory(store, Console(stderr=True))
         p = inventory.procedures[resolve_id(inventory.procedures, procedure_id)]
         doomed = [*inventory.descendants(p.procedure_id), p]
-        children = f" and its {len(doomed) - 1} subprocedure(s)" if len(doomed) > 1 else ""
+        children = f" and its {plural(len(doomed) - 1, 'subprocedure')}" if len(doomed) > 1 else ""
         _confirm(f"Delete {p.type_name or 'unreadable procedure'} {p.procedure_id} ({p.status.value}){children}?", yes)
         for each in doomed:
             await store.delete_procedure(each.procedure_id)
     finally:
         await store.store.close()
-    output_console().print(f"deleted {len(doomed)} procedure(s): {', '.join(str(d.procedure_id) for d in doomed)}")
+    ids = ", ".join(str(d.procedure_id) for d in doomed)
+    output_console().print(f"deleted {plural(len(doomed), 'procedure')}: {ids}")

@@ -14,12 +14,12 @@ from procstore.cli.common import (
     CommandError,
     ExitCode,
     open_existing_store,
-    output_console,
     resolve_id,
     run_command,
     store_options,
 )
 from procstore.cli.maintenance import _confirm
+from procstore.cli.output import output_console
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 import orjson
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 
@@ -14,14 +14,13 @@ from procstore.cli.common import (
     CommandError,
     ExitCode,
     closing,
-    format_time,
     open_existing_store,
-    output_console,
     resolve_id,
     run_command,
     store_options,
 )
 from procstore.cli.history import show_ended
+from procstore.cli.output import chosen_format, emit, iso_time, output_options, plural
 from procstore.store.inventory import read_history
 from procstore.store.keys import KeysByProcedure, KeyType
 from procstore.store.message import ProcedureMessage
@@ -64,52 +63,26 @@ def _fields_table(fields: dict[str, Any], previous: dict[str, Any] | None) -> Ta
     return table
 
 
-@click.command()
-@store_options
-@click.argument("procedure_id")
-@click.option("--json", "as_json", is_flag=True, help="The keys and decoded messages as JSON lines.")
-@run_command
-async def show(url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, as_json: bool) -> None:
-    """Every stored step of one procedure (ID or a unique prefix of it), oldest first.
+def _entry(key: Any, modified: float | None, message: ProcedureMessage | None, problem: str | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"key": str(key), "step": key.step, "kind": key.key_type.value,
+                             "modified": iso_time(modified), "problem": problem, "message": None}  # fmt: skip
+    if message is not None:
+        entry["message"] = {"type_name": message.type_name, "data": message.data,
+                            "parent_id": message.parent_id and str(message.parent_id),
+                            "step": message.step, "error": message.error}  # fmt: skip
+    return entry
 
-    Fields that changed since the previous step are marked with `*`. Exits with code 5 if a
-    value cannot be decoded (it is shown as such and left untouched).
-    """
-    store = await open_existing_store(url, storage_options, parent_path)
 
-    async def read() -> tuple[Any, Any] | None:
-        # A listing is enough to resolve the id; reading every procedure would not be.
-        listed = KeysByProcedure.group(store.proc_path, await store.store.walk(store.proc_path))
-        if not any(str(p).startswith(procedure_id.lower()) for p in listed.steps):
-            # Ended and deleted: its history record, if managers keep history.
-            await show_ended(store, procedure_id, as_json)
-            return None
-        pid = resolve_id(listed.steps, procedure_id)
-        return pid, await read_history(store, pid)
-
-    found = await closing(store, read())
-    if found is None:
-        return
-    pid, history = found
-    console = output_console()
+def _panels(history: list[Any]) -> list[RenderableType]:
+    panels: list[RenderableType] = []
     previous: dict[str, Any] | None = None
-    unreadable = [str(key) for key, _, _, problem in history if problem is not None]
     for key, modified, message, problem in history:
-        if as_json:
-            entry = {"key": str(key), "step": key.step, "kind": key.key_type.value, "modified": modified,
-                     "problem": problem, "message": None}  # fmt: skip
-            if message is not None:
-                entry["message"] = {"type_name": message.type_name, "data": message.data,
-                                    "parent_id": message.parent_id and str(message.parent_id),
-                                    "step": message.step, "error": message.error}  # fmt: skip
-            click.echo(orjson.dumps(entry).decode())
-            continue
-        title = f"step {key.step} {key.key_type.value}, {format_time(modified)}"
+        title = f"step {key.step} {key.key_type.value}, {iso_time(modified) or '-'}"
         if key.key_type is KeyType.COMMIT:
-            console.print(Panel("[green]committed: the procedure finished[/]", title=title, title_align="left"))
+            panels.append(Panel("[green]committed: the procedure finished[/]", title=title, title_align="left"))
             continue
         if message is None:
-            console.print(Panel(f"[dim]{key}[/]\n[bold red]unreadable:[/] {problem}", title=title, title_align="left"))
+            panels.append(Panel(f"[dim]{key}[/]\n[bold red]unreadable:[/] {problem}", title=title, title_align="left"))
             continue
         parts: list[Any] = [
             f"type [bold]{message.type_name}[/]" + (f", parent {message.parent_id}" if message.parent_id else "")
@@ -119,10 +92,47 @@ async def show(url: str, storage_options: tuple[str, ...], parent_path: str, pro
         fields = data_fields(message)
         parts.append(_fields_table(fields, previous) if fields is not None else f"data: {message.data!r}")
         previous = fields
-        console.print(Panel(Group(*parts), title=title, title_align="left"))
+        panels.append(Panel(Group(*parts), title=title, title_align="left"))
+    return panels
+
+
+@click.command()
+@store_options
+@click.argument("procedure_id")
+@output_options
+@run_command
+async def show(
+    url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, output: str | None, as_json: bool
+) -> None:
+    """Every stored step of one procedure (ID or a unique prefix of it), oldest first.
+
+    Fields that changed since the previous step are marked with `*`. For an id no longer in
+    the store, its history record (managers with history=...). Exits with code 5 if a value
+    cannot be decoded (it is shown as such and left untouched).
+    """
+    fmt = chosen_format(storage_options, output, as_json)
+    store = await open_existing_store(url, storage_options, parent_path)
+
+    async def read() -> tuple[Any, Any] | None:
+        # A listing is enough to resolve the id; reading every procedure would not be.
+        listed = KeysByProcedure.group(store.proc_path, await store.store.walk(store.proc_path))
+        if not any(str(p).startswith(procedure_id.lower()) for p in listed.steps):
+            # Ended and deleted: its history record, if managers keep history.
+            await show_ended(store, procedure_id, fmt != "table")
+            return None
+        pid = resolve_id(listed.steps, procedure_id)
+        return pid, await read_history(store, pid)
+
+    found = await closing(store, read())
+    if found is None:
+        return
+    pid, history = found
+    document = {"procedure": str(pid), "keys": [_entry(*item) for item in history]}
+    emit(fmt, document, lambda: _panels(history), rows="keys")
+    unreadable = [str(key) for key, _, _, problem in history if problem is not None]
     if unreadable:
         raise CommandError(
-            f"{len(unreadable)} value(s) of procedure {pid} cannot be decoded ({unreadable[0]}); they were left "
+            f"{plural(len(unreadable), 'value')} of procedure {pid} cannot be decoded ({unreadable[0]}); left "
             "untouched: restore them, or `procstore delete` the procedure",
             ExitCode.UNREADABLE,
         )

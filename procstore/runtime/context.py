@@ -119,6 +119,8 @@ class ManagerContext:
         self.history = history
         """Where ended procedures are recorded (None: history is off)."""
         self.keep_failed = keep_failed
+        self.restarting: set[ProcedureId] = set()
+        """Procedures an operator's resume or rewind is restarting now: one at a time each."""
         """A root that ends FAILED keeps its keys, for an operator to resume or rewind it."""
         self.operator_requests: dict[ProcedureId, OperatorRequest] = {}
         """Requests known to apply to procedures of this term: read from the store, or passed

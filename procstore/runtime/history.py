@@ -50,11 +50,23 @@ async def record_tree(
     records: list[HistoryRecord] = []
     for pid in ids:
         meta = ctx.metas.get(pid)
-        if meta is None:
-            continue
-        state = root_state if meta is root else meta.state
-        if state.is_ended():
-            records.append(_record(meta, state, ended))
+        if meta is not None:
+            state = root_state if meta is root else meta.state
+            if state.is_ended():
+                records.append(_record(meta, state, ended))
+        elif (type_name := ctx.stored.committed.get(pid)) is not None:
+            # A child that ended in an earlier term: the store kept only its last message.
+            error = ctx.stored.rolled_back.get(pid)
+            records.append(
+                HistoryRecord(
+                    id=str(pid),
+                    type_name=type_name,
+                    parent_id=next((str(p) for p, kids in ctx.stored.children_of.items() if pid in kids), None),
+                    outcome="done" if error is None else "rolled back",
+                    error=error,
+                    ended_at=iso(ended) or "",
+                )
+            )
     await ctx.history.put_many(records)
 
 

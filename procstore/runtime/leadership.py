@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from procstore.errors import Fenced, LeaseExpired, ManagerStopped, StoreError, StoreUnavailable
 from procstore.runtime.lease import LEASE_KEY, Lease, LeaseKeeper
@@ -31,16 +32,14 @@ from procstore.store.state_store import StateStore
 logger = logging.getLogger("procstore.lease")
 
 
-class Terms(Protocol):
-    """What `Leadership` drives: the manager."""
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """What `Leadership` drives: the manager's terms, and nothing else of the manager."""
 
-    def begin_term(self) -> None: ...
-
-    async def wait_recovered(self) -> None: ...
-
-    def recovery_error(self) -> BaseException | None: ...
-
-    async def end_term(self) -> None: ...
+    begin_term: Callable[[], None]
+    wait_recovered: Callable[[], Awaitable[None]]
+    recovery_error: Callable[[], BaseException | None]
+    end_term: Callable[[], Awaitable[None]]
 
 
 class Leadership:

@@ -12,7 +12,6 @@ from procstore.errors import (
     DuplicateProcedure,
     Fenced,
     InvalidProcedureId,
-    LeaseExpired,
     LoaderConflict,
     ManagerNotStarted,
     ManagerStopped,
@@ -20,12 +19,11 @@ from procstore.errors import (
     StoreError,
     SubmissionsPaused,
     TooManyRunningProcedures,
-    describe,
 )
 from procstore.ids import ProcedureId
 from procstore.procedure import Procedure, ProcedureWithId
 from procstore.runtime.context import Loader, ManagerContext
-from procstore.runtime.leadership import Leadership, check_lease_support
+from procstore.runtime.leadership import Leadership, Terms, check_lease_support
 from procstore.runtime.lease import LEASE_FOLDER, Lease
 from procstore.runtime.operator import request as request_stop
 from procstore.runtime.outcome import type_name_of
@@ -34,6 +32,7 @@ from procstore.runtime.retry import RetryBudget, RetryPolicy
 from procstore.runtime.runner import Runner
 from procstore.runtime.term import LeaseHooks, Term, TermSettings
 from procstore.runtime.watcher import Watcher
+from procstore.runtime.writes import store_submitted
 from procstore.state import ProcedureInfo, ProcedureState
 from procstore.store.history import History
 from procstore.store.keys import KeyType
@@ -228,7 +227,8 @@ class ProcedureManager:
                 # Its own client: renewals must not queue behind the runners' writes for a
                 # connection (botocore pools ten per client).
                 lease_store = self._given_store or open_state_store(self.url, self.storage_options)
-                self._leadership = Leadership(_Terms(self), lease_store, self.lease, self.parent_path)
+                terms = Terms(self._begin_term, self._wait_recovered, self._recovery_error, self._end_term)
+                self._leadership = Leadership(terms, lease_store, self.lease, self.parent_path)
                 # Fencing tokens never go backwards, not even across this manager's restarts.
                 self._leadership.keeper.highest_epoch = self._highest_epoch
                 await self._leadership.start()
@@ -270,6 +270,9 @@ class ProcedureManager:
             )
         self._term = Term(settings, hooks)
         self._term.begin()
+
+    def _recovery_error(self) -> BaseException | None:
+        return None if self._term is None else self._term.recovery_error()
 
     async def _wait_recovered(self) -> None:
         if self._term is not None:
@@ -442,7 +445,7 @@ class ProcedureManager:
         try:
             # The write belongs to the term: stop() cancels it and waits for it, so it can
             # never land after stop() returned.
-            created = await ctx.run_in_term(self._store_submitted(ctx, pid, type_name, data), what="submitting")
+            created = await ctx.run_in_term(store_submitted(ctx, pid, type_name, data), what="submitting")
         except ManagerStopped as e:
             raise StoreError(
                 f"submitting procedure {pid}: the manager stopped leading or was stopped while the write was under "
@@ -464,33 +467,6 @@ class ProcedureManager:
             raise ManagerNotStarted("submit")
         Runner(ctx, meta, proc, 1, data).start()
         return Watcher(meta)
-
-    async def _store_submitted(self, ctx: ManagerContext, pid: ProcedureId, type_name: str, data: str) -> bool:
-        """Create the submitted state's key, retrying transient errors as a step's write.
-
-        Repeating the create is safe: it is create-only and recognises our own bytes.
-        """
-        retried = False
-
-        async def create(attempt: int) -> bool:
-            return await ctx.store.create_procedure(pid, type_name, data, None)
-
-        def on_retry(exc: BaseException, retry: int, delay: float) -> None:
-            nonlocal retried
-            retried = True
-            logger.info("procedure %s: submit retry %d in %.3fs after %s", pid, retry, delay, describe(exc))
-
-        try:
-            return await self.policy.call(create, on_retry=on_retry)
-        except LeaseExpired as e:
-            if not retried:
-                raise  # refused before anything was sent: nothing is stored
-            # An earlier attempt may have landed with its answer lost: the outcome is unknown.
-            raise StoreError(
-                f"submitting procedure {pid}: {e}, while retrying a write that may have landed. "
-                "Submit it again on the leader: DuplicateProcedure then means it is stored and runs there",
-                key=e.key,
-            ) from e
 
     # -- observing -------------------------------------------------------------------
 
@@ -528,23 +504,3 @@ class ProcedureManager:
         if self._ctx is None or not self._ctx.running:
             raise ManagerNotStarted(what)
         return self._ctx
-
-
-class _Terms:
-    """What a leadership drives: the manager's terms, and nothing else of the manager."""
-
-    def __init__(self, manager: ProcedureManager) -> None:
-        self._manager = manager
-
-    def begin_term(self) -> None:
-        self._manager._begin_term()
-
-    async def wait_recovered(self) -> None:
-        await self._manager._wait_recovered()
-
-    def recovery_error(self) -> BaseException | None:
-        term = self._manager._term
-        return None if term is None else term.recovery_error()
-
-    async def end_term(self) -> None:
-        await self._manager._end_term()

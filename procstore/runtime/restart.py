@@ -40,6 +40,23 @@ async def restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int |
         raise ProcedureError(
             f"procedure {procedure_id} is running here ({state}): cancel it and wait until it has ended first"
         )
+    if meta is not None and meta.state.is_done():
+        raise ProcedureError(f"procedure {procedure_id} finished successfully: nothing to restart")
+    if meta is not None and not meta.keep_keys and procedure_id not in ctx.stored.unreadable:
+        raise ProcedureError(
+            f"procedure {procedure_id} ended {meta.state.kind.name} and its keys are deleted (or being deleted): "
+            "nothing to restart (managers keep a failed procedure's keys with keep_failed=True)"
+        )
+    if procedure_id in ctx.restarting:
+        raise ProcedureError(f"procedure {procedure_id} is being restarted already")
+    ctx.restarting.add(procedure_id)
+    try:
+        return await _restart(ctx, procedure_id, to_step)
+    finally:
+        ctx.restarting.discard(procedure_id)
+
+
+async def _restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int | None) -> ProcedureMeta:
     plan = await plan_restart(ctx.store, procedure_id, to_step)
     if to_step is None and plan.ended:
         assert plan.source is not None

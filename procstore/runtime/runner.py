@@ -14,20 +14,17 @@ children first and itself last, so a crash part way still leaves it marked finis
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
 from typing import TypeVar
 
 from procstore.aio import gather_settled
-from procstore.errors import Fenced, LeaseExpired, LockConflict, LockCycle, ProcedureError, StoreError, describe
+from procstore.errors import Fenced, LeaseExpired, LockConflict, LockCycle, StoreError, describe
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.runtime.context import LoadFailed, ManagerContext
-from procstore.runtime.history import record_tree
 from procstore.runtime.meta import ProcedureMeta
 from procstore.runtime.outcome import (
     Child,
@@ -40,6 +37,7 @@ from procstore.runtime.outcome import (
     with_kind,
 )
 from procstore.runtime.retry import is_rollback_retryable, is_transient
+from procstore.runtime.writes import delete_tree, delete_tree_later
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage
@@ -499,44 +497,9 @@ class Runner:
             if wait > 0:
                 # A paused former leader's late write could re-create a key deleted now.
                 self.meta.set_state(state)
-                self.ctx.spawn(self._delete_tree_later(ids, wait), name=f"procstore:delete-later:{self.meta.id}")
+                later = delete_tree_later(self.ctx, self.meta, ids, wait)
+                self.ctx.spawn(later, name=f"procstore:delete-later:{self.meta.id}")
                 return
-            await self._delete_tree(ids, state)
+            await delete_tree(self.ctx, self.meta, ids, state)
             self.ctx.on_tree_finished(ids)
         self.meta.set_state(state)
-
-    async def _delete_tree_later(self, ids: list[ProcedureId], delay: float) -> None:
-        await asyncio.sleep(delay)
-        await self._delete_tree(ids, self.meta.state)
-        self.ctx.on_tree_finished(ids)
-
-    async def _delete_tree(self, ids: list[ProcedureId], state: ProcedureState) -> None:
-        """Record the tree (with history on), then delete the keys that may go."""
-        doomed = [
-            pid
-            for pid in ids
-            if pid not in self.ctx.stored.unreadable and not ((m := self.ctx.metas.get(pid)) and m.keep_keys)
-        ]
-        if not doomed and self.ctx.history is None:
-            return
-        children = [pid for pid in doomed if pid != self.meta.id]
-        ended = datetime.now(UTC)  # one end time for every attempt: one record, not one per retry
-
-        async def delete(_attempt: int) -> None:
-            # The record first: keys deleted unrecorded would be history lost for good.
-            await record_tree(self.ctx, ids, self.meta, state, ended)
-            # Children first, the root last: a crash part way leaves the root marked finished.
-            await self.ctx.store.delete_procedures(children)
-            if doomed and doomed[0] == self.meta.id:
-                await self.ctx.store.delete_procedure(self.meta.id)
-            # Requests go last: until the keys are gone, a restart must honour them again.
-            await self.ctx.store.requests.delete([pid for pid in doomed if pid in self.ctx.operator_requests])
-
-        try:
-            await self.ctx.policy.call(delete)
-        except ProcedureError as e:
-            logger.warning(
-                "procedure %s ended but deleting its keys failed (%s); the next start() deletes them",
-                self.meta.id,
-                e,
-            )

@@ -9,6 +9,7 @@ service's conditional writes and request hooks live in its own module (`s3.py`, 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -168,7 +169,13 @@ class FsspecStore(StateStore):
             raise unavailable(self.url, e.__cause__ or e) from e
 
     async def _try_access(self) -> None:
-        """A cheap call that fails if the store cannot be used: here, listing it."""
+        """A cheap call that fails if the store cannot be used: listing its root.
+
+        `ls`, not `find`: some filesystems' `find` (HTTP's) answers an unreachable server
+        with an empty listing. A root that does not exist yet is fine (nothing stored).
+        """
+        with contextlib.suppress(FileNotFoundError):
+            await self._call("ls", self._full("").rstrip("/") or self.root, detail=False)
         await self.walk("")
 
 

@@ -97,6 +97,11 @@ class Inventory:
     procedures: dict[ProcedureId, StoredProcedure]
     other_keys: list[str]
 
+    def is_orphan(self, p: StoredProcedure) -> bool:
+        """Unfinished, with a parent that is not in the store: nothing will run it (a
+        manager reports it as an orphaned subprocedure and keeps its keys)."""
+        return p.is_alive and p.parent_id is not None and p.parent_id not in self.procedures
+
     def roots(self) -> list[StoredProcedure]:
         """Procedures without a parent, whose parent is no longer stored, or in a parent cycle
         (which has no root, and would be shown nowhere else)."""

@@ -77,11 +77,18 @@ class OperatorRequested(ProcedureError):
 _decoder = msgspec.json.Decoder(OperatorRequest)
 
 
+_reported: set[tuple[str, bytes]] = set()
+"""Unreadable requests already logged: polls read them every second, the log says it once."""
+
+
 def decode_request(raw: bytes, key: str) -> OperatorRequest | None:
-    """The request under `key`, or None (logged, key kept) for a value that is not one."""
+    """The request under `key`, or None (logged once, key kept) for a value that is not one."""
     try:
         return _decoder.decode(raw)
     except msgspec.DecodeError as e:
+        if (key, raw) in _reported:
+            return None
+        _reported.add((key, raw))
         logger.error(
             "ignoring the operator request at %s: %s; write it again with `procstore cancel` or `procstore fail`",
             key,

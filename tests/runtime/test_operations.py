@@ -6,7 +6,7 @@ import asyncio
 import json
 import uuid
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import pytest
 
@@ -119,8 +119,8 @@ async def test_a_restart_is_refused_with_the_reason(tmp_path: Path) -> None:
             await manager.rewind(pid, -1)
         Flaky.broken.discard(name)
         await (await manager.resume(pid)).wait()
-        with pytest.raises(ProcedureError, match="not in the store"):
-            await manager.resume(pid)  # done, and deleted
+        with pytest.raises(ProcedureError, match="finished successfully"):
+            await manager.resume(pid)
 
 
 async def test_a_running_procedure_is_not_restarted(tmp_path: Path) -> None:
@@ -215,7 +215,9 @@ async def test_a_cancelled_procedure_is_resumed_without_its_old_request(tmp_path
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-async def test_a_crash_at_any_write_of_a_rewind_leaves_it_applied_or_not_at_all(tmp_path: Path, when: str) -> None:
+async def test_a_crash_at_any_write_of_a_rewind_leaves_it_applied_or_not_at_all(
+    tmp_path: Path, when: Literal["before", "after"]
+) -> None:
     async with manager_on(str(tmp_path), keep_failed=True) as manager:
         pid, name = await failed_and_kept(manager)
     Flaky.broken.discard(name)
@@ -267,8 +269,52 @@ async def test_history_is_swept_beyond_its_count(tmp_path: Path) -> None:
     store = HistoryStore(LocalDirStore(tmp_path), settings=History(max_records=2))
     async with manager_on(str(tmp_path), history=True) as manager:
         for _ in range(4):
-            procedure, name = flaky(fail_at=9)
+            procedure, _ = flaky(fail_at=9)
             await (await manager.submit(procedure)).wait()
     assert len(await store.list()) == 4
     assert await store.sweep() == 2
     assert len(await store.list()) == 2
+
+
+async def test_two_concurrent_resumes_run_the_procedure_once(tmp_path: Path) -> None:
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        results = await asyncio.gather(manager.resume(pid), manager.resume(pid), return_exceptions=True)
+        watchers = [r for r in results if not isinstance(r, BaseException)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert len(watchers) == 1 and isinstance(errors[0], ProcedureError), results
+        await watchers[0].wait()
+        assert Flaky.effects[name] == [0, 1, 2, 3]
+
+
+async def test_a_failed_root_whose_keys_went_is_not_restarted(tmp_path: Path) -> None:
+    async with manager_on(str(tmp_path)) as manager:  # keep_failed off: deleted as it ends
+        procedure, _ = flaky()
+        with pytest.raises(ProcedureFailed):
+            await (await manager.submit(procedure)).wait()
+        with pytest.raises(ProcedureError, match="keys are deleted"):
+            await manager.resume(procedure.id)
+
+
+async def test_an_unreadable_request_is_logged_once_not_every_poll(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gate = asyncio.Event()
+
+    class Waits(Flaky):
+        type_name = "tests::WaitsForGate"
+
+        async def execute(self, ctx: Context) -> Status:
+            await gate.wait()
+            return Status.done()
+
+    async with manager_on(str(tmp_path), request_poll_interval=0.02) as manager:
+        manager.register(Waits)
+        watcher = await manager.submit(ProcedureWithId.new(Waits({"name": "w", "at": 0, "fail_at": 9})))
+        await manager.store.store.put(f"requests/{watcher.procedure_id}.json", b"{not json")
+        await asyncio.sleep(0.3)
+        gate.set()
+        await watcher.wait()
+    said = [r for r in caplog.records if "ignoring the operator request" in r.getMessage()]
+    assert len(said) == 1, said

@@ -1,0 +1,169 @@
+"""How commands print data: one format option for all, short ids, times, tables that fit.
+
+Every command that prints data takes `-o FORMAT` (or `--output FORMAT`): `table` (the
+default), `json` (one document), `jsonl` (one object per line) or `yaml`. `-o` also takes
+the storage options' `KEY=VALUE`: a value with `=` is a storage option, one without is a
+format, so the two never collide. `--json` stays what it always was, JSON lines.
+
+Tables go to stdout and fit the terminal (or `COLUMNS` when piped); warnings go to stderr,
+and into the document (`"warnings"`) for `json` and `yaml`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Callable, Collection, Iterable
+from datetime import UTC, datetime
+from typing import Any, Literal, ParamSpec, TypeVar
+
+import click
+import msgspec
+import orjson
+from rich.console import Console, RenderableType
+
+from procstore.ids import ProcedureId
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+Format = Literal["table", "json", "jsonl", "yaml"]
+FORMATS: tuple[Format, ...] = ("table", "json", "jsonl", "yaml")
+TimeFormat = Literal["relative", "iso", "raw"]
+
+SHORT_ID = 8
+"""The shortest prefix shown for an id: longer only where two ids share it."""
+
+
+def output_options(fn: Callable[P, T]) -> Callable[P, T]:
+    """`--output/-O FORMAT` and `--json` (JSON lines); `-o FORMAT` works too (see above)."""
+    fn = click.option("--json", "as_json", is_flag=True, help="One JSON object per line (the same as -o jsonl).")(fn)
+    return click.option(
+        "--output",
+        "-O",
+        "output",
+        type=click.Choice(FORMATS),
+        default=None,
+        help="table (default), json (one document), jsonl (one object per line) or yaml; also `-o FORMAT`.",
+    )(fn)
+
+
+def chosen_format(storage_options: tuple[str, ...], output: str | None, as_json: bool) -> Format:
+    """The one format asked for, by `--output`, `--json` or `-o FORMAT`; a usage error if several differ."""
+    asked = {f for f in storage_options if "=" not in f}
+    if output is not None:
+        asked.add(output)
+    if as_json:
+        asked.add("jsonl")
+    unknown = asked - set(FORMATS)
+    if unknown:
+        raise click.BadParameter(
+            f"{sorted(unknown)[0]!r} is neither KEY=VALUE nor an output format ({', '.join(FORMATS)})",
+            param_hint="'-o' / '--storage-option'",
+        )
+    if len(asked) > 1:
+        raise click.UsageError(f"several output formats asked for: {', '.join(sorted(asked))}; give one")
+    return next((f for f in FORMATS if f in asked), "table")
+
+
+def time_option(fn: Callable[P, T]) -> Callable[P, T]:
+    return click.option(
+        "--time-format",
+        type=click.Choice(["relative", "iso", "raw"]),
+        default="relative",
+        show_default=True,
+        help="Times in tables: relative (5m ago), iso (ISO 8601, UTC) or raw (seconds since the epoch).",
+    )(fn)
+
+
+def iso_time(timestamp: float | None) -> str | None:
+    """ISO 8601 in UTC, to the second: what JSON and YAML carry."""
+    if timestamp is None:
+        return None
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def table_time(timestamp: float | None, fmt: TimeFormat, now: float) -> str:
+    if timestamp is None:
+        return "-"
+    if fmt == "iso":
+        return iso_time(timestamp) or "-"
+    if fmt == "raw":
+        return f"{timestamp:.3f}"
+    seconds = max(0.0, now - timestamp)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"
+
+
+def short_ids(ids: Collection[ProcedureId]) -> dict[ProcedureId, str]:
+    """Each id cut to the shortest prefix (at least `SHORT_ID` characters) that no other
+    id in `ids` shares, as git shortens hashes; any command takes such a prefix back."""
+    texts = sorted(str(i) for i in ids)
+    length = SHORT_ID
+    for a, b in itertools.pairwise(texts):
+        common = next((n for n, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        length = max(length, common + 1)
+    return {i: str(i)[:length] for i in ids}
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich exits with 1 here; a reader that went away (`| head -1`) is no error.
+        raise BrokenPipeError
+
+
+def output_console() -> Console:
+    """stdout, as wide as the terminal; when piped, `COLUMNS` wide if set, else wide enough
+    for full ids (rich would assume 80 columns)."""
+    console = _Console()
+    if console.is_terminal:
+        return console
+    columns = os.environ.get("COLUMNS", "")
+    return _Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else 220)
+
+
+def warn(message: str) -> None:
+    """A warning, on stderr: never mixed into the data on stdout."""
+    click.echo(f"warning: {message}", err=True)
+
+
+def emit(
+    fmt: Format,
+    document: dict[str, Any],
+    table: Callable[[], Iterable[RenderableType]],
+    *,
+    rows: str | None = None,
+    warnings: list[str] | tuple[str, ...] = (),
+) -> None:
+    """Print `document` in `fmt`: `table()` renders it for people; `rows` names the list
+    that `jsonl` prints one item per line (else the document is the one line)."""
+    if fmt == "table":
+        console = output_console()
+        for part in table():
+            console.print(part)
+    elif fmt == "jsonl":
+        for item in document[rows] if rows is not None else [document]:
+            sys.stdout.write(orjson.dumps(item).decode() + "\n")
+    else:
+        full = {**document, "warnings": list(warnings)} if warnings else document
+        if fmt == "json":
+            sys.stdout.write(orjson.dumps(full, option=orjson.OPT_INDENT_2).decode() + "\n")
+        else:
+            sys.stdout.write(_yaml(full))
+    if fmt != "json" and fmt != "yaml":
+        for message in warnings:
+            warn(message)
+
+
+def _yaml(document: dict[str, Any]) -> str:
+    try:
+        return msgspec.yaml.encode(document).decode()
+    except ImportError as e:  # pragma: no cover - PyYAML is a dependency
+        raise click.UsageError("-o yaml needs PyYAML: pip install pyyaml") from e

@@ -1,0 +1,107 @@
+"""`procstore watch`: the procedures as they change, on a terminal, into a file or a pipe."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any
+
+import click
+import orjson
+from rich.live import Live
+
+from procstore.cli.common import open_existing_store, run_command, store_options
+from procstore.cli.listing import procedures_table, row_json
+from procstore.cli.output import (
+    Format,
+    TimeFormat,
+    chosen_format,
+    iso_time,
+    output_console,
+    output_options,
+    plural,
+    time_option,
+)
+from procstore.store.inventory import Inventory, read_inventory
+
+
+def _changes(seen: dict[str, dict[str, Any]], inventory: Inventory, now: float) -> list[dict[str, Any]]:
+    """What differs from the last listing: new, changed (status or step) and gone procedures."""
+    current = {str(p.procedure_id): row_json(p, inventory) for p in inventory.procedures.values()}
+    out: list[dict[str, Any]] = []
+    for pid, row in current.items():
+        before = seen.get(pid)
+        if before is None or (before["status"], before["step"]) != (row["status"], row["step"]):
+            out.append({"at": iso_time(now), "change": "new" if before is None else "changed", **row})
+    out += [{"at": iso_time(now), "change": "gone", "id": pid} for pid in seen.keys() - current.keys()]
+    seen.clear()
+    seen.update(current)
+    return out
+
+
+@click.command()
+@store_options
+@click.option(
+    "--interval", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between listings."
+)
+@click.option("--count", type=click.IntRange(1), default=None, help="Stop after this many listings (default: Ctrl-C).")
+@time_option
+@output_options
+@run_command
+async def watch(
+    url: str,
+    storage_options: tuple[str, ...],
+    parent_path: str,
+    interval: float,
+    count: int | None,
+    time_format: TimeFormat,
+    output: str | None,
+    as_json: bool,
+) -> None:
+    """The procedures, re-listed every INTERVAL seconds; changed rows are marked.
+
+    On a terminal the table is redrawn in place. Into a file or a pipe each listing is
+    appended as a frame; with -o json or jsonl, each change (new, changed, gone) is one
+    JSON line. Object stores have no change feed, so this polls: each listing is one list
+    request plus a read of each procedure's latest key.
+    """
+    fmt: Format = chosen_format(storage_options, output, as_json)
+    store = await open_existing_store(url, storage_options, parent_path)
+    console = output_console()
+    seen: dict[str, dict[str, Any]] = {}
+    live = Live(console=console, auto_refresh=False) if fmt == "table" and console.is_terminal else None
+    try:
+        if live is not None:
+            live.start()
+        for n in range(count or sys.maxsize):
+            if n:
+                await asyncio.sleep(interval)
+            inventory = await read_inventory(store)
+            now = time.time()
+            first = not seen
+            changes = _changes(seen, inventory, now)
+            if fmt != "table":
+                for change in changes:
+                    sys.stdout.write(orjson.dumps(change).decode() + "\n")
+                sys.stdout.flush()
+                continue
+            procedures = sorted(inventory.procedures.values(), key=lambda p: (p.modified or 0.0, str(p.procedure_id)))
+            title = f"{store.store.url}{store.proc_path} at {iso_time(now)}: {plural(len(procedures), 'procedure')}"
+            if not first:
+                title += f", {plural(len(changes), 'change')} since the last listing"
+            table = procedures_table(
+                procedures, now, inventory=inventory, title=title, time_format=time_format, width=console.width
+            )
+            changed = {c["id"] for c in changes} if not first else set()
+            for i, p in enumerate(procedures):
+                if str(p.procedure_id) in changed:
+                    table.rows[i].style = "reverse"
+            if live is not None:
+                live.update(table, refresh=True)
+            else:
+                console.print(table)
+    finally:
+        if live is not None:
+            live.stop()
+        await store.store.close()

@@ -1,0 +1,85 @@
+"""The writes of a term outside a procedure's steps: a submit's first key, a finished tree's deletion."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+
+from procstore.errors import LeaseExpired, ProcedureError, StoreError, describe
+from procstore.ids import ProcedureId
+from procstore.runtime.context import ManagerContext
+from procstore.runtime.history import record_tree
+from procstore.runtime.meta import ProcedureMeta
+from procstore.state import ProcedureState
+
+logger = logging.getLogger("procstore.runtime")
+
+
+async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str, data: str) -> bool:
+    """Create a submitted procedure's first key, retrying transient errors as a step's write.
+
+    Repeating the create is safe: it is create-only and recognises our own bytes. Returns
+    False if the key holds something else (a duplicate id).
+    """
+    retried = False
+
+    async def create(attempt: int) -> bool:
+        return await ctx.store.create_procedure(pid, type_name, data, None)
+
+    def on_retry(exc: BaseException, retry: int, delay: float) -> None:
+        nonlocal retried
+        retried = True
+        logger.info("procedure %s: submit retry %d in %.3fs after %s", pid, retry, delay, describe(exc))
+
+    try:
+        return await ctx.policy.call(create, on_retry=on_retry)
+    except LeaseExpired as e:
+        if not retried:
+            raise  # refused before anything was sent: nothing is stored
+        # An earlier attempt may have landed with its answer lost: the outcome is unknown.
+        raise StoreError(
+            f"submitting procedure {pid}: {e}, while retrying a write that may have landed. "
+            "Submit it again on the leader: DuplicateProcedure then means it is stored and runs there",
+            key=e.key,
+        ) from e
+
+
+async def delete_tree_later(ctx: ManagerContext, root: ProcedureMeta, ids: list[ProcedureId], delay: float) -> None:
+    """`delete_tree` after `delay` seconds: a paused former leader's late write could
+    re-create a key deleted now."""
+    await asyncio.sleep(delay)
+    await delete_tree(ctx, root, ids, root.state)
+    ctx.on_tree_finished(ids)
+
+
+async def delete_tree(ctx: ManagerContext, root: ProcedureMeta, ids: list[ProcedureId], state: ProcedureState) -> None:
+    """Record a finished tree (with history on), then delete the keys that may go.
+
+    Kept: unreadable procedures and those whose keys must survive (`keep_keys`). A failure
+    is logged, not raised: the next start deletes (and records) what is left.
+    """
+    doomed = [
+        pid for pid in ids if pid not in ctx.stored.unreadable and not ((m := ctx.metas.get(pid)) and m.keep_keys)
+    ]
+    if not doomed and ctx.history is None:
+        return
+    children = [pid for pid in doomed if pid != root.id]
+    ended = datetime.now(UTC)  # one end time for every attempt: one record, not one per retry
+
+    async def delete(_attempt: int) -> None:
+        # The record first: keys deleted unrecorded would be history lost for good.
+        await record_tree(ctx, ids, root, state, ended)
+        # Children first, the root last: a crash part way leaves the root marked finished.
+        await ctx.store.delete_procedures(children)
+        if doomed and doomed[0] == root.id:
+            await ctx.store.delete_procedure(root.id)
+        # Requests go last: until the keys are gone, a restart must honour them again.
+        await ctx.store.requests.delete([pid for pid in doomed if pid in ctx.operator_requests])
+
+    try:
+        await ctx.policy.call(delete)
+    except ProcedureError as e:
+        logger.warning(
+            "procedure %s ended but deleting its keys failed (%s); the next start() deletes them", root.id, e
+        )
