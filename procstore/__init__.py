@@ -3,6 +3,10 @@
 The public surface is re-exported here; see `api.md` for the contract.
 """
 
+from procstore._runtime.lease import Lease
+from procstore._runtime.manager import ProcedureManager
+from procstore._runtime.retry import RetryBudget
+from procstore._runtime.watcher import Watcher
 from procstore.errors import (
     DuplicateProcedure,
     Fenced,
@@ -25,10 +29,6 @@ from procstore.errors import (
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, LockMode, StringKey
 from procstore.procedure import Context, ContextProvider, Procedure, ProcedureWithId, Status, StatusKind
-from procstore.runtime.lease import Lease
-from procstore.runtime.manager import ProcedureManager
-from procstore.runtime.retry import RetryBudget
-from procstore.runtime.watcher import Watcher
 from procstore.state import ProcedureInfo, ProcedureState, ProcedureStateKind
 from procstore.store.history import History, HistoryRecord
 from procstore.store.procedure_store import LoadProblem

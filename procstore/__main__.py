@@ -1,6 +1,6 @@
 """`python -m procstore` and the `procstore` command."""
 
-from procstore.cli import main
+from procstore._cli import main
 
 if __name__ == "__main__":
     main()

@@ -1,12 +1,13 @@
 """Typed state machines: states as dataclasses in a tagged union, a persistent context
 stored with the state, and a volatile context rebuilt after every load."""
 
-from procstore.machine.codec import MachineDataError
+from procstore.machine.codec import SKIP_IF_EMPTY, MachineDataError, to_builtins
 from procstore.machine.duration import Duration
 from procstore.machine.machine import MachineContext, State, StateMachine
 from procstore.machine.registry import DuplicateStateName, StateRegistry
 
 __all__ = [
+    "SKIP_IF_EMPTY",
     "Duration",
     "DuplicateStateName",
     "MachineContext",
@@ -14,4 +15,5 @@ __all__ = [
     "State",
     "StateMachine",
     "StateRegistry",
+    "to_builtins",
 ]

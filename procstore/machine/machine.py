@@ -17,10 +17,10 @@ from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import orjson
 
+from procstore._runtime.manager import ProcedureManager
 from procstore.machine.codec import MachineDataError, convert, dumps, to_builtins
 from procstore.machine.registry import StateRegistry
 from procstore.procedure import Context, Procedure, Status
-from procstore.runtime.manager import ProcedureManager
 
 C = TypeVar("C")
 P = TypeVar("P")

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from fsspec.spec import AbstractFileSystem
 
-from procstore.aio import run_blocking
+from procstore._aio import run_blocking
 from procstore.store.errors import store_errors, unavailable
 from procstore.store.state_store import StateStore
 

@@ -16,7 +16,6 @@ with history on.
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,10 +23,11 @@ from typing import Literal
 
 import msgspec
 
+from procstore._logs import get_logger
 from procstore.ids import ProcedureId
 from procstore.store.state_store import StateStore
 
-logger = logging.getLogger("procstore.store")
+logger = get_logger("procstore.store")
 
 HISTORY_PATH = "history/"
 """The folder under a store's root that holds history records."""

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from procstore.aio import run_blocking
+from procstore._aio import run_blocking
 from procstore.store.errors import store_errors, unavailable
 from procstore.store.state_store import StateStore, content_version
 

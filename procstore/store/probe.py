@@ -10,13 +10,13 @@ takes part.
 
 from __future__ import annotations
 
-import logging
 import uuid
 
+from procstore._logs import get_logger
 from procstore.errors import StoreError
 from procstore.store.state_store import StateStore
 
-logger = logging.getLogger("procstore.store")
+logger = get_logger("procstore.store")
 
 
 class ConditionalWritesIgnored(StoreError):

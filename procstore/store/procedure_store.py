@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from procstore.aio import gather_settled
-from procstore.bulk import collector_paused
+from procstore._aio import gather_settled
+from procstore._bulk import collector_paused
+from procstore._logs import get_logger
 from procstore.errors import Fenced
 from procstore.ids import ProcedureId
 from procstore.store.keys import PROC_PATH, KeysByProcedure, KeyType, ParsedKey, procedure_dir
@@ -23,7 +23,7 @@ from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.requests import RESUME_PATH, RequestStore
 from procstore.store.state_store import StateStore
 
-logger = logging.getLogger("procstore.store")
+logger = get_logger("procstore.store")
 
 _DELETE_CONCURRENCY = 32
 MAX_STEP = 2**32 - 1

@@ -24,18 +24,18 @@ It tells the running leader to load a procedure it holds as ended or unloadable 
 from __future__ import annotations
 
 import getpass
-import logging
 import socket
 import time
 from typing import Literal
 
 import msgspec
 
+from procstore._logs import get_logger
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.state_store import StateStore
 
-logger = logging.getLogger("procstore.store")
+logger = get_logger("procstore.store")
 
 REQUESTS_PATH = "requests/"
 """The folder under a store's root that holds operator requests."""

@@ -3,7 +3,7 @@
 Keys are `/`-separated paths relative to the store's root (`procedure/<id>/0000000001.step`).
 Every method is async; a backend over a blocking filesystem runs its calls in a thread and
 waits for that thread even when cancelled, so nothing is written after the awaiting task
-has been cancelled (see `procstore.aio.run_blocking`).
+has been cancelled (see `procstore._aio.run_blocking`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import hashlib
 import weakref
 from collections.abc import Sequence
 
-from procstore.aio import gather_settled
+from procstore._aio import gather_settled
 
 
 class StateStore(abc.ABC):

@@ -24,9 +24,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ManagerStopped, ProcedureFailed
 from procstore.procedure import ProcedureWithId
-from procstore.runtime.manager import ProcedureManager
 from procstore.store.open import open_state_store
 from procstore.store.state_store import StateStore
 from procstore.testing.faults import FaultyStore, SimulatedCrash, StoreOp

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from procstore.runtime.manager import ProcedureManager
+from procstore._runtime.manager import ProcedureManager
 
 
 async def kill_manager(manager: ProcedureManager) -> None:

@@ -25,10 +25,10 @@ from typing import Any, ClassVar, TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.procedure import ProcedureWithId
-from procstore.runtime.manager import ProcedureManager
 from procstore.store.open import open_state_store
 from procstore.store.state_store import StateStore
 from procstore.testing.faults import FaultyStore

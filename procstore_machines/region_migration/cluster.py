@@ -21,7 +21,7 @@ from typing import Any, Literal
 import msgspec
 import orjson
 
-from procstore.machine.codec import to_builtins
+from procstore.machine import to_builtins
 from procstore.store.state_store import StateStore
 
 Role = Literal["leader", "follower"]

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from procstore import LockKey, RetryLater, Status, StringKey
-from procstore.machine import Duration, MachineContext, State, StateMachine, StateRegistry
-from procstore.machine.codec import SKIP_IF_EMPTY
+from procstore.machine import SKIP_IF_EMPTY, Duration, MachineContext, State, StateMachine, StateRegistry
 from procstore_machines.region_migration.cluster import (
     REGION_LEASE_SECONDS,
     DatanodeError,

@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from procstore import ProcedureId, ProcedureManager
-from procstore.cli.app import cli
-from procstore.cli.common import ExitCode
+from procstore._cli.app import cli
+from procstore._cli.common import ExitCode
 from procstore.store import open_state_store
 from procstore.testing.pytest_plugin import create_bucket, s3_storage_options
 from tests.cli.store_builder import MixedStore, build_mixed_store

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from procstore import Lease, ProcedureManager
-from procstore.cli.common import ExitCode
-from procstore.runtime.lease import LEASE_KEY, LeaseRecord
+from procstore._cli.common import ExitCode
+from procstore._runtime.lease import LEASE_KEY, LeaseRecord
 from procstore.store import open_state_store
 from procstore.testing.pytest_plugin import create_bucket, s3_storage_options
 from tests.cli.test_commands import Place

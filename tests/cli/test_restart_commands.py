@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from procstore import Lease, ProcedureFailed, ProcedureManager
-from procstore.cli.app import cli
-from procstore.cli.common import ExitCode
+from procstore._cli.app import cli
+from procstore._cli.common import ExitCode
 from tests.conftest import StoreTarget
 from tests.runtime.test_operations import Flaky, flaky, manager_on
 from tests.support import store_targets

@@ -15,8 +15,8 @@ import msgspec
 import pytest
 from click.testing import CliRunner, Result
 
-from procstore.cli.app import cli
-from procstore.cli.common import ExitCode
+from procstore._cli.app import cli
+from procstore._cli.common import ExitCode
 from procstore.store import LocalDirStore, open_state_store
 from tests.cli.store_builder import MixedStore, build_mixed_store
 

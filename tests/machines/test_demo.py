@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from procstore.cli import cli
+from procstore._cli import cli
 from procstore.store import open_state_store
 from procstore_machines.region_migration import check_cluster
 

@@ -25,7 +25,7 @@ from procstore import (
     StoreError,
     StoreUnavailable,
 )
-from procstore.runtime.lease import LEASE_KEY, Lease, LeaseRecord
+from procstore._runtime.lease import LEASE_KEY, Lease, LeaseRecord
 from procstore.store import LocalDirStore, open_state_store
 from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from procstore import NotLeader, StoreError
-from procstore.runtime.lease import LEASE_KEY, Lease, LeaseKeeper, LeaseRecord
+from procstore._runtime.lease import LEASE_KEY, Lease, LeaseKeeper, LeaseRecord
 from procstore.store import open_state_store
 from procstore.testing import Fault, FaultyStore
 from tests.conftest import StoreTarget

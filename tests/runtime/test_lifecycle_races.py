@@ -24,7 +24,7 @@ from procstore import (
     StoreError,
     StringKey,
 )
-from procstore.aio import run_blocking
+from procstore._aio import run_blocking
 from procstore.store.local import LocalDirStore
 from procstore.store.procedure_store import ProcedureStore
 from procstore.testing import Fault, FaultyStore

@@ -6,7 +6,7 @@ import asyncio
 import json
 
 from procstore import Context, LockKey, ProcedureWithId, Status, StringKey
-from procstore.runtime import KeyRwLock
+from procstore._runtime import KeyRwLock
 from tests.conftest import StoreTarget
 from tests.procedures import JsonProcedure, World
 from tests.runtime.helpers import blocker, eventually, manager_for, steps

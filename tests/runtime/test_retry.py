@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from procstore import Fenced, LeaseExpired, RetryBudget, RetryLater, StoreError
-from procstore.runtime import RetryPolicy
-from procstore.runtime.retry import is_rollback_retryable, is_transient
+from procstore._runtime import RetryPolicy
+from procstore._runtime.retry import is_rollback_retryable, is_transient
 
 
 async def test_retries_then_succeeds_with_growing_delays() -> None:

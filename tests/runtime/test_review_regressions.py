@@ -298,7 +298,7 @@ async def test_parent_cycles_and_oversized_steps_are_load_problems_and_kept(tmp_
 def test_the_cli_lists_a_parent_cycle_instead_of_overflowing(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from procstore.cli.app import cli
+    from procstore._cli.app import cli
 
     a, b = ProcedureId.random(), ProcedureId.random()
 

@@ -11,9 +11,9 @@ import click
 import orjson
 from rich.live import Live
 
-from procstore.cli.common import open_existing_store, run_command, store_options
-from procstore.cli.listing import procedures_table, row_json
-from procstore.cli.output import (
+from procstore._cli.common import open_existing_store, run_command, store_options
+from procstore._cli.listing import procedures_table, row_json
+from procstore._cli.output import (
     Format,
     TimeFormat,
     chosen_format,

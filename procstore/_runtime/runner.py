@@ -14,19 +14,15 @@ children first and itself last, so a crash part way still leaves it marked finis
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from procstore.aio import gather_settled
-from procstore.errors import Fenced, LeaseExpired, LockConflict, LockCycle, StoreError, describe
-from procstore.ids import ProcedureId
-from procstore.lock_key import StringKey
-from procstore.procedure import Context, Procedure, ProcedureWithId, Status
-from procstore.runtime.context import LoadFailed, ManagerContext
-from procstore.runtime.meta import ProcedureMeta
-from procstore.runtime.outcome import (
+from procstore._aio import gather_settled
+from procstore._logs import get_logger
+from procstore._runtime.context import LoadFailed, ManagerContext
+from procstore._runtime.meta import ProcedureMeta
+from procstore._runtime.outcome import (
     Child,
     failed_state,
     format_tb,
@@ -36,14 +32,19 @@ from procstore.runtime.outcome import (
     with_error,
     with_kind,
 )
-from procstore.runtime.retry import is_rollback_retryable, is_transient
-from procstore.runtime.writes import delete_tree, delete_tree_later
+from procstore._runtime.retry import is_rollback_retryable, is_transient
+from procstore._runtime.telemetry import run_traced
+from procstore._runtime.writes import delete_tree, delete_tree_later
+from procstore.errors import Fenced, LeaseExpired, LockConflict, LockCycle, StoreError, describe
+from procstore.ids import ProcedureId
+from procstore.lock_key import StringKey
+from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.requests import OperatorRequested
 
-logger = logging.getLogger("procstore.runtime")
+logger = get_logger("procstore.runtime")
 
 T = TypeVar("T")
 
@@ -76,6 +77,9 @@ class Runner:
         self.ctx.spawn(self.run(), name=f"procstore:{self.meta.type_name}:{self.meta.id}")
 
     async def run(self) -> None:
+        await run_traced(self.ctx, self.meta, lambda: self.step, self._run)
+
+    async def _run(self) -> None:
         held: list[StringKey] = []
         try:
             for key in self.meta.lock_key.keys_to_lock():
@@ -169,7 +173,8 @@ class Runner:
     async def _execute_once(self, attempt: int) -> Status:
         self._check_lease()
         await self._check_operator_request()
-        status = await not_cancelled_by_itself(self.procedure.execute(self._context(attempt)), "execute()")
+        with self.ctx.telemetry.step_span(str(self.meta.id), self.meta.type_name, self.step, attempt):
+            status = await not_cancelled_by_itself(self.procedure.execute(self._context(attempt)), "execute()")
         if not isinstance(status, Status):
             raise TypeError(f"execute() returned {status!r}, not a Status")
         return status
@@ -177,6 +182,7 @@ class Runner:
     def _on_retry(self, exc: BaseException, retry: int, delay: float) -> None:
         logger.info("procedure %s: retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc))
         self.meta.retries += 1
+        self.ctx.telemetry.retried(self.meta.type_name, exc)
         self.meta.set_state(ProcedureState.with_error(ProcedureStateKind.RETRYING, describe(exc), exc))
 
     async def _execute_step(self) -> None:
@@ -454,6 +460,7 @@ class Runner:
                 "procedure %s: rollback retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc)
             )
             self.meta.retries += 1
+            self.ctx.telemetry.retried(self.meta.type_name, exc)
 
         async def attempt(n: int) -> None:
             self._check_lease()

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from procstore.cli.common import (
+from procstore._cli.common import (
     CommandError,
     ExitCode,
     closing,
@@ -24,8 +24,8 @@ from procstore.cli.common import (
     run_command,
     store_options,
 )
-from procstore.cli.history import print_history
-from procstore.cli.output import (
+from procstore._cli.history import print_history
+from procstore._cli.output import (
     SHORT_ID,
     Format,
     TimeFormat,

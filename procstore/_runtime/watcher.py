@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from procstore._runtime.meta import ProcedureMeta
 from procstore.errors import ManagerStopped, ProcedureFailed
 from procstore.ids import ProcedureId
-from procstore.runtime.meta import ProcedureMeta
 from procstore.state import ProcedureState
 
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 from datetime import UTC, datetime
 
+from procstore._logs import get_logger
+from procstore._runtime.context import ManagerContext
+from procstore._runtime.meta import ProcedureMeta
 from procstore.ids import ProcedureId
-from procstore.runtime.context import ManagerContext
-from procstore.runtime.meta import ProcedureMeta
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.history import HistoryRecord, Outcome, iso
 from procstore.store.procedure_store import ProcedureMessages
 
-logger = logging.getLogger("procstore.runtime")
+logger = get_logger("procstore.runtime")
 
 
 def _outcome(meta: ProcedureMeta, state: ProcedureState) -> Outcome:

@@ -22,24 +22,26 @@ is released (and a new term begun) only after it.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from procstore._logs import get_logger
+from procstore._runtime.context import Loader, ManagerContext
+from procstore._runtime.operator import watch_operator_requests
+from procstore._runtime.recovery import adopt_unknown, recover
+from procstore._runtime.retry import RetryPolicy
+from procstore._runtime.telemetry import OFF, Telemetry, TracedStore, backend_of, timed
 from procstore.errors import Fenced, ProcedureError
 from procstore.ids import ProcedureId
-from procstore.runtime.context import Loader, ManagerContext
-from procstore.runtime.operator import watch_operator_requests
-from procstore.runtime.recovery import adopt_unknown, recover
-from procstore.runtime.retry import RetryPolicy
 from procstore.store.guarded import GuardedStore
 from procstore.store.history import History, HistoryStore
 from procstore.store.local import LocalDirStore
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.state_store import StateStore
 
-logger = logging.getLogger("procstore.manager")
+logger = get_logger("procstore.manager")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,8 @@ class LeaseHooks:
     """Seconds after the term begins during which inherited trees' keys are kept."""
     adopt_interval: float
     """Seconds between looks for procedures stored after recovery."""
+    holder: str = ""
+    """This manager's name in the lease."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,7 @@ class TermSettings:
     """The ids of the manager's submits under way (shared): never taken for strangers."""
     history: History | None = None
     keep_failed: bool = False
+    telemetry: Telemetry = OFF
 
 
 class Term:
@@ -82,6 +87,8 @@ class Term:
         self.settings = settings
         self.lease = lease
         state_store = settings.state_store
+        if settings.telemetry.enabled:
+            state_store = TracedStore(state_store, settings.telemetry)
         if lease is not None:
             state_store = GuardedStore(state_store, lease.check_writable)
         store = ProcedureStore(state_store, settings.parent_path, skip_strays=lease is not None)
@@ -97,6 +104,8 @@ class Term:
             if settings.history is None
             else HistoryStore(state_store, settings.parent_path, settings.history),
             keep_failed=settings.keep_failed,
+            telemetry=settings.telemetry,
+            span_attributes=_span_attributes(settings.state_store.url, lease),
         )
         self.problems: list[LoadProblem] = []
         """What this term's recovery could not load."""
@@ -109,7 +118,10 @@ class Term:
         self._recovery = asyncio.get_running_loop().create_task(self._recover(), name="procstore:recovery")
 
     async def _recover(self) -> None:
-        self.problems = await recover(self.ctx)
+        telemetry = self.ctx.telemetry
+        with telemetry.span("procstore.recovery", **self.ctx.span_attributes), timed() as elapsed:
+            self.problems = await recover(self.ctx)
+        telemetry.recovered(elapsed(), len(self.problems))
         self._housekeeping = asyncio.get_running_loop().create_task(self._keep_house(), name="procstore:gc")
         interval = self.settings.request_poll_interval
         self.ctx.spawn(watch_operator_requests(self.ctx, interval), name="procstore:requests")
@@ -181,3 +193,12 @@ class Term:
                 await store.remove_stale_temps(self.ctx.store.proc_path)
             except Exception as e:
                 logger.warning("could not remove stale temp files: %s", e)
+
+
+def _span_attributes(url: str, lease: LeaseHooks | None) -> dict[str, Any]:
+    attributes: dict[str, Any] = {"procstore.store.backend": backend_of(url)}
+    if lease is not None and lease.fencing_token is not None:
+        attributes["procstore.lease.epoch"] = lease.fencing_token
+    if lease is not None:
+        attributes["procstore.lease.holder"] = lease.holder
+    return attributes

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from procstore.cli.common import (
+from procstore._cli.common import (
     CommandError,
     ExitCode,
     closing,
@@ -15,8 +15,8 @@ from procstore.cli.common import (
     run_command,
     store_options,
 )
-from procstore.cli.output import chosen_format, emit, iso_time, output_options, table_time
-from procstore.runtime.lease import LEASE_KEY, LeaseRecord
+from procstore._cli.output import chosen_format, emit, iso_time, output_options, table_time
+from procstore._runtime.lease import LEASE_KEY, LeaseRecord
 from procstore.store import ProcedureStore
 
 

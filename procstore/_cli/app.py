@@ -7,14 +7,14 @@ import sys
 
 import click
 
-from procstore.cli.common import DECLINED, ExitCode
-from procstore.cli.demo import demo
-from procstore.cli.lease import lease
-from procstore.cli.listing import ls, tree
-from procstore.cli.maintenance import cancel, delete, fail, gc
-from procstore.cli.operations import resume, rewind
-from procstore.cli.show import show
-from procstore.cli.watch import watch
+from procstore._cli.common import DECLINED, ExitCode
+from procstore._cli.demo import demo
+from procstore._cli.lease import lease
+from procstore._cli.listing import ls, tree
+from procstore._cli.maintenance import cancel, delete, fail, gc
+from procstore._cli.operations import resume, rewind
+from procstore._cli.show import show
+from procstore._cli.watch import watch
 
 
 @click.group()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -11,20 +10,22 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from procstore._logs import get_logger
+from procstore._runtime.locks import KeyRwLock
+from procstore._runtime.meta import ProcedureMeta
+from procstore._runtime.retry import RetryPolicy
+from procstore._runtime.telemetry import OFF, Telemetry, outcome
 from procstore.errors import Fenced, ManagerStopped, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Procedure
-from procstore.runtime.locks import KeyRwLock
-from procstore.runtime.meta import ProcedureMeta
-from procstore.runtime.retry import RetryPolicy
 from procstore.state import ProcedureState
 from procstore.store.history import HistoryStore
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.requests import OperatorRequest
 
-logger = logging.getLogger("procstore.runtime")
+logger = get_logger("procstore.runtime")
 
 Loader = Callable[[str], Procedure]
 T = TypeVar("T")
@@ -89,6 +90,8 @@ class ManagerContext:
         inherited_deletes_after: float = 0.0,
         history: HistoryStore | None = None,
         keep_failed: bool = False,
+        telemetry: Telemetry = OFF,
+        span_attributes: dict[str, Any] | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
@@ -119,6 +122,9 @@ class ManagerContext:
         self.history = history
         """Where ended procedures are recorded (None: history is off)."""
         self.keep_failed = keep_failed
+        self.telemetry = telemetry
+        self.span_attributes = span_attributes or {}
+        """What every procedure span of this term carries: store scheme, lease holder and epoch."""
         self.restarting: set[ProcedureId] = set()
         """Procedures an operator's resume or rewind is restarting now: one at a time each."""
         """A root that ends FAILED keeps its keys, for an operator to resume or rewind it."""
@@ -233,6 +239,9 @@ class ManagerContext:
     def _on_end(self, meta: ProcedureMeta) -> None:
         if meta.id in self.metas:
             self.unfinished -= 1
+        started = meta.start_time
+        seconds = None if started is None or meta.end_time is None else (meta.end_time - started).total_seconds()
+        self.telemetry.ended(meta.type_name, outcome(meta.state, meta.rolled_back), seconds)
 
     def is_known(self, procedure_id: ProcedureId) -> bool:
         return (

@@ -12,19 +12,18 @@ can make (is it running here? did its rollback already run?), then the order of 
 
 from __future__ import annotations
 
-import logging
-
+from procstore._logs import get_logger
+from procstore._runtime.context import LoadFailed, ManagerContext
+from procstore._runtime.meta import ProcedureMeta
+from procstore._runtime.recovery import resume_root
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.procedure import Procedure
-from procstore.runtime.context import LoadFailed, ManagerContext
-from procstore.runtime.meta import ProcedureMeta
-from procstore.runtime.recovery import resume_root
 from procstore.store.keys import ParsedKey
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.restart import apply_restart, plan_restart
 
-logger = logging.getLogger("procstore.runtime")
+logger = get_logger("procstore.runtime")
 
 
 async def restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int | None) -> ProcedureMeta:

@@ -7,7 +7,7 @@ when:
 
 - the lease is found held by another manager (a renewal's compare-and-swap is refused);
 - no renewal succeeded in time: at `ttl - stop_margin` seconds after the last renewal was
-  sent, before any standby can take over (see `procstore.runtime.lease` for the clocks);
+  sent, before any standby can take over (see `procstore._runtime.lease` for the clocks);
 - a runner was refused a write because the lease ran out (`LeaseExpired`), which can
   happen before this task notices, for instance after the process was paused.
 
@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from procstore._logs import get_logger
+from procstore._runtime.lease import LEASE_KEY, Lease, LeaseKeeper
+from procstore._runtime.telemetry import OFF, Telemetry, timed
 from procstore.errors import Fenced, LeaseExpired, ManagerStopped, StoreError, StoreUnavailable
-from procstore.runtime.lease import LEASE_KEY, Lease, LeaseKeeper
 from procstore.store.probe import ConditionalWritesIgnored, probe_conditional_writes
 from procstore.store.state_store import StateStore
 
-logger = logging.getLogger("procstore.lease")
+logger = get_logger("procstore.lease")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +46,13 @@ class Terms:
 class Leadership:
     """Owns the `LeaseKeeper` and the `procstore:lease` task of one manager."""
 
-    def __init__(self, terms: Terms, store: StateStore, lease: Lease, parent_path: str = "") -> None:
+    def __init__(
+        self, terms: Terms, store: StateStore, lease: Lease, parent_path: str = "", telemetry: Telemetry = OFF
+    ) -> None:
         if parent_path and not parent_path.endswith("/"):
             parent_path += "/"
         self.terms = terms
+        self.telemetry = telemetry
         self.keeper = LeaseKeeper(store, f"{parent_path}{LEASE_KEY}", lease)
         self.is_leading = False
         """Between `begin_term` and `end_term` (the lease itself may lapse first)."""
@@ -99,6 +103,8 @@ class Leadership:
         self._broken.clear()
         epoch = self.keeper.epoch or 0
         logger.info("%s leads (lease epoch %d)", self.keeper.holder, epoch)
+        with self.telemetry.span("procstore.lease.acquire", **{"procstore.lease.holder": self.keeper.holder}):
+            self.telemetry.lease_gained(epoch)
         self.terms.begin_term()
         self.is_leading = True
         self._leading_changed.set()
@@ -106,6 +112,7 @@ class Leadership:
     async def _end(self, why: str) -> None:
         if self.is_leading:
             logger.warning("%s stops leading: %s", self.keeper.holder, why)
+            self.telemetry.lease_lost()
         self.is_leading = False
         self._leading_changed.set()
         await self.terms.end_term()
@@ -162,7 +169,9 @@ class Leadership:
             keeper.give_up()
             await self._end("no renewal succeeded in time")
             return
-        renewed = await self._renew_hedged()
+        with timed() as elapsed:
+            renewed = await self._renew_hedged()
+        self.telemetry.lease_renewed(elapsed())
         if renewed is False:
             leader = keeper.leader
             await self._end(f"the lease is held by {leader}" if leader else "its renewal landed too late to count on")

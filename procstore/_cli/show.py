@@ -10,7 +10,7 @@ from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 
-from procstore.cli.common import (
+from procstore._cli.common import (
     CommandError,
     ExitCode,
     closing,
@@ -19,8 +19,8 @@ from procstore.cli.common import (
     run_command,
     store_options,
 )
-from procstore.cli.history import show_ended
-from procstore.cli.output import chosen_format, emit, iso_time, output_options, plural
+from procstore._cli.history import show_ended
+from procstore._cli.output import chosen_format, emit, iso_time, output_options, plural
 from procstore.store.inventory import read_history
 from procstore.store.keys import KeysByProcedure, KeyType
 from procstore.store.message import ProcedureMessage

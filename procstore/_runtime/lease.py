@@ -26,7 +26,6 @@ anything the new leader wrote (see README, "Many managers").
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import time
@@ -38,10 +37,11 @@ from typing import Annotated
 import msgspec
 import orjson
 
+from procstore._logs import get_logger
 from procstore.errors import LeaseExpired, StoreError
 from procstore.store.state_store import StateStore
 
-logger = logging.getLogger("procstore.lease")
+logger = get_logger("procstore.lease")
 
 LEASE_FOLDER = "lease/"
 """The lease's folder under the manager's `parent_path` (also where `start()` probes the store)."""

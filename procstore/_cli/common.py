@@ -15,7 +15,7 @@ from typing import Any, ParamSpec, TypeVar
 import click
 import orjson
 
-from procstore.cli.output import FORMATS
+from procstore._cli.output import FORMATS
 from procstore.errors import StoreError
 from procstore.ids import ProcedureId
 from procstore.store import LocalDirStore, ProcedureStore, open_state_store
@@ -79,7 +79,7 @@ def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep and pair in FORMATS:
-            continue  # `-o json`: an output format (procstore.cli.output), not a storage option
+            continue  # `-o json`: an output format (procstore._cli.output), not a storage option
         if not sep or not key:
             raise click.BadParameter(
                 f"expected KEY=VALUE or an output format ({', '.join(FORMATS)}), got {pair!r}",

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from datetime import UTC, datetime
 
+from procstore._logs import get_logger
+from procstore._runtime.context import ManagerContext
+from procstore._runtime.history import record_tree
+from procstore._runtime.meta import ProcedureMeta
 from procstore.errors import LeaseExpired, ProcedureError, StoreError, describe
 from procstore.ids import ProcedureId
-from procstore.runtime.context import ManagerContext
-from procstore.runtime.history import record_tree
-from procstore.runtime.meta import ProcedureMeta
 from procstore.state import ProcedureState
 
-logger = logging.getLogger("procstore.runtime")
+logger = get_logger("procstore.runtime")
 
 
 async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str, data: str) -> bool:

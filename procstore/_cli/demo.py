@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from procstore.cli.common import parse_storage_options
+from procstore._cli.common import parse_storage_options
 
 
 @click.command()

@@ -10,17 +10,17 @@ so that the children end first and the parent sees the request at its next attem
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 
+from procstore._logs import get_logger
+from procstore._runtime.context import ManagerContext
+from procstore._runtime.restart import restart
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
-from procstore.runtime.context import ManagerContext
-from procstore.runtime.restart import restart
 from procstore.store.keys import procedure_dir
 from procstore.store.requests import OperatorRequest, RequestKind
 
-logger = logging.getLogger("procstore.runtime")
+logger = get_logger("procstore.runtime")
 
 STALE_REQUEST_AGE = 600.0
 """Seconds after which a request for a procedure the store no longer holds is deleted."""

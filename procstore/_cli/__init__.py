@@ -1,5 +1,5 @@
 """The `procstore` command line."""
 
-from procstore.cli.app import cli, main
+from procstore._cli.app import cli, main
 
 __all__ = ["cli", "main"]

@@ -8,8 +8,8 @@ import click
 import msgspec
 from rich.table import Table
 
-from procstore.cli.common import CommandError, ExitCode
-from procstore.cli.output import output_console
+from procstore._cli.common import CommandError, ExitCode
+from procstore._cli.output import output_console
 from procstore.store import ProcedureStore
 from procstore.store.history import HistoryStore
 

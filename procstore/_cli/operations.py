@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from procstore.cli.common import (
+from procstore._cli.common import (
     CommandError,
     ExitCode,
     open_existing_store,
@@ -18,8 +18,8 @@ from procstore.cli.common import (
     run_command,
     store_options,
 )
-from procstore.cli.maintenance import _confirm
-from procstore.cli.output import output_console
+from procstore._cli.maintenance import _confirm
+from procstore._cli.output import output_console
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from types import TracebackType
 from typing import Any, Self
 
+from procstore._logs import get_logger
+from procstore._runtime.context import Loader, ManagerContext
+from procstore._runtime.leadership import Leadership, Terms, check_lease_support
+from procstore._runtime.lease import LEASE_FOLDER, Lease
+from procstore._runtime.operator import request as request_stop
+from procstore._runtime.outcome import type_name_of
+from procstore._runtime.restart import restart
+from procstore._runtime.retry import RetryBudget, RetryPolicy
+from procstore._runtime.runner import Runner
+from procstore._runtime.telemetry import OFF, get_telemetry
+from procstore._runtime.term import LeaseHooks, Term, TermSettings
+from procstore._runtime.watcher import Watcher
+from procstore._runtime.writes import store_submitted
 from procstore.errors import (
     DuplicateProcedure,
     Fenced,
@@ -22,17 +34,6 @@ from procstore.errors import (
 )
 from procstore.ids import ProcedureId
 from procstore.procedure import Procedure, ProcedureWithId
-from procstore.runtime.context import Loader, ManagerContext
-from procstore.runtime.leadership import Leadership, Terms, check_lease_support
-from procstore.runtime.lease import LEASE_FOLDER, Lease
-from procstore.runtime.operator import request as request_stop
-from procstore.runtime.outcome import type_name_of
-from procstore.runtime.restart import restart
-from procstore.runtime.retry import RetryBudget, RetryPolicy
-from procstore.runtime.runner import Runner
-from procstore.runtime.term import LeaseHooks, Term, TermSettings
-from procstore.runtime.watcher import Watcher
-from procstore.runtime.writes import store_submitted
 from procstore.state import ProcedureInfo, ProcedureState
 from procstore.store.history import History
 from procstore.store.keys import KeyType
@@ -40,7 +41,7 @@ from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.state_store import StateStore
 
-logger = logging.getLogger("procstore.manager")
+logger = get_logger("procstore.manager")
 
 DEFAULT_METADATA_TTL = 600.0
 
@@ -83,6 +84,8 @@ class ProcedureManager:
             as in GreptimeDB, which keeps nothing of an ended procedure.
         keep_failed: a root that ends FAILED keeps its keys (children's go as usual), so that
             an operator can `resume` or `rewind` it; `procstore delete` removes them.
+        telemetry: report traces and metrics to OpenTelemetry's global providers when its
+            API is installed (the `otel` extra); False turns that off. See docs/observability.md.
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class ProcedureManager:
         request_poll_interval: float = 1.0,
         history: History | bool | None = None,
         keep_failed: bool = False,
+        telemetry: bool = True,
     ) -> None:
         self._given_store = url if isinstance(url, StateStore) else None
         self.url = url.url if isinstance(url, StateStore) else os.fspath(url)
@@ -115,6 +119,7 @@ class ProcedureManager:
         self.request_poll_interval = request_poll_interval
         self.history = History() if history is True else (history or None)
         self.keep_failed = keep_failed
+        self.telemetry = telemetry
         self.recovery_problems: list[LoadProblem] = []
         """Procedures the last `start()` found but could not resume, with what to do."""
         self._loaders: dict[str, Loader] = {}
@@ -228,7 +233,8 @@ class ProcedureManager:
                 # connection (botocore pools ten per client).
                 lease_store = self._given_store or open_state_store(self.url, self.storage_options)
                 terms = Terms(self._begin_term, self._wait_recovered, self._recovery_error, self._end_term)
-                self._leadership = Leadership(terms, lease_store, self.lease, self.parent_path)
+                telemetry = get_telemetry() if self.telemetry else OFF
+                self._leadership = Leadership(terms, lease_store, self.lease, self.parent_path, telemetry)
                 # Fencing tokens never go backwards, not even across this manager's restarts.
                 self._leadership.keeper.highest_epoch = self._highest_epoch
                 await self._leadership.start()
@@ -257,6 +263,7 @@ class ProcedureManager:
             self._submitting,
             self.history,
             self.keep_failed,
+            get_telemetry() if self.telemetry else OFF,
         )
         hooks = None
         if self._leadership is not None:
@@ -267,6 +274,7 @@ class ProcedureManager:
                 keeper.epoch,
                 keeper.lease.late_write_grace,
                 keeper.lease.adopt_interval,
+                keeper.holder,
             )
         self._term = Term(settings, hooks)
         self._term.begin()
@@ -457,6 +465,7 @@ class ProcedureManager:
             self._submitting.discard(pid)
         if not created:
             raise DuplicateProcedure(pid, " in the store (it has stored steps)")
+        ctx.telemetry.submitted(type_name)
         meta = ctx.new_meta(pid, type_name, None, proc, ProcedureState.running(), lock_key)
         if self._leadership is not None and not (ctx.running and self._leadership.keeper.is_holding):
             # Stored, but the lease was lost meanwhile: the leader runs it (its recovery, or

@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from procstore.cli.common import (
+from procstore._cli.common import (
     DECLINED,
     CommandError,
     ExitCode,
@@ -24,8 +24,8 @@ from procstore.cli.common import (
     run_command,
     store_options,
 )
-from procstore.cli.listing import load_inventory, procedures_table, row_json
-from procstore.cli.output import chosen_format, emit, output_console, output_options, plural
+from procstore._cli.listing import load_inventory, procedures_table, row_json
+from procstore._cli.output import chosen_format, emit, output_console, output_options, plural
 from procstore.store import LocalDirStore, ProcedureStore
 from procstore.store.inventory import StoredProcedure, StoredStatus
 from procstore.store.local import TEMP_PREFIX

@@ -8,21 +8,21 @@ and committed children whose parent is gone, have their keys deleted.
 
 from __future__ import annotations
 
-import logging
 import time
 
-from procstore.bulk import collector_paused
+from procstore._bulk import collector_paused
+from procstore._logs import get_logger
+from procstore._runtime.context import LoadFailed, ManagerContext
+from procstore._runtime.history import record_recovered
+from procstore._runtime.runner import Runner
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
-from procstore.runtime.context import LoadFailed, ManagerContext
-from procstore.runtime.history import record_recovered
-from procstore.runtime.runner import Runner
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.keys import KeysByProcedure, KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
 
-logger = logging.getLogger("procstore.recovery")
+logger = get_logger("procstore.recovery")
 
 ORPHAN_HINT = (
     "Nothing will resume it and its keys were kept: delete its folder if its parent finished, "

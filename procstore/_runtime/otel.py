@@ -1,0 +1,161 @@
+"""`Telemetry` on the OpenTelemetry API (imported only when `opentelemetry` is installed)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.trace import Link, Status, StatusCode
+
+from procstore import __version__
+from procstore._runtime.telemetry import Telemetry
+
+T = TypeVar("T")
+
+_SCOPE = "procstore"
+
+
+class OtelTelemetry(Telemetry):
+    """Spans on the global tracer provider, instruments on the global meter provider.
+
+    The providers are looked up at each call through the API's proxies, so an SDK that the
+    application configures after importing procstore is used all the same.
+    """
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.tracer = trace.get_tracer(_SCOPE, __version__)
+        meter = metrics.get_meter(_SCOPE, __version__)
+        self.submitted_count = meter.create_counter(
+            "procstore.procedures.submitted", "{procedure}", "Procedures submitted"
+        )
+        self.ended_count = meter.create_counter(
+            "procstore.procedures.ended", "{procedure}", "Procedures ended, by outcome"
+        )
+        self.running_now = meter.create_up_down_counter(
+            "procstore.procedures.running", "{procedure}", "Procedures running in this process now"
+        )
+        self.step_duration = meter.create_histogram("procstore.step.duration", "s", "One attempt at a step")
+        self.procedure_duration = meter.create_histogram(
+            "procstore.procedure.duration", "s", "From start (or resume) to end, in this process"
+        )
+        self.retries = meter.create_counter("procstore.retries", "{retry}", "Retries of steps, by reason")
+        self.store_duration = meter.create_histogram("procstore.store.duration", "s", "Store requests")
+        self.store_errors = meter.create_counter("procstore.store.errors", "{error}", "Store requests that failed")
+        self.lease_held_now = meter.create_up_down_counter(
+            "procstore.lease.held", "{lease}", "1 while this manager holds the lease"
+        )
+        self.lease_epoch = meter.create_gauge("procstore.lease.epoch", "{epoch}", "The lease epoch of this term")
+        self.lease_renewal = meter.create_histogram("procstore.lease.renewal.duration", "s", "Lease renewals")
+        self.takeovers = meter.create_counter("procstore.lease.takeovers", "{term}", "Terms begun by this manager")
+        self.recovery_duration = meter.create_histogram("procstore.recovery.duration", "s", "Recoveries at start")
+        self.recovery_problems = meter.create_counter(
+            "procstore.recovery.problems", "{procedure}", "Procedures a recovery could not load"
+        )
+
+    @contextlib.contextmanager
+    def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, **attrs: Any) -> Iterator[Any]:
+        attributes: dict[str, Any] = {
+            "procstore.procedure.id": procedure_id,
+            "procstore.procedure.type": type_name,
+            **attrs,
+        }
+        if root:
+            # A root's run is a trace of its own, linked to what started it (a submit, a
+            # recovery): a recovery that resumes a thousand procedures is not one trace.
+            parent = trace.get_current_span().get_span_context()
+            links = [Link(parent)] if parent.is_valid else []
+            with self.tracer.start_as_current_span(
+                f"procedure {type_name}", context=otel_context.Context(), links=links, attributes=attributes
+            ) as span:
+                yield span
+        else:
+            with self.tracer.start_as_current_span(f"procedure {type_name}", attributes=attributes) as span:
+                yield span
+
+    @contextlib.contextmanager
+    def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Iterator[Any]:
+        attributes: dict[str, Any] = {
+            "procstore.procedure.id": procedure_id,
+            "procstore.procedure.type": type_name,
+            "procstore.step": step,
+            "procstore.attempt": attempt,
+        }
+        start = time.perf_counter()
+        with self.tracer.start_as_current_span(f"step {type_name}", attributes=attributes) as span:
+            try:
+                yield span
+            finally:
+                self.step_duration.record(time.perf_counter() - start, {"procstore.procedure.type": type_name})
+
+    @contextlib.contextmanager
+    def span(self, name: str, **attrs: Any) -> Iterator[Any]:
+        with self.tracer.start_as_current_span(name, attributes=attrs) as span:
+            yield span
+
+    def retried(self, type_name: str, reason: BaseException) -> None:
+        kind = type(reason).__name__
+        self.retries.add(1, {"procstore.procedure.type": type_name, "procstore.retry.reason": kind})
+        trace.get_current_span().add_event("retry", {"procstore.retry.reason": kind, "exception.message": str(reason)})
+
+    def submitted(self, type_name: str) -> None:
+        self.submitted_count.add(1, {"procstore.procedure.type": type_name})
+
+    def running(self, type_name: str, delta: int) -> None:
+        self.running_now.add(delta, {"procstore.procedure.type": type_name})
+
+    def ended(self, type_name: str, outcome: str, seconds: float | None) -> None:
+        attributes = {"procstore.procedure.type": type_name}
+        self.ended_count.add(1, {**attributes, "procstore.outcome": outcome})
+        if seconds is not None:
+            self.procedure_duration.record(seconds, {**attributes, "procstore.outcome": outcome})
+
+    def mark(self, span: Any, outcome: str | None, error: str | None) -> None:
+        if outcome is None:
+            span.set_attribute("procstore.outcome", "stopped")  # the manager stopped or lost its lease
+            return
+        span.set_attribute("procstore.outcome", outcome)
+        if outcome != "done":
+            span.set_status(Status(StatusCode.ERROR, error or outcome))
+
+    async def store_call(self, operation: str, backend: str, call: Callable[[], Awaitable[T]]) -> T:
+        attributes = {"procstore.store.operation": operation, "procstore.store.backend": backend}
+        start = time.perf_counter()
+        try:
+            result = await call()
+        except Exception as e:
+            elapsed = time.perf_counter() - start
+            self.store_errors.add(1, attributes)
+            self.store_duration.record(elapsed, {**attributes, "procstore.store.outcome": "error"})
+            trace.get_current_span().add_event(
+                "store request", {**attributes, "procstore.store.outcome": "error", "exception.message": str(e)}
+            )
+            raise
+        elapsed = time.perf_counter() - start
+        self.store_duration.record(elapsed, {**attributes, "procstore.store.outcome": "ok"})
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.add_event("store request", {**attributes, "procstore.store.seconds": elapsed})
+        return result
+
+    def lease_gained(self, epoch: int | None) -> None:
+        self.lease_held_now.add(1)
+        self.takeovers.add(1)
+        if epoch is not None:
+            self.lease_epoch.set(epoch)
+
+    def lease_lost(self) -> None:
+        self.lease_held_now.add(-1)
+
+    def lease_renewed(self, seconds: float) -> None:
+        self.lease_renewal.record(seconds)
+
+    def recovered(self, seconds: float, problems: int) -> None:
+        self.recovery_duration.record(seconds)
+        if problems:
+            self.recovery_problems.add(problems)

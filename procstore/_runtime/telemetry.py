@@ -1,0 +1,151 @@
+"""Traces, metrics and log fields for procedures.
+
+With the `otel` extra (opentelemetry-api) installed, procstore reports to the global
+OpenTelemetry tracer and meter providers, as libraries do: nothing is exported until the
+application configures an SDK. Without it nothing is imported, and each hook is a call to
+an empty method.
+
+Traces: `procstore.procedure` (one run of a procedure in this process; a subprocedure's is
+a child of its parent's step, a root's starts a trace linked to whatever submitted or
+recovered it), `procstore.step` (one attempt at a step, with retries and store requests as
+events), `procstore.recovery`, `procstore.lease.acquire`.
+
+Metrics (names and attributes in `docs/observability.md`): procedures submitted, ended
+by outcome and running; step and procedure durations; retries by reason; store request
+durations and errors by operation and backend; lease held, epoch, renewal duration and
+takeovers; recovery duration and problems.
+
+Log fields: every record of a procstore logger that is about a procedure (logged from its
+runner) carries `procedure_id`, `type_name` and `step` as record attributes, for JSON
+formatters to index.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+from procstore._logs import ProcedureScope, current_procedure
+from procstore.state import ProcedureState, ProcedureStateKind
+from procstore.store.state_store import StateStore
+from procstore.store.wrapping import WrappingStore
+
+T = TypeVar("T")
+
+
+def outcome(state: ProcedureState, rolled_back: bool) -> str:
+    """done, failed, rolled back, cancelled or poisoned: the `outcome` attribute."""
+    if state.kind is ProcedureStateKind.DONE:
+        return "done"
+    if state.kind is ProcedureStateKind.POISONED:
+        return "poisoned"
+    if state.error is not None and "by an operator" in state.error:
+        return "cancelled"
+    return "rolled back" if rolled_back else "failed"
+
+
+class Telemetry:
+    """The hooks the runtime calls; this base class does nothing (telemetry off)."""
+
+    enabled = False
+
+    def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, **attrs: Any) -> Any:
+        return contextlib.nullcontext()
+
+    def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Any:
+        return contextlib.nullcontext()
+
+    def span(self, name: str, **attrs: Any) -> Any:
+        return contextlib.nullcontext()
+
+    def retried(self, type_name: str, reason: BaseException) -> None:
+        pass
+
+    def submitted(self, type_name: str) -> None:
+        pass
+
+    def running(self, type_name: str, delta: int) -> None:
+        pass
+
+    def ended(self, type_name: str, outcome: str, seconds: float | None) -> None:
+        pass
+
+    def mark(self, span: Any, outcome: str | None, error: str | None) -> None:
+        """Put a procedure's outcome on its span (None: it did not end here)."""
+
+    async def store_call(self, operation: str, backend: str, call: Callable[[], Awaitable[T]]) -> T:
+        return await call()
+
+    def lease_gained(self, epoch: int | None) -> None:
+        pass
+
+    def lease_lost(self) -> None:
+        pass
+
+    def lease_renewed(self, seconds: float) -> None:
+        pass
+
+    def recovered(self, seconds: float, problems: int) -> None:
+        pass
+
+
+OFF = Telemetry()
+
+
+def get_telemetry() -> Telemetry:
+    """OpenTelemetry hooks if its API is installed, else `OFF` (without importing anything)."""
+    global _shared
+    if _shared is None:
+        if importlib.util.find_spec("opentelemetry") is None:
+            _shared = OFF
+        else:
+            from procstore._runtime.otel import OtelTelemetry
+
+            _shared = OtelTelemetry()
+    return _shared
+
+
+_shared: Telemetry | None = None
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[Callable[[], float]]:
+    """`with timed() as elapsed:` ... `elapsed()` seconds since the block began."""
+    start = time.perf_counter()
+    yield lambda: time.perf_counter() - start
+
+
+async def run_traced(ctx: Any, meta: Any, step: Callable[[], int], body: Callable[[], Awaitable[None]]) -> None:
+    """Run a runner's `body` inside its procedure's span, with its log fields set."""
+    telemetry: Telemetry = ctx.telemetry
+    current_procedure.set(ProcedureScope(str(meta.id), meta.type_name, step))
+    telemetry.running(meta.type_name, 1)
+    try:
+        with telemetry.procedure_span(str(meta.id), meta.type_name, root=meta.is_root, **ctx.span_attributes) as span:
+            await body()
+            state = meta.state
+            ended = state.is_ended() and not meta.abandoned
+            telemetry.mark(span, outcome(state, meta.rolled_back) if ended else None, state.error)
+    finally:
+        telemetry.running(meta.type_name, -1)
+
+
+def backend_of(url: str) -> str:
+    """The store URL's scheme (`s3`, `gs`, `memory`), `file` for a local path."""
+    scheme, sep, _ = url.partition("://")
+    return scheme if sep else "file"
+
+
+class TracedStore(WrappingStore):
+    """Reports every request to the store (duration, errors) to `telemetry`."""
+
+    def __init__(self, inner: StateStore, telemetry: Telemetry) -> None:
+        super().__init__(inner)
+        self.telemetry = telemetry
+        self.backend = backend_of(inner.url)
+
+    async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
+        return await self.telemetry.store_call(kind, self.backend, call)

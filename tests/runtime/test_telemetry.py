@@ -1,0 +1,154 @@
+"""Traces, metrics and log fields, read back from the OpenTelemetry SDK's in-memory exporters."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from procstore import Lease, ProcedureFailed, ProcedureWithId
+from procstore.store import LocalDirStore
+from procstore.testing import kill_manager
+from tests.procedures import Parent, Undoable, World
+from tests.runtime.helpers import manager_for, steps
+
+SPANS = InMemorySpanExporter()
+READER = InMemoryMetricReader()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def providers() -> None:
+    """The SDK, as an application configures it (once per process: the API allows no second)."""
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(SPANS))
+        trace.set_tracer_provider(provider)
+        metrics.set_meter_provider(MeterProvider(metric_readers=[READER]))
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> Iterator[None]:
+    SPANS.clear()
+    yield
+
+
+def spans_of(procedure_id: object) -> list[ReadableSpan]:
+    wanted = str(procedure_id)
+    return [s for s in SPANS.get_finished_spans() if (s.attributes or {}).get("procstore.procedure.id") == wanted]
+
+
+def points(name: str) -> list[Any]:
+    data = READER.get_metrics_data()
+    assert data is not None
+    return [
+        point
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+    ]
+
+
+def total(name: str, **attributes: Any) -> float:
+    return sum(p.value for p in points(name) if all((p.attributes or {}).get(k) == v for k, v in attributes.items()))
+
+
+async def test_a_retried_step_is_one_span_per_attempt_with_its_retry(tmp_path: Path) -> None:
+    world = World.new()
+    async with manager_for(LocalDirStore(tmp_path)) as manager:
+        procedure = steps(world, 2, retry_at=1, retries=2)
+        await (await manager.submit(procedure)).wait()
+    spans = spans_of(procedure.id)
+    run = [s for s in spans if s.name == "procedure test::Steps"]
+    attempts = [s for s in spans if s.name == "step test::Steps"]
+    assert len(run) == 1 and run[0].attributes["procstore.outcome"] == "done"  # type: ignore[index]
+    assert run[0].attributes["procstore.store.backend"] == "file"  # type: ignore[index]
+    assert [(a.attributes or {}).get("procstore.attempt") for a in attempts] == [1, 1, 2, 3]
+    assert all(a.parent is not None and a.parent.span_id == run[0].context.span_id for a in attempts)
+    events = [e for s in spans for e in s.events]
+    assert [e.attributes["procstore.retry.reason"] for e in events if e.name == "retry"] == ["RetryLater"] * 2  # type: ignore[index]
+    assert any(e.name == "store request" for e in run[0].events)  # the writes of the run
+    assert total("procstore.retries", **{"procstore.retry.reason": "RetryLater"}) >= 2
+    assert total("procstore.procedures.submitted", **{"procstore.procedure.type": "test::Steps"}) >= 1
+    assert total("procstore.procedures.ended", **{"procstore.outcome": "done"}) >= 1
+    assert any(p.count for p in points("procstore.store.duration"))
+
+
+async def test_a_rollback_and_a_child_are_traced(tmp_path: Path) -> None:
+    world = World.new()
+    async with manager_for(LocalDirStore(tmp_path)) as manager:
+        undone = ProcedureWithId.new(Undoable({"world": world.name, "steps": 3, "fail_at": 1}))
+        with pytest.raises(ProcedureFailed):
+            await (await manager.submit(undone)).wait()
+        parent = Parent.create(world, ["a"])
+        parent_id = ProcedureWithId.new(parent)
+        await (await manager.submit(parent_id)).wait()
+    run = next(s for s in spans_of(undone.id) if s.name.startswith("procedure"))
+    assert run.attributes["procstore.outcome"] == "rolled back"  # type: ignore[index]
+    assert run.status.status_code.name == "ERROR"
+    assert total("procstore.procedures.ended", **{"procstore.outcome": "rolled back"}) >= 1
+    parent_run = next(s for s in spans_of(parent_id.id) if s.name.startswith("procedure"))
+    child_id = next(iter(parent.data["children"].values()))
+    child_run = next(s for s in spans_of(child_id) if s.name.startswith("procedure"))
+    assert child_run.context.trace_id == parent_run.context.trace_id  # one trace for the tree
+    assert child_run.parent is not None
+
+
+async def test_a_takeover_and_its_recovery_are_traced(tmp_path: Path) -> None:
+    world = World.new()
+    first = manager_for(LocalDirStore(tmp_path), lease=Lease(ttl=1.0, holder="cp-1"))
+    await first.start()
+    await kill_manager(first)
+    await first.stop()
+    before = total("procstore.lease.takeovers")
+    async with manager_for(LocalDirStore(tmp_path), lease=Lease(ttl=1.0, holder="cp-2")) as second:
+        await asyncio.wait_for(second.wait_until_leading(), 10)
+        await (await second.submit(steps(world, 1))).wait()
+    assert total("procstore.lease.takeovers") == before + 1
+    names = [s.name for s in SPANS.get_finished_spans()]
+    assert "procstore.lease.acquire" in names and "procstore.recovery" in names
+    assert any(p.count for p in points("procstore.recovery.duration"))
+    runs = [s for s in SPANS.get_finished_spans() if s.name == "procedure test::Steps"]
+    assert runs and runs[-1].attributes["procstore.lease.holder"] == "cp-2"  # type: ignore[index]
+
+
+async def test_log_records_about_a_procedure_carry_its_fields(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    world = World.new()
+    caplog.set_level(logging.INFO, logger="procstore")
+    async with manager_for(LocalDirStore(tmp_path)) as manager:
+        procedure = steps(world, 2, retry_at=1, retries=1)
+        await (await manager.submit(procedure)).wait()
+    about = [r for r in caplog.records if getattr(r, "procedure_id", None) == str(procedure.id)]
+    assert about and all(r.type_name == "test::Steps" and isinstance(r.step, int) for r in about)  # type: ignore[attr-defined]
+
+
+async def test_telemetry_can_be_turned_off(tmp_path: Path) -> None:
+    world = World.new()
+    async with manager_for(LocalDirStore(tmp_path), telemetry=False) as manager:
+        procedure = steps(world, 1)
+        await (await manager.submit(procedure)).wait()
+    assert spans_of(procedure.id) == []
+
+
+def test_nothing_is_imported_without_the_api() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['opentelemetry'] = None;"  # as if the `otel` extra were not installed
+        "import procstore; from procstore._runtime.telemetry import get_telemetry, OFF;"
+        "assert get_telemetry() is OFF;"
+        "assert not [m for m, v in sys.modules.items() if m.startswith('opentelemetry') and v is not None]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
