@@ -61,7 +61,9 @@ def points(name: str) -> list[Any]:
 
 
 def total(name: str, **attributes: Any) -> float:
-    return float(sum(p.value for p in points(name) if all((p.attributes or {}).get(k) == v for k, v in attributes.items()))
+    wanted = attributes.items()
+    values = [p.value for p in points(name) if all((p.attributes or {}).get(k) == v for k, v in wanted)]
+    return float(sum(values))
 
 
 async def test_a_retried_step_is_one_span_per_attempt_with_its_retry(tmp_path: Path) -> None:
