@@ -49,17 +49,27 @@ def data_fields(message: ProcedureMessage) -> dict[str, Any] | None:
         return None
 
 
+def field_changes(fields: dict[str, Any], previous: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """(mark, field, value as JSON) for each field: `*` changed since `previous`, `-` removed."""
+    rows = []
+    for name, value in fields.items():
+        changed = previous is not None and (name not in previous or previous[name] != value)
+        rows.append(("*" if changed else "", name, orjson.dumps(value).decode()))
+    if previous is not None:
+        rows += [("-", name, "(removed)") for name in previous.keys() - fields.keys()]
+    return rows
+
+
 def _fields_table(fields: dict[str, Any], previous: dict[str, Any] | None) -> Table:
     table = Table(show_header=True, box=None, pad_edge=False)
     table.add_column("", width=1)
     table.add_column("field", style="cyan")
     table.add_column("value")
-    for name, value in fields.items():
-        changed = previous is not None and (name not in previous or previous[name] != value)
-        table.add_row("[bold yellow]*[/]" if changed else "", name, orjson.dumps(value).decode())
-    if previous is not None:
-        for name in previous.keys() - fields.keys():
-            table.add_row("[bold yellow]-[/]", f"[strike]{name}[/]", "(removed)")
+    for mark, name, value in field_changes(fields, previous):
+        if mark == "-":
+            table.add_row("[bold yellow]-[/]", f"[strike]{name}[/]", value)
+        else:
+            table.add_row("[bold yellow]*[/]" if mark else "", name, value)
     return table
 
 

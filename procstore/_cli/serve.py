@@ -1,0 +1,35 @@
+"""`procstore serve`: the web view of a store (`procstore._web`), on uvicorn."""
+
+from __future__ import annotations
+
+import click
+
+from procstore._cli.common import CommandError, ExitCode, parse_storage_options, store_options
+
+
+@click.command()
+@store_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8600, show_default=True, help="Port to listen on.")
+@click.option(
+    "--refresh", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between page updates."
+)
+def serve(url: str, storage_options: tuple[str, ...], parent_path: str, host: str, port: int, refresh: float) -> None:
+    """A live, read-only web page of the store: counts by status, the procedures with filters,
+    each one's tree and decoded steps, unreadable values with what to do, and the lease.
+
+    Needs the `web` extra (`pip install 'procstore[web]'`). Listens on 127.0.0.1 by default:
+    the page shows everything the store holds, so expose it with care.
+    """
+    try:
+        import uvicorn
+
+        from procstore._web.app import create_app
+    except ImportError as e:
+        raise CommandError(
+            f"procstore serve needs the web extra ({e.name} is missing): pip install 'procstore[web]'",
+            ExitCode.USAGE,
+        ) from e
+    app = create_app(url, parse_storage_options(storage_options), parent_path, refresh)
+    click.echo(f"serving {url} on http://{host}:{port}/ (read-only; Ctrl-C stops)", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,1 @@
+"""The web view behind `procstore serve` (private: the command is the interface)."""

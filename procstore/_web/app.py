@@ -1,0 +1,210 @@
+"""`procstore serve`: a read-only web view of a store, on Starlette.
+
+Pages are rendered on the server from the same reads as the CLI (`read_inventory`,
+`read_history`, the lease), so the web view and `procstore ls/show/lease` never disagree.
+A small inline script polls the JSON twin of each page and updates it in place: no build
+step, nothing fetched from the network. Every value from the store is escaped (Jinja2
+autoescape; the script writes `textContent` only): ids, types and data are adversarial.
+Nothing here writes to the store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from procstore._cli.lease import lease_state, read_lease
+from procstore._cli.listing import row_json
+from procstore._cli.output import iso_time, short_ids, table_time
+from procstore._cli.show import data_fields, field_changes
+from procstore._runtime.lease import LeaseRecord
+from procstore.errors import StoreError
+from procstore.ids import ProcedureId
+from procstore.store import ProcedureStore, open_state_store
+from procstore.store.inventory import Inventory, StoredProcedure, StoredStatus, read_history, read_inventory
+from procstore.store.keys import KeyType
+
+_TEMPLATES = Environment(
+    loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+UNREADABLE_HINT = (
+    "recovery skips it and leaves its keys untouched: restore a good value, or delete the procedure "
+    "(`procstore delete`), then restart the managers"
+)
+
+
+def create_app(
+    url: str, storage_options: dict[str, Any] | None = None, parent_path: str = "", refresh: float = 2.0
+) -> Starlette:
+    """The web view of the store at `url`: `/` (list, counts, lease), `/p/{id}` (one
+    procedure), and their JSON twins `/api/procedures` and `/api/procedures/{id}`.
+
+    The store is opened when the app starts and closed when it stops; a store that cannot be
+    read answers 503 with the reason, page by page (it may come back).
+    """
+    state: dict[str, ProcedureStore] = {}
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        state["store"] = ProcedureStore(open_state_store(url, storage_options or {}), parent_path)
+        try:
+            yield
+        finally:
+            await state["store"].store.close()
+
+    async def index(request: Request) -> Response:
+        return await _page(request, "index.html", lambda: _overview(state["store"], request), refresh)
+
+    async def procedure(request: Request) -> Response:
+        pid = request.path_params["procedure_id"]
+        return await _page(request, "procedure.html", lambda: _procedure(state["store"], pid), refresh)
+
+    async def api_index(request: Request) -> Response:
+        return await _json(lambda: _overview(state["store"], request))
+
+    async def api_procedure(request: Request) -> Response:
+        return await _json(lambda: _procedure(state["store"], request.path_params["procedure_id"]))
+
+    routes = [
+        Route("/", index),
+        Route("/p/{procedure_id}", procedure),
+        Route("/api/procedures", api_index),
+        Route("/api/procedures/{procedure_id}", api_procedure),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+class NotFound(Exception):
+    pass
+
+
+async def _page(request: Request, template: str, read: Any, refresh: float) -> Response:
+    try:
+        data = await read()
+        status = 200
+    except NotFound as e:
+        data, status = {"error": str(e)}, 404
+    except StoreError as e:
+        data, status = {"error": f"the store cannot be read: {e}"}, 503
+    html = _TEMPLATES.get_template(template).render(data=data, refresh=refresh)
+    return HTMLResponse(html, status_code=status)
+
+
+async def _json(read: Any) -> Response:
+    try:
+        return JSONResponse(await read())
+    except NotFound as e:
+        return JSONResponse({"error": str(e)}, status_code=404)
+    except StoreError as e:
+        return JSONResponse({"error": f"the store cannot be read: {e}"}, status_code=503)
+
+
+def _row(p: StoredProcedure, inventory: Inventory, ids: dict[ProcedureId, str], now: float) -> dict[str, Any]:
+    row = row_json(p, inventory)
+    row["short"] = ids[p.procedure_id]
+    row["parent_short"] = None if p.parent_id is None else ids.get(p.parent_id, str(p.parent_id)[:8])
+    row["age"] = table_time(p.modified, "relative", now)
+    row["hint"] = UNREADABLE_HINT if p.status is StoredStatus.UNREADABLE else None
+    return row
+
+
+async def _overview(store: ProcedureStore, request: Request) -> dict[str, Any]:
+    inventory = await read_inventory(store)
+    now = time.time()
+    wanted_status = request.query_params.get("status") or None
+    wanted_type = request.query_params.get("type") or None
+    ids = short_ids(list(inventory.procedures))
+    counts = {s.value: 0 for s in StoredStatus}
+    for p in inventory.procedures.values():
+        counts[p.status.value] += 1
+    chosen = [
+        p
+        for p in sorted(inventory.procedures.values(), key=lambda p: (p.modified or 0.0, str(p.procedure_id)))
+        if (wanted_status is None or p.status.value == wanted_status)
+        and (wanted_type is None or p.type_name == wanted_type)
+    ]
+    return {
+        "store": f"{store.store.url}{store.proc_path}",
+        "counts": counts,
+        "total": len(inventory.procedures),
+        "types": sorted({p.type_name for p in inventory.procedures.values() if p.type_name}),
+        "filters": {"status": wanted_status, "type": wanted_type},
+        "procedures": [_row(p, inventory, ids, now) for p in chosen],
+        "other_keys": inventory.other_keys[:20],
+        "lease": await _lease(store, now),
+        "read_at": iso_time(now),
+    }
+
+
+async def _lease(store: ProcedureStore, now: float) -> dict[str, Any] | None:
+    key, raw, modified = await read_lease(store)
+    if raw is None:
+        return None
+    age = None if modified is None else max(0.0, now - modified)
+    try:
+        record = LeaseRecord.decode(raw)
+    except ValueError as e:
+        return {"key": key, "problem": f"unreadable: {e}; the managers take it for a lease nobody holds"}
+    state, said = lease_state(record, age)
+    return {"key": key, "holder": record.holder, "epoch": record.epoch, "state": state, "said": said,
+            "renewed": table_time(modified, "relative", now)}  # fmt: skip
+
+
+async def _procedure(store: ProcedureStore, text: str) -> dict[str, Any]:
+    inventory = await read_inventory(store)
+    matches = [pid for pid in inventory.procedures if str(pid).startswith(text.lower())] if len(text) >= 4 else []
+    if len(matches) != 1:
+        raise NotFound(f"no procedure {text!r} in this store" if not matches else f"{text!r} is ambiguous")
+    p = inventory.procedures[matches[0]]
+    now = time.time()
+    ids = short_ids(list(inventory.procedures))
+    ancestors: list[StoredProcedure] = []
+    current = p
+    while current.parent_id is not None and (parent := inventory.procedures.get(current.parent_id)) is not None:
+        if parent in ancestors or parent is p:
+            break
+        ancestors.insert(0, parent)
+        current = parent
+    steps: list[dict[str, Any]] = []
+    previous: dict[str, Any] | None = None
+    for key, modified, message, problem in await read_history(store, p.procedure_id):
+        step: dict[str, Any] = {
+            "key": str(key),
+            "step": key.step,
+            "kind": key.key_type.value,
+            "written": iso_time(modified),
+            "problem": problem,
+            "error": None,
+            "fields": [],
+        }
+        if problem is not None:
+            step["hint"] = UNREADABLE_HINT
+        if message is not None and key.key_type is not KeyType.COMMIT:
+            step["error"] = message.error
+            fields = data_fields(message)
+            if fields is None:
+                step["raw"] = message.data
+            else:
+                step["fields"] = [{"mark": m, "name": n, "value": v} for m, n, v in field_changes(fields, previous)]
+                previous = fields
+        steps.append(step)
+    return {
+        "store": f"{store.store.url}{store.proc_path}",
+        "procedure": _row(p, inventory, ids, now),
+        "ancestors": [_row(a, inventory, ids, now) for a in ancestors],
+        "descendants": [_row(d, inventory, ids, now) for d in reversed(inventory.descendants(p.procedure_id))],
+        "steps": steps,
+        "read_at": iso_time(now),
+    }

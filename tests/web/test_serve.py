@@ -1,0 +1,168 @@
+"""`procstore serve`: over HTTP, and as a person sees it in a real headless Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from click.testing import CliRunner
+from starlette.testclient import TestClient
+
+from procstore._cli.app import cli
+from procstore._runtime.lease import LEASE_KEY
+from procstore._web.app import create_app
+from procstore.store import open_state_store
+from procstore.testing.pytest_plugin import free_port
+from tests.cli.store_builder import MixedStore, build_mixed_store
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def put(url: str, key: str, value: bytes) -> None:
+    async def write() -> None:
+        store = open_state_store(url)
+        try:
+            await store.put(key, value)
+        finally:
+            await store.close()
+
+    asyncio.run(write())
+
+
+@pytest.fixture
+def mixed(tmp_path: Path) -> tuple[str, MixedStore]:
+    """Procedures in every state: unfinished, committed, rolling back, unreadable, a child."""
+    url = str(tmp_path / "cp")
+    built = asyncio.run(build_mixed_store(open_state_store(url), ""))
+    put(url, LEASE_KEY, b'{"holder":"cp-1:7000","epoch":3,"renewal":5,"ttl":10.0,"released":false}')
+    return url, built
+
+
+def test_the_list_the_counts_and_the_lease(mixed: tuple[str, MixedStore]) -> None:
+    url, store = mixed
+    with TestClient(create_app(url)) as client:
+        page = client.get("/")
+        assert page.status_code == 200
+        assert "10</b> procedures" in page.text and "4 unfinished" in page.text and "2 unreadable" in page.text
+        assert "held by <b>cp-1:7000</b>, epoch 3" in page.text
+        assert "restore a good value" in page.text  # what to do with an unreadable one
+        filtered = client.get("/", params={"status": "rolling back"}).text
+        assert store.rolling_back in filtered and store.migration not in filtered
+        data = client.get("/api/procedures").json()
+        assert data["counts"]["committed"] == 3 and len(data["procedures"]) == 10
+
+
+def test_one_procedure_its_tree_and_its_decoded_steps(mixed: tuple[str, MixedStore]) -> None:
+    url, store = mixed
+    with TestClient(create_app(url)) as client:
+        child = client.get(f"/p/{store.running_child}").text
+        assert "ancestor" in child and store.parent[:8] in child
+        migration = client.get(f"/p/{store.migration[:8]}").text
+        assert "step 1 step" in migration and 'class="changed"' in migration  # a field that changed
+        rolling = client.get(f"/p/{store.rolling_back}").text
+        assert "error:" in rolling
+        torn = client.get(f"/p/{store.truncated}").text
+        assert "unreadable:" in torn and "restore a good value" in torn
+        assert client.get("/p/ffffffff").status_code == 404
+
+
+def test_stored_values_are_escaped(tmp_path: Path) -> None:
+    url = str(tmp_path)
+    pid = str(uuid.uuid4())
+    evil = "<script>alert(1)</script>"
+    message = {"type_name": evil, "data": json.dumps({"x": evil}), "parent_id": None, "step": 0}
+    put(url, f"procedure/{pid}/0000000000.step", json.dumps(message).encode())
+    with TestClient(create_app(url)) as client:
+        for path in ("/", f"/p/{pid}"):
+            text = client.get(path).text
+            assert evil not in text and "&lt;script&gt;" in text
+
+
+def test_an_unreadable_store_answers_503_with_the_reason() -> None:
+    with TestClient(create_app("http://127.0.0.1:1/x")) as client:
+        page = client.get("/")
+        assert page.status_code == 503 and "cannot be read" in page.text
+
+
+def test_serve_without_the_web_extra_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_uvicorn(name: str, *args: object, **kwargs: object) -> object:
+        if name == "uvicorn":
+            raise ImportError("No module named 'uvicorn'", name="uvicorn")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_uvicorn)
+    result = CliRunner().invoke(cli, ["serve", "/tmp"])
+    assert result.exit_code == 2 and "pip install 'procstore[web]'" in result.output
+
+
+@pytest.fixture
+def served(mixed: tuple[str, MixedStore]) -> Iterator[tuple[str, str, MixedStore]]:
+    url, store = mixed
+    port = free_port()
+    config = uvicorn.Config(create_app(url, refresh=0.3), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(base + "/api/procedures", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    yield base, url, store
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (.ci/run installs it)")
+def test_a_person_sees_the_store_in_a_browser_and_it_updates_live(
+    served: tuple[str, str, MixedStore], tmp_path: Path
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    base, url, store = served
+    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
+        try:
+            page = browser.new_page()
+            page.goto(base + "/")
+            counts = page.locator("#counts").inner_text()
+            assert "10 procedures" in counts and "1 rolling back" in counts and "2 unreadable" in counts
+            assert "cp-1:7000" in page.locator("#lease").inner_text()
+            table = page.locator("#procedures").inner_text()
+            assert "metasrv-procedure::RegionMigration" in table and "unreadable" in table
+            page.screenshot(path=str(tmp_path / "procstore-serve.png"), full_page=True)
+            # A procedure appears in the store: the page shows it without a reload.
+            # (in a thread: Playwright's sync API runs an event loop in this one)
+            key = f"procedure/{uuid.uuid4()}/0000000000.step"
+            value = b'{"type_name":"live::Arrived","data":"{}","parent_id":null,"step":0}'
+            writer = threading.Thread(target=put, args=(url, key, value))
+            writer.start()
+            writer.join()
+            arrived = "document.querySelector('#counts').innerText.includes('11 procedures')"
+            page.wait_for_function(arrived, timeout=10_000)
+            assert "live::Arrived" in page.locator("#procedures").inner_text()
+            page.click(f"text={store.truncated[:8]}")
+            page.wait_for_selector("#steps")
+            assert "unreadable" in page.locator("#steps").inner_text()
+            page.screenshot(path=str(tmp_path / "procstore-serve-procedure.png"), full_page=True)
+        finally:
+            browser.close()
+    assert (tmp_path / "procstore-serve.png").stat().st_size > 1000
