@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import click
 
-from benchmarks import recovery, suites
+from benchmarks import observability, recovery, suites
 from benchmarks.harness import Report, machine
 from benchmarks.stores import targets
 
-NAMES = ("step", "throughput", "recovery", "memory", "lease")
+NAMES = ("step", "throughput", "recovery", "memory", "lease", "observability")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Sizes:
     dbos_max: int
     """The largest N DBOS runs at: beyond it a run takes minutes (about 30 workflows/s here)."""
     lease: dict[str, tuple[int, ...]]
+    observability: dict[str, tuple[int, ...]]
 
 
 QUICK = Sizes(  # CI runs this: under three minutes
@@ -37,6 +38,7 @@ QUICK = Sizes(  # CI runs this: under three minutes
     memory=(1000,),
     dbos_max=100,
     lease={"local": (100,), "memory": (100,), "s3": (25,)},
+    observability={"local": (100,), "s3": (25,)},
 )
 FULL = Sizes(  # S3 stops at 1,000: the moto server here does ~150 puts/s, 10,000 would take 7 minutes
     step={"local": (1, 100, 1000, 10_000), "memory": (1, 100, 1000, 10_000), "s3": (1, 100, 1000)},
@@ -45,6 +47,7 @@ FULL = Sizes(  # S3 stops at 1,000: the moto server here does ~150 puts/s, 10,00
     memory=(1000, 10_000),
     dbos_max=1000,
     lease={"local": (100, 1000), "memory": (100, 1000), "s3": (100,)},
+    observability={"local": (100, 1000), "s3": (100,)},
 )
 
 
@@ -74,6 +77,11 @@ async def run(quick: bool, only: tuple[str, ...]) -> Report:
             for target in stores:
                 for n in sizes.lease[target.kind]:
                     await suites.lease_overhead(report, target, n)
+        # Last: it configures the OpenTelemetry SDK for the rest of the process.
+        if "observability" in chosen:
+            for target in stores:
+                for n in sizes.observability.get(target.kind, ()):
+                    await observability.observability_overhead(report, target, n)
     return report
 
 

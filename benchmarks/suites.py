@@ -29,8 +29,8 @@ MESSAGE = ProcedureMessage("bench::Loop", new_loop(5).dump(), None, 1).encode()
 """What one persisted step of a `Loop` writes (~150 bytes); the raw baselines write it too."""
 
 
-def manager(url: str, target: Target, lease: Lease | None = None) -> ProcedureManager:
-    m = ProcedureManager(url, target.options, max_running_procedures=1_000_000, lease=lease)
+def manager(url: str, target: Target, lease: Lease | None = None, telemetry: bool = True) -> ProcedureManager:
+    m = ProcedureManager(url, target.options, max_running_procedures=1_000_000, lease=lease, telemetry=telemetry)
     m.register(Loop)
     return m
 

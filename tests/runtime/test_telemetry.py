@@ -43,8 +43,12 @@ def fresh() -> Iterator[None]:
 
 
 def spans_of(procedure_id: object) -> list[ReadableSpan]:
+    """The procedure's run spans, and the step spans under them."""
     wanted = str(procedure_id)
-    return [s for s in SPANS.get_finished_spans() if (s.attributes or {}).get("procstore.procedure.id") == wanted]
+    finished = SPANS.get_finished_spans()
+    runs = [s for s in finished if (s.attributes or {}).get("procstore.procedure.id") == wanted]
+    ids = {s.context.span_id for s in runs}
+    return runs + [s for s in finished if s.parent is not None and s.parent.span_id in ids]
 
 
 def points(name: str) -> list[Any]:

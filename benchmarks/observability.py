@@ -1,0 +1,60 @@
+"""`--only observability`: what tracing and metrics cost a persisted step, on vs off.
+
+"On" is what an application that exports telemetry runs: the OpenTelemetry SDK configured
+with a batching span processor and a metric reader (exporters that drop what they get, so
+that the network is not measured). "Off" is `telemetry=False`, the same code path a
+process without the `otel` extra takes. Both managers run in this process, on stores of the
+same kind, interleaved (best of five), so the ratio is the cost of the hooks alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from benchmarks.harness import Report, Row
+from benchmarks.procedures import new_loop
+from benchmarks.stores import Target
+from benchmarks.suites import best_of, manager
+from procstore import ProcedureManager, ProcedureWithId
+
+
+class _Dropped(SpanExporter):
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+def configure_sdk() -> None:
+    """The global providers, once per process (the API refuses a second)."""
+    if isinstance(trace.get_tracer_provider(), TracerProvider):
+        return
+    tracing = TracerProvider()
+    tracing.add_span_processor(BatchSpanProcessor(_Dropped()))
+    trace.set_tracer_provider(tracing)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+
+
+async def observability_overhead(report: Report, target: Target, steps: int) -> None:
+    configure_sdk()
+    async with (
+        manager(target.url(), target, telemetry=True) as on,
+        manager(target.url(), target, telemetry=False) as off,
+    ):
+
+        def run(m: ProcedureManager) -> Callable[[], Awaitable[None]]:
+            async def procedure() -> None:
+                await (await m.submit(ProcedureWithId.new(new_loop(steps)))).wait()
+
+            return procedure
+
+        on_elapsed, off_elapsed = await best_of(5, run(on), run(off))
+    writes = steps + 1
+    report.add(
+        Row("observability", f"{target.kind}: one persisted step, traced and metered, {steps}-step procedure",
+            1e3 * on_elapsed / writes, "ms", 1e3 * off_elapsed / writes, "the same, telemetry=False", "<= 1.05")
+    )  # fmt: skip
