@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, Self
@@ -159,6 +159,22 @@ class Context:
     late write (after a pause, say) is then refused there too."""
     lease_check: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
     """Raises `LeaseExpired` once the manager may no longer write; use `check_lease()`."""
+    crash_hook: Callable[[str], Awaitable[None]] | None = field(default=None, repr=False, compare=False)
+    """What `crash_point` calls (the manager's store); None outside a manager."""
+
+    async def crash_point(self, name: str) -> None:
+        """Mark a place inside this step where a test may kill the process.
+
+        In production it does nothing (one await). Under test it is where a step that does
+        several things outside the store (make a folder, write, rename) can be cut in the
+        middle, which a crash at the store's writes never does: the crash explorer kills a
+        run before and after each crash point, as around a store write, and
+        `procstore.testing.crash_at(name)` arms one for a live manager in any test (as
+        FoundationDB's BUGGIFY and HBase's kill points do). `name` says where, for reports:
+        `await ctx.crash_point("after-mkdir")`.
+        """
+        if self.crash_hook is not None:
+            await self.crash_hook(name)
 
     def check_lease(self) -> None:
         """Raise `LeaseExpired` unless this manager still holds its lease (no-op without one).

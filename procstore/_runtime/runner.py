@@ -151,6 +151,7 @@ class Runner:
             is_retrying=attempt > 1,
             fencing_token=ctx.fencing_token,
             lease_check=ctx.lease_check,
+            crash_hook=lambda name: ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/{name}"),
         )
 
     def _check_lease(self) -> None:
@@ -173,6 +174,8 @@ class Runner:
     async def _execute_once(self, attempt: int) -> Status:
         self._check_lease()
         await self._check_operator_request()
+        # Where a test's fault plan numbers attempts (a no-op on a production store).
+        await self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
         with self.ctx.telemetry.step_span(str(self.meta.id), self.meta.type_name, self.step, attempt):
             status = await not_cancelled_by_itself(self.procedure.execute(self._context(attempt)), "execute()")
         if not isinstance(status, Status):

@@ -150,6 +150,9 @@ class TracedStore(WrappingStore):
     async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
         return await self.telemetry.store_call(kind, self.backend, call)
 
+    async def crash_point(self, key: str) -> None:
+        await self.inner.crash_point(key)  # not a store request: nothing to report
+
     async def delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> None:
         # The inner store's own: a local directory's deletes a folder with one fsync, where
         # the base class would make one request (and one fsync) per key.

@@ -96,6 +96,13 @@ class StateStore(abc.ABC):
     async def delete(self, key: str) -> None:
         """Delete one key, or a folder (`key` ending in `/`) once it is empty."""
 
+    async def crash_point(self, key: str) -> None:  # noqa: B027 - a no-op but in tests
+        """A place in a procedure's step where a test may kill the process (`Context.crash_point`).
+
+        Nothing in production; `procstore.testing.FaultyStore` counts it as an operation, so
+        the crash explorer kills runs there as it does around a store write.
+        """
+
     async def delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> None:
         """Delete `first` durably, then each key of `then` in its order, then `folder` once empty.
 

@@ -16,6 +16,8 @@ WRITE_KINDS = frozenset({"put", "put_if_absent", "put_if_version"})
 """The operations that write a value."""
 MUTATING_KINDS = WRITE_KINDS | {"batch_delete", "delete"}
 """The operations that change the store."""
+CRASH_POINT = "crash_point"
+"""Not a store operation: a place in a step where a test may kill the process."""
 
 
 class WrappingStore(StateStore):
@@ -67,6 +69,9 @@ class WrappingStore(StateStore):
 
     async def delete(self, key: str) -> None:
         await self.around("delete", key, lambda: self.inner.delete(key))
+
+    async def crash_point(self, key: str) -> None:
+        await self.around("crash_point", key, lambda: self.inner.crash_point(key))
 
     async def check_access(self) -> None:
         await self.around("check_access", "", self.inner.check_access)

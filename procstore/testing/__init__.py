@@ -6,7 +6,7 @@ from procstore.testing.explorer import CrashExplorer, CrashPoint, ExplorationRep
 from procstore.testing.faults import FaultyStore
 from procstore.testing.fsspec_faults import FaultyFileSystem
 from procstore.testing.kill import kill_manager
-from procstore.testing.plan import Fault, FaultPlan, SimulatedCrash, StoreOp
+from procstore.testing.plan import Fault, FaultPlan, InjectedFailure, SimulatedCrash, StoreOp, crash_at
 
 __all__ = [
     "CrashExplorer",
@@ -16,8 +16,10 @@ __all__ = [
     "FaultPlan",
     "FaultyFileSystem",
     "FaultyStore",
+    "InjectedFailure",
     "Scenario",
     "SimulatedCrash",
     "StoreOp",
+    "crash_at",
     "kill_manager",
 ]

@@ -12,6 +12,17 @@ never stored, and runs everything to its end. Each run is checked:
 
 `explore(double_execution=True)` adds HBase's mode: one chain of runs, killed before every
 store update it has not been killed before, so that every step runs twice.
+
+`explore(rollback_from_every_step=True)` adds HBase's `testRollbackAndDoubleExecution`: for
+each attempt at a step k of the crash-free run, a run in which that attempt fails (an
+injected error, as if `execute()` raised), so that the rollback runs from every position;
+and, for each, crashes before and after every operation of the rollback that follows. The
+world must then be as `Scenario.rolled_back` says (by default: as before the run).
+
+Crash points that procedures declare (`await ctx.crash_point("after-mkdir")`) are counted
+and killed around like store operations. A failure names its crash point in full (the
+operation, its key, the procedure and step), the first procedure whose outcome differs
+with its error and traceback, the world's difference, and the call that replays it.
 """
 
 from __future__ import annotations
@@ -22,16 +33,25 @@ import contextlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from procstore._runtime.manager import ProcedureManager
-from procstore.errors import ManagerStopped, ProcedureFailed
+from procstore.errors import ManagerStopped, ProcedureFailed, StoreError
 from procstore.procedure import ProcedureWithId
 from procstore.store.open import open_state_store
 from procstore.store.state_store import StateStore
 from procstore.testing.faults import FaultyStore, SimulatedCrash, StoreOp
+from procstore.testing.plan import ATTEMPT, Fault, InjectedFailure
+from procstore.testing.report import (
+    CrashPoint,
+    Failure,
+    Outcome,
+    describe_op,
+    outcome_differences,
+    world_difference,
+)
 
-When = Literal["before", "after"]
+__all__ = ["CrashExplorer", "CrashPoint", "ExplorationReport", "InjectedFailure", "Scenario"]
 
 
 class Scenario(abc.ABC):
@@ -55,18 +75,10 @@ class Scenario(abc.ABC):
         """The world after the run; compared with the clean run's. Default: nothing."""
         return None
 
-
-@dataclass(frozen=True, slots=True)
-class CrashPoint:
-    """Where a run was killed: before or after its `index`-th counted store operation."""
-
-    index: int
-    when: When
-
-    def __str__(self) -> str:
-        if self.index < 0:
-            return "before every store update (each step twice)"
-        return f"{self.when} operation {self.index}"
+    async def rolled_back(self, store: StateStore, before: object) -> object:
+        """The world the rollback mode expects once a failed run has rolled back, given the
+        snapshot taken `before` the run. Default: `before` (everything undone)."""
+        return before
 
 
 @dataclass
@@ -76,7 +88,7 @@ class ExplorationReport:
     scenario: str
     operations: int
     explored: int = 0
-    failures: list[tuple[CrashPoint, str]] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -92,14 +104,17 @@ class ExplorationReport:
             f"{self.scenario}: {self.explored} crash points explored over {self.operations} store "
             f"operations, {len(self.failures)} failed"
         )
-        return "\n".join([head, *(f"  crash {point}: {problem}" for point, problem in self.failures[:20])])
+        return "\n".join([head, *(str(failure) for failure in self.failures[:20])])
 
 
 @dataclass
 class _Result:
-    operations: int
-    outcomes: dict[str, str]
+    ops: list[StoreOp]
+    outcomes: dict[str, Outcome]
     snapshot: object
+    attempts: list[int] = field(default_factory=list)
+    """For each attempt at a step, how many operations came before it."""
+    before: object = None
 
 
 class CrashExplorer:
@@ -130,33 +145,85 @@ class CrashExplorer:
         self._runs = 0
 
     async def explore(
-        self, *, double_execution: bool = False, only: Iterable[CrashPoint] | None = None
+        self,
+        *,
+        double_execution: bool = False,
+        rollback_from_every_step: bool = False,
+        only: Iterable[CrashPoint] | None = None,
     ) -> ExplorationReport:
         """The clean run, then every crash point; returns the report (does not raise).
 
         `only` replays the given points (as a report names them), e.g.
         `only=[CrashPoint(7, "after")]`; `CrashPoint(-1, "before")` is the double-execution run.
+        Raises `ValueError` if a run's store is not empty when it starts.
         """
         clean = await self._run(self._killed_at(None))
-        report = ExplorationReport(self.scenario.name, clean.operations)
+        report = ExplorationReport(self.scenario.name, len(clean.ops))
         if only is not None:
             points = list(only)
         else:
-            points = [CrashPoint(i, w) for i in range(clean.operations) for w in ("before", "after")]
+            points = [CrashPoint(i, w) for i in range(len(clean.ops)) for w in ("before", "after")]
             if double_execution:
                 points.append(CrashPoint(-1, "before"))
+            if rollback_from_every_step:
+                points += await self._rollback_points(clean)
         for point in points:
-            kill = self._twice_each() if point.index < 0 else self._killed_at(point)
-            try:
-                result = await self._run(kill)
-            except AssertionError as e:
-                report.failures.append((point, str(e)))
-            else:
-                problem = _differences(result, clean)
-                if problem:
-                    report.failures.append((point, problem))
+            failure = await self._try(point, clean)
+            if failure is not None:
+                report.failures.append(failure)
             report.explored += 1
         return report
+
+    async def _try(self, point: CrashPoint, clean: _Result) -> Failure | None:
+        at = describe_op(clean.ops[point.index] if 0 <= point.index < len(clean.ops) else None)
+        if point.fail_at is not None:
+            at = f"the attempt failed on purpose, then {'no crash' if point.index < 0 else 'a crash'}"
+        elif point.index < 0:
+            at = "every step run twice"
+        try:
+            twice = point.index < 0 and point.fail_at is None
+            kill = self._twice_each() if twice else self._killed_at(point)
+            result = await self._run(kill, rolled_back=point.fail_at is not None)
+        except AssertionError as e:
+            return Failure(point, at, str(e))
+        if point.fail_at is not None:
+            return self._rollback_problem(point, at, result, clean)
+        differs = outcome_differences(result.outcomes, clean.outcomes)
+        if differs is not None:
+            return Failure(point, at, differs[0], differs[1])
+        if result.snapshot != clean.snapshot:
+            return Failure(point, at, "the world differs from the crash-free run's: "
+                           + world_difference(result.snapshot, clean.snapshot))  # fmt: skip
+        return None
+
+    async def _rollback_points(self, clean: _Result) -> list[CrashPoint]:
+        """A failure at each attempt of the clean run, alone and with a crash around each
+        operation after it (the rollback's own writes)."""
+        points: list[CrashPoint] = []
+        for k in range(len(clean.attempts)):
+            points.append(CrashPoint(-1, "before", k))
+            try:
+                failed = await self._run(self._killed_at(CrashPoint(-1, "before", k)))
+            except AssertionError:
+                continue  # broken without a crash already: that point reports it
+            start = failed.attempts[k] if k < len(failed.attempts) else len(failed.ops)
+            points += [CrashPoint(i, w, k) for i in range(start, len(failed.ops)) for w in ("before", "after")]
+        return points
+
+    def _rollback_problem(self, point: CrashPoint, at: str, result: _Result, clean: _Result) -> Failure | None:
+        """A failed procedure must have rolled the world back; one that ended done (the crash
+        came before its failure was stored, and the step ran again) must match the clean run."""
+        if all(o.status == "done" for o in result.outcomes.values()):
+            if point.index < 0:
+                return Failure(point, at, "no procedure failed although an attempt was made to fail")
+            if result.snapshot != clean.snapshot:
+                return Failure(point, at, "the world differs from the crash-free run's: "
+                               + world_difference(result.snapshot, clean.snapshot))  # fmt: skip
+            return None
+        if result.snapshot != result.before:
+            return Failure(point, at, "the world after the rollback is not as expected: "
+                           + world_difference(result.snapshot, result.before))  # fmt: skip
+        return None
 
     # -- how a run is killed -------------------------------------------------------------
 
@@ -164,11 +231,12 @@ class CrashExplorer:
 
     def _killed_at(self, point: CrashPoint | None) -> CrashExplorer.Kill:
         async def kill(url: str) -> tuple[list[ProcedureWithId], list[FaultyStore]]:
+            crash_at = None if point is None or point.index < 0 else point.index
             faulty = FaultyStore(
-                self._store(url),
-                crash_at=None if point is None else point.index,
-                crash_when="before" if point is None else point.when,
+                self._store(url), crash_at=crash_at, crash_when="before" if point is None else point.when
             )
+            if point is not None and point.fail_at is not None:
+                faulty.plan.faults.append(Fault("error", kinds=frozenset({ATTEMPT}), nth=point.fail_at))
             # Built on the store they run on, so the world's own writes die with the kill too.
             procedures = await self.scenario.procedures(faulty)
             return procedures, [await self._live(faulty, procedures, [])]
@@ -198,12 +266,26 @@ class CrashExplorer:
         self.scenario.attach(manager, store)
         return manager
 
-    async def _run(self, kill: CrashExplorer.Kill) -> _Result:
+    async def _run(self, kill: CrashExplorer.Kill, *, rolled_back: bool = False) -> _Result:
         self._runs += 1
         url = self.store_url(self._runs)
-        await self.scenario.prepare(self._store(url))
+        store = self._store(url)
+        try:
+            leftovers = await store.walk("")
+        except StoreError:
+            leftovers = []  # not there yet (a local folder is made on first write): empty
+        if leftovers:
+            raise ValueError(
+                f"the store of run {self._runs} ({url}) is not empty ({len(leftovers)} keys, e.g. {leftovers[0]}): "
+                "store_url must give every run a fresh, empty folder or prefix"
+            )
+        await self.scenario.prepare(store)
+        # Only the rollback mode needs the world as it was (a scenario may not read an empty store).
+        before = await self.scenario.rolled_back(store, await self.scenario.snapshot(store)) if rolled_back else None
         procedures, lives = await kill(url)
-        return await self._finish(url, procedures, lives)
+        result = await self._finish(url, procedures, lives)
+        result.before = before
+        return result
 
     async def _live(
         self, faulty: FaultyStore, procedures: list[ProcedureWithId], before: list[FaultyStore]
@@ -237,7 +319,7 @@ class CrashExplorer:
     async def _finish(self, url: str, procedures: list[ProcedureWithId], lives: list[FaultyStore]) -> _Result:
         """Restart on the plain store, run everything to its end, and check the store."""
         recorder = FaultyStore(self._store(url))
-        outcomes: dict[str, str] = {}
+        outcomes: dict[str, Outcome] = {}
         async with self._manager(recorder) as manager:
             rebuilt = _rebind(procedures, await self.scenario.procedures(recorder))
             for pwid in rebuilt:
@@ -245,13 +327,15 @@ class CrashExplorer:
                 if watcher is None and not _ever_stored(pwid, lives):
                     watcher = await manager.submit(pwid)
                 if watcher is None:
-                    outcomes[str(pwid.id)] = _ended_before(pwid, lives)
+                    outcomes[str(pwid.id)] = Outcome(_ended_before(pwid, lives))
                     continue
                 try:
                     await asyncio.wait_for(watcher.wait(), self.timeout)
-                    outcomes[str(pwid.id)] = "done"
-                except ProcedureFailed:
-                    outcomes[str(pwid.id)] = "failed"
+                    outcomes[str(pwid.id)] = Outcome("done")
+                except ProcedureFailed as e:
+                    state = manager.procedure_state(pwid.id)
+                    traceback = state.traceback if state is not None else None
+                    outcomes[str(pwid.id)] = Outcome("failed", str(e), traceback)
                 except (TimeoutError, ManagerStopped) as e:
                     raise AssertionError(f"procedure {pwid.id} did not end after the restart: {e!r}") from e
             left = await recorder.inner.walk(manager.store.proc_path)
@@ -263,7 +347,7 @@ class CrashExplorer:
             [op for life in lives for op in life.maybe_landed()],
         )
         snapshot = await self.scenario.snapshot(self._store(url))
-        return _Result(len(lives[0].ops), outcomes, snapshot)
+        return _Result(list(lives[0].ops), outcomes, snapshot, list(lives[0].plan.attempts))
 
 
 def _rebind(originals: list[ProcedureWithId], fresh: list[ProcedureWithId]) -> list[ProcedureWithId]:
@@ -321,12 +405,3 @@ def _ends_once(keys: list[str]) -> bool:
 
 def _folder(op: StoreOp) -> str:
     return op.key.rsplit("/", 2)[-2]
-
-
-def _differences(result: _Result, clean: _Result) -> str | None:
-    outcomes, expected = list(result.outcomes.values()), list(clean.outcomes.values())
-    if outcomes != expected:
-        return f"outcomes {outcomes} differ from the crash-free run's {expected}"
-    if result.snapshot != clean.snapshot:
-        return f"the world differs from the crash-free run's: {result.snapshot!r} != {clean.snapshot!r}"
-    return None

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal, TypeVar
 
 from procstore.store.state_store import StateStore
-from procstore.store.wrapping import WrappingStore
-from procstore.testing.plan import WRITES, Fault, FaultPlan, SimulatedCrash, StoreOp, torn
+from procstore.store.wrapping import CRASH_POINT, WrappingStore
+from procstore.testing.plan import ATTEMPT, ATTEMPT_MARK, WRITES, Fault, FaultPlan, SimulatedCrash, StoreOp, torn
 
 T = TypeVar("T")
 
@@ -65,6 +65,8 @@ class FaultyStore(WrappingStore):
         return self.plan.maybe_landed()
 
     async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
+        if kind == CRASH_POINT and key.endswith(ATTEMPT_MARK):
+            kind = ATTEMPT  # the runner's mark before an attempt: numbered apart, not a crash point
         op, later = self.plan.begin(kind, key)
         for fault in later:
             if fault.action == "delay":

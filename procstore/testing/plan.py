@@ -8,7 +8,10 @@ match, or a limited number of times:
 - `crash`: raise `SimulatedCrash`; from then on every operation raises it too;
 - `tear`: for a write, store only the first half of the value (an empty one for short
   values), then crash, as a non-atomic write interrupted by a kill leaves it;
-- `delay`: sleep `seconds` before the operation.
+- `delay`: sleep `seconds` before the operation;
+- `error`: raise `InjectedFailure`, which procstore does not retry: matched on the kind
+  `attempt` (each attempt at a step, before `execute()`), it fails that step as if
+  `execute()` had raised (the crash explorer's rollback mode).
 """
 
 from __future__ import annotations
@@ -19,17 +22,30 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from procstore.errors import StoreError
-from procstore.store.wrapping import MUTATING_KINDS, WRITE_KINDS
+from procstore.store.wrapping import CRASH_POINT, MUTATING_KINDS, WRITE_KINDS
 
-Action = Literal["transient", "crash", "tear", "delay"]
+Action = Literal["transient", "crash", "tear", "delay", "error"]
 When = Literal["before", "after"]
 
 WRITES = WRITE_KINDS
 MUTATING = MUTATING_KINDS
+COUNTED = MUTATING_KINDS | {CRASH_POINT}
+"""What a `FaultPlan` numbers (and a crash explorer kills around): the operations that
+change the store, and the crash points procedures declare (`Context.crash_point`)."""
 
 
 class SimulatedCrash(BaseException):
     """The process "died" at a store operation. Not an `Exception`, so nothing handles it."""
+
+
+class InjectedFailure(Exception):
+    """A failure a `Fault("error")` injects: not a store error, so no retry absorbs it."""
+
+
+ATTEMPT = "attempt"
+"""The kind a `FaultPlan` gives each attempt at a step (not counted: see `attempts`)."""
+ATTEMPT_MARK = "#attempt"
+"""The crash-point name the runner passes before each attempt, read back as an `attempt`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +62,7 @@ class Fault:
     """One rule of a `FaultPlan`."""
 
     action: Action
-    kinds: frozenset[str] = MUTATING
+    kinds: frozenset[str] = COUNTED
     key: str = "*"
     """An `fnmatch` pattern on the key."""
     nth: int | None = None
@@ -85,6 +101,8 @@ class FaultPlan:
     crashed: asyncio.Event = field(default_factory=asyncio.Event)
     crash_before_new: set[tuple[str, str]] | None = None
     """If set: crash before any counted operation not in it (then add it)."""
+    attempts: list[int] = field(default_factory=list)
+    """For each attempt at a step, in order: how many operations were counted before it."""
 
     def crash(self, message: str) -> SimulatedCrash:
         self.crashed.set()
@@ -96,7 +114,9 @@ class FaultPlan:
         if self.crashed.is_set():
             raise SimulatedCrash(f"the store is gone: crashed earlier ({kind} {key})")
         op = None
-        if kind in MUTATING:
+        if kind == ATTEMPT:
+            self.attempts.append(len(self.ops))
+        elif kind in COUNTED:
             op = StoreOp(len(self.ops), kind, key)
             self.ops.append(op)
             if self.crash_before_new is not None and (kind, key) not in self.crash_before_new:
@@ -111,6 +131,8 @@ class FaultPlan:
                 later.append(fault)
             elif fault.action == "crash":
                 raise self.crash(f"crash before {kind} {key}")
+            elif fault.action == "error":
+                raise InjectedFailure(f"failure injected at {kind} {key}")
             else:
                 raise StoreError(f"injected transient failure of {kind} {key}", key=key)
         return op, later
@@ -136,3 +158,10 @@ class FaultPlan:
 def torn(value: bytes) -> bytes:
     """What a write interrupted half way leaves."""
     return value[: len(value) // 2]
+
+
+def crash_at(name: str, *, nth: int = 0, when: When = "before") -> Fault:
+    """A fault that kills the process at the crash point `name` (`Context.crash_point`),
+    the `nth` time any procedure reaches it: put it in a `FaultyStore`'s faults and give
+    that store to a live manager, in any test."""
+    return Fault("crash", kinds=frozenset({CRASH_POINT}), key=f"*/{name}", nth=nth, when=when)

@@ -75,10 +75,11 @@ class StoreUnderTest:
     base: str = ""
 
     def run_url(self, n: int) -> str:
-        """An empty store for run `n` of an explorer (a new name, folder or prefix)."""
+        """An empty store for run `n` of an explorer: a new name, folder or prefix on every
+        call, so that a second explorer in the same test never starts on the first's keys."""
         if self.kind == "memory":
             return f"memory://procstore-{uuid.uuid4().hex}/"
-        return f"{self.base}run-{n}/"
+        return f"{self.base}run-{n}-{uuid.uuid4().hex[:8]}/"
 
 
 def free_port() -> int:

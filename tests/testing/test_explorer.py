@@ -67,10 +67,12 @@ async def test_finds_the_step_that_is_not_idempotent() -> None:
     report = await CrashExplorer(Deposits(idempotent=False), memory_url).explore()
     assert not report.ok
     assert report.operations == 6 and report.explored == 12  # 3 writes, then 3 deletions
-    [(point, problem)] = report.failures
-    assert (point.index, point.when) == (1, "before")  # deposited, then killed before storing it
-    assert "{'a': 20} != {'a': 10}" in problem
-    assert "1 failed" in str(report) and "before operation 1" in str(report)
+    [failure] = report.failures
+    assert (failure.point.index, failure.point.when) == (1, "before")  # deposited, then killed before storing it
+    assert "a: 20 instead of 10" in failure.problem
+    said = str(report)
+    assert "1 failed" in said and "before operation 1: put_if_absent procedure/" in said and ", step 1)" in said
+    assert 'replay: await explorer.explore(only=[CrashPoint(1, "before")])' in said.replace("'", '"')
 
 
 async def test_passes_the_idempotent_version_in_both_modes() -> None:
@@ -82,7 +84,7 @@ async def test_passes_the_idempotent_version_in_both_modes() -> None:
 async def test_double_execution_finds_it_too() -> None:
     explorer = CrashExplorer(Deposits(idempotent=False), memory_url)
     report = await explorer.explore(double_execution=True)
-    assert any(point.index < 0 for point, _ in report.failures)
+    assert any(failure.point.index < 0 for failure in report.failures)
 
 
 async def test_a_reported_point_replays_alone() -> None:

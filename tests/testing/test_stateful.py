@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 import weakref
 
+import pytest
 from hypothesis import settings
 
 from procstore import ProcedureId, ProcedureManager, ProcedureWithId
@@ -128,3 +129,20 @@ class MigrateRegions(ProcedureStateMachine):
 
 MigrateRegions.TestCase.settings = settings(MigrateRegions.TestCase.settings, max_examples=10)
 TestMigrateRegions = MigrateRegions.TestCase
+
+
+def test_schedules_leave_no_task_pending(caplog: pytest.LogCaptureFixture) -> None:
+    """Every manager life is stopped, so asyncio never reports a task destroyed while
+    pending (a `procstore:gc` task, say) when a schedule's loop closes."""
+    import gc
+    import logging
+
+    from hypothesis.stateful import run_state_machine_as_test
+
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    run_state_machine_as_test(
+        StepsAndRollbacks, settings=settings(max_examples=8, stateful_step_count=15, deadline=None)
+    )
+    gc.collect()
+    destroyed = [r for r in caplog.records if "Task was destroyed but it is pending" in r.getMessage()]
+    assert destroyed == [], destroyed[:3]

@@ -1,0 +1,112 @@
+"""What a crash explorer reports: each crash point named in full, and why the run failed."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from procstore.testing.plan import StoreOp
+
+When = Literal["before", "after"]
+
+_KEY = re.compile(r"procedure/(?P<id>[0-9a-f-]{36})/(?P<step>\d{10})\.(?P<kind>step|commit|rollback)$")
+
+
+@dataclass(frozen=True, slots=True)
+class CrashPoint:
+    """Where a run was killed: before or after its `index`-th counted operation.
+
+    With `fail_at` set (the rollback mode), the run's `fail_at`-th attempt at a step fails
+    first (an injected error), and `index` counts from there (-1: no crash, the rollback
+    runs to its end).
+    """
+
+    index: int
+    when: When
+    fail_at: int | None = None
+
+    def __str__(self) -> str:
+        if self.fail_at is not None:
+            where = "no crash" if self.index < 0 else f"crash {self.when} operation {self.index}"
+            return f"failure injected at attempt {self.fail_at}, {where}"
+        if self.index < 0:
+            return "before every store update (each step twice)"
+        return f"{self.when} operation {self.index}"
+
+
+def describe_op(op: StoreOp | None) -> str:
+    """An operation as a person reads it: kind, key, and the procedure and step it belongs to."""
+    if op is None:
+        return "(an operation the crash-free run never reached)"
+    if op.kind == "crash_point":
+        pid, step, name = [*op.key.split("/", 2), "", ""][:3]
+        return f"crash point {name!r} of procedure {pid}, step {step}"
+    match = _KEY.search(op.key)
+    about = f" (procedure {match['id']}, step {int(match['step'])})" if match else ""
+    return f"{op.kind} {op.key}{about}"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one procedure ended in a run: done or failed, and with what error."""
+
+    status: str
+    error: str | None = None
+    traceback: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One crash point that broke something, with all a reader needs to act on it."""
+
+    point: CrashPoint
+    operation: str
+    """The operation the crash was placed at, described."""
+    problem: str
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def replay(self) -> str:
+        p = self.point
+        extra = "" if p.fail_at is None else f", fail_at={p.fail_at}"
+        return f"await explorer.explore(only=[CrashPoint({p.index}, {p.when!r}{extra})])"
+
+    def __str__(self) -> str:
+        lines = [f"crash {self.point}: {self.operation}", f"    {self.problem}"]
+        lines += [f"    {line}" for detail in self.details for line in detail.splitlines()]
+        lines.append(f"    replay: {self.replay}")
+        return "\n".join(lines)
+
+
+def outcome_differences(outcomes: dict[str, Outcome], expected: dict[str, Outcome]) -> tuple[str, list[str]] | None:
+    """The first procedure whose outcome differs from the crash-free run's, with its error.
+
+    Both are in the scenario's order; ids differ from run to run (they are often random).
+    """
+    for n, ((pid, got), want) in enumerate(zip(outcomes.items(), expected.values(), strict=False)):
+        if got.status != want.status:
+            problem = f"procedure {pid} (the scenario's #{n}) ended {got.status}, not {want.status} as without a crash"
+            details = [f"its error: {got.error}"] if got.error else []
+            if got.traceback:
+                details.append(got.traceback.rstrip())
+            return problem, details
+    if len(outcomes) != len(expected):
+        return f"{len(outcomes)} procedures ended, not {len(expected)} as without a crash", []
+    return None
+
+
+def world_difference(got: object, want: object) -> str:
+    """What differs between two snapshots: keys added, removed and changed for mappings."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        added = sorted(map(str, got.keys() - want.keys()))
+        removed = sorted(map(str, want.keys() - got.keys()))
+        changed = sorted((k for k in got.keys() & want.keys() if got[k] != want[k]), key=str)
+        parts = []
+        if added:
+            parts.append(f"only after the crash: {', '.join(added[:5])}")
+        if removed:
+            parts.append(f"missing after the crash: {', '.join(removed[:5])}")
+        parts += [f"{key}: {got[key]!r} instead of {want[key]!r}" for key in changed[:5]]
+        return "; ".join(parts)
+    return f"{got!r} instead of {want!r}"
