@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import click
 
-from benchmarks import observability, recovery, suites
+from benchmarks import memstore, observability, recovery, suites
 from benchmarks.harness import Report, machine
 from benchmarks.stores import targets
 
-NAMES = ("step", "throughput", "recovery", "memory", "lease", "observability")
+NAMES = ("step", "throughput", "recovery", "memory", "lease", "memstore", "observability")
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,8 @@ class Sizes:
     """The largest N DBOS runs at: beyond it a run takes minutes (about 30 workflows/s here)."""
     lease: dict[str, tuple[int, ...]]
     observability: dict[str, tuple[int, ...]]
+    memstore: tuple[int, ...]
+    """Keys held; memory:// is measured up to 10,000 only (beyond, one run takes minutes)."""
 
 
 QUICK = Sizes(  # CI runs this: under three minutes
@@ -39,6 +41,7 @@ QUICK = Sizes(  # CI runs this: under three minutes
     dbos_max=100,
     lease={"local": (100,), "memory": (100,), "s3": (25,)},
     observability={"local": (100,), "s3": (25,)},
+    memstore=(100, 10_000),
 )
 FULL = Sizes(  # S3 stops at 1,000: the moto server here does ~150 puts/s, 10,000 would take 7 minutes
     step={"local": (1, 100, 1000, 10_000), "memory": (1, 100, 1000, 10_000), "s3": (1, 100, 1000)},
@@ -48,6 +51,7 @@ FULL = Sizes(  # S3 stops at 1,000: the moto server here does ~150 puts/s, 10,00
     dbos_max=1000,
     lease={"local": (100, 1000), "memory": (100, 1000), "s3": (100,)},
     observability={"local": (100, 1000), "s3": (100,)},
+    memstore=(100, 1000, 10_000, 100_000),
 )
 
 
@@ -77,6 +81,10 @@ async def run(quick: bool, only: tuple[str, ...]) -> Report:
             for target in stores:
                 for n in sizes.lease[target.kind]:
                     await suites.lease_overhead(report, target, n)
+        if "memstore" in chosen:
+            for n in sizes.memstore:
+                await memstore.per_operation(report, n, with_fsspec=n <= 10_000)
+            await memstore.explorer_speed(report)
         # Last: it configures the OpenTelemetry SDK for the rest of the process.
         if "observability" in chosen:
             for target in stores:

@@ -75,6 +75,12 @@ def memory_target() -> StoreTarget:
     return StoreTarget("memory", f"memory://procstore-test-{uuid.uuid4().hex}/")
 
 
+@pytest.fixture
+def mem_target() -> StoreTarget:
+    """procstore's own in-memory store (`MemoryStore`)."""
+    return StoreTarget("mem", f"mem://procstore-test-{uuid.uuid4().hex}/")
+
+
 class WrappedFS:
     """Registers `wrapped://`: fsspec's DirFileSystem over another filesystem, as fault
     injectors outside the project build theirs (object-storage-facts.md)."""

@@ -4,6 +4,7 @@ from procstore.store.fsspec_store import FsspecStore
 from procstore.store.gcs import GcsStore
 from procstore.store.keys import PROC_PATH, KeyType, ParsedKey
 from procstore.store.local import LocalDirStore
+from procstore.store.memory import MemoryStore
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages, ProcedureStore
@@ -17,6 +18,7 @@ __all__ = [
     "KeyType",
     "LoadProblem",
     "LocalDirStore",
+    "MemoryStore",
     "MessageDecodeError",
     "ParsedKey",
     "ProcedureMessage",

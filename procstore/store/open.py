@@ -12,6 +12,7 @@ from procstore.errors import StoreUnavailable
 from procstore.store.fsspec_store import FsspecStore
 from procstore.store.gcs import GcsStore, send_guard_trace_config
 from procstore.store.local import LocalDirStore
+from procstore.store.memory import MemoryStore
 from procstore.store.s3 import S3Store
 from procstore.store.state_store import StateStore
 
@@ -26,8 +27,9 @@ def _protocol_of(url: str) -> str:
 def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> StateStore:
     """Build the store for `url` without touching the network or the disk.
 
-    A plain path or `file://` URL gives a `LocalDirStore` (durable writes); anything else
-    goes through fsspec with `storage_options`. Must be called inside the event loop that
+    A plain path or `file://` URL gives a `LocalDirStore` (durable writes); `mem://name/` a
+    `MemoryStore` (procstore's own, for tests); anything else goes through fsspec with
+    `storage_options`. Must be called inside the event loop that
     will use the store, because async filesystems bind to it.
 
     Raises `StoreUnavailable` for an unknown protocol or a backend that is not installed.
@@ -38,6 +40,8 @@ def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any
     if protocol == "file":
         path = text[len("file://") :] if text.startswith("file://") else text
         return LocalDirStore(os.path.expanduser(path))
+    if protocol == "mem":
+        return MemoryStore.from_url(text)
     if protocol in ("s3", "s3a"):
         # botocore would refuse to return an object whose stored checksum does not match (a
         # create cut off by a killed writer, on a test server): recovery wants the bytes, and

@@ -2,6 +2,7 @@
 explorer that kills a scenario before and after every store operation and checks that
 nothing was lost or done twice."""
 
+from procstore.store.memory import MemoryStore
 from procstore.testing.explorer import CrashExplorer, CrashPoint, ExplorationReport, Scenario
 from procstore.testing.faults import FaultyStore
 from procstore.testing.fsspec_faults import FaultyFileSystem
@@ -17,6 +18,7 @@ __all__ = [
     "FaultyFileSystem",
     "FaultyStore",
     "InjectedFailure",
+    "MemoryStore",
     "Scenario",
     "SimulatedCrash",
     "StoreOp",

@@ -12,7 +12,7 @@ everything has ended. After every rule and at the end it checks:
 
 Subclass it, implement `attach`, `new_procedure` and `check_world`, and expose it to pytest
 with `TestX = MyMachine.TestCase`. Each instance runs its own event loop and a fresh
-memory:// store.
+`mem://` store (`MemoryStore`: flat cost per operation, however many keys).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class ProcedureStateMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
-        self.url = f"memory://stateful-{uuid.uuid4().hex}/"
+        self.url = f"mem://stateful-{uuid.uuid4().hex}/"
         self.submitted: dict[ProcedureId, ProcedureWithId] = {}
         self.outcomes: dict[ProcedureId, str] = {}
         self.history: list[StoreOp] = []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,16 +13,10 @@ from procstore_machines.create_table import new_create_table
 from procstore_machines.create_table import register as register_create_table
 from procstore_machines.publish import new_publish, read_current
 from procstore_machines.publish import register as register_publish
-from procstore_machines.region_migration import (
-    RegionMigration,
-    SimCluster,
-    VolatileContext,
-    check_cluster,
-    new_migration,
-)
-from procstore_machines.region_migration.cluster import region_id
+from procstore_machines.region_migration import SimCluster
+from procstore_machines.region_migration.scenario import TABLE, ClusterScenario, MigrateTwoRegions
 
-TABLE = 1024
+__all__ = ["TABLE", "ClusterScenario", "MigrateTwoRegions"]
 
 
 def run_url(tmp_path: Path, kind: str) -> Callable[[int], str]:
@@ -31,38 +24,6 @@ def run_url(tmp_path: Path, kind: str) -> Callable[[int], str]:
     if kind == "memory":
         return lambda n: f"memory://machines-{uuid.uuid4().hex}/"
     return lambda n: str(tmp_path / f"run-{n}")
-
-
-class ClusterScenario(Scenario):
-    """One simulated cluster per store the explorer hands out (so a killed store's cluster dies with it)."""
-
-    def __init__(self) -> None:
-        self._clusters: weakref.WeakKeyDictionary[StateStore, SimCluster] = weakref.WeakKeyDictionary()
-
-    def cluster(self, store: StateStore) -> SimCluster:
-        if store not in self._clusters:
-            self._clusters[store] = SimCluster(store, [1, 2, 3])
-        return self._clusters[store]
-
-    async def snapshot(self, store: StateStore) -> object:
-        cluster = SimCluster(store, [1, 2, 3])
-        routes = [await cluster.metadata.get_route(t) for t in await cluster.metadata.table_ids()]
-        leaders = [(r.table_id, [x.leader for x in r.regions]) for r in routes if r is not None]
-        return await check_cluster(store), leaders
-
-
-class MigrateTwoRegions(ClusterScenario):
-    name = "region migration (2 regions, 1 -> 2)"
-
-    async def prepare(self, store: StateStore) -> None:
-        await SimCluster(store, [1, 2, 3]).create_table(TABLE, {1: 1, 2: 1}, {})
-
-    def attach(self, manager: ProcedureManager, store: StateStore) -> None:
-        RegionMigration.register_with(manager, lambda _p: VolatileContext(self.cluster(store)))
-
-    async def procedures(self, store: StateStore) -> list[ProcedureWithId]:
-        regions = [region_id(TABLE, 1), region_id(TABLE, 2)]
-        return [ProcedureWithId.new(new_migration(self.cluster(store), regions, 1, 2))]
 
 
 class CreateThreeRegionTable(ClusterScenario):

@@ -52,7 +52,7 @@ def leased(target: StoreTarget | StateStore, name: str, **options: object) -> Pr
     return manager_for(target, lease=Lease(ttl=ttl_for(target), holder=name), **options)
 
 
-shared_target = store_targets("local", "s3", "memory", "gcs")
+shared_target = store_targets("local", "s3", "memory", "mem", "gcs")
 
 
 def test_lease_record_round_trips() -> None:

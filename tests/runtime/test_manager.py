@@ -33,7 +33,7 @@ def written(recorder: FaultyStore, pid: ProcedureId) -> list[str]:
     return [op.key.rsplit("/", 1)[1] for op in recorder.ops if op.kind.startswith("put") and str(pid) in op.key]
 
 
-every_target = store_targets("memory", "local", "s3", "gcs", "wrapped")
+every_target = store_targets("memory", "mem", "local", "s3", "gcs", "wrapped")
 
 
 async def test_submit_runs_to_done_on_every_store(every_target: StoreTarget) -> None:

@@ -15,7 +15,7 @@ from procstore.store.state_store import StateStore
 from tests.conftest import StoreTarget, s3_options
 from tests.support import store_targets
 
-any_target = store_targets("memory", "local", "s3", "gcs", "wrapped")
+any_target = store_targets("memory", "mem", "local", "s3", "gcs", "wrapped")
 
 
 async def test_put_get_walk_delete(any_target: StoreTarget) -> None:

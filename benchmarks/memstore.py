@@ -1,0 +1,71 @@
+"""`--only memstore`: procstore's own `mem://` store against fsspec's memory://.
+
+1. The cost of one write, read and prefix listing (one procedure's keys) in a store that
+   already holds N keys: memory:// scans every key on each listing, `mem://` keeps a sorted
+   index, so its cost should stay flat from 100 to 100,000 keys.
+2. Crash points explored per second by the crash explorer on the region-migration scenario
+   (the example machine), on memory:// (before) and `mem://` (after): what a user's crash
+   tests gain from the default store.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from benchmarks.harness import Report, Row
+from procstore.store import StateStore, open_state_store
+from procstore.testing import CrashExplorer
+from procstore_machines.region_migration.scenario import MigrateTwoRegions
+
+ROUNDS = 200
+
+
+async def _filled(url: str, keys: int) -> StateStore:
+    store = open_state_store(url)
+    for i in range(keys):
+        await store.put(f"procedure/{i:08d}/0000000000.step", b"x" * 64)
+    return store
+
+
+async def _per_operation(store: StateStore) -> float:
+    """Seconds per (write, read, listing of one procedure's folder)."""
+    start = time.perf_counter()
+    for i in range(ROUNDS):
+        key = f"procedure/new-{i:05d}/0000000000.step"
+        await store.put(key, b"y" * 64)
+        await store.get(key)
+        await store.walk(f"procedure/new-{i:05d}/")
+    return (time.perf_counter() - start) / ROUNDS
+
+
+async def per_operation(report: Report, keys: int, *, with_fsspec: bool) -> None:
+    mem = await _per_operation(await _filled(f"mem://bench-{uuid.uuid4().hex}/", keys))
+    report.scale("mem://: write + read + list one folder (N = keys held)", "ms/op", keys, 1e3 * mem)
+    if not with_fsspec:
+        return
+    fsspec = await _per_operation(await _filled(f"memory://bench-{uuid.uuid4().hex}/", keys))
+    report.scale("memory://: the same (N = keys held)", "ms/op", keys, 1e3 * fsspec)
+    report.add(
+        Row("memstore", f"write + read + list one folder, {keys} keys held", 1e3 * mem, "ms",
+            1e3 * fsspec, "fsspec's memory://, same operations", "flat from 100 to 100,000 keys")
+    )  # fmt: skip
+
+
+async def explorer_speed(report: Report) -> None:
+    """Crash points explored per second on region migration, memory:// then mem://."""
+    rates: dict[str, float] = {}
+    for scheme in ("memory", "mem"):
+
+        def fresh(n: int, scheme: str = scheme) -> str:
+            return f"{scheme}://bench-{uuid.uuid4().hex}/"
+
+        explorer = CrashExplorer(MigrateTwoRegions(), fresh)
+        start = time.perf_counter()
+        result = await explorer.explore()
+        result.assert_ok()
+        rates[scheme] = result.explored / (time.perf_counter() - start)
+    report.add(
+        Row("memstore", "crash points explored per second, region migration (2 regions)", rates["mem"],
+            "points/s", rates["memory"], "the same on fsspec's memory://", "")
+    )  # fmt: skip
