@@ -24,6 +24,7 @@ def test_the_wheel_installs_and_runs_without_dev_extras(tmp_path: Path) -> None:
     tops = {name.split("/", 1)[0] for name in names if not name.startswith("procstore-")}
     assert tops == {"procstore", "procstore_machines"}, tops  # no generic top-level package
     assert any(name.endswith("LICENSE") for name in names) and any(name.endswith("NOTICE") for name in names)
+    assert {"procstore/_web/templates/index.html", "procstore/_web/templates/procedure.html"} <= set(names)
 
     venv = tmp_path / "venv"
     subprocess.run([str(uv), "venv", "-q", "-p", sys.executable, str(venv)], check=True, timeout=120)
@@ -40,6 +41,10 @@ def test_the_wheel_installs_and_runs_without_dev_extras(tmp_path: Path) -> None:
     assert demo.returncode == 0 and "invariants hold" in demo.stdout, demo.stdout + demo.stderr
     imported = subprocess.run([str(python), "-c", "import procstore.testing"], capture_output=True, text=True)
     assert imported.returncode == 0, imported.stderr
+    # Without the web extra, `serve` says what to install (and nothing else breaks).
+    serve = subprocess.run([str(venv / "bin" / "procstore"), "serve", str(tmp_path / "store")], capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert serve.returncode == 2 and "pip install 'procstore[web]'" in serve.stderr, serve.stderr
 
     # A user's project with pytest but without hypothesis or moto: the plugin loads, and
     # pytest runs a test of theirs.

@@ -23,7 +23,7 @@ from procstore.state import ProcedureState
 from procstore.store.history import HistoryStore
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
-from procstore.store.requests import OperatorRequest
+from procstore.store.requests import OperatorRequest, OperatorRequested
 
 logger = get_logger("procstore.runtime")
 
@@ -131,6 +131,17 @@ class ManagerContext:
         self.operator_requests: dict[ProcedureId, OperatorRequest] = {}
         """Requests known to apply to procedures of this term: read from the store, or passed
         down from an ancestor's. A runner checks here, then the store, before every attempt."""
+
+    async def raise_if_requested(self, procedure_id: ProcedureId) -> None:
+        """Before every attempt: an operator's request (`cancel`, `fail`) ends the execution;
+        read from the store when not known here, so that one written since is seen in time."""
+        request = self.operator_requests.get(procedure_id)
+        if request is None:
+            request = await self.store.requests.get(procedure_id)
+            if request is not None:
+                self.note_request(procedure_id, request)
+        if request is not None:
+            raise OperatorRequested(request)
 
     def lock_cycle(self, waiter: ProcedureId, key: StringKey) -> list[ProcedureId] | None:
         """The procedures `waiter` would wait for in a cycle back to itself, if it waited for

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import traceback
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from procstore.errors import ProcedureError, describe
+from procstore._runtime.meta import ProcedureMeta
+from procstore.errors import LockConflict, ProcedureError, describe
+from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey
 from procstore.procedure import Procedure, ProcedureWithId
 from procstore.state import ProcedureState, ProcedureStateKind
@@ -39,6 +41,20 @@ class Child:
     @classmethod
     def of(cls, sub: ProcedureWithId) -> Child:
         return cls(type_name_of(sub.procedure), sub.procedure.dump(), sub.procedure.lock_key())
+
+
+def lock_conflict(
+    holders: Sequence[ProcedureMeta], subprocedures: Sequence[ProcedureWithId], children: dict[ProcedureId, Child]
+) -> LockConflict | None:
+    """The first child whose locks conflict with those of `holders` (a parent and its
+    ancestors, which hold theirs while the child runs: waiting would deadlock)."""
+    for sub in subprocedures:
+        child_keys = children[sub.id].lock_key
+        for holder in holders:
+            keys = holder.lock_key.conflicts_with(child_keys)
+            if keys:
+                return LockConflict(holder.id, sub.id, keys)
+    return None
 
 
 class StrayCancellation(ProcedureError):

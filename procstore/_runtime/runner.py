@@ -26,6 +26,7 @@ from procstore._runtime.outcome import (
     Child,
     failed_state,
     format_tb,
+    lock_conflict,
     not_cancelled_by_itself,
     not_recorded,
     rolled_back,
@@ -35,14 +36,13 @@ from procstore._runtime.outcome import (
 from procstore._runtime.retry import is_rollback_retryable, is_transient
 from procstore._runtime.telemetry import run_traced
 from procstore._runtime.writes import delete_tree, delete_tree_later
-from procstore.errors import Fenced, LeaseExpired, LockConflict, LockCycle, StoreError, describe
+from procstore.errors import Fenced, LeaseExpired, LockCycle, StoreError, describe
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage
-from procstore.store.requests import OperatorRequested
 
 logger = get_logger("procstore.runtime")
 
@@ -160,20 +160,9 @@ class Runner:
         if self.ctx.lease_check is not None:
             self.ctx.lease_check(f"step {self.step} of procedure {self.meta.id}")
 
-    async def _check_operator_request(self) -> None:
-        """Before every attempt: an operator's request (`cancel`, `fail`) ends the execution,
-        read here from the store so that one written since the last step is seen in time."""
-        request = self.ctx.operator_requests.get(self.meta.id)
-        if request is None:
-            request = await self.ctx.store.requests.get(self.meta.id)
-            if request is not None:
-                self.ctx.note_request(self.meta.id, request)
-        if request is not None:
-            raise OperatorRequested(request)
-
     async def _execute_once(self, attempt: int) -> Status:
         self._check_lease()
-        await self._check_operator_request()
+        await self.ctx.raise_if_requested(self.meta.id)
         # Where a test's fault plan numbers attempts (a no-op on a production store).
         await self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
         with self.ctx.telemetry.step_span(str(self.meta.id), self.meta.type_name, self.step, attempt):
@@ -205,7 +194,7 @@ class Runner:
             except Exception as e:
                 await self._fail(e)
                 return
-            conflict = self._lock_conflict(status.subprocedures, children)
+            conflict = lock_conflict([self.meta, *self.ctx.ancestors(self.meta)], status.subprocedures, children)
             if conflict is not None:
                 await self._fail(conflict)
                 return
@@ -302,18 +291,6 @@ class Runner:
         )
 
     # -- subprocedures ---------------------------------------------------------------
-
-    def _lock_conflict(
-        self, subprocedures: Sequence[ProcedureWithId], children: dict[ProcedureId, Child]
-    ) -> LockConflict | None:
-        holders = [self.meta, *self.ctx.ancestors(self.meta)]
-        for sub in subprocedures:
-            child_keys = children[sub.id].lock_key
-            for holder in holders:
-                keys = holder.lock_key.conflicts_with(child_keys)
-                if keys:
-                    return LockConflict(holder.id, sub.id, keys)
-        return None
 
     async def _submit_children(
         self, subprocedures: Sequence[ProcedureWithId], children: dict[ProcedureId, Child]
