@@ -9,7 +9,7 @@ same kind, interleaved (best of five), so the ratio is the cost of the hooks alo
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -18,10 +18,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from benchmarks.harness import Report, Row
-from benchmarks.procedures import new_loop
 from benchmarks.stores import Target
-from benchmarks.suites import best_of, manager
-from procstore import ProcedureManager, ProcedureWithId
+from benchmarks.suites import best_of, manager, one_procedure
 
 
 class _Dropped(SpanExporter):
@@ -45,14 +43,7 @@ async def observability_overhead(report: Report, target: Target, steps: int) -> 
         manager(target.url(), target, telemetry=True) as on,
         manager(target.url(), target, telemetry=False) as off,
     ):
-
-        def run(m: ProcedureManager) -> Callable[[], Awaitable[None]]:
-            async def procedure() -> None:
-                await (await m.submit(ProcedureWithId.new(new_loop(steps)))).wait()
-
-            return procedure
-
-        on_elapsed, off_elapsed = await best_of(5, run(on), run(off))
+        on_elapsed, off_elapsed = await best_of(5, one_procedure(on, steps), one_procedure(off, steps))
     writes = steps + 1
     report.add(
         Row("observability", f"{target.kind}: one persisted step, traced and metered, {steps}-step procedure",

@@ -35,6 +35,15 @@ def manager(url: str, target: Target, lease: Lease | None = None, telemetry: boo
     return m
 
 
+def one_procedure(m: ProcedureManager, steps: int) -> Callable[[], Awaitable[None]]:
+    """A timing: submit one `steps`-step procedure to `m` and wait for its end."""
+
+    async def procedure() -> None:
+        await (await m.submit(ProcedureWithId.new(new_loop(steps)))).wait()
+
+    return procedure
+
+
 async def best_of(
     repeats: int, *timings: Callable[[], Awaitable[None]], cleanup: Callable[[], Awaitable[None]] | None = None
 ) -> list[float]:
@@ -95,13 +104,7 @@ async def lease_overhead(report: Report, target: Target, steps: int) -> None:
     async with manager(target.url(), target) as plain, manager(target.url(), target, Lease(ttl=10)) as leader:
         await leader.wait_until_leading()
 
-        def run(m: ProcedureManager) -> Callable[[], Awaitable[None]]:
-            async def procedure() -> None:
-                await (await m.submit(ProcedureWithId.new(new_loop(steps)))).wait()
-
-            return procedure
-
-        leased_elapsed, plain_elapsed = await best_of(3, run(leader), run(plain))
+        leased_elapsed, plain_elapsed = await best_of(3, one_procedure(leader, steps), one_procedure(plain, steps))
     writes = steps + 1
     report.add(
         Row("lease", f"{target.kind}: one persisted step of a leader, {steps}-step procedure",

@@ -6,12 +6,14 @@ fixtures and managers live here, so that no test module carries its own copy.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from procstore import ProcedureManager
+from procstore.store import open_state_store
 from procstore.store.state_store import StateStore
 
 # Backends that need a server get a marker of their own, so that `-m "not s3 and not gcs"`
@@ -46,3 +48,16 @@ def fast_manager(
     manager = ProcedureManager(store, storage_options, **options)
     register(manager)
     return manager
+
+
+def put_now(url: str, key: str, value: bytes, storage_options: dict[str, Any] | None = None) -> None:
+    """Write one key from synchronous test code (a store prepared by hand, say)."""
+
+    async def write() -> None:
+        store = open_state_store(url, storage_options)
+        try:
+            await store.put(key, value)
+        finally:
+            await store.close()
+
+    asyncio.run(write())

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from procstore._cli.common import DECLINED, ExitCode
+from procstore._cli.common import DECLINED, ExitCode, quiet_closed_pipe
 from procstore._cli.demo import demo
 from procstore._cli.lease import lease
 from procstore._cli.listing import ls, tree
@@ -38,7 +38,7 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except BrokenPipeError:
-        _quiet_closed_pipe()
+        quiet_closed_pipe()
     except click.Abort:
         click.echo(f"Error: {DECLINED}", err=True)
         sys.exit(ExitCode.REFUSED)
@@ -47,18 +47,10 @@ def main() -> None:
         sys.exit(e.exit_code)
     except Exception as e:
         if isinstance(e.__context__, BrokenPipeError) or isinstance(e.__cause__, BrokenPipeError):
-            _quiet_closed_pipe()
+            quiet_closed_pipe()
         if os.environ.get("PROCSTORE_DEBUG"):
             raise
         click.echo(
             f"Error: internal error: {type(e).__name__}: {e} (rerun with PROCSTORE_DEBUG=1 for the traceback)", err=True
         )
         sys.exit(ExitCode.INTERNAL)
-
-
-def _quiet_closed_pipe() -> None:
-    """The reader went away (`procstore ls | head -1`): what it wanted, it has. Exit 0,
-    quietly, and send what is still buffered nowhere (Python would report it at exit)."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    sys.exit(0)

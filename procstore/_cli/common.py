@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
+import os
 import re
+import sys
 import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine
 from datetime import UTC, datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import click
 import orjson
@@ -123,6 +125,9 @@ def run_command(main: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]
             return asyncio.run(main(*args, **kwargs))
         except StoreError as e:
             raise CommandError(str(e), ExitCode.STORE_UNAVAILABLE) from e
+        except BrokenPipeError:
+            quiet_closed_pipe()  # here, before click's own handling (which exits with 1)
+            raise
 
     return wrapper
 
@@ -182,3 +187,11 @@ def format_age(timestamp: float | None, now: float | None = None) -> str:
         if seconds >= size:
             return f"{int(seconds // size)}{unit} ago"
     return f"{int(seconds)}s ago"
+
+
+def quiet_closed_pipe() -> NoReturn:
+    """The reader went away (`procstore ls | head -1`): what it wanted, it has. Exit 0,
+    quietly, and send what is still buffered nowhere (Python would report it at exit)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(0)

@@ -19,6 +19,7 @@ from procstore._cli.app import cli
 from procstore._cli.common import ExitCode
 from procstore.store import LocalDirStore, open_state_store
 from tests.cli.store_builder import MixedStore, build_mixed_store
+from tests.support import put_now as put
 
 
 def run(*args: str, columns: int = 80, input: str | None = None) -> Result:
@@ -30,17 +31,6 @@ def mixed(tmp_path: Path) -> tuple[str, MixedStore]:
     url = str(tmp_path / "cp")
     built = asyncio.run(build_mixed_store(open_state_store(url), ""))
     return url, built
-
-
-def put(url: str, key: str, value: bytes) -> None:
-    async def write() -> None:
-        store = open_state_store(url)
-        try:
-            await store.put(key, value)
-        finally:
-            await store.close()
-
-    asyncio.run(write())
 
 
 def message(type_name: str, step: int, parent: str | None = None) -> bytes:

@@ -23,19 +23,9 @@ from procstore._web.app import create_app
 from procstore.store import open_state_store
 from procstore.testing.pytest_plugin import free_port
 from tests.cli.store_builder import MixedStore, build_mixed_store
+from tests.support import put_now as put
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-def put(url: str, key: str, value: bytes) -> None:
-    async def write() -> None:
-        store = open_state_store(url)
-        try:
-            await store.put(key, value)
-        finally:
-            await store.close()
-
-    asyncio.run(write())
 
 
 @pytest.fixture
