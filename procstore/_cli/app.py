@@ -12,7 +12,7 @@ from procstore._cli.demo import demo
 from procstore._cli.lease import lease
 from procstore._cli.listing import ls, tree
 from procstore._cli.maintenance import cancel, delete, fail, gc
-from procstore._cli.operations import resume, rewind
+from procstore._cli.operations import export, resume, rewind
 from procstore._cli.serve import serve
 from procstore._cli.show import show
 from procstore._cli.watch import watch
@@ -24,7 +24,7 @@ def cli() -> None:
     """Crash-safe multi-step procedures on any fsspec store."""
 
 
-for command in (ls, show, tree, watch, lease, gc, fail, cancel, resume, rewind, delete, serve, demo):
+for command in (ls, show, tree, watch, lease, gc, fail, cancel, resume, rewind, delete, export, serve, demo):
     cli.add_command(command)
 
 

@@ -14,12 +14,13 @@ from procstore._cli.common import (
     CommandError,
     ExitCode,
     open_existing_store,
+    parse_storage_options,
     resolve_id,
     run_command,
     store_options,
 )
 from procstore._cli.maintenance import _confirm
-from procstore._cli.output import output_console
+from procstore._cli.output import output_console, plural
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore
@@ -110,3 +111,21 @@ async def rewind(
         await _nudge(store, pid, f"rewind to step {to_step}")
     finally:
         await store.store.close()
+
+
+@click.command()
+@store_options
+@click.argument("snapshot", type=click.Path(dir_okay=False, writable=True))
+@run_command
+async def export(url: str, storage_options: tuple[str, ...], parent_path: str, snapshot: str) -> None:
+    """Write the store's procedures and operator requests to SNAPSHOT (a .tar.gz).
+
+    For `procstore.testing.replay`: run them with a new release's code in a sandbox, to
+    prove it can take over the work in flight. Read-only; export from a store no manager
+    writes to, or accept a snapshot of one moment.
+    """
+    from procstore.testing.replay import export_snapshot
+
+    await open_existing_store(url, storage_options, parent_path)  # a clear error for a bad URL
+    count = await export_snapshot(url, snapshot, parse_storage_options(storage_options), parent_path)
+    output_console().print(f"wrote {plural(count, 'key')} to {snapshot}")

@@ -8,6 +8,7 @@ from procstore.testing.faults import FaultyStore
 from procstore.testing.fsspec_faults import FaultyFileSystem
 from procstore.testing.kill import kill_manager
 from procstore.testing.plan import Fault, FaultPlan, InjectedFailure, SimulatedCrash, StoreOp, crash_at
+from procstore.testing.replay import ReplayReport, export_snapshot, replay
 
 __all__ = [
     "CrashExplorer",
@@ -19,9 +20,12 @@ __all__ = [
     "FaultyStore",
     "InjectedFailure",
     "MemoryStore",
+    "ReplayReport",
     "Scenario",
     "SimulatedCrash",
     "StoreOp",
     "crash_at",
+    "export_snapshot",
     "kill_manager",
+    "replay",
 ]

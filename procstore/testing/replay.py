@@ -1,0 +1,161 @@
+"""Upgrade safety: replay a real store's unfinished procedures with new code, in a sandbox.
+
+Temporal's WorkflowReplayer for procstore: take a copy of a store (a live URL, or a snapshot
+written by `procstore export`), load it into a fresh `mem://` store, start a manager on that
+sandbox with your new code's loaders, and run every unfinished procedure to its end. The
+report lists each procedure that could not be loaded (with the key and the reason), each
+that failed (with its error and traceback), and each that did not end in time. The real
+store is only read; what the procedures do outside the store is up to the `attach` you give
+(point their clients at fakes).
+
+    report = await replay("snapshot.tar.gz", attach=register_my_procedures)
+    report.assert_ok()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import tarfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from procstore._runtime.manager import ProcedureManager
+from procstore.errors import ManagerStopped, ProcedureFailed
+from procstore.store.memory import MemoryStore
+from procstore.store.open import open_state_store
+from procstore.store.procedure_store import LoadProblem
+
+SNAPSHOT_FOLDERS = ("procedure/", "requests/")
+"""What a snapshot holds, under the store's parent path: the procedures and operator requests."""
+
+
+@dataclass
+class ReplayReport:
+    """What replaying a store's unfinished procedures with new code found."""
+
+    source: str
+    procedures: int = 0
+    """Unfinished procedures found (roots and children)."""
+    done: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    """Procedure id -> error (with traceback where the failure came from its code)."""
+    not_loaded: list[LoadProblem] = field(default_factory=list)
+    hung: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.failed or self.not_loaded or self.hung)
+
+    def assert_ok(self) -> None:
+        if not self.ok:
+            raise AssertionError(str(self))
+
+    def __str__(self) -> str:
+        lines = [
+            f"replay of {self.source}: {self.procedures} unfinished procedures, {len(self.done)} ran to their end, "
+            f"{len(self.failed)} failed, {len(self.not_loaded)} could not be loaded, {len(self.hung)} did not end"
+        ]
+        lines += [f"  not loaded: {problem}" for problem in self.not_loaded]
+        lines += [f"  failed: {pid}: {error}" for pid, error in self.failed.items()]
+        lines += [f"  did not end in time: {pid}" for pid in self.hung]
+        return "\n".join(lines)
+
+
+async def export_snapshot(
+    url: str, path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None, parent_path: str = ""
+) -> int:
+    """Write the procedures (and operator requests) of the store at `url` to a `.tar.gz`;
+    returns how many keys. Keys are read as they are now: export from a stopped store, or
+    accept a snapshot of a moment."""
+    store = open_state_store(url, storage_options)
+    try:
+        keys = [k for folder in SNAPSHOT_FOLDERS for k in await store.walk(f"{parent_path}{folder}")]
+        values = await store.get_many(keys)
+    finally:
+        await store.close()
+    count = 0
+    with tarfile.open(path, "w:gz") as archive:
+        for key, value in zip(keys, values, strict=True):
+            if isinstance(value, Exception):
+                raise value
+            if value is None:
+                continue  # deleted while being read: the procedure ended meanwhile
+            info = tarfile.TarInfo(key[len(parent_path) :])
+            info.size, info.mtime = len(value), int(time.time())
+            archive.addfile(info, io.BytesIO(value))
+            count += 1
+    return count
+
+
+def _read_snapshot(source: str) -> list[tuple[str, bytes]] | None:
+    """The keys of a snapshot file, or None if `source` is not one (a store URL, then)."""
+    if not (source.endswith((".tar.gz", ".tgz", ".tar")) and os.path.isfile(source)):
+        return None
+    with tarfile.open(source, "r:*") as archive:
+        files = [(m.name, archive.extractfile(m)) for m in archive.getmembers() if m.isfile()]
+        return [(name, data.read()) for name, data in files if data is not None]
+
+
+async def _load_into(sandbox: MemoryStore, source: str, storage_options: dict[str, Any] | None) -> None:
+    snapshot = await asyncio.to_thread(_read_snapshot, source)
+    if snapshot is not None:
+        for key, value in snapshot:
+            await sandbox.put(key, value)
+        return
+    store = open_state_store(source, storage_options)
+    try:
+        keys = [k for folder in SNAPSHOT_FOLDERS for k in await store.walk(folder)]
+        for key, found in zip(keys, await store.get_many(keys), strict=True):
+            if isinstance(found, bytes):
+                await sandbox.put(key, found)
+    finally:
+        await store.close()
+
+
+async def replay(
+    source: str,
+    attach: Callable[[ProcedureManager], object],
+    *,
+    storage_options: dict[str, Any] | None = None,
+    seconds_each: float = 60.0,
+    manager_options: dict[str, Any] | None = None,
+) -> ReplayReport:
+    """Run the unfinished procedures of `source` (a snapshot path or a store URL) to their
+    end with the code `attach(manager)` registers, on a sandbox copy; see the module doc.
+    A root that has not ended after `seconds_each` seconds is reported as hung."""
+    sandbox = MemoryStore(f"replay-{uuid.uuid4().hex}")
+    report = ReplayReport(source)
+    try:
+        await _load_into(sandbox, source, storage_options)
+        options = {"retry_delay": 0.01, "max_retry_delay": 0.5, **(manager_options or {})}
+        manager = ProcedureManager(sandbox, **options)
+        attach(manager)
+        async with manager:
+            report.not_loaded = list(manager.recovery_problems)
+            infos = [i for i in manager.list_procedures() if not i.state.is_ended()]
+            report.procedures = len(infos) + len(report.not_loaded)
+            roots = [i.id for i in infos if i.parent_id is None]
+            await asyncio.gather(*(_run_one(manager, pid, seconds_each, report) for pid in roots))
+    finally:
+        MemoryStore.forget(sandbox.name)
+    return report
+
+
+async def _run_one(manager: ProcedureManager, pid: Any, seconds: float, report: ReplayReport) -> None:
+    watcher = manager.procedure_watcher(pid)
+    if watcher is None:
+        return
+    try:
+        await asyncio.wait_for(watcher.wait(), seconds)
+        report.done.append(str(pid))
+    except ProcedureFailed as e:
+        state = manager.procedure_state(pid)
+        trace = state.traceback if state is not None and state.traceback else ""
+        report.failed[str(pid)] = f"{e}\n{trace}".rstrip()
+    except (TimeoutError, ManagerStopped):
+        report.hung.append(str(pid))

@@ -1,0 +1,101 @@
+"""Upgrade safety: a store written by an older version of a procedure, replayed with new code."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+from procstore import Context, Procedure, ProcedureManager, ProcedureWithId, Status
+from procstore._cli.app import cli
+from procstore.testing import kill_manager, replay
+
+GATE = asyncio.Event()
+
+
+class ResizeV1(Procedure):
+    """The old release: `{"size": n, "at": k}`; killed while waiting at step 1."""
+
+    type_name = "cloud::Resize"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    async def execute(self, ctx: Context) -> Status:
+        if self.data["at"] == 1:
+            await GATE.wait()  # never set: the old manager dies here
+        self.data["at"] += 1
+        return Status.done() if self.data["at"] == 3 else Status.executing()
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+
+class ResizeV2(Procedure):
+    """The new release reads the old data (a new field with a default)."""
+
+    type_name = "cloud::Resize"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = {"unit": "GiB", **data}
+
+    async def execute(self, ctx: Context) -> Status:
+        self.data["at"] += 1
+        return Status.done(f"{self.data['size']} {self.data['unit']}") if self.data["at"] == 3 else Status.executing()
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    @classmethod
+    def load(cls, data: str) -> ResizeV2:
+        return cls(json.loads(data))
+
+
+class ResizeV2Broken(ResizeV2):
+    """A new release that wrongly assumes a field old data does not have."""
+
+    @classmethod
+    def load(cls, data: str) -> ResizeV2Broken:
+        return cls(json.loads(data))
+
+    async def execute(self, ctx: Context) -> Status:
+        self.data["region"].upper()  # KeyError on everything the old release wrote
+        return await super().execute(ctx)
+
+
+async def old_release_store(url: str) -> str:
+    """A store the old release left with one procedure in flight."""
+    manager = ProcedureManager(url)
+    manager.register_loader(ResizeV1.type_name, lambda d: ResizeV1(json.loads(d)))
+    await manager.start()
+    procedure = ProcedureWithId.new(ResizeV1({"size": 100, "at": 0}))
+    await manager.submit(procedure)
+    await asyncio.sleep(0.1)
+    await kill_manager(manager)
+    await manager.stop()
+    return str(procedure.id)
+
+
+async def test_a_snapshot_of_an_older_release_replays_with_the_new_code(tmp_path: Path) -> None:
+    url = str(tmp_path / "prod")
+    pid = await old_release_store(url)
+    snapshot = str(tmp_path / "prod.tar.gz")
+    exported = await asyncio.to_thread(CliRunner().invoke, cli, ["export", url, snapshot])
+    assert exported.exit_code == 0 and "wrote 2 keys" in exported.output, exported.output  # steps 0 and 1
+
+    report = await replay(snapshot, lambda m: m.register(ResizeV2))
+    report.assert_ok()
+    assert report.done == [pid] and report.procedures == 1
+
+    broken = await replay(snapshot, lambda m: m.register(ResizeV2Broken), manager_options={"max_retry_times": 0})
+    assert not broken.ok and pid in broken.failed and "KeyError: 'region'" in broken.failed[pid]
+    assert "Traceback" in broken.failed[pid] and "1 failed" in str(broken)
+
+    unknown = await replay(url, lambda m: None)  # straight from the store, no loader at all
+    assert [str(p.procedure_id) for p in unknown.not_loaded] == [pid]
+    assert "could not be loaded" in str(unknown)
+    # The real store was only read: the procedure is still there, unfinished.
+    assert list((tmp_path / "prod" / "procedure" / pid).iterdir())
