@@ -467,6 +467,7 @@ class ProcedureManager:
             raise DuplicateProcedure(pid, " in the store (it has stored steps)")
         ctx.telemetry.submitted(type_name)
         meta = ctx.new_meta(pid, type_name, None, proc, ProcedureState.running(), lock_key)
+        meta.wrote_every_key = True
         if self._leadership is not None and not (ctx.running and self._leadership.keeper.is_holding):
             # Stored, but the lease was lost meanwhile: the leader runs it (its recovery, or
             # its next look for procedures stored after recovery, finds it).

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey
 from procstore.state import ProcedureInfo, ProcedureState
+from procstore.store.keys import KeyType, ParsedKey
 
 
 class ProcedureMeta:
@@ -52,6 +53,13 @@ class ProcedureMeta:
         """The highest step number it stored, as of its end (for its history record)."""
         self.retries = 0
         """Retries of its steps and rollback in this process (for its history record)."""
+        self.wrote_every_key = False
+        """Set for a procedure this term created (a submit, a child): every key it has is one
+        its runner wrote and saw land, so its end deletes them without listing the folder.
+        Cleared by any write whose outcome is unknown."""
+        self.terminal_keys: list[tuple[int, KeyType]] = []
+        """The `.rollback` and `.commit` keys its runner wrote, by step."""
+
         self._state = state
         # Events are made on first wait: most procedures are never watched, and recovery
         # builds thousands of these at once.
@@ -60,6 +68,15 @@ class ProcedureMeta:
         self._on_end = on_end
         if state.is_ended():
             self._mark_ended()
+
+    def known_keys(self, prefix: str) -> list[ParsedKey] | None:
+        """Every key it has, if this term wrote them all (see `wrote_every_key`): the steps
+        below its first terminal key, and the terminal keys."""
+        if not (self.wrote_every_key and self.terminal_keys):
+            return None
+        first_end = min(step for step, _ in self.terminal_keys)
+        steps = [ParsedKey(prefix, self.id, step, KeyType.STEP) for step in range(first_end)]
+        return steps + [ParsedKey(prefix, self.id, step, kind) for step, kind in self.terminal_keys]
 
     @property
     def state(self) -> ProcedureState:

@@ -229,6 +229,7 @@ class Runner:
         except Fenced:
             raise
         except Exception as e:
+            self.meta.wrote_every_key = False  # the last write may have landed unseen
             await self._fail(e)
             return False
         return True
@@ -240,6 +241,7 @@ class Runner:
 
     async def _commit(self) -> None:
         await self.ctx.store.commit_procedure(self.meta.id, self.step)
+        self.meta.terminal_keys.append((self.step, KeyType.COMMIT))
         self.step += 1
 
     async def _write_commit(self) -> bool | None:
@@ -264,6 +266,7 @@ class Runner:
             return None
         if stored is None:
             return False
+        self.meta.terminal_keys.append((self.step, KeyType.COMMIT))
         self.step += 1
         return True
 
@@ -311,6 +314,7 @@ class Runner:
             if ok:
                 state = ProcedureState.running()
                 meta = self.ctx.new_meta(sub.id, child.type_name, self.meta.id, sub.procedure, state, child.lock_key)
+                meta.wrote_every_key = True
                 Runner(self.ctx, meta, sub.procedure, 1, child.data).start()
             else:
                 reason = "its id already has stored steps that this manager could not load"
@@ -417,6 +421,7 @@ class Runner:
 
         async def write(_attempt: int) -> None:
             await self.ctx.store.rollback_procedure(self.meta.id, message)
+            self.meta.terminal_keys.append((self.step, KeyType.ROLLBACK))
             self.step += 1
 
         try:

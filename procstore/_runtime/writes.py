@@ -65,15 +65,17 @@ async def delete_tree(ctx: ManagerContext, root: ProcedureMeta, ids: list[Proced
     if not doomed and ctx.history is None:
         return
     children = [pid for pid in doomed if pid != root.id]
+    # The keys of procedures this term wrote from step 0: deleted without listing their folder.
+    known = {pid: keys for pid in doomed if (m := ctx.metas.get(pid)) and (keys := m.known_keys(ctx.store.proc_path))}
     ended = datetime.now(UTC)  # one end time for every attempt: one record, not one per retry
 
     async def delete(_attempt: int) -> None:
         # The record first: keys deleted unrecorded would be history lost for good.
         await record_tree(ctx, ids, root, state, ended)
         # Children first, the root last: a crash part way leaves the root marked finished.
-        await ctx.store.delete_procedures(children)
+        await ctx.store.delete_procedures(children, known)
         if doomed and doomed[0] == root.id:
-            await ctx.store.delete_procedure(root.id)
+            await ctx.store.delete_procedure(root.id, known.get(root.id))
         # Requests go last: until the keys are gone, a restart must honour them again.
         await ctx.store.requests.delete([pid for pid in doomed if pid in ctx.operator_requests])
 

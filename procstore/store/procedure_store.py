@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from procstore._aio import gather_settled
@@ -159,19 +159,27 @@ class ProcedureStore:
         parsed = [ParsedKey.parse(self.proc_path, k) for k in keys]
         return sorted((p for p in parsed if p is not None), key=lambda p: p.step)
 
-    async def delete_procedure(self, procedure_id: ProcedureId) -> None:
+    async def delete_procedure(self, procedure_id: ProcedureId, keys: Sequence[ParsedKey] | None = None) -> None:
         """Delete a procedure's keys: every `.step`, then its terminal keys from the lowest to
         the highest (a `.rollback` before the `.commit` above it), then the folder.
 
         Each stage is verified gone before the next starts (a store that cannot delete a key
         raises), so a crash or an error part way leaves the highest terminal key and the
         procedure still reads as finished, never as unfinished or as rolling back.
+        `keys`, when the caller knows every key the procedure has (it wrote them all), saves
+        the listing; a key it does not name would be left behind, so only a writer sure of
+        every write passes them.
         """
         folder = procedure_dir(self.proc_path, procedure_id)
-        keys = await self.store.walk(folder)
+        if keys is not None:
+            steps = [str(k) for k in keys if k.key_type is KeyType.STEP]
+            ends = [str(k) for k in sorted((k for k in keys if k.key_type.is_terminal), key=lambda k: k.step)]
+            await self.store.delete_in_order(steps, ends, folder)
+            return
+        keys_found = await self.store.walk(folder)
         step_keys: list[str] = []
         finish_keys: list[tuple[int, str]] = []
-        for key in keys:
+        for key in keys_found:
             parsed = ParsedKey.parse(self.proc_path, key)
             if parsed is None:
                 logger.warning("unknown key while deleting procedure %s: %s", procedure_id, key)
@@ -181,13 +189,17 @@ class ProcedureStore:
                 finish_keys.append((parsed.step, key))
         await self.store.delete_in_order(step_keys, [key for _, key in sorted(finish_keys)], folder)
 
-    async def delete_procedures(self, procedure_ids: Iterable[ProcedureId]) -> None:
-        """`delete_procedure` for each id, several at a time, in no particular order."""
+    async def delete_procedures(
+        self, procedure_ids: Iterable[ProcedureId], known: Mapping[ProcedureId, Sequence[ParsedKey]] | None = None
+    ) -> None:
+        """`delete_procedure` for each id, several at a time, in no particular order (with
+        the keys of those in `known`)."""
         limit = asyncio.Semaphore(_DELETE_CONCURRENCY)
+        known = known or {}
 
         async def one(pid: ProcedureId) -> None:
             async with limit:
-                await self.delete_procedure(pid)
+                await self.delete_procedure(pid, known.get(pid))
 
         await gather_settled(*(one(pid) for pid in procedure_ids))
 
