@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 
 CANONICAL_ID_PATTERN = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 """`str(uuid.UUID(...))`: lower-case hex, hyphenated 8-4-4-4-12."""
@@ -27,8 +28,8 @@ class ProcedureId:
 
     @classmethod
     def random(cls) -> ProcedureId:
-        """A new random (version 4) id."""
-        return cls(uuid.uuid4())
+        """A new random (version 4) id (seeded under `procstore.testing.SimulatedLoop`)."""
+        return cls(new_uuid())
 
     @classmethod
     def parse(cls, text: str) -> ProcedureId:
@@ -70,3 +71,8 @@ class ProcedureId:
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("ProcedureId is immutable")
+
+
+new_uuid: Callable[[], uuid.UUID] = uuid.uuid4
+"""Where random ids come from: `uuid.uuid4`, or a seeded generator while a seeded
+`procstore.testing.SimulatedLoop` runs (so that a seed replays the same ids)."""

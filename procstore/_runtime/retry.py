@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -61,11 +60,14 @@ class RetryBudget:
         self.waited = 0.0
         """Seconds retries spent waiting for a token, in total."""
         self._tokens = float(burst)
-        self._updated = time.monotonic()
+        self._updated: float | None = None
         self._lock = asyncio.Lock()
 
     def _refill(self) -> None:
-        now = time.monotonic()
+        # The loop's clock (monotonic, or a test's virtual one), like the sleeps it paces.
+        now = asyncio.get_running_loop().time()
+        if self._updated is None:
+            self._updated = now
         self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.rate)
         self._updated = now
 

@@ -9,6 +9,7 @@ from procstore.testing.fsspec_faults import FaultyFileSystem
 from procstore.testing.kill import kill_manager
 from procstore.testing.plan import Fault, FaultPlan, InjectedFailure, SimulatedCrash, StoreOp, crash_at
 from procstore.testing.replay import ReplayReport, export_snapshot, replay
+from procstore.testing.simulation import SimulatedLoop, run_simulated
 
 __all__ = [
     "CrashExplorer",
@@ -23,9 +24,11 @@ __all__ = [
     "ReplayReport",
     "Scenario",
     "SimulatedCrash",
+    "SimulatedLoop",
     "StoreOp",
     "crash_at",
     "export_snapshot",
     "kill_manager",
     "replay",
+    "run_simulated",
 ]

@@ -13,6 +13,11 @@ everything has ended. After every rule and at the end it checks:
 Subclass it, implement `attach`, `new_procedure` and `check_world`, and expose it to pytest
 with `TestX = MyMachine.TestCase`. Each instance runs its own event loop and a fresh
 `mem://` store (`MemoryStore`: flat cost per operation, however many keys).
+
+The loop is a `SimulatedLoop` (`simulated_time = True`, the default): backoffs and waits
+take no real time, and the order in which concurrent procedures interleave is drawn from a
+seed that hypothesis picks (the `schedule` rule), so a failure shrinks and replays with
+its interleaving.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Coroutine
 from typing import Any, ClassVar, TypeVar
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ProcedureError
@@ -33,6 +38,7 @@ from procstore.store.open import open_state_store
 from procstore.store.state_store import StateStore
 from procstore.testing.faults import FaultyStore
 from procstore.testing.plan import Fault, FaultPlan, SimulatedCrash, StoreOp
+from procstore.testing.simulation import SimulatedLoop
 
 T = TypeVar("T")
 
@@ -41,6 +47,8 @@ class ProcedureStateMachine(RuleBasedStateMachine):
     """Random schedules of submits, crashes, transient faults and restarts."""
 
     manager_options: ClassVar[dict[str, Any]] = {"retry_delay": 0.001, "max_retry_delay": 0.005, "max_retry_times": 5}
+    simulated_time: ClassVar[bool] = True
+    """Run on a `SimulatedLoop` (virtual time, seeded schedule); False: a plain event loop."""
 
     def attach(self, manager: ProcedureManager, store: StateStore) -> None:
         """Register the loaders."""
@@ -55,7 +63,7 @@ class ProcedureStateMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.loop = asyncio.new_event_loop()
+        self.loop = SimulatedLoop() if self.simulated_time else asyncio.new_event_loop()
         self.url = f"mem://stateful-{uuid.uuid4().hex}/"
         self.submitted: dict[ProcedureId, ProcedureWithId] = {}
         self.outcomes: dict[ProcedureId, str] = {}
@@ -104,6 +112,12 @@ class ProcedureStateMachine(RuleBasedStateMachine):
         self._harvest()
 
     # -- rules ---------------------------------------------------------------------------
+
+    @initialize(seed=st.integers(min_value=0, max_value=2**32 - 1))
+    def schedule(self, seed: int) -> None:
+        """The seed of this example's interleaving (with simulated time)."""
+        if isinstance(self.loop, SimulatedLoop):
+            self.loop.reseed(seed)
 
     @rule(seed=st.integers(min_value=0, max_value=2**16))
     def submit(self, seed: int) -> None:

@@ -1,0 +1,102 @@
+"""Simulated time and seeded schedules for tests (Temporal's time skipping, FoundationDB's
+deterministic simulation, in the small).
+
+`SimulatedLoop` is an asyncio event loop with two changes:
+
+- **Virtual time.** Its clock starts at 0 and, whenever nothing is ready to run, jumps to
+  the next timer instead of waiting for it: retry backoffs, lease renewals, metadata TTLs
+  and a test's own `asyncio.sleep` take no real time, and their order is kept.
+- **A seeded schedule.** Given a seed, the callbacks ready at each turn of the loop run in
+  an order drawn from it, and some are held back a turn, as if their task were slower
+  (asyncio promises no order between independent tasks); and
+  `ProcedureId.random()` and the retry jitter draw from it too: the same seed replays the
+  same interleaving of concurrent procedures, another seed tries another.
+
+Both hold for code that does no real I/O: use the `mem://` store. A backend that works in
+threads (a local directory, S3) still runs, but time then jumps past work a thread is
+still doing, so timeouts and waits lose their meaning there.
+
+    run_simulated(main(), seed=7)     # instead of asyncio.run(main())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from procstore import ids
+
+T = TypeVar("T")
+
+DEFER = 0.3
+"""How often a seeded schedule holds a ready callback back a turn."""
+
+
+class SimulatedLoop(asyncio.SelectorEventLoop):
+    """An event loop with virtual time and, given a seed, a seeded order of ready callbacks."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__()
+        self._now = 0.0
+        self._schedule: random.Random | None = None
+        self._saved_uuid = ids.new_uuid
+        self._saved_random: object = None
+        self.reseed(seed)
+
+    def reseed(self, seed: int | None) -> None:
+        """Draw the schedule (and ids and jitter) from `seed` from now on; None: FIFO, as asyncio."""
+        if seed is None:
+            self._schedule = None
+            return
+        self._schedule = random.Random(seed)
+        draws = random.Random(seed + 1)
+        ids.new_uuid = lambda: uuid.UUID(int=draws.getrandbits(128), version=4)
+        if self._saved_random is None:
+            self._saved_random = random.getstate()
+        random.seed(seed + 2)  # tenacity's jitter draws from the module's generator
+
+    def time(self) -> float:
+        return self._now
+
+    def _run_once(self) -> None:
+        ready = self._ready  # type: ignore[attr-defined]
+        deferred: list[Any] = []
+        if self._schedule is not None and len(ready) > 1:
+            # Shuffle what is ready, and hold some of it back a turn: as if those tasks
+            # were slower this time. Every turn runs at least one callback.
+            order = list(ready)
+            self._schedule.shuffle(order)
+            now = [cb for cb in order if self._schedule.random() >= DEFER] or order[:1]
+            deferred = [cb for cb in order if not any(cb is n for n in now)]
+            ready.clear()
+            ready.extend(now)
+        scheduled = self._scheduled  # type: ignore[attr-defined]
+        if not ready and scheduled:
+            # Nothing can run before the next timer: be there at once.
+            self._now = max(self._now, scheduled[0].when())
+        super()._run_once()  # type: ignore[misc]
+        ready.extend(deferred)
+
+    def close(self) -> None:
+        ids.new_uuid = self._saved_uuid
+        if self._saved_random is not None:
+            random.setstate(self._saved_random)  # type: ignore[arg-type]
+            self._saved_random = None
+        super().close()
+
+
+def run_simulated(main: Coroutine[Any, Any, T], *, seed: int | None = None) -> T:
+    """`asyncio.run(main)` on a `SimulatedLoop`: virtual time, and a seeded schedule if `seed`."""
+    loop = SimulatedLoop(seed)
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
