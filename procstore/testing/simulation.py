@@ -4,8 +4,10 @@ deterministic simulation, in the small).
 `SimulatedLoop` is an asyncio event loop with two changes:
 
 - **Virtual time.** Its clock starts at 0 and, whenever nothing is ready to run, jumps to
-  the next timer instead of waiting for it: retry backoffs, lease renewals, metadata TTLs
-  and a test's own `asyncio.sleep` take no real time, and their order is kept.
+  the next timer instead of waiting for it: retry backoffs, the retry budget and a test's
+  own `asyncio.sleep` take no real time, and their order is kept. A lease's expiry is
+  measured on the machine's boot clock, never on the loop's: simulate managers without
+  `lease=` (a leased one would renew in a tight loop).
 - **A seeded schedule.** Given a seed, the callbacks ready at each turn of the loop run in
   an order drawn from it, and some are held back a turn, as if their task were slower
   (asyncio promises no order between independent tasks); and
