@@ -26,6 +26,7 @@ anything the new leader wrote (see README, "Many managers").
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -213,9 +214,9 @@ class LeaseKeeper:
         self._version: str | None = None
         self._seen_at = 0.0
         self._writable_until = 0.0
-        """`time.monotonic()` after which this manager must not write (0 if not holding)."""
+        """`_now()` after which this manager must not write (0 if not holding)."""
         self._renewed_at = 0.0
-        """`time.monotonic()` when the last successful write of the lease was sent."""
+        """`_now()` when the last successful write of the lease was sent."""
         self._sending: tuple[LeaseRecord, float] | None = None
         """The record last sent and when it was first sent (attempts can be abandoned)."""
 
@@ -231,17 +232,17 @@ class LeaseKeeper:
     @property
     def is_holding(self) -> bool:
         """Whether this manager holds the lease and may still write."""
-        return time.monotonic() < self._writable_until
+        return _now() < self._writable_until
 
     @property
     def seconds_left(self) -> float:
         """Seconds until this manager must have stopped writing (<= 0: not holding)."""
-        return self._writable_until - time.monotonic()
+        return self._writable_until - _now()
 
     @property
     def seconds_to_renewal(self) -> float:
         """Seconds until the next renewal is due (<= 0: now, e.g. after a failed attempt)."""
-        return self._renewed_at + self.lease.renew_interval - time.monotonic()
+        return self._renewed_at + self.lease.renew_interval - _now()
 
     @property
     def leader(self) -> str | None:
@@ -259,13 +260,13 @@ class LeaseKeeper:
 
     def check_writable(self, key: str) -> None:
         """Raise `LeaseExpired` unless this manager may still write (called before each write)."""
-        if time.monotonic() >= self._writable_until:
+        if _now() >= self._writable_until:
             raise LeaseExpired(key, self.holder, self._why_not_holding())
 
     def _why_not_holding(self) -> str:
         if self._writable_until == 0.0:
             return "it does not hold it"
-        return f"its lease ran out {time.monotonic() - self._writable_until:.2f}s ago without a renewal"
+        return f"its lease ran out {_now() - self._writable_until:.2f}s ago without a renewal"
 
     def give_up(self) -> None:
         """Stop writing at once (the manager lost the lease or is stopping)."""
@@ -310,7 +311,7 @@ class LeaseKeeper:
         earlier, abandoned attempt at the same record landed: the lease then runs from that
         attempt's send, the earliest moment a standby can have seen it.
         """
-        sent_at = time.monotonic()
+        sent_at = _now()
         if self._sending is not None and self._sending[0] == record:
             sent_at = self._sending[1]
         self._sending = (record, sent_at)
@@ -318,7 +319,7 @@ class LeaseKeeper:
         # Read back whatever the swap answered: it gives the version for the next swap, and
         # a refused swap may be our own earlier attempt whose answer was lost.
         found = await self._read()
-        self._seen_at = time.monotonic()
+        self._seen_at = _now()
         if found is None:
             self.record, self._version = None, None
             return False
@@ -337,7 +338,7 @@ class LeaseKeeper:
         Raises `StoreError` if the store cannot be read or written.
         """
         found = await self._read()
-        now = time.monotonic()
+        now = _now()
         if found is None:
             # No lease object (a new store, or one deleted by hand): epochs go on from the
             # highest this manager has seen, so its fencing tokens never go backwards.
@@ -399,3 +400,13 @@ class LeaseKeeper:
             )
         except StoreError as e:
             logger.warning("could not release the lease (%s); it expires in %.0fs", e, record.ttl)
+
+
+def _now() -> float:
+    """The lease's clock: `time.monotonic()`; in tests on a loop with virtual time
+    (`procstore.testing.SimulatedLoop`), that loop's clock, so that TTLs pass in no real time."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # a send guard called from a client's thread
+        return time.monotonic()
+    return loop.time() if getattr(loop, "virtual_time", False) else time.monotonic()

@@ -5,9 +5,8 @@ deterministic simulation, in the small).
 
 - **Virtual time.** Its clock starts at 0 and, whenever nothing is ready to run, jumps to
   the next timer instead of waiting for it: retry backoffs, the retry budget and a test's
-  own `asyncio.sleep` take no real time, and their order is kept. A lease's expiry is
-  measured on the machine's boot clock, never on the loop's: simulate managers without
-  `lease=` (a leased one would renew in a tight loop).
+  own `asyncio.sleep` take no real time, and their order is kept; so do leases (their
+  clock is this loop's here, `time.monotonic()` everywhere else).
 - **A seeded schedule.** Given a seed, the callbacks ready at each turn of the loop run in
   an order drawn from it, and some are held back a turn, as if their task were slower
   (asyncio promises no order between independent tasks); and
@@ -39,6 +38,9 @@ DEFER = 0.3
 
 class SimulatedLoop(asyncio.SelectorEventLoop):
     """An event loop with virtual time and, given a seed, a seeded order of ready callbacks."""
+
+    virtual_time = True
+    """Read by the lease's clock: on this loop, TTLs pass in virtual time too."""
 
     def __init__(self, seed: int | None = None) -> None:
         super().__init__()

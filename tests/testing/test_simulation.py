@@ -84,3 +84,30 @@ def test_simulated_time_skips_the_waits() -> None:
     began = time.perf_counter()
     assert run_simulated(sleepy()) == 3600
     assert time.perf_counter() - began < 5  # an hour of backoff, in no real time
+
+
+def test_a_lease_expires_in_virtual_time() -> None:
+    """A 60 s lease, its holder killed: the standby takes over at once in real time, after
+    the TTL in the loop's time."""
+    from procstore import Lease
+    from procstore.testing import kill_manager
+
+    async def takeover() -> float:
+        url = f"mem://sim-{uuid.uuid4().hex}/"
+        first = ProcedureManager(url, lease=Lease(ttl=60.0, holder="cp-1"))
+        second = ProcedureManager(url, lease=Lease(ttl=60.0, holder="cp-2"))
+        await first.start()
+        await second.start()
+        assert first.is_leader and not second.is_leader
+        loop = asyncio.get_running_loop()
+        killed_at = loop.time()
+        await kill_manager(first)
+        await second.wait_until_leading()
+        waited = loop.time() - killed_at
+        await second.stop()
+        await first.stop()
+        return waited
+
+    began = time.perf_counter()
+    waited = run_simulated(takeover(), seed=3)
+    assert waited >= 60.0 and time.perf_counter() - began < 10
