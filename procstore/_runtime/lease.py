@@ -40,6 +40,7 @@ import orjson
 
 from procstore._logs import get_logger
 from procstore.errors import LeaseExpired, StoreError
+from procstore.store.message import UNDECODABLE
 from procstore.store.state_store import StateStore
 
 logger = get_logger("procstore.lease")
@@ -173,7 +174,7 @@ class LeaseRecord:
         """
         try:
             stored = _lease_decoder.decode(raw)
-        except msgspec.DecodeError as e:
+        except UNDECODABLE as e:
             raise ValueError(f"not a lease record ({e}): {raw[:200]!r}") from e
         return cls(stored.holder, stored.epoch, stored.renewal, stored.ttl, stored.released)
 

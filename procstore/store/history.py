@@ -25,6 +25,7 @@ import msgspec
 
 from procstore._logs import get_logger
 from procstore.ids import ProcedureId
+from procstore.store.message import UNDECODABLE
 from procstore.store.state_store import StateStore
 
 logger = get_logger("procstore.store")
@@ -110,7 +111,7 @@ class HistoryStore:
             if isinstance(raw, bytes):
                 try:
                     records.append(_decoder.decode(raw))
-                except msgspec.DecodeError as e:
+                except UNDECODABLE as e:
                     logger.warning("skipping the history record at %s: %s; delete the key", key, e)
         return records
 
@@ -121,7 +122,7 @@ class HistoryStore:
             if _id_of(key) == wanted and (raw := await self.store.get(key)) is not None:
                 try:
                     return _decoder.decode(raw)
-                except msgspec.DecodeError as e:
+                except UNDECODABLE as e:
                     logger.warning("skipping the history record at %s: %s; delete the key", key, e)
         return None
 

@@ -22,6 +22,12 @@ class MessageDecodeError(ValueError):
     """A stored value is not a valid `ProcedureMessage`; the text says which field and why."""
 
 
+UNDECODABLE = (msgspec.DecodeError, UnicodeDecodeError)
+"""What a msgspec JSON decoder raises for a value it cannot read: besides its own errors,
+invalid UTF-8 inside a JSON string comes out as `UnicodeDecodeError`. Every stored value is
+decoded catching both, so that such a value is unreadable, never an internal error."""
+
+
 @dataclass(frozen=True, slots=True)
 class ProcedureMessage:
     """One persisted state of a procedure."""
@@ -59,7 +65,7 @@ class ProcedureMessage:
             stored = _decoder.decode(raw)
         except msgspec.ValidationError as e:
             raise MessageDecodeError(f"the value is not a procedure message: {e}") from None
-        except msgspec.DecodeError as e:
+        except UNDECODABLE as e:
             raise MessageDecodeError(f"the value is not JSON ({e}); it may be truncated") from None
         parent_id = None
         if stored.parent_id is not None:

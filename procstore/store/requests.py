@@ -33,6 +33,7 @@ import msgspec
 from procstore._logs import get_logger
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
+from procstore.store.message import UNDECODABLE
 from procstore.store.state_store import StateStore
 
 logger = get_logger("procstore.store")
@@ -85,7 +86,7 @@ def decode_request(raw: bytes, key: str) -> OperatorRequest | None:
     """The request under `key`, or None (logged once, key kept) for a value that is not one."""
     try:
         return _decoder.decode(raw)
-    except msgspec.DecodeError as e:
+    except UNDECODABLE as e:
         if (key, raw) in _reported:
             return None
         _reported.add((key, raw))

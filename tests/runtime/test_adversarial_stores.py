@@ -12,6 +12,7 @@ import asyncio
 import json
 import uuid
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +30,7 @@ junk_values = st.one_of(
     st.binary(max_size=40),
     st.just(b""),
     st.just(b"\xff\xfe\xfa"),
+    st.just(b'{"type_name": "test::Steps", "data": "\xff\xfe", "parent_id": null, "step": 0}'),
     st.just(b'{"type_name": "test::Steps", "data": "{}", "parent_id": null, "st'),
     st.just(b'{"type_name": 5, "data": [], "parent_id": 7, "step": "x"}'),
     st.just(b'{"type_name": "test::Steps", "data": "{}", "parent_id": null, "step": 18446744073709551616}'),
@@ -132,3 +134,11 @@ async def _check(parts: list[tuple[str, dict[str, bytes]]]) -> None:
 @given(adversarial)
 def test_start_survives_any_store_and_loses_nothing(parts: list[tuple[str, dict[str, bytes]]]) -> None:
     asyncio.run(asyncio.wait_for(_check(parts), 20))
+
+
+@pytest.mark.parametrize("suffix", [KeyType.STEP, KeyType.COMMIT, KeyType.ROLLBACK])
+def test_invalid_utf8_inside_a_value_is_unreadable_not_fatal(suffix: KeyType) -> None:
+    """msgspec raises UnicodeDecodeError (not its DecodeError) for bad UTF-8 in a string."""
+    bad = b'{"type_name": "test::Steps", "data": "\xff\xfe", "parent_id": null, "step": 0}'
+    key = str(ParsedKey(PREFIX, ProcedureId.random(), 0, suffix))
+    asyncio.run(asyncio.wait_for(_check([("junk", {key: bad})]), 20))
