@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from procstore._logs import get_logger
 from procstore._runtime.locks import KeyRwLock
 from procstore._runtime.meta import ProcedureMeta
+from procstore._runtime.outcome import is_stop
 from procstore._runtime.retry import RetryPolicy
 from procstore._runtime.telemetry import OFF, Telemetry, outcome
 from procstore.errors import Fenced, ManagerStopped, ProcedureError
@@ -182,6 +183,8 @@ class ManagerContext:
     def note_request(self, procedure_id: ProcedureId, request: OperatorRequest) -> None:
         """Apply an operator request to a procedure and its unfinished descendants."""
         self.operator_requests.setdefault(procedure_id, request)
+        if (meta := self.metas.get(procedure_id)) is not None:
+            meta.requested().set()
         inherited = OperatorRequest(
             kind=request.kind,
             reason=f"its ancestor {procedure_id} was {'cancelled' if request.kind == 'cancel' else 'failed'}: "
@@ -193,6 +196,8 @@ class ManagerContext:
             meta = self.metas.get(child)
             if meta is None or not meta.state.is_ended():
                 self.operator_requests.setdefault(child, inherited)
+                if meta is not None:
+                    meta.requested().set()
 
     def _descendants(self, procedure_id: ProcedureId) -> list[ProcedureId]:
         out: list[ProcedureId] = []
@@ -270,6 +275,23 @@ class ManagerContext:
             parent_id = parent.parent_id
         return out
 
+    def child_cycle(self, parent: ProcedureId, children: Sequence[ProcedureId]) -> ProcedureId | None:
+        """The first of `children` that is `parent` itself or waits for it through its own
+        unfinished subprocedures (an ancestor, say): waiting for it would never end."""
+        for child in children:
+            seen: set[ProcedureId] = set()
+            queue = deque([child])
+            while queue:
+                pid = queue.popleft()
+                if pid == parent:
+                    return child
+                meta = self.metas.get(pid)
+                if pid in seen or meta is None or meta.state.is_ended():
+                    continue
+                seen.add(pid)
+                queue.extend(meta.children)
+        return None
+
     def tree_ids(self, root: ProcedureMeta) -> list[ProcedureId]:
         """The root and every descendant, in memory or only in the store, root first."""
         ids: list[ProcedureId] = []
@@ -321,6 +343,13 @@ class ManagerContext:
 
     def load(self, procedure_id: ProcedureId, message: ProcedureMessage, key: str) -> Procedure:
         """Rebuild a procedure from a stored message; raises `LoadFailed` saying why."""
+        return self.load_with_lock_key(procedure_id, message, key)[0]
+
+    def load_with_lock_key(
+        self, procedure_id: ProcedureId, message: ProcedureMessage, key: str
+    ) -> tuple[Procedure, LockKey]:
+        """`load`, and the procedure's lock key, computed once: a `lock_key()` that fails on a
+        second call must fail here, as a load problem, not later where nothing handles it."""
         loader = self.loaders.get(message.type_name)
         if loader is None:
             known = ", ".join(sorted(self.loaders)) or "none"
@@ -336,34 +365,40 @@ class ManagerContext:
         hint = "Fix the loader (old data must keep loading) or the stored value; the keys were left untouched"
         try:
             procedure = loader(message.data)
-        except Exception as e:
+        except BaseException as e:
+            if is_stop(e):
+                raise
             reason = f"its loader rejected the stored data: {type(e).__name__}: {e}"
             raise LoadFailed(LoadProblem(key, procedure_id, reason, hint, message.type_name)) from e
         try:
-            procedure.lock_key()  # a procedure whose lock keys cannot be computed cannot run
-        except Exception as e:
+            lock_key = procedure.lock_key()  # a procedure whose lock keys cannot be computed cannot run
+            if not isinstance(lock_key, LockKey):
+                raise TypeError(f"lock_key() returned {lock_key!r}, not a LockKey")
+        except BaseException as e:
+            if is_stop(e):
+                raise
             reason = f"its lock_key() failed on the stored data: {type(e).__name__}: {e}"
             raise LoadFailed(LoadProblem(key, procedure_id, reason, hint, message.type_name)) from e
-        return procedure
+        return procedure, lock_key
 
     # -- tasks -----------------------------------------------------------------------
 
-    async def run_in_term(self, coro: Coroutine[Any, Any, T], what: str) -> T:
+    async def run_in_term(
+        self, coro: Coroutine[Any, Any, T], what: str, on_done: Callable[[], None] | None = None
+    ) -> T:
         """Await `coro` in a task of this term, which `cancel_all` cancels and waits for.
 
         For work started by a caller outside the term (a `submit`'s write): once the term has
-        ended, none of it can still land. Raises `ManagerStopped` if the term ended it.
+        ended, none of it can still land; and a caller cancelled meanwhile leaves it to
+        finish. `on_done` runs when the task ends, however it ends. Raises `ManagerStopped`
+        if the term ended it.
         """
         task = asyncio.get_running_loop().create_task(coro, name=f"procstore:{what}")
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if task.cancelled() and not (current is not None and current.cancelling()):
-                raise ManagerStopped(what=what) from None
-            raise
+        if on_done is not None:
+            task.add_done_callback(lambda _task: on_done())
+        return await await_term_task(task, what)
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -404,3 +439,18 @@ class ManagerContext:
         for meta in self.metas.values():
             if not meta.state.is_ended():
                 meta.abandon()
+
+
+async def await_term_task(task: asyncio.Task[T], what: str) -> T:
+    """Await a task that the term owns (shielded: the caller's cancel does not reach it).
+
+    Raises `ManagerStopped` when the term cancelled the task (a stop, a lost lease), the
+    caller's own `CancelledError` when the caller was cancelled.
+    """
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if task.cancelled() and not (current is not None and current.cancelling()):
+            raise ManagerStopped(what=what) from None
+        raise

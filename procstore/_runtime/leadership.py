@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from procstore._logs import get_logger
 from procstore._runtime.lease import LEASE_KEY, Lease, LeaseKeeper
 from procstore._runtime.telemetry import OFF, Telemetry, timed
+from procstore._runtime.term import LeaseHooks
 from procstore.errors import Fenced, LeaseExpired, ManagerStopped, StoreError, StoreUnavailable
 from procstore.store.probe import ConditionalWritesIgnored, probe_conditional_writes
 from procstore.store.state_store import StateStore
@@ -79,6 +80,19 @@ class Leadership:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+
+    def term_hooks(self) -> LeaseHooks:
+        """What a term begun now takes from this leadership (its epoch is the fencing token)."""
+        keeper = self.keeper
+        lease = keeper.lease
+        return LeaseHooks(
+            self.on_fenced,
+            keeper.check_writable,
+            keeper.epoch,
+            lease.late_write_grace,
+            lease.adopt_interval,
+            keeper.holder,
+        )
 
     def on_fenced(self, fenced: Fenced) -> None:
         """A runner was fenced: let the task end or restart the term (never from the runner)."""

@@ -93,8 +93,8 @@ class Lease:
     adopt_interval: float = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        if self.ttl <= 0:
-            raise ValueError(f"lease ttl must be > 0, got {self.ttl}")
+        if not 0 < self.ttl <= _MAX_TTL:  # also refuses NaN and infinity
+            raise ValueError(f"lease ttl must be > 0 and at most a year ({_MAX_TTL:.0f} s), got {self.ttl}")
         if not 0 <= self.drift < 1:
             raise ValueError(f"lease drift must be in [0, 1), got {self.drift}")
         if not self.holder:
@@ -105,6 +105,9 @@ class Lease:
                 object.__setattr__(self, name, default)
         if not 0 <= self.stop_margin < self.ttl:
             raise ValueError(f"lease stop_margin must be in [0, ttl), got {self.stop_margin}")
+        for name in ("late_write_grace", "adopt_interval"):
+            if not 0 <= getattr(self, name) <= _MAX_TTL:  # also refuses NaN and infinity
+                raise ValueError(f"lease {name} must be in [0, {_MAX_TTL:.0f}] seconds, got {getattr(self, name)}")
 
     @classmethod
     def from_option(cls, option: Lease | float | bool | None) -> Lease | None:
@@ -181,13 +184,15 @@ class LeaseRecord:
 
 _MAX_TTL = 86_400.0 * 365
 """A year: far above any sane TTL, and it keeps infinity out."""
+MAX_EPOCH = 2**63 - 1
+"""The highest epoch a record may hold (a signed 64-bit fencing token, as most systems take)."""
 
 
 class _StoredLease(msgspec.Struct, frozen=True):
     """The wire form of `LeaseRecord`, with the bounds a usable record must meet."""
 
     holder: Annotated[str, msgspec.Meta(min_length=1)]
-    epoch: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+    epoch: Annotated[int, msgspec.Meta(ge=0, le=MAX_EPOCH)]
     renewal: Annotated[int, msgspec.Meta(ge=0)]
     ttl: Annotated[float, msgspec.Meta(gt=0, le=_MAX_TTL)]
     released: bool = False
@@ -343,7 +348,7 @@ class LeaseKeeper:
         if found is None:
             # No lease object (a new store, or one deleted by hand): epochs go on from the
             # highest this manager has seen, so its fencing tokens never go backwards.
-            return await self._write(LeaseRecord(self.holder, self.highest_epoch + 1, 0, self.lease.ttl), None)
+            return await self._write(LeaseRecord(self.holder, self._next_epoch(), 0, self.lease.ttl), None)
         record, version = found
         self.highest_epoch = max(self.highest_epoch, record.epoch)
         if version != self._version:
@@ -359,7 +364,18 @@ class LeaseKeeper:
                 now - self._seen_at,
                 self.holder,
             )
-        return await self._write(LeaseRecord(self.holder, self.highest_epoch + 1, 0, self.lease.ttl), version)
+        return await self._write(LeaseRecord(self.holder, self._next_epoch(), 0, self.lease.ttl), version)
+
+    def _next_epoch(self) -> int:
+        """The epoch of a new term; raises `StoreError` if none can be higher than the last."""
+        if self.highest_epoch >= MAX_EPOCH:
+            raise StoreError(
+                f"the lease epoch has reached its maximum ({MAX_EPOCH}): no new term can have a higher fencing "
+                "token. The record was written by hand or is corrupt; stop every manager, delete the lease object "
+                "(epochs then count from 1 again) and restart them",
+                key=self.key,
+            )
+        return self.highest_epoch + 1
 
     async def renew_once(self) -> bool:
         """Extend the lease; False if another manager holds it now (this one must stop).

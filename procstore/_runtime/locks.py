@@ -65,6 +65,35 @@ class KeyRwLock:
                 self._wake(key.key, entry)  # we may have been the head blocking others
             raise
 
+    async def acquire_unless(self, key: StringKey, event: asyncio.Event) -> bool:
+        """`acquire(key)`, unless `event` is set before it is granted: then nothing is taken
+        and the result is False."""
+        if event.is_set():
+            return False
+        if not self.would_block(key):
+            await self.acquire(key)
+            return True
+        locking = asyncio.ensure_future(self.acquire(key))
+        woken = asyncio.ensure_future(event.wait())
+
+        def settle() -> bool:
+            """Whether the lock is held now (the cancelled acquire took nothing)."""
+            return locking.done() and not locking.cancelled() and locking.exception() is None
+
+        waited = False
+        try:
+            await asyncio.wait((locking, woken), return_when=asyncio.FIRST_COMPLETED)
+            waited = True
+        finally:
+            for task in (locking, woken):
+                task.cancel()
+            await asyncio.gather(locking, woken, return_exceptions=True)
+            # A grant that came with the event, or while this wait was being cancelled, is
+            # given back: the caller will not release what it does not know it holds.
+            if settle() and (event.is_set() or not waited):
+                self.release(key)
+        return settle() and not event.is_set()
+
     def would_block(self, key: StringKey) -> bool:
         """Whether `acquire(key)` would wait now (held in a conflicting mode, or queued)."""
         entry = self._entries.get(key.key)

@@ -8,18 +8,17 @@ from types import TracebackType
 from typing import Any, Self
 
 from procstore._logs import get_logger
-from procstore._runtime.context import Loader, ManagerContext
+from procstore._runtime.context import Loader, ManagerContext, await_term_task
 from procstore._runtime.leadership import Leadership, Terms, check_lease_support
 from procstore._runtime.lease import LEASE_FOLDER, Lease
 from procstore._runtime.operator import request as request_stop
 from procstore._runtime.outcome import type_name_of
 from procstore._runtime.restart import restart
 from procstore._runtime.retry import RetryBudget, RetryPolicy
-from procstore._runtime.runner import Runner
+from procstore._runtime.submission import store_and_run
 from procstore._runtime.telemetry import OFF, get_telemetry
-from procstore._runtime.term import LeaseHooks, Term, TermSettings
+from procstore._runtime.term import Term, TermSettings
 from procstore._runtime.watcher import Watcher
-from procstore._runtime.writes import store_submitted
 from procstore.errors import (
     DuplicateProcedure,
     Fenced,
@@ -134,6 +133,10 @@ class ProcedureManager:
         """The highest lease epoch any of this manager's terms has seen."""
         self._lifecycle = asyncio.Lock()
         """Serialises start() and stop(): two concurrent starts would recover everything twice."""
+        self._standby_writes: set[asyncio.Task[Any]] = set()
+        """A standby's writes (a cancel's request): no term owns them, stop() waits for them."""
+        self._stopping: asyncio.Task[None] | None = None
+        """The shutdown under way, if any: every stop() call awaits it."""
 
     @property
     def _ctx(self) -> ManagerContext | None:
@@ -265,17 +268,7 @@ class ProcedureManager:
             self.keep_failed,
             get_telemetry() if self.telemetry else OFF,
         )
-        hooks = None
-        if self._leadership is not None:
-            keeper = self._leadership.keeper
-            hooks = LeaseHooks(
-                self._leadership.on_fenced,
-                keeper.check_writable,
-                keeper.epoch,
-                keeper.lease.late_write_grace,
-                keeper.lease.adopt_interval,
-                keeper.holder,
-            )
+        hooks = None if self._leadership is None else self._leadership.term_hooks()
         self._term = Term(settings, hooks)
         self._term.begin()
 
@@ -313,6 +306,19 @@ class ProcedureManager:
         readable until the next `start()`. Safe to call concurrently and repeatedly; it
         returns once a `submit` whose write was under way has finished or been cancelled.
         """
+        # The shutdown runs in a task of its own that a cancelled caller cannot interrupt
+        # half-way (leaving runners alive and the lease held), and that every concurrent or
+        # repeated call awaits: each returns only once it has finished. A procedure calling
+        # stop() from its own execute() is cancelled like every other runner, instead of
+        # waiting for itself.
+        stopping = self._stopping
+        if stopping is None or stopping.done():
+            stopping = self._stopping = asyncio.get_running_loop().create_task(
+                self._locked_stop(), name="procstore:stop"
+            )
+        await asyncio.shield(stopping)
+
+    async def _locked_stop(self) -> None:
         async with self._lifecycle:
             await self._stop()
 
@@ -325,6 +331,9 @@ class ProcedureManager:
             await leadership.stop()
             self._highest_epoch = max(self._highest_epoch, leadership.keeper.highest_epoch)
         await self._end_term()
+        for task in list(self._standby_writes):
+            task.cancel()
+        await asyncio.gather(*self._standby_writes, return_exceptions=True)
         if leadership is not None:
             await leadership.keeper.release()
         if self._given_store is None:
@@ -363,9 +372,15 @@ class ProcedureManager:
             await ctx.run_in_term(request_stop(ctx, procedure_id, "cancel", reason), what="cancelling")
             return
         # A standby: the leader's look at `requests/` (or its next step) finds the request.
+        # The write belongs to no term, so stop() cancels and waits for it by itself.
         assert self._state_store is not None
         standby = ManagerContext(ProcedureStore(self._state_store, self.parent_path), self.policy, self._loaders)
-        await request_stop(standby, procedure_id, "cancel", reason)
+        task = asyncio.get_running_loop().create_task(
+            request_stop(standby, procedure_id, "cancel", reason), name="procstore:cancelling"
+        )
+        self._standby_writes.add(task)
+        task.add_done_callback(self._standby_writes.discard)
+        await await_term_task(task, "cancelling")
 
     async def resume(self, procedure_id: ProcedureId) -> Watcher:
         """Run an ended or stuck root again from its last stored step, with fresh retries.
@@ -431,6 +446,13 @@ class ProcedureManager:
         if self._leadership is not None and not self.is_leader:
             raise NotLeader(self._leadership.keeper.holder, self.leader)
         ctx = self._started("submit")
+        term = self._term
+        if term is not None and not term.recovered:
+            # Without a lease, start() opens its term before recovery has registered what
+            # the store holds: a submission racing with it waits, or recovery would load the
+            # same procedure a second time.
+            await term.wait_recovered()
+            ctx = self._started("submit")
         if ctx.fenced is not None:
             raise ctx.fenced
         if self._paused:
@@ -450,10 +472,14 @@ class ProcedureManager:
         lock_key = proc.lock_key()
         data = proc.dump()
         self._submitting.add(pid)
+        # The write and the runner's start are one task of the term: stop() cancels it and
+        # waits for it, so it can never land after stop() returned; and a caller that gives
+        # up (a timeout) cannot leave a stored procedure that nothing runs.
+        leadership = self._leadership
+        still_leading = (lambda: leadership.keeper.is_holding) if leadership is not None else (lambda: True)
+        stored = store_and_run(ctx, procedure, type_name, lock_key, data, still_leading)
         try:
-            # The write belongs to the term: stop() cancels it and waits for it, so it can
-            # never land after stop() returned.
-            created = await ctx.run_in_term(store_submitted(ctx, pid, type_name, data), what="submitting")
+            meta = await ctx.run_in_term(stored, what="submitting", on_done=lambda: self._submitting.discard(pid))
         except ManagerStopped as e:
             raise StoreError(
                 f"submitting procedure {pid}: the manager stopped leading or was stopped while the write was under "
@@ -461,21 +487,8 @@ class ProcedureManager:
                 "stored and runs there",
                 key=ctx.store.key(pid, 0, KeyType.STEP),
             ) from e
-        finally:
-            self._submitting.discard(pid)
-        if not created:
+        if meta is None:
             raise DuplicateProcedure(pid, " in the store (it has stored steps)")
-        ctx.telemetry.submitted(type_name)
-        meta = ctx.new_meta(pid, type_name, None, proc, ProcedureState.running(), lock_key)
-        meta.wrote_every_key = True
-        if self._leadership is not None and not (ctx.running and self._leadership.keeper.is_holding):
-            # Stored, but the lease was lost meanwhile: the leader runs it (its recovery, or
-            # its next look for procedures stored after recovery, finds it).
-            meta.abandon()
-            return Watcher(meta)
-        if not ctx.running:
-            raise ManagerNotStarted("submit")
-        Runner(ctx, meta, proc, 1, data).start()
         return Watcher(meta)
 
     # -- observing -------------------------------------------------------------------

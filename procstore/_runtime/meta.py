@@ -64,6 +64,7 @@ class ProcedureMeta:
         # Events are made on first wait: most procedures are never watched, and recovery
         # builds thousands of these at once.
         self._changed: asyncio.Event | None = None
+        self._requested: asyncio.Event | None = None
         self._ended: asyncio.Event | None = None
         self._on_end = on_end
         if state.is_ended():
@@ -100,6 +101,14 @@ class ProcedureMeta:
 
     def mark_started(self) -> None:
         self.start_time = datetime.now(UTC)
+
+    def requested(self) -> asyncio.Event:
+        """Set once an operator's request (cancel, fail) applies to this procedure: its
+        runner's waits (a retry's backoff, a lock) end early, so that the request is honoured
+        within a poll interval however long the wait."""
+        if self._requested is None:
+            self._requested = asyncio.Event()
+        return self._requested
 
     def abandon(self) -> None:
         """The manager stopped: wake every waiter so none hangs on a state that will not change."""

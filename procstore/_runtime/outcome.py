@@ -57,21 +57,54 @@ def lock_conflict(
     return None
 
 
+class ProcessKill(BaseException):
+    """Ends a runner as a kill -9 ends its process: the task is simply gone, nothing more is
+    written (the testing toolkit's simulated crashes derive from it)."""
+
+
+PROCESS_EXITS = (KeyboardInterrupt, SystemExit, ProcessKill)
+"""What user code may raise to end the process, not its procedure."""
+
+
 class StrayCancellation(ProcedureError):
     """User code raised `CancelledError` although nothing cancelled its procedure."""
 
 
+class EscapedBaseException(ProcedureError):
+    """User code raised a `BaseException` that is neither a stop nor a process exit."""
+
+
+def is_stop(exc: BaseException) -> bool:
+    """Whether `exc` ends this task as a stop, a cancel or a process exit would, rather
+    than failing its procedure: a `CancelledError` counts only while the task is being
+    cancelled (user code that cancelled and awaited its own helper raises a stray one)."""
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+    return isinstance(exc, PROCESS_EXITS)
+
+
+def as_failure(exc: BaseException, what: str) -> Exception:
+    """The failure to record for `exc`, which escaped user code and `is_stop` refused."""
+    if isinstance(exc, Exception):
+        return exc
+    if isinstance(exc, asyncio.CancelledError):
+        return StrayCancellation(f"{what} raised CancelledError, but nothing cancelled the procedure")
+    return EscapedBaseException(f"{what} raised {type(exc).__name__}: {exc}")
+
+
 async def not_cancelled_by_itself(call: Awaitable[T], what: str) -> T:
-    """Await `call`; a `CancelledError` it raises while nobody cancels this task (user code
-    that cancelled and awaited its own helper task, say) is that code's failure, not a stop:
-    taken for a stop, it would leave the procedure RUNNING and its watchers waiting forever."""
+    """Await `call`; a `BaseException` it raises that is not a stop (a stray `CancelledError`,
+    a `GeneratorExit`, a user's own subclass) is that code's failure: taken for a stop, it
+    would leave the procedure RUNNING and its watchers waiting forever."""
     try:
         return await call
-    except asyncio.CancelledError as e:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
+    except Exception:
+        raise
+    except BaseException as e:
+        if is_stop(e):
             raise
-        raise StrayCancellation(f"{what} raised CancelledError, but nothing cancelled the procedure") from e
+        raise as_failure(e, what) from e
 
 
 def format_tb(exc: BaseException) -> str:

@@ -194,7 +194,7 @@ def _resume_root(
 ) -> None:
     key = ctx.store.key(pid, message.step, KeyType.ROLLBACK if rolling_back else KeyType.STEP)
     try:
-        procedure = ctx.load(pid, message, key)
+        procedure, lock_key = ctx.load_with_lock_key(pid, message, key)
     except LoadFailed as e:
         logger.error("skipping %s", e.problem)
         problems.append(e.problem)
@@ -204,7 +204,7 @@ def _resume_root(
         state = ProcedureState.with_error(ProcedureStateKind.ROLLING_BACK, message.error or "unknown error")
     else:
         state = ProcedureState.running()
-    meta = ctx.new_meta(pid, message.type_name, message.parent_id, procedure, state)
+    meta = ctx.new_meta(pid, message.type_name, message.parent_id, procedure, state, lock_key)
     meta.is_root = True
     meta.inherited = True
     Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=True).start()

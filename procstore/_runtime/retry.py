@@ -9,6 +9,7 @@ A `RetryBudget` shared by the manager's procedures caps the rate of retries in t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -92,10 +93,14 @@ class RetryPolicy:
     budget: RetryBudget | None = field(default=None, compare=False)
     """Shared by every procedure of a manager; None: no limit on the rate of retries."""
 
-    async def _sleep(self, delay: float) -> None:
+    async def _sleep(self, delay: float, wake: asyncio.Event | None = None) -> None:
         if self.budget is not None:
             await self.budget.take()
-        await asyncio.sleep(delay)
+        if wake is None:
+            await asyncio.sleep(delay)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), delay)
 
     def __post_init__(self) -> None:
         if self.max_retry_times < 0:
@@ -109,11 +114,13 @@ class RetryPolicy:
         *,
         retry_on: Callable[[BaseException], bool] = is_transient,
         on_retry: OnRetry | None = None,
+        wake: asyncio.Event | None = None,
     ) -> T:
         """Await `fn(attempt)` (attempt counts from 1) until it succeeds or retries run out.
 
         An error `retry_on` rejects is raised at once; after the last retry the last error
-        is raised unchanged.
+        is raised unchanged. Once `wake` is set, a backoff ends at once and the next attempt
+        follows (it is `fn`'s to raise what ends the retries).
         """
         # The first attempt runs without tenacity: nearly every call succeeds at once, and
         # building a retry loop costs ~30 µs, a tenth of a durable step.
@@ -126,7 +133,7 @@ class RetryPolicy:
         delay = min(self.retry_delay + random.uniform(0, self.retry_delay), self.max_retry_delay)
         if on_retry is not None:
             on_retry(first, 1, delay)
-        await self._sleep(delay)
+        await self._sleep(delay, wake)
 
         def before_sleep(state: RetryCallState) -> None:
             if on_retry is None or state.outcome is None:
@@ -144,7 +151,7 @@ class RetryPolicy:
             ),
             retry=retry_if_exception(retry_on),
             before_sleep=before_sleep,
-            sleep=self._sleep,
+            sleep=lambda delay: self._sleep(delay, wake),
             reraise=True,
         )
         attempt = 1

@@ -24,8 +24,10 @@ from procstore._runtime.context import LoadFailed, ManagerContext
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.outcome import (
     Child,
+    as_failure,
     failed_state,
     format_tb,
+    is_stop,
     lock_conflict,
     not_cancelled_by_itself,
     not_recorded,
@@ -36,13 +38,14 @@ from procstore._runtime.outcome import (
 from procstore._runtime.retry import is_rollback_retryable, is_transient
 from procstore._runtime.telemetry import run_traced
 from procstore._runtime.writes import delete_tree, delete_tree_later
-from procstore.errors import Fenced, LeaseExpired, LockCycle, StoreError, describe
+from procstore.errors import Fenced, LeaseExpired, LockCycle, ProcedureError, StoreError, describe
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage
+from procstore.store.requests import OperatorRequested
 
 logger = get_logger("procstore.runtime")
 
@@ -100,17 +103,10 @@ class Runner:
             self.meta.keep_keys = True
             self.meta.set_state(ProcedureState.with_error(ProcedureStateKind.POISONED, str(e), e))
             self.ctx.step_down(e)
-        except Exception as e:
-            # A bug in procstore or in a hook outside execute(): end this run rather than
-            # leave its watchers waiting forever. Nothing is written (the store may be what
-            # failed), so the procedure resumes from its last stored step at the next start.
-            # (BaseExceptions such as a cancel or a simulated crash end the task as a killed
-            # process would.)
-            logger.exception("procedure %s (%s) crashed its runner", self.meta.id, self.meta.type_name)
-            self.meta.keep_keys = True
-            failed = failed_state(e, prefix="internal error: ")
-            note = "nothing more was written; it resumes from its last stored step at the next start"
-            self.meta.set_state(with_error(failed, f"{failed.error}; {note}"))
+        except BaseException as e:
+            if is_stop(e):
+                raise
+            await self._crashed(as_failure(e, "a hook of the procedure"))
         finally:
             for key in reversed(held):
                 self.ctx.locks.release(key)
@@ -123,9 +119,13 @@ class Runner:
             return False
         self.ctx.lock_waits[self.meta.id] = key.key
         try:
-            await self.ctx.locks.acquire(key)
+            # An operator's request ends the wait: the procedure fails (or rolls back) at once.
+            acquired = await self.ctx.locks.acquire_unless(key, self.meta.requested())
         finally:
             del self.ctx.lock_waits[self.meta.id]
+        if not acquired:
+            await self._fail(OperatorRequested(self.ctx.operator_requests[self.meta.id]))
+            return False
         self.ctx.lock_holders.setdefault(key.key, set()).add(self.meta.id)
         return True
 
@@ -179,7 +179,7 @@ class Runner:
 
     async def _execute_step(self) -> None:
         try:
-            status = await self.ctx.policy.call(self._execute_once, on_retry=self._on_retry)
+            status = await self.ctx.policy.call(self._execute_once, on_retry=self._on_retry, wake=self.meta.requested())
         except Fenced:
             raise  # from `ctx.check_lease()`: not the procedure's failure, the term's end
         except Exception as e:
@@ -193,6 +193,14 @@ class Runner:
                 children = {sub.id: Child.of(sub) for sub in status.subprocedures}
             except Exception as e:
                 await self._fail(e)
+                return
+            if (looped := self.ctx.child_cycle(self.meta.id, list(children))) is not None:
+                await self._fail(
+                    ProcedureError(
+                        f"subprocedure {looped} is this procedure or waits for it (an ancestor, say): "
+                        "waiting for it would never end"
+                    )
+                )
                 return
             conflict = lock_conflict([self.meta, *self.ctx.ancestors(self.meta)], status.subprocedures, children)
             if conflict is not None:
@@ -358,7 +366,7 @@ class Runner:
         message, rolling_back = entry
         key = self.ctx.store.key(child_id, message.step, KeyType.ROLLBACK if rolling_back else KeyType.STEP)
         try:
-            procedure = self.ctx.load(child_id, message, key)
+            procedure, lock_key = self.ctx.load_with_lock_key(child_id, message, key)
         except LoadFailed as e:
             logger.error("cannot resume subprocedure: %s", e.problem)
             stored.unreadable[child_id] = e.problem
@@ -372,7 +380,7 @@ class Runner:
             )
         else:
             state = ProcedureState.running()
-        meta = self.ctx.new_meta(child_id, message.type_name, self.meta.id, procedure, state)
+        meta = self.ctx.new_meta(child_id, message.type_name, self.meta.id, procedure, state, lock_key)
         Runner(self.ctx, meta, procedure, message.step + 1, message.data, resume_children=True).start()
         return True
 
@@ -390,6 +398,30 @@ class Runner:
                 await child.wait_ended()
 
     # -- failing and rolling back ----------------------------------------------------
+
+    async def _crashed(self, exc: Exception) -> None:
+        """A bug in procstore, or an error in a hook outside execute() and rollback() (dump(),
+        lock_key(), a property): one outcome, stored. The failure is recorded as any other
+        (`.rollback` with the error, then `.commit`) but the rollback does not run, since the
+        run broke somewhere unknown; the keys are kept for an operator. If the store refuses,
+        nothing more is written and the next start() resumes the procedure (said in its error)."""
+        logger.error(
+            "procedure %s (%s) crashed its runner", self.meta.id, self.meta.type_name, exc_info=(type(exc), exc, None)
+        )
+        self.meta.keep_keys = True
+        failed = failed_state(exc, prefix="internal error: ")
+        failed = with_error(failed, f"{failed.error}; recorded as failed without running a rollback; keys kept")
+        if any(kind is KeyType.COMMIT for _, kind in self.meta.terminal_keys):
+            # Its end is stored already (the crash came while deleting): nothing to record.
+            self.meta.set_state(failed)
+            return
+        try:
+            if await self._write_rollback_key(failed.error or ""):
+                await self._end_failure(failed)
+                return
+        except Exception as e:
+            logger.error("procedure %s: cannot record its internal error: %s", self.meta.id, describe(e))
+        self._stop_unrecorded(f"internal error: {describe(exc)}")
 
     async def _fail(self, exc: BaseException) -> None:
         """Record the failure: PREPARE_ROLLBACK, or for a procedure without rollback, FAILED."""
@@ -415,7 +447,9 @@ class Runner:
 
         try:
             data = self.procedure.dump()
-        except Exception:
+        except BaseException as e:
+            if is_stop(e):
+                raise
             data = self._stored_data
         message = ProcedureMessage(self.meta.type_name, data, self.meta.parent_id, self.step, error)
 

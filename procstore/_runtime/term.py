@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from procstore._logs import get_logger
-from procstore._runtime.context import Loader, ManagerContext
+from procstore._runtime.context import Loader, ManagerContext, await_term_task
 from procstore._runtime.operator import watch_operator_requests
 from procstore._runtime.recovery import adopt_unknown, recover
 from procstore._runtime.retry import RetryPolicy
@@ -127,9 +127,9 @@ class Term:
         self.ctx.spawn(watch_operator_requests(self.ctx, interval), name="procstore:requests")
 
     async def wait_recovered(self) -> None:
-        """Wait for recovery; raise its error."""
+        """Wait for recovery; raise its error, or `ManagerStopped` if the term ended first."""
         if self._recovery is not None:
-            await asyncio.shield(self._recovery)
+            await await_term_task(self._recovery, "recovering")
 
     @property
     def recovered(self) -> bool:

@@ -21,6 +21,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Literal
 
+from procstore._runtime.outcome import ProcessKill
 from procstore.errors import StoreError
 from procstore.store.wrapping import CRASH_POINT, MUTATING_KINDS, WRITE_KINDS
 
@@ -34,7 +35,7 @@ COUNTED = MUTATING_KINDS | {CRASH_POINT}
 change the store, and the crash points procedures declare (`Context.crash_point`)."""
 
 
-class SimulatedCrash(BaseException):
+class SimulatedCrash(ProcessKill):
     """The process "died" at a store operation. Not an `Exception`, so nothing handles it."""
 
 

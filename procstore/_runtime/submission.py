@@ -1,0 +1,43 @@
+"""A submit's part inside its term: store the procedure's first step, then start its runner.
+
+Both happen in one task that the term owns (see `ManagerContext.run_in_term`): stop() waits
+for it, and a caller that gives up meanwhile cannot leave a stored procedure unrun.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from procstore._runtime.context import ManagerContext
+from procstore._runtime.meta import ProcedureMeta
+from procstore._runtime.runner import Runner
+from procstore._runtime.writes import store_submitted
+from procstore.lock_key import LockKey
+from procstore.procedure import ProcedureWithId
+from procstore.state import ProcedureState
+
+
+async def store_and_run(
+    ctx: ManagerContext,
+    procedure: ProcedureWithId,
+    type_name: str,
+    lock_key: LockKey,
+    data: str,
+    still_leading: Callable[[], bool],
+) -> ProcedureMeta | None:
+    """Store a submitted procedure's first step and start its runner; None for a duplicate
+    (the key holds another value). `lock_key` and `data` were computed by the caller."""
+    pid, proc = procedure.id, procedure.procedure
+    if not await store_submitted(ctx, pid, type_name, data):
+        return None
+    ctx.telemetry.submitted(type_name)
+    meta = ctx.new_meta(pid, type_name, None, proc, ProcedureState.running(), lock_key)
+    meta.wrote_every_key = True
+    if not (ctx.running and still_leading()):
+        # Stored, but the term ended as the write landed: the next term (this manager's next
+        # start, or the leader's recovery or look for procedures stored after it) runs it.
+        # Its watcher here raises `ManagerStopped`.
+        meta.abandon()
+        return meta
+    Runner(ctx, meta, proc, 1, data).start()
+    return meta

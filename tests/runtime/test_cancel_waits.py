@@ -1,0 +1,108 @@
+"""A cancel reaches a procedure however long it waits: in a retry's backoff, for a lock, or
+for children that themselves wait (issue 18: "within a bounded time while it waits")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from procstore import (
+    Context,
+    LockKey,
+    Procedure,
+    ProcedureFailed,
+    ProcedureManager,
+    ProcedureWithId,
+    RetryLater,
+    Status,
+    StringKey,
+)
+from procstore._runtime.locks import KeyRwLock
+
+GATES: dict[str, asyncio.Event] = {}
+
+
+class Waits(Procedure):
+    """Retries for ever (`retry`), holds its lock until a gate opens (`gate`), or suspends on
+    one child that retries for ever (`child`)."""
+
+    type_name = "cancel-waits::Waits"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    def lock_key(self) -> LockKey:
+        return LockKey([StringKey.exclusive(self.data["lock"])] if "lock" in self.data else [])
+
+    async def execute(self, ctx: Context) -> Status:
+        how = self.data["how"]
+        if how == "retry":
+            raise RetryLater("the datanode is busy")
+        if how == "gate":
+            await GATES[self.data["gate"]].wait()
+            return Status.done()
+        if how == "child" and not self.data.get("waited"):
+            self.data["waited"] = True
+            return Status.suspended([ProcedureWithId.new(Waits({"how": "retry"}))])
+        return Status.done()
+
+
+def manager(tmp_path: Path) -> ProcedureManager:
+    # Backoffs of a minute, and a look at requests/ only every minute: the cancel must not
+    # depend on either.
+    m = ProcedureManager(tmp_path, max_retry_times=50, retry_delay=60, max_retry_delay=60, request_poll_interval=60)
+    m.register(Waits)
+    return m
+
+
+async def cancelled_in_time(m: ProcedureManager, procedure: ProcedureWithId, settle: float = 0.2) -> None:
+    watcher = await m.submit(procedure)
+    await asyncio.sleep(settle)  # it is waiting now
+    assert not watcher.state.is_ended()
+    await m.cancel(procedure.id, "not needed any more")
+    with pytest.raises(ProcedureFailed, match="not needed any more"):
+        await asyncio.wait_for(watcher.wait(), 5)
+
+
+async def test_a_cancel_ends_a_retry_backoff(tmp_path: Path) -> None:
+    async with manager(tmp_path) as m:
+        await cancelled_in_time(m, ProcedureWithId.new(Waits({"how": "retry"})))
+
+
+async def test_a_cancel_ends_a_lock_wait(tmp_path: Path) -> None:
+    GATES["lock-wait"] = gate = asyncio.Event()
+    async with manager(tmp_path) as m:
+        holder = await m.submit(ProcedureWithId.new(Waits({"how": "gate", "gate": "lock-wait", "lock": "t"})))
+        await cancelled_in_time(m, ProcedureWithId.new(Waits({"how": "gate", "gate": "lock-wait", "lock": "t"})))
+        gate.set()
+        await asyncio.wait_for(holder.wait(), 5)  # the holder was not disturbed, and the lock is free
+        GATES["after"] = asyncio.Event()
+        GATES["after"].set()
+        await asyncio.wait_for(
+            (await m.submit(ProcedureWithId.new(Waits({"how": "gate", "gate": "after", "lock": "t"})))).wait(), 5
+        )
+
+
+async def test_a_cancel_reaches_a_parent_waiting_for_a_child_in_backoff(tmp_path: Path) -> None:
+    async with manager(tmp_path) as m:
+        await cancelled_in_time(m, ProcedureWithId.new(Waits({"how": "child"})))
+        assert all(info.state.is_ended() for info in m.list_procedures())
+
+
+async def test_acquire_unless_gives_back_a_lock_granted_with_the_event() -> None:
+    locks, key = KeyRwLock(), StringKey.exclusive("k")
+    await locks.acquire(key)
+    event = asyncio.Event()
+    waiting = asyncio.ensure_future(locks.acquire_unless(key, event))
+    await asyncio.sleep(0)
+    locks.release(key)  # granted to the waiter...
+    event.set()  # ...in the same tick as the event
+    assert await waiting is False
+    assert not locks.would_block(key)

@@ -1,0 +1,343 @@
+"""The lifecycle's edges, found by a second hostile review (issue 15), through the public API:
+a cancelled stop(), stop() from inside a procedure, submits racing start() and stop(), user
+code raising BaseExceptions, lock keys that fail only the second time, lease epochs and
+options at their bounds, procedures waiting for themselves, and a standby's cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from procstore import (
+    Context,
+    Lease,
+    LockKey,
+    ManagerStopped,
+    Procedure,
+    ProcedureFailed,
+    ProcedureId,
+    ProcedureManager,
+    ProcedureWithId,
+    Status,
+    StoreError,
+    StringKey,
+)
+from procstore.store.local import LocalDirStore
+from tests.runtime.helpers import FAST
+
+RUNS: Counter[str] = Counter()
+"""`name/step` -> how many times that step's execute() ran (across managers)."""
+RAN_AT: list[tuple[float, str]] = []
+
+
+class Counted(Procedure):
+    """`n` steps of `sleep` seconds each, every run of a step counted."""
+
+    type_name = "edges::Counted"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data, sort_keys=True)
+
+    async def execute(self, ctx: Context) -> Status:
+        await asyncio.sleep(self.data.get("sleep", 0))
+        at = self.data.get("at", 0)
+        RUNS[f"{self.data['name']}/{at}"] += 1
+        RAN_AT.append((time.monotonic(), self.data["name"]))
+        self.data["at"] = at + 1
+        return Status.done() if self.data["at"] >= self.data["n"] else Status.executing()
+
+
+def counted(name: str, n: int, sleep: float = 0.0) -> ProcedureWithId:
+    return ProcedureWithId.new(Counted({"name": name, "n": n, "sleep": sleep}))
+
+
+class Recording(LocalDirStore):
+    """The real local store, recording when each write landed; `slow` writes and walks wait."""
+
+    def __init__(self, root: Path, slow_write: str = "", slow_walk: float = 0.0) -> None:
+        super().__init__(str(root))
+        self.slow_write, self.slow_walk = slow_write, slow_walk
+        self.landed: list[tuple[float, str]] = []
+        self._lock = threading.Lock()
+
+    def _write(self, key: str, value: bytes, create_only: bool) -> bool:
+        if self.slow_write and key.endswith(self.slow_write):
+            time.sleep(0.3)
+        ok = super()._write(key, value, create_only)
+        with self._lock:
+            self.landed.append((time.monotonic(), key))
+        return ok
+
+    def _walk(self, prefix: str) -> list[str]:
+        time.sleep(self.slow_walk)
+        return super()._walk(prefix)
+
+    def landed_after(self, moment: float) -> list[str]:
+        return [key for at, key in self.landed if at > moment]
+
+
+def manager(url: Any, *procedures: type[Procedure], **options: Any) -> ProcedureManager:
+    m = ProcedureManager(url, **{**FAST, **options})
+    classes: list[type[Procedure]] = [Counted, *procedures]
+    for procedure in classes:
+        m.register(procedure)
+    return m
+
+
+@pytest.mark.parametrize("lease", [None, 2.0])
+async def test_a_cancelled_stop_still_stops_everything(tmp_path: Path, lease: float | None) -> None:
+    store = Recording(tmp_path)
+    m = manager(store, lease=lease)
+    await m.start()
+    await m.wait_until_leading()
+    await m.submit(counted("cancelled-stop", 10_000, sleep=0.005))
+    await asyncio.sleep(0.1)
+    stopping = asyncio.ensure_future(m.stop())
+    await asyncio.sleep(0)
+    stopping.cancel()  # a caller's timeout
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    await asyncio.wait_for(m.stop(), 10)  # the caller tries again: returns once all is over
+    stopped = time.monotonic()
+    await asyncio.sleep(0.3)
+    assert store.landed_after(stopped) == []
+    assert [name for at, name in RAN_AT if at > stopped] == []
+    if lease is not None:
+        assert json.loads((tmp_path / "lease" / "procedures.json").read_bytes())["released"] is True
+
+
+class StopsItsManager(Procedure):
+    type_name = "edges::StopsItsManager"
+    managers: ClassVar[list[ProcedureManager]] = []
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return "{}"
+
+    async def execute(self, ctx: Context) -> Status:
+        await self.managers[0].stop()
+        return Status.done()
+
+
+async def test_stop_called_from_a_procedure_stops_the_manager(tmp_path: Path) -> None:
+    m = manager(tmp_path, StopsItsManager, lease=Lease(ttl=2.0))
+    StopsItsManager.managers[:] = [m]
+    await m.start()
+    await m.wait_until_leading()
+    await m.submit(counted("beside", 10_000, sleep=0.005))
+    await m.submit(ProcedureWithId.new(StopsItsManager({})))
+    await asyncio.wait_for(m.stop(), 10)  # not a deadlock with the stop() inside the procedure
+    assert not m.is_running
+    assert json.loads((tmp_path / "lease" / "procedures.json").read_bytes())["released"] is True
+
+
+async def test_a_submit_during_start_waits_for_recovery(tmp_path: Path) -> None:
+    m = manager(Recording(tmp_path, slow_walk=0.3))
+    starting = asyncio.ensure_future(m.start())
+    while not m.is_running:
+        await asyncio.sleep(0.005)
+    watcher = await asyncio.wait_for(m.submit(counted("during-start", 2, sleep=0.5)), 10)
+    await asyncio.wait_for(starting, 10)  # not "registered twice"
+    await asyncio.wait_for(watcher.wait(), 10)
+    await m.stop()
+    assert RUNS["during-start/0"] == RUNS["during-start/1"] == 1
+
+
+async def test_a_submit_whose_caller_gives_up_still_runs(tmp_path: Path) -> None:
+    store = Recording(tmp_path, slow_write="0000000000.step")
+    m = manager(store)
+    async with m:
+        procedure = counted("given-up", 2)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(m.submit(procedure), 0.05)
+        watcher = m.procedure_watcher(procedure.id)
+        while watcher is None:
+            await asyncio.sleep(0.01)
+            watcher = m.procedure_watcher(procedure.id)
+        await asyncio.wait_for(watcher.wait(), 10)
+    assert RUNS["given-up/0"] == RUNS["given-up/1"] == 1
+
+
+async def test_wait_until_leading_raises_manager_stopped_when_stopped_during_recovery(tmp_path: Path) -> None:
+    a = manager(tmp_path, lease=Lease(ttl=1.0, holder="A"))
+    b = manager(Recording(tmp_path, slow_walk=1.0), lease=Lease(ttl=1.0, holder="B"))
+    await a.start()
+    await b.start()
+    waiter = asyncio.ensure_future(b.wait_until_leading())
+    await a.stop()  # released: B takes over and recovers, slowly
+    while b.leader != "B":
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(b.stop(), 10)
+    with pytest.raises(ManagerStopped):
+        await asyncio.wait_for(waiter, 5)
+
+
+class Raises(Procedure):
+    """Raises what `data["raise"]` names, from execute() or from dump()."""
+
+    type_name = "edges::Raises"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        if self.data.get("in") == "dump" and self.data.get("armed"):
+            raise _RAISED[self.data["raise"]]()
+        return json.dumps(self.data)
+
+    async def execute(self, ctx: Context) -> Status:
+        self.data["armed"] = True
+        if self.data.get("in") == "execute":
+            raise _RAISED[self.data["raise"]]()
+        return Status.executing()
+
+
+class UsersOwn(BaseException):
+    pass
+
+
+_RAISED: dict[str, type[BaseException]] = {
+    "own": UsersOwn,
+    "generator-exit": GeneratorExit,
+    "cancelled": asyncio.CancelledError,
+}
+
+
+@pytest.mark.parametrize("where", ["execute", "dump"])
+@pytest.mark.parametrize("raised", sorted(_RAISED))
+async def test_a_base_exception_from_user_code_fails_the_procedure(tmp_path: Path, where: str, raised: str) -> None:
+    m = manager(tmp_path, Raises, max_running_procedures=1)
+    async with m:
+        watcher = await m.submit(ProcedureWithId.new(Raises({"in": where, "raise": raised})))
+        with pytest.raises(ProcedureFailed):
+            await asyncio.wait_for(watcher.wait(), 10)
+        # The slot it held is free again.
+        await asyncio.wait_for((await m.submit(counted(f"after-{where}-{raised}", 1))).wait(), 10)
+    # Its failure is stored: a restart does not run it again.
+    again = manager(tmp_path, Raises)
+    async with again:
+        assert again.procedure_state(watcher.procedure_id) is None
+        assert again.recovery_problems == []
+
+
+class FlakyLocks(Counted):
+    """Its lock_key() works once per object, then raises (it reads a table that went)."""
+
+    type_name = "edges::FlakyLocks"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        super().__init__(data)
+        self.calls = 0
+
+    def lock_key(self) -> LockKey:
+        self.calls += 1
+        if self.calls > 1:
+            raise KeyError("table dropped meanwhile")
+        return LockKey([StringKey.exclusive("table")])
+
+
+async def test_a_lock_key_computed_once_at_recovery(tmp_path: Path) -> None:
+    first = manager(tmp_path, FlakyLocks)
+    async with first:
+        await first.submit(ProcedureWithId.new(FlakyLocks({"name": "flaky", "n": 2, "sleep": 30})))
+        await first.submit(counted("other", 2, sleep=30))
+    second = manager(tmp_path, FlakyLocks)
+    await asyncio.wait_for(second.start(), 10)  # not a KeyError
+    assert len([i for i in second.list_procedures() if not i.state.is_ended()]) == 2
+    await second.stop()
+
+
+async def test_a_lease_epoch_at_its_maximum_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "lease").mkdir()
+    record = {"holder": "x", "epoch": 2**63 - 1, "renewal": 0, "ttl": 1.0, "released": True}
+    (tmp_path / "lease" / "procedures.json").write_text(json.dumps(record))
+    m = manager(tmp_path, lease=Lease(ttl=1.0))
+    with pytest.raises(StoreError, match="epoch has reached its maximum"):
+        await asyncio.wait_for(m.start(), 10)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"ttl": 4e7},
+        {"ttl": float("inf"), "stop_margin": 1.0},
+        {"ttl": float("nan")},
+        {"ttl": 1.0, "adopt_interval": float("nan")},
+        {"ttl": 1.0, "late_write_grace": float("inf")},
+    ],
+)
+def test_lease_options_a_record_could_not_hold_are_refused(options: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="lease"):
+        Lease(**options)  # type: ignore[arg-type]
+
+
+class SuspendsOn(Procedure):
+    """Suspends on its own id, or (as a child) on its parent's."""
+
+    type_name = "edges::SuspendsOn"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    async def execute(self, ctx: Context) -> Status:
+        if self.data.get("waited"):
+            return Status.done()
+        self.data["waited"] = True
+        if self.data["on"] == "self":
+            return Status.suspended([ProcedureWithId(ctx.procedure_id, SuspendsOn(dict(self.data)))])
+        if self.data["on"] == "a child naming me":
+            child = SuspendsOn({"on": "parent", "parent": str(ctx.procedure_id)})
+            return Status.suspended([ProcedureWithId.new(child)])
+        parent = ProcedureId.parse(self.data["parent"])
+        return Status.suspended([ProcedureWithId(parent, SuspendsOn({"on": "x"}))])
+
+
+async def test_a_procedure_waiting_for_itself_fails_instead_of_hanging(tmp_path: Path) -> None:
+    m = manager(tmp_path, SuspendsOn)
+    async with m:
+        watcher = await m.submit(ProcedureWithId.new(SuspendsOn({"on": "self"})))
+        with pytest.raises(ProcedureFailed, match="would never end"):
+            await asyncio.wait_for(watcher.wait(), 10)
+
+
+async def test_a_child_waiting_for_its_parent_fails_and_the_parent_goes_on(tmp_path: Path) -> None:
+    m = manager(tmp_path, SuspendsOn)
+    async with m:
+        watcher = await m.submit(ProcedureWithId.new(SuspendsOn({"on": "a child naming me"})))
+        await asyncio.wait_for(watcher.wait(), 10)  # the parent sees its child failed, and ends
+        (child,) = [i for i in m.list_procedures() if i.parent_id == watcher.procedure_id]
+        assert child.state.is_failed()
+        assert "would never end" in (child.state.error or "")
+
+
+async def test_a_standby_cancel_never_lands_after_stop(tmp_path: Path) -> None:
+    store = Recording(tmp_path, slow_write=".json")
+    leader = manager(tmp_path, lease=Lease(ttl=5.0, holder="A"))
+    standby = manager(store, lease=Lease(ttl=5.0, holder="B"))
+    async with leader:
+        await leader.wait_until_leading()
+        watcher = await leader.submit(counted("standby-cancel", 10_000, sleep=0.01))
+        await standby.start()
+        cancelling = asyncio.ensure_future(standby.cancel(watcher.procedure_id, "no longer needed"))
+        await asyncio.sleep(0.05)
+        await standby.stop()
+        stopped = time.monotonic()
+        with pytest.raises(ManagerStopped):
+            await cancelling
+        await asyncio.sleep(0.5)
+        assert [key for key in store.landed_after(stopped) if "requests/" in key] == []
