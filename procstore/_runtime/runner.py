@@ -401,20 +401,28 @@ class Runner:
 
     async def _crashed(self, exc: Exception) -> None:
         """A bug in procstore, or an error in a hook outside execute() and rollback() (dump(),
-        lock_key(), a property): one outcome, stored. The failure is recorded as any other
-        (`.rollback` with the error, then `.commit`) but the rollback does not run, since the
-        run broke somewhere unknown; the keys are kept for an operator. If the store refuses,
-        nothing more is written and the next start() resumes the procedure (said in its error)."""
+        lock_key(), a property): the procedure fails as it would from execute(), its rollback
+        included, so that the outcome watchers see is the one stored. If failing it breaks
+        too, the failure is recorded without a rollback and the keys are kept for an
+        operator; if the store refuses even that, nothing more is written and the next
+        start() resumes it (its error says so)."""
         logger.error(
             "procedure %s (%s) crashed its runner", self.meta.id, self.meta.type_name, exc_info=(type(exc), exc, None)
         )
-        self.meta.keep_keys = True
         failed = failed_state(exc, prefix="internal error: ")
-        failed = with_error(failed, f"{failed.error}; recorded as failed without running a rollback; keys kept")
-        if any(kind is KeyType.COMMIT for _, kind in self.meta.terminal_keys):
-            # Its end is stored already (the crash came while deleting): nothing to record.
-            self.meta.set_state(failed)
+        if self.meta.state.is_ended() or any(kind is KeyType.COMMIT for _, kind in self.meta.terminal_keys):
+            self.meta.set_state(failed)  # its end is stored already (the crash came while deleting)
             return
+        try:
+            await self._fail(exc)
+            await self._drive()
+            return
+        except BaseException as again:
+            if is_stop(again):
+                raise
+            logger.error("procedure %s: failing it failed too: %s", self.meta.id, describe(again))
+        self.meta.keep_keys = True
+        failed = with_error(failed, f"{failed.error}; recorded as failed without running a rollback; keys kept")
         try:
             if await self._write_rollback_key(failed.error or ""):
                 await self._end_failure(failed)
