@@ -8,19 +8,11 @@ from procstore._logs import get_logger
 from procstore._runtime.context import ManagerContext
 from procstore._runtime.meta import ProcedureMeta
 from procstore.ids import ProcedureId
-from procstore.state import ProcedureState, ProcedureStateKind
-from procstore.store.history import HistoryRecord, Outcome, iso
+from procstore.state import ProcedureState
+from procstore.store.history import HistoryRecord, iso
 from procstore.store.procedure_store import ProcedureMessages
 
 logger = get_logger("procstore.runtime")
-
-
-def _outcome(meta: ProcedureMeta, state: ProcedureState) -> Outcome:
-    if state.kind is ProcedureStateKind.DONE:
-        return "done"
-    if state.kind is ProcedureStateKind.POISONED:
-        return "poisoned"
-    return "rolled back" if meta.rolled_back else "failed"
 
 
 def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime) -> HistoryRecord:
@@ -28,7 +20,7 @@ def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime) -> Hist
         id=str(meta.id),
         type_name=meta.type_name,
         parent_id=None if meta.parent_id is None else str(meta.parent_id),
-        outcome=_outcome(meta, state),
+        outcome=meta.outcome(state),
         error=state.error,
         started_at=iso(meta.start_time),
         ended_at=iso(meta.end_time or ended) or "",

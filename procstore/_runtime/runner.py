@@ -43,6 +43,7 @@ from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage
+from procstore.store.requests import OperatorRequested
 
 logger = get_logger("procstore.runtime")
 
@@ -394,6 +395,7 @@ class Runner:
     async def _fail(self, exc: BaseException) -> None:
         """Record the failure: PREPARE_ROLLBACK, or for a procedure without rollback, FAILED."""
         failed = failed_state(exc, gave_up_after=self.ctx.policy.max_retry_times if is_transient(exc) else None)
+        self.meta.cancelled = isinstance(exc, OperatorRequested) and exc.request.kind == "cancel"
         logger.warning("procedure %s (%s) failed: %s", self.meta.id, self.meta.type_name, failed.error)
         if self.procedure.rollback_supported:
             self.meta.set_state(with_kind(failed, ProcedureStateKind.PREPARE_ROLLBACK))

@@ -29,22 +29,10 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from procstore._logs import ProcedureScope, current_procedure
-from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.state_store import StateStore
 from procstore.store.wrapping import WrappingStore
 
 T = TypeVar("T")
-
-
-def outcome(state: ProcedureState, rolled_back: bool) -> str:
-    """done, failed, rolled back, cancelled or poisoned: the `outcome` attribute."""
-    if state.kind is ProcedureStateKind.DONE:
-        return "done"
-    if state.kind is ProcedureStateKind.POISONED:
-        return "poisoned"
-    if state.error is not None and "by an operator" in state.error:
-        return "cancelled"
-    return "rolled back" if rolled_back else "failed"
 
 
 class Telemetry:
@@ -128,7 +116,7 @@ async def run_traced(ctx: Any, meta: Any, step: Callable[[], int], body: Callabl
             await body()
             state = meta.state
             ended = state.is_ended() and not meta.abandoned
-            telemetry.mark(span, outcome(state, meta.rolled_back) if ended else None, state.error)
+            telemetry.mark(span, meta.outcome() if ended else None, state.error)
     finally:
         telemetry.running(meta.type_name, -1)
 

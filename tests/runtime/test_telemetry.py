@@ -18,9 +18,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from procstore import Lease, ProcedureFailed, ProcedureWithId
 from procstore.store import LocalDirStore
+from procstore.store.history import HistoryStore
+from procstore.store.requests import OperatorRequest, RequestStore
 from procstore.testing import kill_manager
 from tests.procedures import Parent, Undoable, World
-from tests.runtime.helpers import manager_for, steps
+from tests.runtime.helpers import blocker, manager_for, steps
 
 SPANS = InMemorySpanExporter()
 READER = InMemoryMetricReader()
@@ -53,7 +55,8 @@ def spans_of(procedure_id: object) -> list[ReadableSpan]:
 
 def points(name: str) -> list[Any]:
     data = READER.get_metrics_data()
-    assert data is not None
+    if data is None:  # nothing recorded yet
+        return []
     return [
         point
         for rm in data.resource_metrics
@@ -109,6 +112,44 @@ async def test_a_rollback_and_a_child_are_traced(tmp_path: Path) -> None:
     child_run = next(s for s in spans_of(child_id) if s.name.startswith("procedure"))
     assert child_run.context.trace_id == parent_run.context.trace_id  # one trace for the tree
     assert child_run.parent is not None
+
+
+async def test_only_an_operator_cancel_is_counted_as_cancelled(tmp_path: Path) -> None:
+    world = World.new()
+
+    def ended(outcome: str) -> float:
+        return total(
+            "procstore.procedures.ended", **{"procstore.procedure.type": "test::Steps", "procstore.outcome": outcome}
+        )
+
+    before = {o: ended(o) for o in ("cancelled", "failed")}
+    async with manager_for(LocalDirStore(tmp_path), history=True, request_poll_interval=0.02) as manager:
+        # A user's own error whose text happens to say "by an operator": a plain failure.
+        mistaken = steps(world, 2, name="quota lowered by an operator", fail_at=1)
+        with pytest.raises(ProcedureFailed, match="by an operator"):
+            await (await manager.submit(mistaken)).wait()
+        outcomes = {}
+        for kind in ("cancel", "fail"):
+            name, gate = blocker()
+            held = steps(world, 3, name=kind, block=name, block_at=0)
+            watcher = await manager.submit(held)
+            await asyncio.sleep(0.05)
+            if kind == "cancel":
+                await manager.cancel(held.id, "test")
+            else:  # as `procstore fail` does
+                await RequestStore(LocalDirStore(tmp_path)).put(held.id, OperatorRequest.new("fail", "test"))
+                await asyncio.sleep(0.2)
+            gate.set()
+            with pytest.raises(ProcedureFailed, match="by an operator"):
+                await watcher.wait()
+            run = next(s for s in spans_of(held.id) if s.name.startswith("procedure"))
+            outcomes[kind] = (run.attributes or {}).get("procstore.outcome")
+    assert outcomes == {"cancel": "cancelled", "fail": "failed"}
+    assert ended("cancelled") == before["cancelled"] + 1
+    assert ended("failed") == before["failed"] + 2
+    records = {r.id: r.outcome for r in await HistoryStore(LocalDirStore(tmp_path)).list()}
+    assert records[str(mistaken.id)] == "failed"
+    assert sorted(records.values()) == ["cancelled", "failed", "failed"]
 
 
 async def test_a_takeover_and_its_recovery_are_traced(tmp_path: Path) -> None:
