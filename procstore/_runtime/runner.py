@@ -316,6 +316,7 @@ class Runner:
                 state = ProcedureState.running()
                 meta = self.ctx.new_meta(sub.id, child.type_name, self.meta.id, sub.procedure, state, child.lock_key)
                 meta.wrote_every_key = True
+                self.ctx.telemetry.submitted(child.type_name)
                 Runner(self.ctx, meta, sub.procedure, 1, child.data).start()
             else:
                 reason = "its id already has stored steps that this manager could not load"

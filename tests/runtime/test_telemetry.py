@@ -96,6 +96,11 @@ async def test_a_retried_step_is_one_span_per_attempt_with_its_retry(tmp_path: P
 
 async def test_a_rollback_and_a_child_are_traced(tmp_path: Path) -> None:
     world = World.new()
+    child_type = {"procstore.procedure.type": "test::Child"}
+    submitted, ended = (
+        total("procstore.procedures.submitted", **child_type),
+        total("procstore.procedures.ended", **child_type),
+    )
     async with manager_for(LocalDirStore(tmp_path)) as manager:
         undone = ProcedureWithId.new(Undoable({"world": world.name, "steps": 3, "fail_at": 1}))
         with pytest.raises(ProcedureFailed):
@@ -112,6 +117,9 @@ async def test_a_rollback_and_a_child_are_traced(tmp_path: Path) -> None:
     child_run = next(s for s in spans_of(child_id) if s.name.startswith("procedure"))
     assert child_run.context.trace_id == parent_run.context.trace_id  # one trace for the tree
     assert child_run.parent is not None
+    # A subprocedure is counted as submitted (by its parent) as it is counted as ended.
+    assert total("procstore.procedures.submitted", **child_type) == submitted + 1
+    assert total("procstore.procedures.ended", **child_type) == ended + 1
 
 
 async def test_only_an_operator_cancel_is_counted_as_cancelled(tmp_path: Path) -> None:
