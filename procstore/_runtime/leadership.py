@@ -79,6 +79,9 @@ class Leadership:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self.is_leading:  # the manager ends the term and releases the lease next
+            self.is_leading = False
+            self.telemetry.lease_lost()
 
     def on_fenced(self, fenced: Fenced) -> None:
         """A runner was fenced: let the task end or restart the term (never from the runner)."""

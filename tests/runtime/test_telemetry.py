@@ -171,6 +171,7 @@ async def test_a_takeover_and_its_recovery_are_traced(tmp_path: Path) -> None:
         await asyncio.wait_for(second.wait_until_leading(), 10)
         await (await second.submit(steps(world, 1))).wait()
     assert total("procstore.lease.takeovers") == before + 1
+    assert total("procstore.lease.held") == 0  # back to 0 once it stopped (and released the lease)
     names = [s.name for s in SPANS.get_finished_spans()]
     assert "procstore.lease.acquire" in names and "procstore.recovery" in names
     assert any(p.count for p in points("procstore.recovery.duration"))
