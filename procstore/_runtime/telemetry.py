@@ -22,6 +22,7 @@ formatters to index.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import time
@@ -113,7 +114,11 @@ async def run_traced(ctx: Any, meta: Any, step: Callable[[], int], body: Callabl
     telemetry.running(meta.type_name, 1)
     try:
         with telemetry.procedure_span(str(meta.id), meta.type_name, root=meta.is_root, **ctx.span_attributes) as span:
-            await body()
+            try:
+                await body()
+            except asyncio.CancelledError:
+                telemetry.mark(span, None, None)  # the manager stopped: "stopped"
+                raise
             state = meta.state
             ended = state.is_ended() and not meta.abandoned
             telemetry.mark(span, meta.outcome() if ended else None, state.error)

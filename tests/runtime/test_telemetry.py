@@ -160,6 +160,17 @@ async def test_only_an_operator_cancel_is_counted_as_cancelled(tmp_path: Path) -
     assert sorted(records.values()) == ["cancelled", "failed", "failed"]
 
 
+async def test_a_run_ended_by_stop_is_marked_stopped(tmp_path: Path) -> None:
+    world = World.new()
+    name, _ = blocker()
+    async with manager_for(LocalDirStore(tmp_path)) as manager:
+        procedure = steps(world, 2, block=name)
+        await manager.submit(procedure)
+        await asyncio.sleep(0.05)
+    run = next(s for s in spans_of(procedure.id) if s.name.startswith("procedure"))
+    assert (run.attributes or {}).get("procstore.outcome") == "stopped"
+
+
 async def test_a_takeover_and_its_recovery_are_traced(tmp_path: Path) -> None:
     world = World.new()
     first = manager_for(LocalDirStore(tmp_path), lease=Lease(ttl=1.0, holder="cp-1"))
