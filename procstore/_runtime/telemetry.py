@@ -29,11 +29,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from procstore._logs import ProcedureScope, current_procedure
+from procstore._logs import ProcedureScope, current_procedure, get_logger
 from procstore.store.state_store import StateStore
 from procstore.store.wrapping import WrappingStore
 
 T = TypeVar("T")
+
+logger = get_logger("procstore.runtime")
 
 
 class Telemetry:
@@ -88,12 +90,16 @@ def get_telemetry() -> Telemetry:
     """OpenTelemetry hooks if its API is installed, else `OFF` (without importing anything)."""
     global _shared
     if _shared is None:
-        if importlib.util.find_spec("opentelemetry") is None:
-            _shared = OFF
-        else:
-            from procstore._runtime.otel import OtelTelemetry
-
-            _shared = OtelTelemetry()
+        _shared = OFF
+        if importlib.util.find_spec("opentelemetry") is not None:
+            # `opentelemetry` may be only a namespace package (opentelemetry-proto installed
+            # without opentelemetry-api): the API's own modules decide.
+            try:
+                from procstore._runtime.otel import OtelTelemetry
+            except ImportError as e:
+                logger.debug("telemetry off: the OpenTelemetry API cannot be imported (%s)", e)
+            else:
+                _shared = OtelTelemetry()
     return _shared
 
 

@@ -219,3 +219,20 @@ def test_nothing_is_imported_without_the_api() -> None:
         "assert not [m for m, v in sys.modules.items() if m.startswith('opentelemetry') and v is not None]"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_telemetry_is_off_with_only_a_namespace_package() -> None:
+    """`opentelemetry` importable (a namespace package, as opentelemetry-proto alone installs)
+    while the API's modules are not: telemetry is off, and managers run."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, importlib.util;"
+        "[sys.modules.__setitem__(m, None) for m in ('opentelemetry.trace', 'opentelemetry.metrics', "
+        "'opentelemetry.context')];"
+        "assert importlib.util.find_spec('opentelemetry') is not None;"
+        "from procstore._runtime.telemetry import get_telemetry, OFF;"
+        "assert get_telemetry() is OFF"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
