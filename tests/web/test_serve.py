@@ -98,6 +98,16 @@ def test_serve_without_the_web_extra_says_what_to_install(monkeypatch: pytest.Mo
     assert result.exit_code == 2 and "pip install 'procstore[web]'" in result.output
 
 
+@pytest.mark.parametrize("url", ["nosuch://bucket/x", "missing/store"])
+def test_serve_on_a_bad_url_is_a_one_line_error(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("the server started"))
+    result = CliRunner().invoke(cli, ["serve", url])
+    assert result.exit_code == 3, result.output
+    assert "Error: " in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "missing").exists()  # nothing created
+
+
 @pytest.fixture
 def served(mixed: tuple[str, MixedStore]) -> Iterator[tuple[str, str, MixedStore]]:
     url, store = mixed
