@@ -47,14 +47,15 @@ async def record_tree(
             if state.is_ended():
                 records.append(_record(meta, state, ended))
         elif (type_name := ctx.stored.committed.get(pid)) is not None:
-            # A child that ended in an earlier term: the store kept only its last message.
+            # A child that ended in an earlier term: the store kept only its last message, which
+            # does not say whether it rolled back or had no rollback (`StoredStatus.FAILED`).
             error = ctx.stored.rolled_back.get(pid)
             records.append(
                 HistoryRecord(
                     id=str(pid),
                     type_name=type_name,
                     parent_id=next((str(p) for p, kids in ctx.stored.children_of.items() if pid in kids), None),
-                    outcome="done" if error is None else "rolled back",
+                    outcome="done" if error is None else "failed",
                     error=error,
                     ended_at=iso(ended) or "",
                 )
@@ -82,7 +83,7 @@ async def record_recovered(ctx: ManagerContext, loaded: ProcedureMessages, ids: 
                 id=str(pid),
                 type_name=message.type_name,
                 parent_id=None if message.parent_id is None else str(message.parent_id),
-                outcome="rolled back" if rolled_back else "done",
+                outcome="failed" if rolled_back else "done",
                 error=message.error if rolled_back else None,
                 ended_at=now,
                 steps=message.step,

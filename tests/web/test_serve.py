@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 from procstore._cli.app import cli
 from procstore._runtime.lease import LEASE_KEY
 from procstore._web.app import create_app
-from procstore.store import open_state_store
+from procstore.store import LocalDirStore, open_state_store
 from procstore.testing.pytest_plugin import free_port
 from tests.cli.store_builder import MixedStore, build_mixed_store
 from tests.support import put_now as put
@@ -75,6 +75,40 @@ def test_stored_values_are_escaped(tmp_path: Path) -> None:
         for path in ("/", f"/p/{pid}"):
             text = client.get(path).text
             assert evil not in text and "&lt;script&gt;" in text
+
+
+def test_a_failed_procedure_is_not_shown_as_rolled_back(tmp_path: Path) -> None:
+    """Kept by keep_failed: one without rollback and one that rolled back are stored alike
+    (`.rollback`, then `.commit`); the web view and `procstore ls` call both `failed`."""
+    from procstore import ProcedureFailed, ProcedureWithId
+    from tests.procedures import Undoable, World
+    from tests.runtime.helpers import manager_for, steps
+
+    url = str(tmp_path)
+    world = World.new()
+
+    async def fail_two() -> list[str]:
+        ids = []
+        async with manager_for(LocalDirStore(tmp_path), keep_failed=True) as manager:
+            for procedure in (
+                steps(world, 3, fail_at=1),
+                ProcedureWithId.new(Undoable({"world": world.name, "steps": 3, "fail_at": 1})),
+            ):
+                with pytest.raises(ProcedureFailed):
+                    await (await manager.submit(procedure)).wait()
+                ids.append(str(procedure.id))
+        return ids
+
+    ids = asyncio.run(fail_two())
+    with TestClient(create_app(url)) as client:
+        data = client.get("/api/procedures").json()
+        assert [p["status"] for p in data["procedures"]] == ["failed", "failed"]
+        assert data["counts"]["failed"] == 2 and "rolled back" not in data["counts"]
+        assert "2 failed" in client.get("/").text
+        assert "failed-note" in client.get(f"/p/{ids[0]}").text
+    listed = CliRunner().invoke(cli, ["ls", url, "--json"])
+    assert [json.loads(line)["status"] for line in listed.output.splitlines()] == ["failed", "failed"]
+    assert CliRunner().invoke(cli, ["ls", url, "--status", "rolled-back", "--json"]).output == listed.output
 
 
 def test_an_unreadable_store_answers_503_with_the_reason() -> None:
