@@ -193,6 +193,12 @@ def test_a_person_sees_the_store_in_a_browser_and_it_updates_live(
             arrived = "document.querySelector('#counts').innerText.includes('11 procedures')"
             page.wait_for_function(arrived, timeout=10_000)
             assert "live::Arrived" in page.locator("#procedures").inner_text()
+            # A filter picked but not yet submitted survives the live updates.
+            page.select_option("select[name=status]", "unreadable")
+            said = page.locator("#updated").inner_text()
+            page.wait_for_function(f"document.querySelector('#updated').innerText !== {json.dumps(said)}")
+            page.wait_for_timeout(700)  # two refreshes more
+            assert page.eval_on_selector("select[name=status]", "e => e.value") == "unreadable"
             page.click(f"text={store.truncated[:8]}")
             page.wait_for_selector("#steps")
             assert "unreadable" in page.locator("#steps").inner_text()
