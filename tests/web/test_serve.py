@@ -142,6 +142,21 @@ def test_serve_on_a_bad_url_is_a_one_line_error(url: str, tmp_path: Path, monkey
     assert not (tmp_path / "missing").exists()  # nothing created
 
 
+@pytest.mark.parametrize(("listen", "foreign"), [("127.0.0.1", 400), ("::1", 400), ("0.0.0.0", 200)])
+def test_serve_on_a_loopback_address_answers_only_its_own_host_names(
+    listen: str, foreign: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against DNS rebinding: a page of attacker.example that resolves to 127.0.0.1 gets nothing."""
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    result = CliRunner().invoke(cli, ["serve", str(tmp_path), "--host", listen])
+    assert result.exit_code == 0, result.output
+    with TestClient(apps[0]) as client:
+        assert client.get("/api/procedures", headers={"Host": "attacker.example:8600"}).status_code == foreign
+        for own in ("127.0.0.1:8600", "localhost:8600", "[::1]:8600"):
+            assert client.get("/api/procedures", headers={"Host": own}).status_code == 200
+
+
 @pytest.fixture
 def served(mixed: tuple[str, MixedStore]) -> Iterator[tuple[str, str, MixedStore]]:
     url, store = mixed
