@@ -5,10 +5,10 @@ OpenTelemetry tracer and meter providers, as libraries do: nothing is exported u
 application configures an SDK. Without it nothing is imported, and each hook is a call to
 an empty method.
 
-Traces: `procstore.procedure` (one run of a procedure in this process; a subprocedure's is
-a child of its parent's step, a root's starts a trace linked to whatever submitted or
-recovered it), `procstore.step` (one attempt at a step, with retries and store requests as
-events), `procstore.recovery`, `procstore.lease.acquire`.
+Traces: `procedure {type_name}` (one run of a procedure in this process; a subprocedure's
+is a child of its parent's run, a root's starts a trace linked to whatever submitted or
+recovered it), `step {type_name}` (one attempt at a step, with retries and store requests
+as events), `procstore.recovery`, `procstore.lease.acquire`.
 
 Metrics (names and attributes in `docs/observability.md`): procedures submitted, ended
 by outcome and running; step and procedure durations; retries by reason; store request

@@ -116,7 +116,7 @@ async def test_a_rollback_and_a_child_are_traced(tmp_path: Path) -> None:
     child_id = next(iter(parent.data["children"].values()))
     child_run = next(s for s in spans_of(child_id) if s.name.startswith("procedure"))
     assert child_run.context.trace_id == parent_run.context.trace_id  # one trace for the tree
-    assert child_run.parent is not None
+    assert child_run.parent is not None and child_run.parent.span_id == parent_run.context.span_id  # as documented
     # A subprocedure is counted as submitted (by its parent) as it is counted as ended.
     assert total("procstore.procedures.submitted", **child_type) == submitted + 1
     assert total("procstore.procedures.ended", **child_type) == ended + 1
