@@ -49,7 +49,8 @@ class Telemetry:
     def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Any:
         return contextlib.nullcontext()
 
-    def span(self, name: str, **attrs: Any) -> Any:
+    def span(self, name: str, *, start_ns: int | None = None, **attrs: Any) -> Any:
+        """A span around the block; `start_ns` (`time.time_ns()`) if it began earlier."""
         return contextlib.nullcontext()
 
     def retried(self, type_name: str, reason: BaseException) -> None:

@@ -20,7 +20,7 @@ from procstore import Lease, ProcedureFailed, ProcedureWithId
 from procstore.store import LocalDirStore
 from procstore.store.history import HistoryStore
 from procstore.store.requests import OperatorRequest, RequestStore
-from procstore.testing import kill_manager
+from procstore.testing import Fault, FaultyStore, kill_manager
 from tests.procedures import Parent, Undoable, World
 from tests.runtime.helpers import blocker, manager_for, steps
 
@@ -188,6 +188,20 @@ async def test_a_takeover_and_its_recovery_are_traced(tmp_path: Path) -> None:
     assert any(p.count for p in points("procstore.recovery.duration"))
     runs = [s for s in SPANS.get_finished_spans() if s.name == "procedure test::Steps"]
     assert runs and runs[-1].attributes["procstore.lease.holder"] == "cp-2"  # type: ignore[index]
+
+
+async def test_the_lease_acquire_span_covers_the_acquisition_and_carries_the_epoch(tmp_path: Path) -> None:
+    slow = FaultyStore(
+        LocalDirStore(tmp_path), faults=[Fault("delay", key="lease/procedures.json", seconds=0.3, times=1)]
+    )
+    async with manager_for(slow, lease=Lease(ttl=2.0, holder="cp-slow")) as manager:
+        await asyncio.wait_for(manager.wait_until_leading(), 10)
+    acquired = [s for s in SPANS.get_finished_spans() if s.name == "procstore.lease.acquire"]
+    assert len(acquired) == 1 and acquired[0].attributes == {
+        "procstore.lease.holder": "cp-slow",
+        "procstore.lease.epoch": 1,
+    }
+    assert (acquired[0].end_time or 0) - (acquired[0].start_time or 0) >= 0.3e9  # the slow read of the lease
 
 
 async def test_log_records_about_a_procedure_carry_its_fields(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
