@@ -362,7 +362,7 @@ class Runner:
         try:
             procedure = self.ctx.load(child_id, message, key)
         except LoadFailed as e:
-            logger.error("cannot resume subprocedure: %s", e.problem)
+            logger.error("cannot resume subprocedure: %s", e.problem, extra=e.problem.log_fields())
             stored.unreadable[child_id] = e.problem
             self._poison_child(child_id, message.type_name, e.problem.reason)
             return True

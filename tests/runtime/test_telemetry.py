@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from procstore import Lease, ProcedureFailed, ProcedureWithId
+from procstore import Lease, ProcedureFailed, ProcedureId, ProcedureWithId
 from procstore.store import LocalDirStore
 from procstore.store.history import HistoryStore
 from procstore.store.requests import OperatorRequest, RequestStore
@@ -212,6 +212,24 @@ async def test_log_records_about_a_procedure_carry_its_fields(tmp_path: Path, ca
         await (await manager.submit(procedure)).wait()
     about = [r for r in caplog.records if getattr(r, "procedure_id", None) == str(procedure.id)]
     assert about and all(r.type_name == "test::Steps" and isinstance(r.step, int) for r in about)  # type: ignore[attr-defined]
+
+
+async def test_records_of_procedures_skipped_at_recovery_carry_their_fields(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    torn, unknown = ProcedureId.random(), ProcedureId.random()
+    root = LocalDirStore(tmp_path)
+    await root.put(f"procedure/{torn}/0000000000.step", b'{"type_name": "test::Steps", "da')
+    message = b'{"type_name":"test::Unknown","data":"{}","parent_id":null,"step":0}'
+    await root.put(f"procedure/{unknown}/0000000000.step", message)
+    caplog.set_level(logging.INFO, logger="procstore")
+    async with manager_for(root):
+        pass
+    skipped = {r.getMessage().split()[2]: r for r in caplog.records if r.getMessage().startswith("skipping")}
+    assert set(skipped) == {str(torn), str(unknown)}
+    for pid, record in skipped.items():
+        assert (record.procedure_id, record.step) == (pid, 0)  # type: ignore[attr-defined]
+    assert skipped[str(unknown)].type_name == "test::Unknown"  # type: ignore[attr-defined]
 
 
 async def test_telemetry_can_be_turned_off(tmp_path: Path) -> None:
