@@ -47,7 +47,7 @@ STATUS_STYLE = {
     StoredStatus.UNFINISHED: "yellow",
     StoredStatus.COMMITTED: "green",
     StoredStatus.ROLLING_BACK: "magenta",
-    StoredStatus.ROLLED_BACK: "cyan",
+    StoredStatus.FAILED: "cyan",
     StoredStatus.UNREADABLE: "bold red",
     StoredStatus.PARENT_CYCLE: "bold red",
 }
@@ -56,11 +56,13 @@ OUR_FOLDERS = ("lease/", "requests/", "history/")
 
 
 def _statuses(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> set[StoredStatus]:
-    # One spelling in the help; `rolling-back` and `ROLLED_BACK` are read the same.
+    # One spelling in the help; `rolling-back` and `ROLLING_BACK` are read the same, and
+    # `rolled back` (the former name of `failed`) as `failed`.
     out: set[StoredStatus] = set()
     for value in values:
+        text = value.lower().replace("-", " ").replace("_", " ")
         try:
-            out.add(StoredStatus(value.lower().replace("-", " ").replace("_", " ")))
+            out.add(StoredStatus.FAILED if text == "rolled back" else StoredStatus(text))
         except ValueError:
             choices = ", ".join(s.value for s in StoredStatus)
             raise click.BadParameter(f"{value!r} is not a status ({choices})") from None

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 import click
 
-from procstore._cli.common import CommandError, ExitCode, parse_storage_options, store_options
+from procstore._cli.common import (
+    CommandError,
+    ExitCode,
+    open_existing_store,
+    parse_storage_options,
+    run_command,
+    store_options,
+)
 
 
 @click.command()
@@ -30,6 +39,28 @@ def serve(url: str, storage_options: tuple[str, ...], parent_path: str, host: st
             f"procstore serve needs the web extra ({e.name} is missing): pip install 'procstore[web]'",
             ExitCode.USAGE,
         ) from e
-    app = create_app(url, parse_storage_options(storage_options), parent_path, refresh)
+    # A bad URL, a missing directory or bucket: the one-line error (exit code 3) of every
+    # command, before the server starts. Once it runs, a store that fails answers 503.
+    run_command(_check_store)(url, storage_options, parent_path)
+    app = create_app(url, parse_storage_options(storage_options), parent_path, refresh, loopback_hosts(host))
     click.echo(f"serving {url} on http://{host}:{port}/ (read-only; Ctrl-C stops)", err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+async def _check_store(url: str, storage_options: tuple[str, ...], parent_path: str) -> None:
+    store = await open_existing_store(url, storage_options, parent_path)
+    await store.store.close()
+
+
+def loopback_hosts(host: str) -> list[str] | None:
+    """The `Host` headers to accept when listening on a loopback address (the names of this
+    machine), against DNS rebinding; None (any) when listening elsewhere."""
+    name = host.strip("[]")
+    try:
+        loopback = ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        loopback = name.lower() == "localhost"
+    if not loopback:
+        return None
+    own = f"[{name}]" if ":" in name else name.lower()
+    return sorted({"127.0.0.1", "localhost", "[::1]", own})

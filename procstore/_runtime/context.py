@@ -15,7 +15,7 @@ from procstore._runtime.locks import KeyRwLock
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.outcome import is_stop
 from procstore._runtime.retry import RetryPolicy
-from procstore._runtime.telemetry import OFF, Telemetry, outcome
+from procstore._runtime.telemetry import OFF, Telemetry
 from procstore.errors import Fenced, ManagerStopped, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
@@ -257,7 +257,7 @@ class ManagerContext:
             self.unfinished -= 1
         started = meta.start_time
         seconds = None if started is None or meta.end_time is None else (meta.end_time - started).total_seconds()
-        self.telemetry.ended(meta.type_name, outcome(meta.state, meta.rolled_back), seconds)
+        self.telemetry.ended(meta.type_name, meta.outcome(), seconds)
 
     def is_known(self, procedure_id: ProcedureId) -> bool:
         return (

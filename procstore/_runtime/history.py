@@ -8,19 +8,11 @@ from procstore._logs import get_logger
 from procstore._runtime.context import ManagerContext
 from procstore._runtime.meta import ProcedureMeta
 from procstore.ids import ProcedureId
-from procstore.state import ProcedureState, ProcedureStateKind
-from procstore.store.history import HistoryRecord, Outcome, iso
+from procstore.state import ProcedureState
+from procstore.store.history import HistoryRecord, iso
 from procstore.store.procedure_store import ProcedureMessages
 
 logger = get_logger("procstore.runtime")
-
-
-def _outcome(meta: ProcedureMeta, state: ProcedureState) -> Outcome:
-    if state.kind is ProcedureStateKind.DONE:
-        return "done"
-    if state.kind is ProcedureStateKind.POISONED:
-        return "poisoned"
-    return "rolled back" if meta.rolled_back else "failed"
 
 
 def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime) -> HistoryRecord:
@@ -28,7 +20,7 @@ def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime) -> Hist
         id=str(meta.id),
         type_name=meta.type_name,
         parent_id=None if meta.parent_id is None else str(meta.parent_id),
-        outcome=_outcome(meta, state),
+        outcome=meta.outcome(state),
         error=state.error,
         started_at=iso(meta.start_time),
         ended_at=iso(meta.end_time or ended) or "",
@@ -55,14 +47,15 @@ async def record_tree(
             if state.is_ended():
                 records.append(_record(meta, state, ended))
         elif (type_name := ctx.stored.committed.get(pid)) is not None:
-            # A child that ended in an earlier term: the store kept only its last message.
+            # A child that ended in an earlier term: the store kept only its last message, which
+            # does not say whether it rolled back or had no rollback (`StoredStatus.FAILED`).
             error = ctx.stored.rolled_back.get(pid)
             records.append(
                 HistoryRecord(
                     id=str(pid),
                     type_name=type_name,
                     parent_id=next((str(p) for p, kids in ctx.stored.children_of.items() if pid in kids), None),
-                    outcome="done" if error is None else "rolled back",
+                    outcome="done" if error is None else "failed",
                     error=error,
                     ended_at=iso(ended) or "",
                 )
@@ -90,7 +83,7 @@ async def record_recovered(ctx: ManagerContext, loaded: ProcedureMessages, ids: 
                 id=str(pid),
                 type_name=message.type_name,
                 parent_id=None if message.parent_id is None else str(message.parent_id),
-                outcome="rolled back" if rolled_back else "done",
+                outcome="failed" if rolled_back else "done",
                 error=message.error if rolled_back else None,
                 ended_at=now,
                 steps=message.step,

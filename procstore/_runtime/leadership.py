@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -64,9 +65,10 @@ class Leadership:
 
     async def start(self) -> None:
         """Try the lease once (leading at once if it is free), then keep at it in a task."""
+        started = time.time_ns()
         leading = await self.keeper.acquire_once()
         if leading:
-            self._begin()
+            self._begin(started)
         # Renewals must run while a long recovery does.
         self._task = asyncio.get_running_loop().create_task(self._run(), name="procstore:lease")
         if leading:
@@ -80,6 +82,9 @@ class Leadership:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self.is_leading:  # the manager ends the term and releases the lease next
+            self.is_leading = False
+            self.telemetry.lease_lost()
 
     def term_hooks(self) -> LeaseHooks:
         """What a term begun now takes from this leadership (its epoch is the fencing token)."""
@@ -112,12 +117,16 @@ class Leadership:
         if self._stopped:
             raise ManagerStopped(what="waiting to lead")
 
-    def _begin(self) -> None:
-        """Begin a term; its recovery runs in its own task, so renewals go on meanwhile."""
+    def _begin(self, acquiring_since: int | None = None) -> None:
+        """Begin a term; its recovery runs in its own task, so renewals go on meanwhile.
+
+        `acquiring_since`: `time.time_ns()` when the attempt that won the lease began, where
+        its span starts (a standby's attempts that lose make no span)."""
         self._broken.clear()
         epoch = self.keeper.epoch or 0
         logger.info("%s leads (lease epoch %d)", self.keeper.holder, epoch)
-        with self.telemetry.span("procstore.lease.acquire", **{"procstore.lease.holder": self.keeper.holder}):
+        attributes = {"procstore.lease.holder": self.keeper.holder, "procstore.lease.epoch": epoch}
+        with self.telemetry.span("procstore.lease.acquire", start_ns=acquiring_since, **attributes):
             self.telemetry.lease_gained(epoch)
         self.terms.begin_term()
         self.is_leading = True
@@ -167,13 +176,14 @@ class Leadership:
         await self._renew()
 
     async def _stand_by(self, interval: float) -> None:
+        started = time.time_ns()
         try:
             won = await self.keeper.acquire_once()
         except StoreError as e:
             logger.warning("cannot look at the lease: %s", e)
             won = False
         if won:
-            self._begin()
+            self._begin(started)
         else:
             await asyncio.sleep(interval)
 

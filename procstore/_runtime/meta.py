@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey
-from procstore.state import ProcedureInfo, ProcedureState
+from procstore.state import ProcedureInfo, ProcedureState, ProcedureStateKind
+from procstore.store.history import Outcome
 from procstore.store.keys import KeyType, ParsedKey
 
 
@@ -49,6 +50,8 @@ class ProcedureMeta:
         """Its stored keys must survive the tree's deletion (rollback failed, unreadable)."""
         self.rolled_back = False
         """Its rollback ran to the end (its FAILED state is a rolled-back one)."""
+        self.cancelled = False
+        """It failed because an operator cancelled it or an ancestor (not a `fail` request)."""
         self.steps = 0
         """The highest step number it stored, as of its end (for its history record)."""
         self.retries = 0
@@ -69,6 +72,17 @@ class ProcedureMeta:
         self._on_end = on_end
         if state.is_ended():
             self._mark_ended()
+
+    def outcome(self, state: ProcedureState | None = None) -> Outcome:
+        """How it ended (its state, or `state`): the metrics' and history's outcome."""
+        state = self._state if state is None else state
+        if state.kind is ProcedureStateKind.DONE:
+            return "done"
+        if state.kind is ProcedureStateKind.POISONED:
+            return "poisoned"
+        if self.cancelled:
+            return "cancelled"
+        return "rolled back" if self.rolled_back else "failed"
 
     def known_keys(self, prefix: str) -> list[ParsedKey] | None:
         """Every key it has, if this term wrote them all (see `wrote_every_key`): the steps

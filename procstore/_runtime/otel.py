@@ -101,8 +101,8 @@ class OtelTelemetry(Telemetry):
             self.step_duration.record(time.perf_counter() - start, {"procstore.procedure.type": type_name})
 
     @contextlib.contextmanager
-    def span(self, name: str, **attrs: Any) -> Iterator[Any]:
-        with self.tracer.start_as_current_span(name, attributes=attrs) as span:
+    def span(self, name: str, *, start_ns: int | None = None, **attrs: Any) -> Iterator[Any]:
+        with self.tracer.start_as_current_span(name, attributes=attrs, start_time=start_ns) as span:
             yield span
 
     def retried(self, type_name: str, reason: BaseException) -> None:

@@ -160,7 +160,7 @@ def _plan_unfinished(
         if pid in stranded:
             key = ctx.store.key(pid, message.step, KeyType.ROLLBACK if rolling_back else KeyType.STEP)
             problem = LoadProblem(key, pid, stranded[pid], ORPHAN_HINT, message.type_name)
-            logger.error("skipping %s", problem)
+            logger.error("skipping %s", problem, extra=problem.log_fields())
             problems.append(problem)
             ctx.stored.unreadable[pid] = problem
         elif parent is None:
@@ -196,7 +196,7 @@ def _resume_root(
     try:
         procedure, lock_key = ctx.load_with_lock_key(pid, message, key)
     except LoadFailed as e:
-        logger.error("skipping %s", e.problem)
+        logger.error("skipping %s", e.problem, extra=e.problem.log_fields())
         problems.append(e.problem)
         ctx.stored.unreadable[pid] = e.problem
         return
@@ -249,7 +249,8 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
                 continue
             unknown_now.add(pid)
             if pid in seen_before:
-                logger.warning("adopting procedure %s, stored after this manager's recovery", pid)
+                about = {"procedure_id": str(pid), "type_name": message.type_name, "step": message.step}
+                logger.warning("adopting procedure %s, stored after this manager's recovery", pid, extra=about)
                 _adopt_children(ctx, pid, loaded)
                 _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=[])
     return unknown_now - seen_before

@@ -323,6 +323,7 @@ class Runner:
                 state = ProcedureState.running()
                 meta = self.ctx.new_meta(sub.id, child.type_name, self.meta.id, sub.procedure, state, child.lock_key)
                 meta.wrote_every_key = True
+                self.ctx.telemetry.submitted(child.type_name)
                 Runner(self.ctx, meta, sub.procedure, 1, child.data).start()
             else:
                 reason = "its id already has stored steps that this manager could not load"
@@ -368,7 +369,7 @@ class Runner:
         try:
             procedure, lock_key = self.ctx.load_with_lock_key(child_id, message, key)
         except LoadFailed as e:
-            logger.error("cannot resume subprocedure: %s", e.problem)
+            logger.error("cannot resume subprocedure: %s", e.problem, extra=e.problem.log_fields())
             stored.unreadable[child_id] = e.problem
             self._poison_child(child_id, message.type_name, e.problem.reason)
             return True
@@ -434,6 +435,7 @@ class Runner:
     async def _fail(self, exc: BaseException) -> None:
         """Record the failure: PREPARE_ROLLBACK, or for a procedure without rollback, FAILED."""
         failed = failed_state(exc, gave_up_after=self.ctx.policy.max_retry_times if is_transient(exc) else None)
+        self.meta.cancelled = isinstance(exc, OperatorRequested) and exc.request.kind == "cancel"
         logger.warning("procedure %s (%s) failed: %s", self.meta.id, self.meta.type_name, failed.error)
         if self.procedure.rollback_supported:
             self.meta.set_state(with_kind(failed, ProcedureStateKind.PREPARE_ROLLBACK))

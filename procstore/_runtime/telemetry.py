@@ -5,10 +5,10 @@ OpenTelemetry tracer and meter providers, as libraries do: nothing is exported u
 application configures an SDK. Without it nothing is imported, and each hook is a call to
 an empty method.
 
-Traces: `procstore.procedure` (one run of a procedure in this process; a subprocedure's is
-a child of its parent's step, a root's starts a trace linked to whatever submitted or
-recovered it), `procstore.step` (one attempt at a step, with retries and store requests as
-events), `procstore.recovery`, `procstore.lease.acquire`.
+Traces: `procedure {type_name}` (one run of a procedure in this process; a subprocedure's
+is a child of its parent's run, a root's starts a trace linked to whatever submitted or
+recovered it), `step {type_name}` (one attempt at a step, with retries and store requests
+as events), `procstore.recovery`, `procstore.lease.acquire`.
 
 Metrics (names and attributes in `docs/observability.md`): procedures submitted, ended
 by outcome and running; step and procedure durations; retries by reason; store request
@@ -22,29 +22,20 @@ formatters to index.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from procstore._logs import ProcedureScope, current_procedure
-from procstore.state import ProcedureState, ProcedureStateKind
+from procstore._logs import ProcedureScope, current_procedure, get_logger
 from procstore.store.state_store import StateStore
 from procstore.store.wrapping import WrappingStore
 
 T = TypeVar("T")
 
-
-def outcome(state: ProcedureState, rolled_back: bool) -> str:
-    """done, failed, rolled back, cancelled or poisoned: the `outcome` attribute."""
-    if state.kind is ProcedureStateKind.DONE:
-        return "done"
-    if state.kind is ProcedureStateKind.POISONED:
-        return "poisoned"
-    if state.error is not None and "by an operator" in state.error:
-        return "cancelled"
-    return "rolled back" if rolled_back else "failed"
+logger = get_logger("procstore.runtime")
 
 
 class Telemetry:
@@ -58,7 +49,8 @@ class Telemetry:
     def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Any:
         return contextlib.nullcontext()
 
-    def span(self, name: str, **attrs: Any) -> Any:
+    def span(self, name: str, *, start_ns: int | None = None, **attrs: Any) -> Any:
+        """A span around the block; `start_ns` (`time.time_ns()`) if it began earlier."""
         return contextlib.nullcontext()
 
     def retried(self, type_name: str, reason: BaseException) -> None:
@@ -99,12 +91,16 @@ def get_telemetry() -> Telemetry:
     """OpenTelemetry hooks if its API is installed, else `OFF` (without importing anything)."""
     global _shared
     if _shared is None:
-        if importlib.util.find_spec("opentelemetry") is None:
-            _shared = OFF
-        else:
-            from procstore._runtime.otel import OtelTelemetry
-
-            _shared = OtelTelemetry()
+        _shared = OFF
+        if importlib.util.find_spec("opentelemetry") is not None:
+            # `opentelemetry` may be only a namespace package (opentelemetry-proto installed
+            # without opentelemetry-api): the API's own modules decide.
+            try:
+                from procstore._runtime.otel import OtelTelemetry
+            except ImportError as e:
+                logger.debug("telemetry off: the OpenTelemetry API cannot be imported (%s)", e)
+            else:
+                _shared = OtelTelemetry()
     return _shared
 
 
@@ -125,10 +121,14 @@ async def run_traced(ctx: Any, meta: Any, step: Callable[[], int], body: Callabl
     telemetry.running(meta.type_name, 1)
     try:
         with telemetry.procedure_span(str(meta.id), meta.type_name, root=meta.is_root, **ctx.span_attributes) as span:
-            await body()
+            try:
+                await body()
+            except asyncio.CancelledError:
+                telemetry.mark(span, None, None)  # the manager stopped: "stopped"
+                raise
             state = meta.state
             ended = state.is_ended() and not meta.abandoned
-            telemetry.mark(span, outcome(state, meta.rolled_back) if ended else None, state.error)
+            telemetry.mark(span, meta.outcome() if ended else None, state.error)
     finally:
         telemetry.running(meta.type_name, -1)
 

@@ -11,13 +11,15 @@ Nothing here writes to the store.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -46,10 +48,18 @@ UNREADABLE_HINT = (
 
 
 def create_app(
-    url: str, storage_options: dict[str, Any] | None = None, parent_path: str = "", refresh: float = 2.0
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    parent_path: str = "",
+    refresh: float = 2.0,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
     """The web view of the store at `url`: `/` (list, counts, lease), `/p/{id}` (one
     procedure), and their JSON twins `/api/procedures` and `/api/procedures/{id}`.
+
+    With `allowed_hosts`, a request whose `Host` header names another host gets 400: a
+    server on a loopback address must not answer a page of another site that a DNS
+    rebinding pointed at it.
 
     The store is opened when the app starts and closed when it stops; a store that cannot be
     read answers 503 with the reason, page by page (it may come back).
@@ -83,7 +93,8 @@ def create_app(
         Route("/api/procedures", api_index),
         Route("/api/procedures/{procedure_id}", api_procedure),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    middleware = [] if allowed_hosts is None else [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)]
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
 
 
 class NotFound(Exception):

@@ -33,7 +33,9 @@ logger = get_logger("procstore.store")
 HISTORY_PATH = "history/"
 """The folder under a store's root that holds history records."""
 
-Outcome = Literal["done", "failed", "rolled back", "poisoned"]
+Outcome = Literal["done", "failed", "rolled back", "cancelled", "poisoned"]
+"""How a procedure ended; `cancelled`: an operator cancelled it or an ancestor (after its
+rollback, if it has one), where a `fail` request gives `failed` or `rolled back`."""
 
 
 @dataclass(frozen=True, slots=True)

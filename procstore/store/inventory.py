@@ -32,8 +32,12 @@ class StoredStatus(enum.StrEnum):
     """Highest key `.commit`: finished; its keys are waiting to be deleted."""
     ROLLING_BACK = "rolling back"
     """Highest key `.rollback`: failed; the next start (re)runs its rollback."""
-    ROLLED_BACK = "rolled back"
-    """Highest key `.commit` above a `.rollback`: failed, and its rollback ran to its end."""
+    FAILED = "failed"
+    """Highest key `.commit` above a `.rollback`: it failed and ended, its rollback (if it
+    has one) run to its end. The keys do not say whether it had a rollback: a procedure
+    that rolled back and one without rollback (kept by `keep_failed`) are stored alike."""
+    ROLLED_BACK = "failed"
+    """The former name of `FAILED` (an alias)."""
     UNREADABLE = "unreadable"
     """Its highest value cannot be decoded: recovery skips it and leaves it alone."""
     PARENT_CYCLE = "parent cycle"
@@ -77,12 +81,12 @@ class StoredProcedure:
 
     @property
     def error(self) -> str | None:
-        failed = self.status in (StoredStatus.ROLLING_BACK, StoredStatus.ROLLED_BACK)
+        failed = self.status in (StoredStatus.ROLLING_BACK, StoredStatus.FAILED)
         return self.message.error if failed and self.message else None
 
     @property
     def is_finished(self) -> bool:
-        return self.status in (StoredStatus.COMMITTED, StoredStatus.ROLLED_BACK)
+        return self.status in (StoredStatus.COMMITTED, StoredStatus.FAILED)
 
     @property
     def is_alive(self) -> bool:
@@ -152,7 +156,7 @@ async def read_inventory(store: ProcedureStore, progress: Progress | None = None
         if readable:
             to_read.append((procedure, readable[-1]))
             if status is StoredStatus.COMMITTED and readable[-1].key_type is KeyType.ROLLBACK:
-                procedure.status = StoredStatus.ROLLED_BACK
+                procedure.status = StoredStatus.FAILED
     values = await _read_in_chunks(store, [str(key) for _, key in to_read], progress)
     for (procedure, key), raw in zip(to_read, values, strict=True):
         try:

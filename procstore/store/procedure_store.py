@@ -47,6 +47,15 @@ class LoadProblem:
         kind = f" ({self.type_name})" if self.type_name else ""
         return f"{who}{kind} at {self.key}: {self.reason}. {self.hint}"
 
+    def log_fields(self) -> dict[str, object]:
+        """`extra=` for a record about it: the fields of `procstore._logs` (none for a key
+        that names no procedure)."""
+        if self.procedure_id is None:
+            return {}
+        number = self.key.rsplit("/", 1)[-1].split(".", 1)[0]
+        step = int(number) if number.isdigit() else None
+        return {"procedure_id": str(self.procedure_id), "type_name": self.type_name, "step": step}
+
 
 UNREADABLE_HINT = (
     "It was skipped and left untouched: inspect the key, then restore a good value or delete "
@@ -380,7 +389,7 @@ class ProcedureStore:
     @staticmethod
     def _report(key: ParsedKey, reason: str, problems: list[LoadProblem]) -> None:
         problem = LoadProblem(str(key), key.procedure_id, reason, UNREADABLE_HINT)
-        logger.error("skipping %s", problem)
+        logger.error("skipping %s", problem, extra=problem.log_fields())
         problems.append(problem)
 
 

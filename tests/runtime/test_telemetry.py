@@ -16,11 +16,13 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from procstore import Lease, ProcedureFailed, ProcedureWithId
+from procstore import Lease, ProcedureFailed, ProcedureId, ProcedureWithId
 from procstore.store import LocalDirStore
-from procstore.testing import kill_manager
+from procstore.store.history import HistoryStore
+from procstore.store.requests import OperatorRequest, RequestStore
+from procstore.testing import Fault, FaultyStore, kill_manager
 from tests.procedures import Parent, Undoable, World
-from tests.runtime.helpers import manager_for, steps
+from tests.runtime.helpers import blocker, manager_for, steps
 
 SPANS = InMemorySpanExporter()
 READER = InMemoryMetricReader()
@@ -53,7 +55,8 @@ def spans_of(procedure_id: object) -> list[ReadableSpan]:
 
 def points(name: str) -> list[Any]:
     data = READER.get_metrics_data()
-    assert data is not None
+    if data is None:  # nothing recorded yet
+        return []
     return [
         point
         for rm in data.resource_metrics
@@ -93,6 +96,11 @@ async def test_a_retried_step_is_one_span_per_attempt_with_its_retry(tmp_path: P
 
 async def test_a_rollback_and_a_child_are_traced(tmp_path: Path) -> None:
     world = World.new()
+    child_type = {"procstore.procedure.type": "test::Child"}
+    submitted, ended = (
+        total("procstore.procedures.submitted", **child_type),
+        total("procstore.procedures.ended", **child_type),
+    )
     async with manager_for(LocalDirStore(tmp_path)) as manager:
         undone = ProcedureWithId.new(Undoable({"world": world.name, "steps": 3, "fail_at": 1}))
         with pytest.raises(ProcedureFailed):
@@ -108,7 +116,59 @@ async def test_a_rollback_and_a_child_are_traced(tmp_path: Path) -> None:
     child_id = next(iter(parent.data["children"].values()))
     child_run = next(s for s in spans_of(child_id) if s.name.startswith("procedure"))
     assert child_run.context.trace_id == parent_run.context.trace_id  # one trace for the tree
-    assert child_run.parent is not None
+    assert child_run.parent is not None and child_run.parent.span_id == parent_run.context.span_id  # as documented
+    # A subprocedure is counted as submitted (by its parent) as it is counted as ended.
+    assert total("procstore.procedures.submitted", **child_type) == submitted + 1
+    assert total("procstore.procedures.ended", **child_type) == ended + 1
+
+
+async def test_only_an_operator_cancel_is_counted_as_cancelled(tmp_path: Path) -> None:
+    world = World.new()
+
+    def ended(outcome: str) -> float:
+        return total(
+            "procstore.procedures.ended", **{"procstore.procedure.type": "test::Steps", "procstore.outcome": outcome}
+        )
+
+    before = {o: ended(o) for o in ("cancelled", "failed")}
+    async with manager_for(LocalDirStore(tmp_path), history=True, request_poll_interval=0.02) as manager:
+        # A user's own error whose text happens to say "by an operator": a plain failure.
+        mistaken = steps(world, 2, name="quota lowered by an operator", fail_at=1)
+        with pytest.raises(ProcedureFailed, match="by an operator"):
+            await (await manager.submit(mistaken)).wait()
+        outcomes = {}
+        for kind in ("cancel", "fail"):
+            name, gate = blocker()
+            held = steps(world, 3, name=kind, block=name, block_at=0)
+            watcher = await manager.submit(held)
+            await asyncio.sleep(0.05)
+            if kind == "cancel":
+                await manager.cancel(held.id, "test")
+            else:  # as `procstore fail` does
+                await RequestStore(LocalDirStore(tmp_path)).put(held.id, OperatorRequest.new("fail", "test"))
+                await asyncio.sleep(0.2)
+            gate.set()
+            with pytest.raises(ProcedureFailed, match="by an operator"):
+                await watcher.wait()
+            run = next(s for s in spans_of(held.id) if s.name.startswith("procedure"))
+            outcomes[kind] = (run.attributes or {}).get("procstore.outcome")
+    assert outcomes == {"cancel": "cancelled", "fail": "failed"}
+    assert ended("cancelled") == before["cancelled"] + 1
+    assert ended("failed") == before["failed"] + 2
+    records = {r.id: r.outcome for r in await HistoryStore(LocalDirStore(tmp_path)).list()}
+    assert records[str(mistaken.id)] == "failed"
+    assert sorted(records.values()) == ["cancelled", "failed", "failed"]
+
+
+async def test_a_run_ended_by_stop_is_marked_stopped(tmp_path: Path) -> None:
+    world = World.new()
+    name, _ = blocker()
+    async with manager_for(LocalDirStore(tmp_path)) as manager:
+        procedure = steps(world, 2, block=name)
+        await manager.submit(procedure)
+        await asyncio.sleep(0.05)
+    run = next(s for s in spans_of(procedure.id) if s.name.startswith("procedure"))
+    assert (run.attributes or {}).get("procstore.outcome") == "stopped"
 
 
 async def test_a_takeover_and_its_recovery_are_traced(tmp_path: Path) -> None:
@@ -122,11 +182,26 @@ async def test_a_takeover_and_its_recovery_are_traced(tmp_path: Path) -> None:
         await asyncio.wait_for(second.wait_until_leading(), 10)
         await (await second.submit(steps(world, 1))).wait()
     assert total("procstore.lease.takeovers") == before + 1
+    assert total("procstore.lease.held") == 0  # back to 0 once it stopped (and released the lease)
     names = [s.name for s in SPANS.get_finished_spans()]
     assert "procstore.lease.acquire" in names and "procstore.recovery" in names
     assert any(p.count for p in points("procstore.recovery.duration"))
     runs = [s for s in SPANS.get_finished_spans() if s.name == "procedure test::Steps"]
     assert runs and runs[-1].attributes["procstore.lease.holder"] == "cp-2"  # type: ignore[index]
+
+
+async def test_the_lease_acquire_span_covers_the_acquisition_and_carries_the_epoch(tmp_path: Path) -> None:
+    slow = FaultyStore(
+        LocalDirStore(tmp_path), faults=[Fault("delay", key="lease/procedures.json", seconds=0.3, times=1)]
+    )
+    async with manager_for(slow, lease=Lease(ttl=2.0, holder="cp-slow")) as manager:
+        await asyncio.wait_for(manager.wait_until_leading(), 10)
+    acquired = [s for s in SPANS.get_finished_spans() if s.name == "procstore.lease.acquire"]
+    assert len(acquired) == 1 and acquired[0].attributes == {
+        "procstore.lease.holder": "cp-slow",
+        "procstore.lease.epoch": 1,
+    }
+    assert (acquired[0].end_time or 0) - (acquired[0].start_time or 0) >= 0.3e9  # the slow read of the lease
 
 
 async def test_log_records_about_a_procedure_carry_its_fields(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -137,6 +212,24 @@ async def test_log_records_about_a_procedure_carry_its_fields(tmp_path: Path, ca
         await (await manager.submit(procedure)).wait()
     about = [r for r in caplog.records if getattr(r, "procedure_id", None) == str(procedure.id)]
     assert about and all(r.type_name == "test::Steps" and isinstance(r.step, int) for r in about)  # type: ignore[attr-defined]
+
+
+async def test_records_of_procedures_skipped_at_recovery_carry_their_fields(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    torn, unknown = ProcedureId.random(), ProcedureId.random()
+    root = LocalDirStore(tmp_path)
+    await root.put(f"procedure/{torn}/0000000000.step", b'{"type_name": "test::Steps", "da')
+    message = b'{"type_name":"test::Unknown","data":"{}","parent_id":null,"step":0}'
+    await root.put(f"procedure/{unknown}/0000000000.step", message)
+    caplog.set_level(logging.INFO, logger="procstore")
+    async with manager_for(root):
+        pass
+    skipped = {r.getMessage().split()[2]: r for r in caplog.records if r.getMessage().startswith("skipping")}
+    assert set(skipped) == {str(torn), str(unknown)}
+    for pid, record in skipped.items():
+        assert (record.procedure_id, record.step) == (pid, 0)  # type: ignore[attr-defined]
+    assert skipped[str(unknown)].type_name == "test::Unknown"  # type: ignore[attr-defined]
 
 
 async def test_telemetry_can_be_turned_off(tmp_path: Path) -> None:
@@ -156,5 +249,22 @@ def test_nothing_is_imported_without_the_api() -> None:
         "import procstore; from procstore._runtime.telemetry import get_telemetry, OFF;"
         "assert get_telemetry() is OFF;"
         "assert not [m for m, v in sys.modules.items() if m.startswith('opentelemetry') and v is not None]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_telemetry_is_off_with_only_a_namespace_package() -> None:
+    """`opentelemetry` importable (a namespace package, as opentelemetry-proto alone installs)
+    while the API's modules are not: telemetry is off, and managers run."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, importlib.util;"
+        "[sys.modules.__setitem__(m, None) for m in ('opentelemetry.trace', 'opentelemetry.metrics', "
+        "'opentelemetry.context')];"
+        "assert importlib.util.find_spec('opentelemetry') is not None;"
+        "from procstore._runtime.telemetry import get_telemetry, OFF;"
+        "assert get_telemetry() is OFF"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

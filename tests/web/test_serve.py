@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 from procstore._cli.app import cli
 from procstore._runtime.lease import LEASE_KEY
 from procstore._web.app import create_app
-from procstore.store import open_state_store
+from procstore.store import LocalDirStore, open_state_store
 from procstore.testing.pytest_plugin import free_port
 from tests.cli.store_builder import MixedStore, build_mixed_store
 from tests.support import put_now as put
@@ -77,6 +77,40 @@ def test_stored_values_are_escaped(tmp_path: Path) -> None:
             assert evil not in text and "&lt;script&gt;" in text
 
 
+def test_a_failed_procedure_is_not_shown_as_rolled_back(tmp_path: Path) -> None:
+    """Kept by keep_failed: one without rollback and one that rolled back are stored alike
+    (`.rollback`, then `.commit`); the web view and `procstore ls` call both `failed`."""
+    from procstore import ProcedureFailed, ProcedureWithId
+    from tests.procedures import Undoable, World
+    from tests.runtime.helpers import manager_for, steps
+
+    url = str(tmp_path)
+    world = World.new()
+
+    async def fail_two() -> list[str]:
+        ids = []
+        async with manager_for(LocalDirStore(tmp_path), keep_failed=True) as manager:
+            for procedure in (
+                steps(world, 3, fail_at=1),
+                ProcedureWithId.new(Undoable({"world": world.name, "steps": 3, "fail_at": 1})),
+            ):
+                with pytest.raises(ProcedureFailed):
+                    await (await manager.submit(procedure)).wait()
+                ids.append(str(procedure.id))
+        return ids
+
+    ids = asyncio.run(fail_two())
+    with TestClient(create_app(url)) as client:
+        data = client.get("/api/procedures").json()
+        assert [p["status"] for p in data["procedures"]] == ["failed", "failed"]
+        assert data["counts"]["failed"] == 2 and "rolled back" not in data["counts"]
+        assert "2 failed" in client.get("/").text
+        assert "failed-note" in client.get(f"/p/{ids[0]}").text
+    listed = CliRunner().invoke(cli, ["ls", url, "--json"])
+    assert [json.loads(line)["status"] for line in listed.output.splitlines()] == ["failed", "failed"]
+    assert CliRunner().invoke(cli, ["ls", url, "--status", "rolled-back", "--json"]).output == listed.output
+
+
 def test_an_unreadable_store_answers_503_with_the_reason() -> None:
     with TestClient(create_app("http://127.0.0.1:1/x")) as client:
         page = client.get("/")
@@ -96,6 +130,31 @@ def test_serve_without_the_web_extra_says_what_to_install(monkeypatch: pytest.Mo
     monkeypatch.setattr(builtins, "__import__", no_uvicorn)
     result = CliRunner().invoke(cli, ["serve", "/tmp"])
     assert result.exit_code == 2 and "pip install 'procstore[web]'" in result.output
+
+
+@pytest.mark.parametrize("url", ["nosuch://bucket/x", "missing/store"])
+def test_serve_on_a_bad_url_is_a_one_line_error(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("the server started"))
+    result = CliRunner().invoke(cli, ["serve", url])
+    assert result.exit_code == 3, result.output
+    assert "Error: " in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "missing").exists()  # nothing created
+
+
+@pytest.mark.parametrize(("listen", "foreign"), [("127.0.0.1", 400), ("::1", 400), ("0.0.0.0", 200)])
+def test_serve_on_a_loopback_address_answers_only_its_own_host_names(
+    listen: str, foreign: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against DNS rebinding: a page of attacker.example that resolves to 127.0.0.1 gets nothing."""
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    result = CliRunner().invoke(cli, ["serve", str(tmp_path), "--host", listen])
+    assert result.exit_code == 0, result.output
+    with TestClient(apps[0]) as client:
+        assert client.get("/api/procedures", headers={"Host": "attacker.example:8600"}).status_code == foreign
+        for own in ("127.0.0.1:8600", "localhost:8600", "[::1]:8600"):
+            assert client.get("/api/procedures", headers={"Host": own}).status_code == 200
 
 
 @pytest.fixture
@@ -149,6 +208,12 @@ def test_a_person_sees_the_store_in_a_browser_and_it_updates_live(
             arrived = "document.querySelector('#counts').innerText.includes('11 procedures')"
             page.wait_for_function(arrived, timeout=10_000)
             assert "live::Arrived" in page.locator("#procedures").inner_text()
+            # A filter picked but not yet submitted survives the live updates.
+            page.select_option("select[name=status]", "unreadable")
+            said = page.locator("#updated").inner_text()
+            page.wait_for_function(f"document.querySelector('#updated').innerText !== {json.dumps(said)}")
+            page.wait_for_timeout(700)  # two refreshes more
+            assert page.eval_on_selector("select[name=status]", "e => e.value") == "unreadable"
             page.click(f"text={store.truncated[:8]}")
             page.wait_for_selector("#steps")
             assert "unreadable" in page.locator("#steps").inner_text()
