@@ -17,7 +17,7 @@ from procstore._runtime.context import ManagerContext
 from procstore._runtime.restart import restart
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
-from procstore.store.keys import procedure_dir
+from procstore.store.keys import KeyType, procedure_dir
 from procstore.store.requests import OperatorRequest, RequestKind
 
 logger = get_logger("procstore.runtime")
@@ -85,8 +85,18 @@ async def request(ctx: ManagerContext, procedure_id: ProcedureId, kind: RequestK
     meta = ctx.metas.get(procedure_id)
     if meta is not None and meta.state.is_ended():
         raise ProcedureError(f"procedure {procedure_id} has already ended ({meta.state.kind.name}): nothing to {kind}")
-    if meta is None and not await ctx.store.store.walk(procedure_dir(ctx.store.proc_path, procedure_id)):
-        raise ProcedureError(f"procedure {procedure_id} is not in the store (finished and deleted, or never submitted)")
+    if meta is None:
+        # Not run here: a kept FAILED root, a finished child, or one another manager runs.
+        keys = await ctx.store.procedure_keys(procedure_id)
+        if not keys:
+            raise ProcedureError(
+                f"procedure {procedure_id} is not in the store (finished and deleted, or never submitted)"
+            )
+        if any(k.step == keys[-1].step and k.key_type is KeyType.COMMIT for k in keys):
+            raise ProcedureError(
+                f"procedure {procedure_id} has already ended (its latest key is {keys[-1].step}.commit): "
+                f"nothing to {kind}"
+            )
     wanted = OperatorRequest.new(kind, reason)
     if not await ctx.store.requests.put(procedure_id, wanted):
         existing = await ctx.store.requests.get(procedure_id)

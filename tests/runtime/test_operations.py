@@ -318,3 +318,13 @@ async def test_an_unreadable_request_is_logged_once_not_every_poll(
         await watcher.wait()
     said = [r for r in caplog.records if "ignoring the operator request" in r.getMessage()]
     assert len(said) == 1, said
+
+
+async def test_cancelling_a_kept_failed_root_after_a_restart_is_refused(tmp_path: Path) -> None:
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        pid, _ = await failed_and_kept(manager)
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        assert manager.procedure_state(pid) is None  # not run here: only its keys say it ended
+        with pytest.raises(ProcedureError, match="already ended"):
+            await manager.cancel(pid, "late")
+    assert await LocalDirStore(tmp_path).walk("requests/") == []
