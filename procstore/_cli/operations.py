@@ -25,8 +25,9 @@ from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore
 from procstore.store.keys import KeysByProcedure
+from procstore.store.message import ProcedureMessage
 from procstore.store.requests import OperatorRequest
-from procstore.store.restart import RestartPlan, apply_restart, plan_restart
+from procstore.store.restart import RestartPlan, apply_restart, check_restart, plan_restart
 
 
 async def _plan(store: ProcedureStore, procedure_id: str, to_step: int | None) -> RestartPlan:
@@ -34,6 +35,14 @@ async def _plan(store: ProcedureStore, procedure_id: str, to_step: int | None) -
     pid = resolve_id(set(listed.steps), procedure_id)
     try:
         return await plan_restart(store, pid, to_step)
+    except ProcedureError as e:
+        raise CommandError(str(e), ExitCode.REFUSED) from e
+
+
+async def _checked(store: ProcedureStore, plan: RestartPlan) -> ProcedureMessage:
+    """What the restart runs from, refused (exit 6, nothing changed) if it cannot run."""
+    try:
+        return await check_restart(store, plan)
     except ProcedureError as e:
         raise CommandError(str(e), ExitCode.REFUSED) from e
 
@@ -101,13 +110,11 @@ async def rewind(
                 "ended, or pass --force if no manager runs on this store",
                 ExitCode.REFUSED,
             )
+        message = await _checked(store, plan)
         _confirm(f"Rewind {pid} to step {to_step} (written as step {plan.latest.step + 1})?", yes)
-        # The old request first: left in place, it would fail the rewound run at once.
+        # Certain now. The old request first: left in place, it would fail the rewound run at once.
         await store.requests.delete([pid])
-        try:
-            await apply_restart(store, plan)
-        except ProcedureError as e:
-            raise CommandError(str(e), ExitCode.REFUSED) from e
+        await apply_restart(store, plan, message)
         await _nudge(store, pid, f"rewind to step {to_step}")
     finally:
         await store.store.close()

@@ -1,0 +1,51 @@
+"""`procstore cancel`, `resume` and `rewind` refuse, changing nothing, what cannot be done."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from procstore import ProcedureFailed, ProcedureId
+from procstore._cli.app import cli
+from procstore._cli.common import ExitCode
+from procstore.store import LocalDirStore, ProcedureStore
+from procstore.store.requests import OperatorRequest
+from tests.runtime.test_operations import flaky, manager_on
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+async def a_child_with_a_cancel_request(tmp_path: Path) -> tuple[ProcedureStore, ProcedureId]:
+    store = ProcedureStore(LocalDirStore(tmp_path))
+    root, child = ProcedureId.random(), ProcedureId.random()
+    await store.create_procedure(root, "tests::Flaky", '{"name": "r", "at": 0, "fail_at": 9}', None)
+    await store.create_procedure(child, "tests::Flaky", '{"name": "c", "at": 0, "fail_at": 9}', root)
+    assert await store.requests.put(child, OperatorRequest.new("cancel", "stop the child"))
+    return store, child
+
+
+async def test_a_refused_forced_rewind_keeps_the_cancel_request(tmp_path: Path) -> None:
+    store, child = await a_child_with_a_cancel_request(tmp_path)
+    result = await asyncio.to_thread(run, "rewind", str(tmp_path), str(child), "--to-step", "0", "--force", "--yes")
+    assert result.exit_code == ExitCode.REFUSED and "subprocedure" in result.output, result.output
+    assert await store.requests.get(child) is not None, "a refused rewind changed nothing"
+    assert len(await store.procedure_keys(child)) == 1
+
+
+async def test_a_refused_rewind_in_the_manager_keeps_the_cancel_request(tmp_path: Path) -> None:
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        procedure, _ = flaky(fail_at=2)
+        watcher = await manager.submit(procedure)
+        with pytest.raises(ProcedureFailed):
+            await watcher.wait()
+        pid = procedure.id
+        assert await manager.store.requests.put(pid, OperatorRequest.new("cancel", "keep me"))
+        await manager.store.store.put(f"procedure/{pid}/0000000001.step", b'{"type_name":"tests::Fl')
+        with pytest.raises(Exception, match="cannot be read"):
+            await manager.rewind(pid, 1)
+        assert await manager.store.requests.get(pid) is not None
