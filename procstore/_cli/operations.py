@@ -58,19 +58,36 @@ async def _nudge(store: ProcedureStore, pid: ProcedureId, what: str) -> None:
 @click.command()
 @store_options
 @click.argument("procedure_id")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Resume an unfinished procedure: only one that the running manager could not load (POISONED).",
+)
 @run_command
-async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str) -> None:
-    """Run a failed or stuck procedure again from its last stored step, with fresh retries.
+async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, force: bool) -> None:
+    """Run a failed procedure again from its last stored step, with fresh retries.
 
-    For a procedure that ended FAILED with its keys kept (managers with keep_failed=True,
-    or a rollback that failed), or that its manager could not load or run (POISONED). The
-    manager that runs it checks the rest: a rolled-back procedure is not resumed (rewind
-    it), one that is running is left alone. PROCEDURE_ID may be a unique prefix.
+    For a root that ended FAILED with its keys kept (managers with keep_failed=True, or a
+    rollback that failed). Refused, exit code 6, saying why: a subprocedure (resume its
+    root), one that finished successfully, one that was rolled back (rewind it instead: its
+    later steps would run over undone work; told by its history record, else the manager
+    checks), and one that is unfinished, which a manager may be running (the next start
+    resumes it anyway; `--force` for one the running manager could not load, POISONED).
+    PROCEDURE_ID may be a unique prefix.
     """
     store = await open_existing_store(url, storage_options, parent_path)
     try:
         plan = await _plan(store, procedure_id, None)
-        await _nudge(store, plan.procedure_id, "resume")
+        pid = plan.procedure_id
+        if not plan.ended and not force:
+            raise CommandError(
+                f"procedure {pid} is unfinished (its latest key is {plan.latest.step}.{plan.latest.key_type.value}): "
+                "a manager may be running it, and the next one to start resumes it anyway. Resume is for a "
+                f"procedure that has ended: cancel it first (procstore cancel {pid}), or pass --force if the "
+                "running manager could not load it (POISONED)",
+                ExitCode.REFUSED,
+            )
+        await _nudge(store, pid, "resume")
     finally:
         await store.store.close()
 

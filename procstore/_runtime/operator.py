@@ -60,15 +60,23 @@ async def _look_once(ctx: ManagerContext) -> None:
     if stale:
         logger.info("deleting %d operator requests for procedures the store no longer holds", len(stale))
         await ctx.store.requests.delete(stale)
-    for pid in await ctx.store.resumes.list_all():
-        await _load_again(ctx, pid)
+    for pid, nudge in (await ctx.store.resumes.list_all()).items():
+        await _load_again(ctx, pid, nudge)
 
 
-async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId) -> None:
+async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorRequest) -> None:
     """Apply a resume nudge: run the procedure from what the store now holds, unless it
-    runs here already. The nudge is deleted either way (a refusal is logged)."""
+    runs here already, or it ended here after the nudge was written (the nudge was for an
+    earlier state: resuming would undo, say, a cancel). The nudge is deleted either way
+    (a refusal is logged)."""
     meta = ctx.metas.get(procedure_id)
-    if meta is None or meta.state.is_ended() or procedure_id in ctx.stored.unreadable:
+    if meta is not None and meta.end_time is not None and nudge.requested_at < meta.end_time.timestamp():
+        logger.warning(
+            "ignoring the resume nudge of procedure %s (%s): it was written before the procedure ended here",
+            procedure_id,
+            nudge.describe(),
+        )
+    elif meta is None or meta.state.is_ended() or procedure_id in ctx.stored.unreadable:
         try:
             await restart(ctx, procedure_id, None)
         except ProcedureError as e:

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from procstore import ProcedureFailed, ProcedureId
+from procstore import Context, ProcedureFailed, ProcedureId, ProcedureManager, Status
 from procstore._cli.app import cli
 from procstore._cli.common import ExitCode
 from procstore.store import LocalDirStore, ProcedureStore
 from procstore.store.requests import OperatorRequest
-from tests.runtime.test_operations import flaky, manager_on
+from procstore.testing import kill_manager
+from tests.runtime.test_operations import Flaky, flaky, manager_on
 
 
 def run(*args: str) -> Result:
@@ -49,3 +50,47 @@ async def test_a_refused_rewind_in_the_manager_keeps_the_cancel_request(tmp_path
         with pytest.raises(Exception, match="cannot be read"):
             await manager.rewind(pid, 1)
         assert await manager.store.requests.get(pid) is not None
+
+
+async def test_resume_refuses_an_unfinished_procedure_and_writes_no_nudge(tmp_path: Path) -> None:
+    store, child = await a_child_with_a_cancel_request(tmp_path)
+    root = next(p for p in await store.store.walk("procedure/") if str(child) not in p).split("/")[1]
+    result = await asyncio.to_thread(run, "resume", str(tmp_path), root)
+    assert result.exit_code == ExitCode.REFUSED and "is unfinished" in result.output, result.output
+    assert await store.resumes.list_all() == {}
+
+
+async def test_a_stale_resume_nudge_does_not_undo_a_cancel(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+
+    class Held(Flaky):
+        type_name = "tests::HeldForNudge"
+
+        async def execute(self, ctx: Context) -> Status:
+            await gate.wait()
+            return await super().execute(ctx)
+
+    def register(manager: ProcedureManager) -> ProcedureManager:
+        manager.register(Held)
+        return manager
+
+    first = register(manager_on(str(tmp_path), keep_failed=True))
+    await first.start()
+    procedure, _ = flaky(Held, fail_at=9)
+    await first.submit(procedure)
+    await kill_manager(first)
+    await first.stop()
+    gate.set()
+    # With no manager running: a cancel, then a resume nudge (`resume --force`, say).
+    store = ProcedureStore(LocalDirStore(tmp_path))
+    await store.requests.put(procedure.id, OperatorRequest.new("cancel", "wrong region"))
+    await store.resumes.put(procedure.id, OperatorRequest.new("resume", "resume"))
+    async with register(manager_on(str(tmp_path), keep_failed=True, request_poll_interval=0.2)) as manager:
+        watcher = manager.procedure_watcher(procedure.id)
+        assert watcher is not None
+        with pytest.raises(ProcedureFailed, match="wrong region"):
+            await watcher.wait()
+        await asyncio.sleep(0.5)
+        assert await store.resumes.list_all() == {}
+        state = manager.procedure_state(procedure.id)
+        assert state is not None and state.is_failed(), state
