@@ -19,6 +19,7 @@ from procstore._cli.common import (
     run_command,
     store_options,
 )
+from procstore._cli.history import history_of
 from procstore._cli.maintenance import _confirm
 from procstore._cli.output import output_console, plural
 from procstore.errors import ProcedureError
@@ -87,7 +88,20 @@ async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, p
                 "running manager could not load it (POISONED)",
                 ExitCode.REFUSED,
             )
+        await _checked(store, plan)
+        record = await history_of(store).find(pid) if plan.ended else None
+        if record is not None and record.outcome == "rolled back":
+            raise CommandError(
+                f"procedure {pid} was rolled back: resuming would run its later steps over undone work; "
+                f"rewind it instead (procstore rewind {pid} --to-step 0 to run it again from the start)",
+                ExitCode.REFUSED,
+            )
         await _nudge(store, pid, "resume")
+        if plan.ended and record is None:
+            output_console().print(
+                "no history record says whether it was rolled back: the manager checks, and refuses (in its log) "
+                "to resume a rolled-back one"
+            )
     finally:
         await store.store.close()
 

@@ -12,9 +12,10 @@ from procstore import Context, ProcedureFailed, ProcedureId, ProcedureManager, S
 from procstore._cli.app import cli
 from procstore._cli.common import ExitCode
 from procstore.store import LocalDirStore, ProcedureStore
+from procstore.store.message import ProcedureMessage
 from procstore.store.requests import OperatorRequest
 from procstore.testing import kill_manager
-from tests.runtime.test_operations import Flaky, flaky, manager_on
+from tests.runtime.test_operations import Flaky, Undone, flaky, manager_on
 
 
 def run(*args: str) -> Result:
@@ -94,3 +95,20 @@ async def test_a_stale_resume_nudge_does_not_undo_a_cancel(tmp_path: Path) -> No
         assert await store.resumes.list_all() == {}
         state = manager.procedure_state(procedure.id)
         assert state is not None and state.is_failed(), state
+
+
+async def test_resume_refuses_a_subprocedure_and_a_rolled_back_root_like_the_manager(tmp_path: Path) -> None:
+    async with manager_on(str(tmp_path), keep_failed=True, history=True) as manager:
+        procedure, _ = flaky(Undone)
+        with pytest.raises(ProcedureFailed):
+            await (await manager.submit(procedure)).wait()
+    store = ProcedureStore(LocalDirStore(tmp_path))
+    child = ProcedureId.random()
+    await store.create_procedure(child, "tests::Flaky", '{"name": "c", "at": 0, "fail_at": 9}', procedure.id)
+    await store.rollback_procedure(child, ProcedureMessage("tests::Flaky", "{}", procedure.id, 1, "broke"))
+    await store.commit_procedure(child, 1)
+    rolled_back = await asyncio.to_thread(run, "resume", str(tmp_path), str(procedure.id))
+    assert rolled_back.exit_code == ExitCode.REFUSED and "rewind it instead" in rolled_back.output
+    subprocedure = await asyncio.to_thread(run, "resume", str(tmp_path), str(child))
+    assert subprocedure.exit_code == ExitCode.REFUSED and "subprocedure" in subprocedure.output, subprocedure.output
+    assert await store.resumes.list_all() == {}
