@@ -108,6 +108,11 @@ async def request(ctx: ManagerContext, procedure_id: ProcedureId, kind: RequestK
     wanted = OperatorRequest.new(kind, reason)
     if not await ctx.store.requests.put(procedure_id, wanted):
         existing = await ctx.store.requests.get(procedure_id)
-        wanted = existing if existing is not None else wanted
+        if existing is None:  # deleted (or torn again) since: nothing of ours is stored
+            raise ProcedureError(
+                f"the request for {procedure_id} at {ctx.store.requests.key(procedure_id)} changed while it was "
+                "written; try again"
+            )
+        wanted = existing
     ctx.note_request(procedure_id, wanted)
     return wanted

@@ -112,3 +112,19 @@ async def test_resume_refuses_a_subprocedure_and_a_rolled_back_root_like_the_man
     subprocedure = await asyncio.to_thread(run, "resume", str(tmp_path), str(child))
     assert subprocedure.exit_code == ExitCode.REFUSED and "subprocedure" in subprocedure.output, subprocedure.output
     assert await store.resumes.list_all() == {}
+
+
+async def test_a_torn_request_is_replaced_by_cancel_from_the_command_line_and_the_api(tmp_path: Path) -> None:
+    store = ProcedureStore(LocalDirStore(tmp_path))
+    pid = ProcedureId.random()
+    await store.create_procedure(pid, "tests::NoLoader", "{}", None)  # never runs: stays unfinished
+    await store.store.put(store.requests.key(pid), b'{"kind":"cancel","rea')
+    result = await asyncio.to_thread(run, "cancel", str(tmp_path), str(pid), "--yes", "--reason", "really stop")
+    assert result.exit_code == 0, result.output
+    stored = await store.requests.get(pid)
+    assert stored is not None and stored.reason == "really stop"
+    await store.store.put(store.requests.key(pid), b'{"kind":"fail","rea')
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        await manager.cancel(pid, "durable cancel")  # returns only once the request is stored
+    stored = await store.requests.get(pid)
+    assert stored is not None and stored.reason == "durable cancel"
