@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 import msgspec
+from rich.console import RenderableType
 from rich.table import Table
 
 from procstore._cli.common import CommandError, ExitCode
-from procstore._cli.output import output_console
+from procstore._cli.output import Format, emit, output_console, plural
 from procstore.store import ProcedureStore
 from procstore.store.history import HistoryStore
 
@@ -20,21 +19,21 @@ def history_of(store: ProcedureStore) -> HistoryStore:
     return HistoryStore(store.store, store.parent_path)
 
 
-async def print_history(store: ProcedureStore, as_json: bool) -> None:
-    """Every record, oldest first: a table, or one JSON object per line."""
+async def print_history(store: ProcedureStore, fmt: Format) -> None:
+    """Every record, oldest first: a table, one document (`json`, `yaml`) or one record per line (`jsonl`)."""
     records = await history_of(store).list()
-    if as_json:
-        for record in records:
-            sys.stdout.write(msgspec.json.encode(record).decode() + "\n")
-        return
-    table = Table(box=None, pad_edge=False)
-    for name in ("id", "type", "outcome", "steps", "retries", "ended (UTC)", "error"):
-        table.add_column(name, overflow="fold")
-    for r in records:
-        table.add_row(r.id, r.type_name, r.outcome, str(r.steps), str(r.retries), r.ended_at[:19], (r.error or "")[:80])
-    console = output_console()
-    console.print(table)
-    console.print(f"{len(records)} ended procedure{'s' if len(records) != 1 else ''} in the history")
+
+    def table() -> list[RenderableType]:
+        out = Table(box=None, pad_edge=False)
+        for name in ("id", "type", "outcome", "steps", "retries", "ended (UTC)", "error"):
+            out.add_column(name, overflow="fold")
+        for r in records:
+            out.add_row(
+                r.id, r.type_name, r.outcome, str(r.steps), str(r.retries), r.ended_at[:19], (r.error or "")[:80]
+            )
+        return [out, f"{plural(len(records), 'ended procedure')} in the history"]
+
+    emit(fmt, {"history": [msgspec.to_builtins(r) for r in records]}, table, rows="history")
 
 
 async def show_ended(store: ProcedureStore, text: str, as_json: bool) -> None:

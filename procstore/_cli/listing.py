@@ -271,7 +271,7 @@ async def ls(
     fmt: Format = chosen_format(storage_options, output, as_json)
     store = await open_existing_store(url, storage_options, parent_path)
     if ended:
-        await closing(store, print_history(store, fmt != "table"))
+        await closing(store, print_history(store, fmt))
         return
 
     async def read() -> Inventory:

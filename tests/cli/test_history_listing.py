@@ -1,0 +1,62 @@
+"""`procstore ls --history` and `watch` as data and at 80 columns: one document per -o json."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+from click.testing import CliRunner, Result
+
+from procstore._cli.app import cli
+from procstore.ids import ProcedureId
+from procstore.store import LocalDirStore
+from procstore.store.history import HistoryRecord, HistoryStore
+
+
+def run(*args: str, columns: int = 80) -> Result:
+    return CliRunner(env={"COLUMNS": str(columns)}).invoke(cli, list(args))
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> tuple[str, list[HistoryRecord]]:
+    """Three records, oldest first, in a store that holds nothing else."""
+    records = [
+        HistoryRecord(
+            id=str(ProcedureId.random()),
+            type_name=f"metasrv-procedure::{name}",
+            parent_id=None,
+            outcome=outcome,
+            error=None if outcome == "done" else f"region {n} broke: " + "x" * 60,
+            ended_at=f"2026-01-0{n + 1}T00:00:00.000+00:00",
+            steps=n,
+        )
+        for n, (name, outcome) in enumerate([("CreateTable", "done"), ("DropTable", "failed"), ("Alter", "done")])
+    ]
+    asyncio.run(HistoryStore(LocalDirStore(tmp_path)).put_many(records))
+    return str(tmp_path), records
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_ls_history_as_json_or_yaml_is_one_document(history: tuple[str, list[HistoryRecord]], fmt: str) -> None:
+    url, records = history
+    result = run("ls", url, "--history", "-o", fmt)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout) if fmt == "json" else msgspec.yaml.decode(result.stdout)
+    assert [r["id"] for r in document["history"]] == [r.id for r in records]
+    lines = run("ls", url, "--history", "-o", "jsonl").stdout.splitlines()
+    assert [json.loads(line)["id"] for line in lines] == [r.id for r in records]
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_watch_as_json_or_yaml_is_one_document(tmp_path: Path, fmt: str) -> None:
+    store = LocalDirStore(tmp_path)
+    pid = ProcedureId.random()
+    message = {"type_name": "x::Y", "data": "{}", "parent_id": None, "step": 0}
+    asyncio.run(store.put(f"procedure/{pid}/0000000000.step", json.dumps(message).encode()))
+    result = run("watch", str(tmp_path), "--count", "2", "--interval", "0.2", "-o", fmt)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout) if fmt == "json" else msgspec.yaml.decode(result.stdout)
+    assert [(c["change"], c["id"]) for c in document["changes"]] == [("new", str(pid))]
