@@ -306,7 +306,7 @@ async def ls(
         return rows
 
     document = {"procedures": [row_json(p, inventory) for p in chosen]}
-    emit(fmt, document, table, rows="procedures", warnings=inventory_warnings(inventory))
+    emit(fmt, document, table, rows="procedures", warnings=inventory_warnings(inventory), wide=wide)
 
 
 def _ancestors(inventory: Inventory, p: StoredProcedure) -> list[StoredProcedure]:

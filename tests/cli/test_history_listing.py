@@ -60,3 +60,17 @@ def test_watch_as_json_or_yaml_is_one_document(tmp_path: Path, fmt: str) -> None
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout) if fmt == "json" else msgspec.yaml.decode(result.stdout)
     assert [(c["change"], c["id"]) for c in document["changes"]] == [("new", str(pid))]
+
+
+def test_ls_wide_shows_every_column_whole_at_80_columns(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    parent, child = ProcedureId.random(), ProcedureId.random()
+    for pid, up in ((parent, None), (child, str(parent))):
+        message = {"type_name": "metasrv-procedure::CreateTable", "data": "{}", "parent_id": up, "step": 0}
+        asyncio.run(store.put(f"procedure/{pid}/0000000000.step", json.dumps(message).encode()))
+    result = run("ls", str(tmp_path), "--wide", "--time-format", "iso")
+    assert result.exit_code == 0, result.output
+    header, *rows = result.stdout.splitlines()
+    assert header.split() == ["id", "type", "status", "step", "parent", "ch", "last", "step"]
+    assert any(line.split()[:5] == [str(child), "metasrv-procedure::CreateTable", "unfinished", "0", str(parent)]
+               for line in rows), result.stdout  # fmt: skip
