@@ -74,3 +74,29 @@ def test_ls_wide_shows_every_column_whole_at_80_columns(tmp_path: Path) -> None:
     assert header.split() == ["id", "type", "status", "step", "parent", "ch", "last", "step"]
     assert any(line.split()[:5] == [str(child), "metasrv-procedure::CreateTable", "unfinished", "0", str(parent)]
                for line in rows), result.stdout  # fmt: skip
+
+
+def test_ls_history_fits_80_columns_with_short_ids(history: tuple[str, list[HistoryRecord]]) -> None:
+    url, records = history
+    result = run("ls", url, "--history")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), result.stdout
+    assert [line.split()[0] for line in lines[2:5]] == [r.id[:8] for r in records]  # one line each, oldest first
+
+
+def test_ls_history_honours_the_listing_options(history: tuple[str, list[HistoryRecord]]) -> None:
+    url, records = history
+    args = ["--limit", "1", "--no-headers", "--sort", "id", "--reverse", "--time-format", "iso"]
+    result = run(
+        "ls", url, "--history", *args, "--type", "metasrv-procedure::CreateTable", "--older-than", "1d", columns=200
+    )
+    assert result.exit_code == 0, result.output
+    assert [line.split()[:2] for line in result.stdout.splitlines()] == [[records[0].id[:8], records[0].type_name]]
+    assert "2026-01-01T00:00:00Z" in result.stdout
+    newest_id = max(r.id for r in records)
+    listed = json.loads(run("ls", url, "--history", "--sort", "id", "--reverse", "--limit", "1", "-o", "json").stdout)
+    assert [r["id"] for r in listed["history"]] == [newest_id]
+    assert run("ls", url, "--history", "--newer-than", "1d", "-o", "json").stdout.count('"id"') == 0
+    refused = run("ls", url, "--history", "--status", "unfinished")
+    assert refused.exit_code == 2 and "--status" in refused.output
