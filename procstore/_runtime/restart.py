@@ -77,4 +77,3 @@ async def _restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int 
     verb = "resumed" if to_step is None else f"rewound to step {to_step}"
     logger.warning("procedure %s %s by an operator (running from step %d)", procedure_id, verb, message.step)
     return ctx.metas[procedure_id]
-

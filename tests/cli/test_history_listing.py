@@ -13,11 +13,14 @@ from click.testing import CliRunner, Result
 from procstore._cli.app import cli
 from procstore.ids import ProcedureId
 from procstore.store import LocalDirStore
-from procstore.store.history import HistoryRecord, HistoryStore
+from procstore.store.history import HistoryRecord, HistoryStore, Outcome
 
 
 def run(*args: str, columns: int = 80) -> Result:
     return CliRunner(env={"COLUMNS": str(columns)}).invoke(cli, list(args))
+
+
+_ENDS: list[tuple[str, Outcome]] = [("CreateTable", "done"), ("DropTable", "failed"), ("Alter", "done")]
 
 
 @pytest.fixture
@@ -33,7 +36,7 @@ def history(tmp_path: Path) -> tuple[str, list[HistoryRecord]]:
             ended_at=f"2026-01-0{n + 1}T00:00:00.000+00:00",
             steps=n,
         )
-        for n, (name, outcome) in enumerate([("CreateTable", "done"), ("DropTable", "failed"), ("Alter", "done")])
+        for n, (name, outcome) in enumerate(_ENDS)
     ]
     asyncio.run(HistoryStore(LocalDirStore(tmp_path)).put_many(records))
     return str(tmp_path), records
