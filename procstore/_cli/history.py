@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 import click
 import msgspec
+from rich import box
+from rich.console import RenderableType
 from rich.table import Table
 
 from procstore._cli.common import CommandError, ExitCode
-from procstore._cli.output import output_console
+from procstore._cli.output import Format, TimeFormat, emit, output_console, plural, short_ids, table_time
+from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore
-from procstore.store.history import HistoryStore
+from procstore.store.history import HistoryRecord, HistoryStore
 
 _FIELDS = ("id", "type_name", "outcome", "steps", "retries", "parent_id", "started_at", "ended_at", "error")
 
@@ -20,21 +27,94 @@ def history_of(store: ProcedureStore) -> HistoryStore:
     return HistoryStore(store.store, store.parent_path)
 
 
-async def print_history(store: ProcedureStore, as_json: bool) -> None:
-    """Every record, oldest first: a table, or one JSON object per line."""
-    records = await history_of(store).list()
-    if as_json:
-        for record in records:
-            sys.stdout.write(msgspec.json.encode(record).decode() + "\n")
-        return
-    table = Table(box=None, pad_edge=False)
-    for name in ("id", "type", "outcome", "steps", "retries", "ended (UTC)", "error"):
-        table.add_column(name, overflow="fold")
-    for r in records:
-        table.add_row(r.id, r.type_name, r.outcome, str(r.steps), str(r.retries), r.ended_at[:19], (r.error or "")[:80])
-    console = output_console()
-    console.print(table)
-    console.print(f"{len(records)} ended procedure{'s' if len(records) != 1 else ''} in the history")
+_COLUMNS = ("id", "type", "outcome", "steps", "retries", "ended", "error")
+_TYPE_MIN = 12
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryListing:
+    """What `ls --history` shows: the options of `ls` that apply to ended procedures."""
+
+    type_name: str | None = None
+    older_than: float | None = None
+    newer_than: float | None = None
+    sort: str = "time"
+    reverse: bool = False
+    limit: int | None = None
+    wide: bool = False
+    headers: bool = True
+    time_format: TimeFormat = "relative"
+
+    def select(self, records: list[HistoryRecord], now: float) -> list[HistoryRecord]:
+        """Filtered by type and end time, sorted, reversed and cut as `ls` does."""
+        chosen = [
+            r
+            for r in records
+            if (self.type_name is None or r.type_name == self.type_name)
+            and (self.older_than is None or now - _ended(r) >= self.older_than)
+            and (self.newer_than is None or now - _ended(r) <= self.newer_than)
+        ]
+        chosen.sort(key=_SORT_KEYS[self.sort])
+        if self.reverse:
+            chosen.reverse()
+        return chosen if self.limit is None else chosen[: self.limit]
+
+
+_SORT_KEYS: dict[str, Callable[[HistoryRecord], Any]] = {
+    "time": lambda r: (_ended(r), r.id),
+    "id": lambda r: r.id,
+    "type": lambda r: (r.type_name, r.id),
+    "status": lambda r: (r.outcome, r.id),
+    "step": lambda r: (r.steps, r.id),
+}
+
+
+def _ended(record: HistoryRecord) -> float:
+    try:
+        return datetime.fromisoformat(record.ended_at).timestamp()
+    except ValueError:
+        return 0.0
+
+
+async def print_history(store: ProcedureStore, fmt: Format, listing: HistoryListing) -> None:
+    """The records `listing` selects: a table that fits the terminal as `ls`'s does (ids cut
+    to a unique prefix, the type and error cut with `…`), one document (`json`, `yaml`) or
+    one record per line (`jsonl`)."""
+    now = time.time()
+    records = listing.select(await history_of(store).list(), now)
+
+    def table() -> list[RenderableType]:
+        parsed = {r.id: ProcedureId.parse_canonical(r.id) for r in records}
+        short = {} if listing.wide else short_ids([p for p in parsed.values() if p is not None])
+        rows = [
+            (
+                short.get(pid, r.id) if (pid := parsed[r.id]) is not None else r.id,
+                r.type_name,
+                r.outcome,
+                str(r.steps),
+                str(r.retries),
+                table_time(_ended(r) or None, listing.time_format, now),
+                r.error or "",
+            )
+            for r in records
+        ]
+        natural = [max([len(name), *(len(row[n]) for row in rows)]) for n, name in enumerate(_COLUMNS)]
+        # What is left beside the fixed columns (and 3 between each two) goes to the type, then the error.
+        room = output_console().width - sum(natural[n] for n in (0, 2, 3, 4, 5)) - 3 * (len(_COLUMNS) - 1)
+        type_width = min(natural[1], max(_TYPE_MIN, room // 2))
+        cut = {"type": type_width, "error": max(_TYPE_MIN, room - type_width)}
+        out = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, show_header=listing.headers)
+        for n, name in enumerate(_COLUMNS):
+            if name in cut and not listing.wide:  # what gives way when space runs out
+                out.add_column(name, no_wrap=True, overflow="ellipsis", max_width=cut[name])
+            else:
+                out.add_column(name, no_wrap=True, min_width=natural[n])
+        for row in rows:
+            out.add_row(*row)
+        summary = [f"{plural(len(records), 'ended procedure')} in the history"] if listing.headers else []
+        return [out, *summary]
+
+    emit(fmt, {"history": [msgspec.to_builtins(r) for r in records]}, table, rows="history", wide=listing.wide)
 
 
 async def show_ended(store: ProcedureStore, text: str, as_json: bool) -> None:

@@ -24,7 +24,7 @@ from procstore._cli.common import (
     run_command,
     store_options,
 )
-from procstore._cli.history import print_history
+from procstore._cli.history import HistoryListing, print_history
 from procstore._cli.output import (
     SHORT_ID,
     Format,
@@ -241,7 +241,13 @@ async def check_not_misplaced(store: ProcedureStore, inventory: Inventory) -> No
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="At most this many rows (after sorting).")
 @click.option("--wide", is_flag=True, help="Full ids and every detail, however wide.")
 @click.option("--no-headers", is_flag=True, help="Table rows only: no header, no summary.")
-@click.option("--history", "ended", is_flag=True, help="Ended procedures instead (managers with history=...).")
+@click.option(
+    "--history",
+    "ended",
+    is_flag=True,
+    help="Ended procedures instead (managers with history=...): the options above apply to their type, "
+    "end time, outcome (--sort status) and steps; --status does not.",
+)
 @time_option
 @output_options
 @run_command
@@ -273,7 +279,12 @@ async def ls(
     fmt: Format = chosen_format(storage_options, output, as_json)
     store = await open_existing_store(url, storage_options, parent_path)
     if ended:
-        await closing(store, print_history(store, fmt != "table"))
+        if statuses:
+            raise click.UsageError("--status filters stored procedures; ended ones have an outcome (see -o json)")
+        listing = HistoryListing(
+            type_name, older_than, newer_than, sort, reverse, limit, wide, not no_headers, time_format
+        )
+        await closing(store, print_history(store, fmt, listing))
         return
 
     async def read() -> Inventory:
@@ -308,7 +319,7 @@ async def ls(
         return rows
 
     document = {"procedures": [row_json(p, inventory) for p in chosen]}
-    emit(fmt, document, table, rows="procedures", warnings=inventory_warnings(inventory))
+    emit(fmt, document, table, rows="procedures", warnings=inventory_warnings(inventory), wide=wide)
 
 
 def _ancestors(inventory: Inventory, p: StoredProcedure) -> list[StoredProcedure]:

@@ -144,9 +144,9 @@ async def _request(
         request = OperatorRequest.new(kind, reason)
         if not await store.requests.put(p.procedure_id, request):
             existing = await store.requests.get(p.procedure_id)
-            said = existing.describe() if existing else "unreadable"
+            said = existing.describe() if existing else "it changed while this one was written; try again"
             raise CommandError(
-                f"procedure {p.procedure_id} already has a request: {said}",
+                f"procedure {p.procedure_id} already has a request ({store.requests.key(p.procedure_id)}): {said}",
                 ExitCode.REFUSED,
             )
     finally:

@@ -19,14 +19,16 @@ from procstore._cli.common import (
     run_command,
     store_options,
 )
+from procstore._cli.history import history_of
 from procstore._cli.maintenance import _confirm
 from procstore._cli.output import output_console, plural
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore
 from procstore.store.keys import KeysByProcedure
+from procstore.store.message import ProcedureMessage
 from procstore.store.requests import OperatorRequest
-from procstore.store.restart import RestartPlan, apply_restart, plan_restart
+from procstore.store.restart import RestartPlan, apply_restart, check_restart, plan_restart
 
 
 async def _plan(store: ProcedureStore, procedure_id: str, to_step: int | None) -> RestartPlan:
@@ -34,6 +36,14 @@ async def _plan(store: ProcedureStore, procedure_id: str, to_step: int | None) -
     pid = resolve_id(set(listed.steps), procedure_id)
     try:
         return await plan_restart(store, pid, to_step)
+    except ProcedureError as e:
+        raise CommandError(str(e), ExitCode.REFUSED) from e
+
+
+async def _checked(store: ProcedureStore, plan: RestartPlan) -> ProcedureMessage:
+    """What the restart runs from, refused (exit 6, nothing changed) if it cannot run."""
+    try:
+        return await check_restart(store, plan)
     except ProcedureError as e:
         raise CommandError(str(e), ExitCode.REFUSED) from e
 
@@ -49,19 +59,49 @@ async def _nudge(store: ProcedureStore, pid: ProcedureId, what: str) -> None:
 @click.command()
 @store_options
 @click.argument("procedure_id")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Resume an unfinished procedure: only one that the running manager could not load (POISONED).",
+)
 @run_command
-async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str) -> None:
-    """Run a failed or stuck procedure again from its last stored step, with fresh retries.
+async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, force: bool) -> None:
+    """Run a failed procedure again from its last stored step, with fresh retries.
 
-    For a procedure that ended FAILED with its keys kept (managers with keep_failed=True,
-    or a rollback that failed), or that its manager could not load or run (POISONED). The
-    manager that runs it checks the rest: a rolled-back procedure is not resumed (rewind
-    it), one that is running is left alone. PROCEDURE_ID may be a unique prefix.
+    For a root that ended FAILED with its keys kept (managers with keep_failed=True, or a
+    rollback that failed). Refused, exit code 6, saying why: a subprocedure (resume its
+    root), one that finished successfully, one that was rolled back (rewind it instead: its
+    later steps would run over undone work; told by its history record, else the manager
+    checks), and one that is unfinished, which a manager may be running (the next start
+    resumes it anyway; `--force` for one the running manager could not load, POISONED).
+    PROCEDURE_ID may be a unique prefix.
     """
     store = await open_existing_store(url, storage_options, parent_path)
     try:
         plan = await _plan(store, procedure_id, None)
-        await _nudge(store, plan.procedure_id, "resume")
+        pid = plan.procedure_id
+        if not plan.ended and not force:
+            raise CommandError(
+                f"procedure {pid} is unfinished (its latest key is {plan.latest.step}.{plan.latest.key_type.value}): "
+                "a manager may be running it, and the next one to start resumes it anyway. Resume is for a "
+                f"procedure that has ended: cancel it first (procstore cancel {pid}), or pass --force if the "
+                "running manager could not load it (POISONED)",
+                ExitCode.REFUSED,
+            )
+        await _checked(store, plan)
+        record = await history_of(store).find(pid) if plan.ended else None
+        if record is not None and record.outcome == "rolled back":
+            raise CommandError(
+                f"procedure {pid} was rolled back: resuming would run its later steps over undone work; "
+                f"rewind it instead (procstore rewind {pid} --to-step 0 to run it again from the start)",
+                ExitCode.REFUSED,
+            )
+        await _nudge(store, pid, "resume")
+        if plan.ended and record is None:
+            output_console().print(
+                "no history record says whether it was rolled back: the manager checks, and refuses (in its log) "
+                "to resume a rolled-back one"
+            )
     finally:
         await store.store.close()
 
@@ -101,13 +141,11 @@ async def rewind(
                 "ended, or pass --force if no manager runs on this store",
                 ExitCode.REFUSED,
             )
+        message = await _checked(store, plan)
         _confirm(f"Rewind {pid} to step {to_step} (written as step {plan.latest.step + 1})?", yes)
-        # The old request first: left in place, it would fail the rewound run at once.
+        # Certain now. The old request first: left in place, it would fail the rewound run at once.
         await store.requests.delete([pid])
-        try:
-            await apply_restart(store, plan)
-        except ProcedureError as e:
-            raise CommandError(str(e), ExitCode.REFUSED) from e
+        await apply_restart(store, plan, message)
         await _nudge(store, pid, f"rewind to step {to_step}")
     finally:
         await store.store.close()

@@ -22,6 +22,7 @@ import click
 import msgspec
 import orjson
 from rich.console import Console, RenderableType
+from rich.measure import Measurement
 
 from procstore.ids import ProcedureId
 
@@ -129,6 +130,15 @@ def output_console() -> Console:
     return _Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else 220)
 
 
+def wide_console(parts: Iterable[RenderableType]) -> Console:
+    """`output_console()`, made as wide as the widest of `parts` needs (`--wide`): every
+    column shows in full, and a terminal wraps the lines instead."""
+    console = output_console()
+    unbounded = console.options.update_width(1_000_000)
+    need = max((Measurement.get(console, unbounded, part).maximum for part in parts), default=0)
+    return console if need <= console.width else _Console(width=need)
+
+
 def warn(message: str) -> None:
     """A warning, on stderr: never mixed into the data on stdout."""
     click.echo(f"warning: {message}", err=True)
@@ -141,12 +151,15 @@ def emit(
     *,
     rows: str | None = None,
     warnings: list[str] | tuple[str, ...] = (),
+    wide: bool = False,
 ) -> None:
-    """Print `document` in `fmt`: `table()` renders it for people; `rows` names the list
-    that `jsonl` prints one item per line (else the document is the one line)."""
+    """Print `document` in `fmt`: `table()` renders it for people (`wide`: however wide it
+    is); `rows` names the list that `jsonl` prints one item per line (else the document is
+    the one line)."""
     if fmt == "table":
-        console = output_console()
-        for part in table():
+        parts = list(table())
+        console = wide_console(parts) if wide else output_console()
+        for part in parts:
             console.print(part)
     elif fmt == "jsonl":
         for item in document[rows] if rows is not None else [document]:

@@ -17,6 +17,7 @@ from procstore._cli.output import (
     Format,
     TimeFormat,
     chosen_format,
+    emit,
     iso_time,
     output_console,
     output_options,
@@ -62,14 +63,16 @@ async def watch(
     """The procedures, re-listed every INTERVAL seconds; changed rows are marked.
 
     On a terminal the table is redrawn in place. Into a file or a pipe each listing is
-    appended as a frame; with -o json or jsonl, each change (new, changed, gone) is one
-    JSON line. Object stores have no change feed, so this polls: each listing is one list
+    appended as a frame; with -o jsonl (or --json), each change (new, changed, gone) is one
+    JSON line, as it is seen; -o json and -o yaml print one document, {"changes": [...]},
+    when watching ends (--count, or Ctrl-C). Object stores have no change feed, so this polls: each listing is one list
     request plus a read of each procedure's latest key.
     """
     fmt: Format = chosen_format(storage_options, output, as_json)
     store = await open_existing_store(url, storage_options, parent_path)
     console = output_console()
     seen: dict[str, dict[str, Any]] = {}
+    collected: list[dict[str, Any]] = []
     live = Live(console=console, auto_refresh=False) if fmt == "table" and console.is_terminal else None
     try:
         if live is not None:
@@ -81,10 +84,13 @@ async def watch(
             now = time.time()
             first = not seen
             changes = _changes(seen, inventory, now)
-            if fmt != "table":
+            if fmt == "jsonl":
                 for change in changes:
                     sys.stdout.write(orjson.dumps(change).decode() + "\n")
                 sys.stdout.flush()
+                continue
+            if fmt != "table":
+                collected += changes
                 continue
             procedures = sorted(inventory.procedures.values(), key=lambda p: (p.modified or 0.0, str(p.procedure_id)))
             title = f"{store.store.url}{store.proc_path} at {iso_time(now)}: {plural(len(procedures), 'procedure')}"
@@ -105,3 +111,5 @@ async def watch(
         if live is not None:
             live.stop()
         await store.store.close()
+        if fmt in ("json", "yaml") and not isinstance(sys.exc_info()[1], Exception):  # at the end, or on Ctrl-C
+            emit(fmt, {"changes": collected}, list, rows="changes")

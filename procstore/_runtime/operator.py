@@ -17,7 +17,7 @@ from procstore._runtime.context import ManagerContext
 from procstore._runtime.restart import restart
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
-from procstore.store.keys import procedure_dir
+from procstore.store.keys import KeyType, procedure_dir
 from procstore.store.requests import OperatorRequest, RequestKind
 
 logger = get_logger("procstore.runtime")
@@ -60,15 +60,23 @@ async def _look_once(ctx: ManagerContext) -> None:
     if stale:
         logger.info("deleting %d operator requests for procedures the store no longer holds", len(stale))
         await ctx.store.requests.delete(stale)
-    for pid in await ctx.store.resumes.list_all():
-        await _load_again(ctx, pid)
+    for pid, nudge in (await ctx.store.resumes.list_all()).items():
+        await _load_again(ctx, pid, nudge)
 
 
-async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId) -> None:
+async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorRequest) -> None:
     """Apply a resume nudge: run the procedure from what the store now holds, unless it
-    runs here already. The nudge is deleted either way (a refusal is logged)."""
+    runs here already, or it ended here after the nudge was written (the nudge was for an
+    earlier state: resuming would undo, say, a cancel). The nudge is deleted either way
+    (a refusal is logged)."""
     meta = ctx.metas.get(procedure_id)
-    if meta is None or meta.state.is_ended() or procedure_id in ctx.stored.unreadable:
+    if meta is not None and meta.end_time is not None and nudge.requested_at < meta.end_time.timestamp():
+        logger.warning(
+            "ignoring the resume nudge of procedure %s (%s): it was written before the procedure ended here",
+            procedure_id,
+            nudge.describe(),
+        )
+    elif meta is None or meta.state.is_ended() or procedure_id in ctx.stored.unreadable:
         try:
             await restart(ctx, procedure_id, None)
         except ProcedureError as e:
@@ -85,11 +93,26 @@ async def request(ctx: ManagerContext, procedure_id: ProcedureId, kind: RequestK
     meta = ctx.metas.get(procedure_id)
     if meta is not None and meta.state.is_ended():
         raise ProcedureError(f"procedure {procedure_id} has already ended ({meta.state.kind.name}): nothing to {kind}")
-    if meta is None and not await ctx.store.store.walk(procedure_dir(ctx.store.proc_path, procedure_id)):
-        raise ProcedureError(f"procedure {procedure_id} is not in the store (finished and deleted, or never submitted)")
+    if meta is None:
+        # Not run here: a kept FAILED root, a finished child, or one another manager runs.
+        keys = await ctx.store.procedure_keys(procedure_id)
+        if not keys:
+            raise ProcedureError(
+                f"procedure {procedure_id} is not in the store (finished and deleted, or never submitted)"
+            )
+        if any(k.step == keys[-1].step and k.key_type is KeyType.COMMIT for k in keys):
+            raise ProcedureError(
+                f"procedure {procedure_id} has already ended (its latest key is {keys[-1].step}.commit): "
+                f"nothing to {kind}"
+            )
     wanted = OperatorRequest.new(kind, reason)
     if not await ctx.store.requests.put(procedure_id, wanted):
         existing = await ctx.store.requests.get(procedure_id)
-        wanted = existing if existing is not None else wanted
+        if existing is None:  # deleted (or torn again) since: nothing of ours is stored
+            raise ProcedureError(
+                f"the request for {procedure_id} at {ctx.store.requests.key(procedure_id)} changed while it was "
+                "written; try again"
+            )
+        wanted = existing
     ctx.note_request(procedure_id, wanted)
     return wanted

@@ -38,6 +38,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
         if problem.procedure_id is not None:
             ctx.stored.unreadable[problem.procedure_id] = problem
     alive = set(loaded.messages) | set(loaded.rollback_messages) | loaded.unreadable_ids
+    nudged = set(await ctx.store.resumes.list_all())  # `procstore resume`: kept, and resumed at the first look
 
     if loaded.stray_ids:
         logger.warning(
@@ -48,7 +49,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
         )
     with collector_paused():
         stranded = _stranded(loaded, alive)
-        to_delete = _plan_finished(ctx, loaded, alive) + loaded.stray_ids
+        to_delete = _plan_finished(ctx, loaded, alive, nudged) + loaded.stray_ids
         rolling_back_roots = _plan_unfinished(
             ctx, loaded.rollback_messages, stranded, alive, rolling_back=True, problems=problems
         )
@@ -76,7 +77,9 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     return problems
 
 
-def _plan_finished(ctx: ManagerContext, loaded: ProcedureMessages, alive: set[ProcedureId]) -> list[ProcedureId]:
+def _plan_finished(
+    ctx: ManagerContext, loaded: ProcedureMessages, alive: set[ProcedureId], nudged: set[ProcedureId]
+) -> list[ProcedureId]:
     """Committed children of live parents are kept (the parent will look at them); the rest go."""
     to_delete: list[ProcedureId] = []
     for pid in loaded.finished_ids:
@@ -87,7 +90,12 @@ def _plan_finished(ctx: ManagerContext, loaded: ProcedureMessages, alive: set[Pr
             if pid in loaded.rolled_back_ids:
                 ctx.stored.rolled_back[pid] = message.error or "rolled back"
             ctx.stored.add_child(parent, pid)
-        elif message is not None and parent is None and ctx.keep_failed and pid in loaded.rolled_back_ids:
+        elif (
+            message is not None
+            and parent is None
+            and (ctx.keep_failed or pid in nudged)
+            and pid in loaded.rolled_back_ids
+        ):
             # A failed root kept for an operator (`keep_failed`): known, so never adopted or swept.
             ctx.stored.committed[pid] = message.type_name
             ctx.stored.rolled_back[pid] = message.error or "failed"

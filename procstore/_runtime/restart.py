@@ -3,6 +3,8 @@
 The store's side is `procstore.store.restart`. Here: the checks only a running manager
 can make (is it running here? did its rollback already run?), then the order of writes:
 
+0. everything that could refuse the restart is checked first (the state to run from is
+   read and loaded), so a refused restart changes nothing;
 1. the procedure's operator request (cancel, fail) is deleted, or it would fail again at
    once; a crash after this leaves it ended as it was;
 2. the copy of the state to run from is written (`apply_restart`); a crash after it
@@ -18,10 +20,7 @@ from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.recovery import resume_root
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
-from procstore.procedure import Procedure
-from procstore.store.keys import ParsedKey
-from procstore.store.message import MessageDecodeError, ProcedureMessage
-from procstore.store.restart import apply_restart, plan_restart
+from procstore.store.restart import apply_restart, check_restart, plan_restart
 
 logger = get_logger("procstore.runtime")
 
@@ -57,18 +56,20 @@ async def restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int |
 
 async def _restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int | None) -> ProcedureMeta:
     plan = await plan_restart(ctx.store, procedure_id, to_step)
-    if to_step is None and plan.ended:
-        assert plan.source is not None
-        raw = await ctx.store.store.get(str(plan.source))
-        procedure = _load_or_none(ctx, procedure_id, plan.source, raw)
-        if procedure is not None and procedure.rollback_supported:
-            raise ProcedureError(
-                f"procedure {procedure_id} was rolled back: resuming would run its later steps over undone work; "
-                "rewind it instead (to step 0 to run it again from the start)"
-            )
+    stored = await check_restart(ctx.store, plan)
+    try:
+        procedure = ctx.load(procedure_id, stored, str(plan.source or plan.latest))
+    except LoadFailed as e:
+        raise ProcedureError(f"procedure {procedure_id} cannot run: {e.problem}") from e
+    if to_step is None and plan.ended and procedure.rollback_supported:
+        raise ProcedureError(
+            f"procedure {procedure_id} was rolled back: resuming would run its later steps over undone work; "
+            "rewind it instead (to step 0 to run it again from the start)"
+        )
+    # Certain now: the old request goes (it would fail the new run at once), then the copy.
     await ctx.store.requests.delete([procedure_id])
     ctx.operator_requests.pop(procedure_id, None)
-    message = await apply_restart(ctx.store, plan)
+    message = await apply_restart(ctx.store, plan, stored)
     ctx.forget(procedure_id)
     problems = resume_root(ctx, procedure_id, message, rolling_back=plan.rolling_back)
     if problems:
@@ -76,15 +77,3 @@ async def _restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int 
     verb = "resumed" if to_step is None else f"rewound to step {to_step}"
     logger.warning("procedure %s %s by an operator (running from step %d)", procedure_id, verb, message.step)
     return ctx.metas[procedure_id]
-
-
-def _load_or_none(
-    ctx: ManagerContext, procedure_id: ProcedureId, key: ParsedKey, raw: bytes | None
-) -> Procedure | None:
-    """The procedure stored at `key`, or None if it cannot be loaded (`apply_restart` says why)."""
-    if raw is None:
-        return None
-    try:
-        return ctx.load(procedure_id, ProcedureMessage.decode(raw), str(key))
-    except (LoadFailed, MessageDecodeError):
-        return None

@@ -109,10 +109,31 @@ class RequestStore:
         return f"{self.prefix}{procedure_id}.json"
 
     async def put(self, procedure_id: ProcedureId, request: OperatorRequest) -> bool:
-        """Write `request` unless one exists: False if the procedure already had a request."""
+        """Write `request` unless a readable one exists: False if the procedure already had one.
+
+        An unreadable value (a torn write) is no request: it is replaced, by compare-and-swap,
+        so that it cannot block every later request. Returns only once `request` or the
+        existing one is stored; raises `ProcedureError` naming the key if it kept changing.
+        """
         key = self.key(procedure_id)
         value = msgspec.json.encode(request)
-        return await self.store.put_if_absent(key, value) or await self.store.get(key) == value
+        for _ in range(5):
+            if await self.store.put_if_absent(key, value):
+                return True
+            current = await self.store.get_versioned(key)
+            if current is None:
+                continue  # deleted in between: create it again
+            raw, version = current
+            if raw == value:
+                return True  # ours, its answer lost
+            try:
+                _decoder.decode(raw)
+                return False
+            except UNDECODABLE as e:
+                if await self.store.put_if_version(key, value, version):
+                    logger.warning("replaced the unreadable operator request at %s (%s)", key, e)
+                    return True
+        raise ProcedureError(f"the operator request at {key} kept changing while it was written; try again")
 
     async def get(self, procedure_id: ProcedureId) -> OperatorRequest | None:
         key = self.key(procedure_id)

@@ -77,18 +77,22 @@ async def plan_restart(store: ProcedureStore, procedure_id: ProcedureId, to_step
     return RestartPlan(procedure_id, latest, steps[to_step], ended)
 
 
-async def apply_restart(store: ProcedureStore, plan: RestartPlan) -> ProcedureMessage:
-    """Write the copy the plan needs (if any); return the message to run from.
-
-    Raises `ProcedureError` for a value that cannot be read, `Fenced` if someone else wrote
-    `latest + 1` first.
-    """
-    key = plan.source or plan.latest
-    message = await _read(store, key, plan.procedure_id)
+async def check_restart(store: ProcedureStore, plan: RestartPlan) -> ProcedureMessage:
+    """Read the state the plan runs from, writing nothing: `ProcedureError` saying why it
+    cannot run (a value that cannot be read, a subprocedure). Check before changing anything
+    else (an operator request is deleted only once the restart is certain)."""
+    message = await _read(store, plan.source or plan.latest, plan.procedure_id)
     if message.parent_id is not None:
         raise ProcedureError(
             f"procedure {plan.procedure_id} is a subprocedure of {message.parent_id}: restart its root instead"
         )
+    return message
+
+
+async def apply_restart(store: ProcedureStore, plan: RestartPlan, message: ProcedureMessage) -> ProcedureMessage:
+    """Write the copy the plan needs (if any) of `message` (from `check_restart`); return
+    the message to run from. Raises `Fenced` if someone else wrote `latest + 1` first.
+    """
     if plan.source is None:
         return message
     step = plan.latest.step + 1

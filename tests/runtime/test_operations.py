@@ -21,8 +21,9 @@ from procstore import (
     ProcedureWithId,
     Status,
 )
-from procstore.store import LocalDirStore, StateStore
+from procstore.store import LocalDirStore, ProcedureStore, StateStore
 from procstore.store.history import HistoryStore
+from procstore.store.requests import OperatorRequest
 from procstore.testing import Fault, FaultyStore, kill_manager
 from tests.support import fast_manager
 
@@ -318,3 +319,30 @@ async def test_an_unreadable_request_is_logged_once_not_every_poll(
         await watcher.wait()
     said = [r for r in caplog.records if "ignoring the operator request" in r.getMessage()]
     assert len(said) == 1, said
+
+
+async def test_cancelling_a_kept_failed_root_after_a_restart_is_refused(tmp_path: Path) -> None:
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        pid, _ = await failed_and_kept(manager)
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        assert manager.procedure_state(pid) is None  # not run here: only its keys say it ended
+        with pytest.raises(ProcedureError, match="already ended"):
+            await manager.cancel(pid, "late")
+    assert await LocalDirStore(tmp_path).walk("requests/") == []
+
+
+async def test_a_resume_nudge_left_while_no_manager_ran_is_honoured_by_a_manager_without_keep_failed(
+    tmp_path: Path,
+) -> None:
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        pid, name = await failed_and_kept(manager)
+    Flaky.broken.discard(name)
+    await ProcedureStore(LocalDirStore(tmp_path)).resumes.put(pid, OperatorRequest.new("resume", "resume"))
+    async with manager_on(str(tmp_path), request_poll_interval=0.02) as manager:
+        for _ in range(200):
+            if (watcher := manager.procedure_watcher(pid)) is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert watcher is not None, "recovery deleted the nudged root instead of resuming it"
+        assert await watcher.wait() == name
+    assert Flaky.effects[name] == [0, 1, 2, 3]

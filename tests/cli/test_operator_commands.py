@@ -1,0 +1,130 @@
+"""`procstore cancel`, `resume` and `rewind` refuse, changing nothing, what cannot be done."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from procstore import Context, ProcedureFailed, ProcedureId, ProcedureManager, Status
+from procstore._cli.app import cli
+from procstore._cli.common import ExitCode
+from procstore.store import LocalDirStore, ProcedureStore
+from procstore.store.message import ProcedureMessage
+from procstore.store.requests import OperatorRequest
+from procstore.testing import kill_manager
+from tests.runtime.test_operations import Flaky, Undone, flaky, manager_on
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+async def a_child_with_a_cancel_request(tmp_path: Path) -> tuple[ProcedureStore, ProcedureId]:
+    store = ProcedureStore(LocalDirStore(tmp_path))
+    root, child = ProcedureId.random(), ProcedureId.random()
+    await store.create_procedure(root, "tests::Flaky", '{"name": "r", "at": 0, "fail_at": 9}', None)
+    await store.create_procedure(child, "tests::Flaky", '{"name": "c", "at": 0, "fail_at": 9}', root)
+    assert await store.requests.put(child, OperatorRequest.new("cancel", "stop the child"))
+    return store, child
+
+
+async def test_a_refused_forced_rewind_keeps_the_cancel_request(tmp_path: Path) -> None:
+    store, child = await a_child_with_a_cancel_request(tmp_path)
+    result = await asyncio.to_thread(run, "rewind", str(tmp_path), str(child), "--to-step", "0", "--force", "--yes")
+    assert result.exit_code == ExitCode.REFUSED and "subprocedure" in result.output, result.output
+    assert await store.requests.get(child) is not None, "a refused rewind changed nothing"
+    assert len(await store.procedure_keys(child)) == 1
+
+
+async def test_a_refused_rewind_in_the_manager_keeps_the_cancel_request(tmp_path: Path) -> None:
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        procedure, _ = flaky(fail_at=2)
+        watcher = await manager.submit(procedure)
+        with pytest.raises(ProcedureFailed):
+            await watcher.wait()
+        pid = procedure.id
+        assert await manager.store.requests.put(pid, OperatorRequest.new("cancel", "keep me"))
+        await manager.store.store.put(f"procedure/{pid}/0000000001.step", b'{"type_name":"tests::Fl')
+        with pytest.raises(Exception, match="cannot be read"):
+            await manager.rewind(pid, 1)
+        assert await manager.store.requests.get(pid) is not None
+
+
+async def test_resume_refuses_an_unfinished_procedure_and_writes_no_nudge(tmp_path: Path) -> None:
+    store, child = await a_child_with_a_cancel_request(tmp_path)
+    root = next(p for p in await store.store.walk("procedure/") if str(child) not in p).split("/")[1]
+    result = await asyncio.to_thread(run, "resume", str(tmp_path), root)
+    assert result.exit_code == ExitCode.REFUSED and "is unfinished" in result.output, result.output
+    assert await store.resumes.list_all() == {}
+
+
+async def test_a_stale_resume_nudge_does_not_undo_a_cancel(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+
+    class Held(Flaky):
+        type_name = "tests::HeldForNudge"
+
+        async def execute(self, ctx: Context) -> Status:
+            await gate.wait()
+            return await super().execute(ctx)
+
+    def register(manager: ProcedureManager) -> ProcedureManager:
+        manager.register(Held)
+        return manager
+
+    first = register(manager_on(str(tmp_path), keep_failed=True))
+    await first.start()
+    procedure, _ = flaky(Held, fail_at=9)
+    await first.submit(procedure)
+    await kill_manager(first)
+    await first.stop()
+    gate.set()
+    # With no manager running: a cancel, then a resume nudge (`resume --force`, say).
+    store = ProcedureStore(LocalDirStore(tmp_path))
+    await store.requests.put(procedure.id, OperatorRequest.new("cancel", "wrong region"))
+    await store.resumes.put(procedure.id, OperatorRequest.new("resume", "resume"))
+    async with register(manager_on(str(tmp_path), keep_failed=True, request_poll_interval=0.2)) as manager:
+        watcher = manager.procedure_watcher(procedure.id)
+        assert watcher is not None
+        with pytest.raises(ProcedureFailed, match="wrong region"):
+            await watcher.wait()
+        await asyncio.sleep(0.5)
+        assert await store.resumes.list_all() == {}
+        state = manager.procedure_state(procedure.id)
+        assert state is not None and state.is_failed(), state
+
+
+async def test_resume_refuses_a_subprocedure_and_a_rolled_back_root_like_the_manager(tmp_path: Path) -> None:
+    async with manager_on(str(tmp_path), keep_failed=True, history=True) as manager:
+        procedure, _ = flaky(Undone)
+        with pytest.raises(ProcedureFailed):
+            await (await manager.submit(procedure)).wait()
+    store = ProcedureStore(LocalDirStore(tmp_path))
+    child = ProcedureId.random()
+    await store.create_procedure(child, "tests::Flaky", '{"name": "c", "at": 0, "fail_at": 9}', procedure.id)
+    await store.rollback_procedure(child, ProcedureMessage("tests::Flaky", "{}", procedure.id, 1, "broke"))
+    await store.commit_procedure(child, 1)
+    rolled_back = await asyncio.to_thread(run, "resume", str(tmp_path), str(procedure.id))
+    assert rolled_back.exit_code == ExitCode.REFUSED and "rewind it instead" in rolled_back.output
+    subprocedure = await asyncio.to_thread(run, "resume", str(tmp_path), str(child))
+    assert subprocedure.exit_code == ExitCode.REFUSED and "subprocedure" in subprocedure.output, subprocedure.output
+    assert await store.resumes.list_all() == {}
+
+
+async def test_a_torn_request_is_replaced_by_cancel_from_the_command_line_and_the_api(tmp_path: Path) -> None:
+    store = ProcedureStore(LocalDirStore(tmp_path))
+    pid = ProcedureId.random()
+    await store.create_procedure(pid, "tests::NoLoader", "{}", None)  # never runs: stays unfinished
+    await store.store.put(store.requests.key(pid), b'{"kind":"cancel","rea')
+    result = await asyncio.to_thread(run, "cancel", str(tmp_path), str(pid), "--yes", "--reason", "really stop")
+    assert result.exit_code == 0, result.output
+    stored = await store.requests.get(pid)
+    assert stored is not None and stored.reason == "really stop"
+    await store.store.put(store.requests.key(pid), b'{"kind":"fail","rea')
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        await manager.cancel(pid, "durable cancel")  # returns only once the request is stored
+    stored = await store.requests.get(pid)
+    assert stored is not None and stored.reason == "durable cancel"
