@@ -20,7 +20,8 @@ from typing import TypeVar
 
 from procstore._aio import gather_settled
 from procstore._logs import get_logger
-from procstore._runtime.context import LoadFailed, ManagerContext
+from procstore._runtime.children import claim_stored_child, poison_child
+from procstore._runtime.context import ManagerContext
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.outcome import (
     Child,
@@ -31,7 +32,6 @@ from procstore._runtime.outcome import (
     lock_conflict,
     not_cancelled_by_itself,
     not_recorded,
-    rolled_back,
     with_error,
     with_kind,
 )
@@ -346,51 +346,13 @@ class Runner:
             await self._wait_children()
 
     def _claim_stored(self, child_id: ProcedureId, *, roll_back: bool = False) -> bool:
-        """Take over a child found in the store at start; False if there is none.
-
-        With `roll_back`, an unfinished child is made to fail and roll back instead of resuming.
-        """
-        stored = self.ctx.stored
-        if child_id in stored.committed:
-            name = stored.committed.pop(child_id)
-            error = stored.rolled_back.pop(child_id, None)
-            final = ProcedureState.done() if error is None else rolled_back(error)
-            self.ctx.new_meta(child_id, name, self.meta.id, None, final)
-            return True
-        if child_id in stored.unreadable:
-            problem = stored.unreadable[child_id]
-            self._poison_child(child_id, problem.type_name or "", problem.reason)
-            return True
-        entry = stored.messages.pop(child_id, None)
-        if entry is None:
-            return False
-        message, rolling_back = entry
-        key = self.ctx.store.key(child_id, message.step, KeyType.ROLLBACK if rolling_back else KeyType.STEP)
-        try:
-            procedure, lock_key = self.ctx.load_with_lock_key(child_id, message, key)
-        except LoadFailed as e:
-            logger.error("cannot resume subprocedure: %s", e.problem, extra=e.problem.log_fields())
-            stored.unreadable[child_id] = e.problem
-            self._poison_child(child_id, message.type_name, e.problem.reason)
-            return True
-        if rolling_back:
-            state = ProcedureState.with_error(ProcedureStateKind.ROLLING_BACK, message.error or "unknown error")
-        elif roll_back:
-            state = ProcedureState.with_error(
-                ProcedureStateKind.PREPARE_ROLLBACK, f"its parent {self.meta.id} is rolling back"
-            )
-        else:
-            state = ProcedureState.running()
-        meta = self.ctx.new_meta(child_id, message.type_name, self.meta.id, procedure, state, lock_key)
-        Runner(self.ctx, meta, procedure, message.step + 1, message.data, resume_children=True).start()
-        return True
+        return claim_stored_child(self.ctx, self.meta.id, child_id, self._start_child, roll_back=roll_back)
 
     def _poison_child(self, child_id: ProcedureId, type_name: str, reason: str) -> None:
-        state = ProcedureState.with_error(
-            ProcedureStateKind.POISONED, f"subprocedure {child_id} cannot run: {reason}; its keys were kept"
-        )
-        meta = self.ctx.new_meta(child_id, type_name, self.meta.id, None, state)
-        meta.keep_keys = True
+        poison_child(self.ctx, self.meta.id, child_id, type_name, reason)
+
+    def _start_child(self, meta: ProcedureMeta, procedure: Procedure, step: int, data: str) -> None:
+        Runner(self.ctx, meta, procedure, step, data, resume_children=True).start()
 
     async def _wait_children(self) -> None:
         for child_id in list(self.meta.children):
