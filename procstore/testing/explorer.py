@@ -30,7 +30,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +39,7 @@ from procstore.errors import ManagerStopped, ProcedureFailed, StoreError
 from procstore.procedure import ProcedureWithId
 from procstore.store.open import open_state_store
 from procstore.store.state_store import StateStore
+from procstore.testing.checks import check_writes, ended_before, ever_stored, rebind
 from procstore.testing.faults import FaultyStore, SimulatedCrash, StoreOp
 from procstore.testing.plan import ATTEMPT, Fault, InjectedFailure
 from procstore.testing.report import (
@@ -292,14 +292,14 @@ class CrashExplorer:
     ) -> FaultyStore:
         """One manager's life: resume or submit everything, run until all end or the kill."""
         if before:
-            procedures = _rebind(procedures, await self.scenario.procedures(faulty))
+            procedures = rebind(procedures, await self.scenario.procedures(faulty))
         manager = self._manager(faulty)
         waits: list[asyncio.Future[Any]] = []
         with contextlib.suppress(SimulatedCrash):
             await manager.start()
             for pwid in procedures:
                 watcher = manager.procedure_watcher(pwid.id)
-                if watcher is None and not _ever_stored(pwid, before):
+                if watcher is None and not ever_stored(pwid, before):
                     watcher = await manager.submit(pwid)
                 if watcher is not None:
                     waits.append(asyncio.ensure_future(watcher.wait()))
@@ -321,13 +321,13 @@ class CrashExplorer:
         recorder = FaultyStore(self._store(url))
         outcomes: dict[str, Outcome] = {}
         async with self._manager(recorder) as manager:
-            rebuilt = _rebind(procedures, await self.scenario.procedures(recorder))
+            rebuilt = rebind(procedures, await self.scenario.procedures(recorder))
             for pwid in rebuilt:
                 watcher = manager.procedure_watcher(pwid.id)
-                if watcher is None and not _ever_stored(pwid, lives):
+                if watcher is None and not ever_stored(pwid, lives):
                     watcher = await manager.submit(pwid)
                 if watcher is None:
-                    outcomes[str(pwid.id)] = Outcome(_ended_before(pwid, lives))
+                    outcomes[str(pwid.id)] = Outcome(ended_before(pwid, lives))
                     continue
                 try:
                     await asyncio.wait_for(watcher.wait(), self.timeout)
@@ -342,66 +342,9 @@ class CrashExplorer:
         await recorder.close()
         if left:
             raise AssertionError(f"{len(left)} procedure keys left behind, e.g. {left[0]}")
-        _check_writes(
+        check_writes(
             [op for life in lives for op in life.landed()] + recorder.landed(),
             [op for life in lives for op in life.maybe_landed()],
         )
         snapshot = await self.scenario.snapshot(self._store(url))
         return _Result(list(lives[0].ops), outcomes, snapshot, list(lives[0].plan.attempts))
-
-
-def _rebind(originals: list[ProcedureWithId], fresh: list[ProcedureWithId]) -> list[ProcedureWithId]:
-    """Freshly built procedures under the original ids (ids are often random)."""
-    if len(fresh) != len(originals):
-        raise AssertionError("Scenario.procedures() must return the same procedures, in order, every time")
-    return [ProcedureWithId(o.id, f.procedure) for o, f in zip(originals, fresh, strict=True)]
-
-
-def _ever_stored(pwid: ProcedureWithId, lives: list[FaultyStore]) -> bool:
-    return any(str(pwid.id) in op.key for life in lives for op in life.landed() if op.kind.startswith("put"))
-
-
-def _ended_before(pwid: ProcedureWithId, lives: list[FaultyStore]) -> str:
-    """The outcome of a procedure that ended, and whose keys went, before the kill."""
-    ops = [op for life in lives for op in life.landed() + life.maybe_landed()]
-    ends = [op.key for op in ops if str(pwid.id) in op.key and op.kind.startswith("put")]
-    # A `.commit` above a `.rollback` ends a rolled-back procedure: the rollback decides.
-    if any(k.endswith(".rollback") for k in ends):
-        return "failed"
-    if any(k.endswith(".commit") for k in ends):
-        return "done"
-    raise AssertionError(f"procedure {pwid.id} was lost: stored, then gone without a commit or rollback key")
-
-
-def _check_writes(ops: list[StoreOp], maybe: list[StoreOp]) -> None:
-    """No key written twice; each procedure ends once: one `.commit`, or one `.rollback`
-    with at most one `.commit` above it (the end of its rollback).
-
-    `maybe` are writes a stop cut off: they count only where nothing else explains the
-    outcome (a procedure that ended with no other end key must have had this one land).
-    """
-    writes = [op for op in ops if op.kind.startswith("put") and "procedure/" in op.key]
-    twice = [key for key, n in Counter(op.key for op in writes).items() if n > 1]
-    if twice:
-        raise AssertionError(f"keys written twice: {twice[:3]}")
-    ends: dict[str, list[str]] = {}
-    for op in writes:
-        ends.setdefault(_folder(op), [])
-        if op.key.endswith((".commit", ".rollback")):
-            ends[_folder(op)].append(op.key)
-    for op in maybe:
-        if op.kind.startswith("put") and op.key.endswith((".commit", ".rollback")) and not ends.get(_folder(op)):
-            ends[_folder(op)] = [op.key]
-    wrong = {pid: [k.rsplit("/", 1)[-1] for k in keys] for pid, keys in ends.items() if not _ends_once(keys)}
-    if wrong:
-        raise AssertionError(f"procedures not committed or rolled back exactly once: {wrong}")
-
-
-def _ends_once(keys: list[str]) -> bool:
-    """One `.commit`; or one `.rollback`, alone or below one `.commit`."""
-    in_step_order = [name.split(".", 1)[1] for name in sorted(k.rsplit("/", 1)[-1] for k in keys)]
-    return in_step_order in (["commit"], ["rollback"], ["rollback", "commit"])
-
-
-def _folder(op: StoreOp) -> str:
-    return op.key.rsplit("/", 2)[-2]
