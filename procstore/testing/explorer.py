@@ -30,7 +30,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -261,6 +261,15 @@ class CrashExplorer:
     def _store(self, url: str) -> StateStore:
         return open_state_store(url, self.storage_options)
 
+    @contextlib.asynccontextmanager
+    async def _opened(self, url: str) -> AsyncIterator[StateStore]:
+        """A store of the explorer's own, closed after use (an S3 one holds a client session)."""
+        store = self._store(url)
+        try:
+            yield store
+        finally:
+            await store.close()
+
     def _manager(self, store: StateStore) -> ProcedureManager:
         manager = ProcedureManager(store, **self.manager_options)
         self.scenario.attach(manager, store)
@@ -269,19 +278,21 @@ class CrashExplorer:
     async def _run(self, kill: CrashExplorer.Kill, *, rolled_back: bool = False) -> _Result:
         self._runs += 1
         url = self.store_url(self._runs)
-        store = self._store(url)
-        try:
-            leftovers = await store.walk("")
-        except StoreError:
-            leftovers = []  # not there yet (a local folder is made on first write): empty
-        if leftovers:
-            raise ValueError(
-                f"the store of run {self._runs} ({url}) is not empty ({len(leftovers)} keys, e.g. {leftovers[0]}): "
-                "store_url must give every run a fresh, empty folder or prefix"
+        async with self._opened(url) as store:
+            try:
+                leftovers = await store.walk("")
+            except StoreError:
+                leftovers = []  # not there yet (a local folder is made on first write): empty
+            if leftovers:
+                raise ValueError(
+                    f"the store of run {self._runs} ({url}) is not empty ({len(leftovers)} keys, "
+                    f"e.g. {leftovers[0]}): store_url must give every run a fresh, empty folder or prefix"
+                )
+            await self.scenario.prepare(store)
+            # Only the rollback mode needs the world as it was (a scenario may not read an empty store).
+            before = (
+                await self.scenario.rolled_back(store, await self.scenario.snapshot(store)) if rolled_back else None
             )
-        await self.scenario.prepare(store)
-        # Only the rollback mode needs the world as it was (a scenario may not read an empty store).
-        before = await self.scenario.rolled_back(store, await self.scenario.snapshot(store)) if rolled_back else None
         procedures, lives = await kill(url)
         result = await self._finish(url, procedures, lives)
         result.before = before
@@ -295,56 +306,60 @@ class CrashExplorer:
             procedures = rebind(procedures, await self.scenario.procedures(faulty))
         manager = self._manager(faulty)
         waits: list[asyncio.Future[Any]] = []
-        with contextlib.suppress(SimulatedCrash):
-            await manager.start()
-            for pwid in procedures:
-                watcher = manager.procedure_watcher(pwid.id)
-                if watcher is None and not ever_stored(pwid, before):
-                    watcher = await manager.submit(pwid)
-                if watcher is not None:
-                    waits.append(asyncio.ensure_future(watcher.wait()))
-            crashed: asyncio.Future[Any] = asyncio.ensure_future(faulty.crashed.wait())
-            while not faulty.crashed.is_set() and not all(w.done() for w in waits):
-                done, _ = await asyncio.wait([*waits, crashed], timeout=self.timeout, return_when="FIRST_COMPLETED")
-                if not done:
-                    raise AssertionError(f"a run did not finish within {self.timeout}s")
-            crashed.cancel()
-        await manager.stop()
-        for w in waits:
-            w.cancel()
-        await asyncio.gather(*waits, return_exceptions=True)
-        await faulty.close()
+        crashed: asyncio.Future[Any] = asyncio.ensure_future(faulty.crashed.wait())
+        try:
+            with contextlib.suppress(SimulatedCrash):
+                await manager.start()
+                for pwid in procedures:
+                    watcher = manager.procedure_watcher(pwid.id)
+                    if watcher is None and not ever_stored(pwid, before):
+                        watcher = await manager.submit(pwid)
+                    if watcher is not None:
+                        waits.append(asyncio.ensure_future(watcher.wait()))
+                while not faulty.crashed.is_set() and not all(w.done() for w in waits):
+                    done, _ = await asyncio.wait([*waits, crashed], timeout=self.timeout, return_when="FIRST_COMPLETED")
+                    if not done:
+                        raise AssertionError(f"a run did not finish within {self.timeout}s")
+        finally:
+            await manager.stop()
+            for w in [*waits, crashed]:
+                w.cancel()
+            await asyncio.gather(*waits, crashed, return_exceptions=True)
+            await faulty.close()
         return faulty
 
     async def _finish(self, url: str, procedures: list[ProcedureWithId], lives: list[FaultyStore]) -> _Result:
         """Restart on the plain store, run everything to its end, and check the store."""
         recorder = FaultyStore(self._store(url))
         outcomes: dict[str, Outcome] = {}
-        async with self._manager(recorder) as manager:
-            rebuilt = rebind(procedures, await self.scenario.procedures(recorder))
-            for pwid in rebuilt:
-                watcher = manager.procedure_watcher(pwid.id)
-                if watcher is None and not ever_stored(pwid, lives):
-                    watcher = await manager.submit(pwid)
-                if watcher is None:
-                    outcomes[str(pwid.id)] = Outcome(ended_before(pwid, lives))
-                    continue
-                try:
-                    await asyncio.wait_for(watcher.wait(), self.timeout)
-                    outcomes[str(pwid.id)] = Outcome("done")
-                except ProcedureFailed as e:
-                    state = manager.procedure_state(pwid.id)
-                    traceback = state.traceback if state is not None else None
-                    outcomes[str(pwid.id)] = Outcome("failed", str(e), traceback)
-                except (TimeoutError, ManagerStopped) as e:
-                    raise AssertionError(f"procedure {pwid.id} did not end after the restart: {e!r}") from e
-            left = await recorder.inner.walk(manager.store.proc_path)
-        await recorder.close()
+        try:
+            async with self._manager(recorder) as manager:
+                rebuilt = rebind(procedures, await self.scenario.procedures(recorder))
+                for pwid in rebuilt:
+                    watcher = manager.procedure_watcher(pwid.id)
+                    if watcher is None and not ever_stored(pwid, lives):
+                        watcher = await manager.submit(pwid)
+                    if watcher is None:
+                        outcomes[str(pwid.id)] = Outcome(ended_before(pwid, lives))
+                        continue
+                    try:
+                        await asyncio.wait_for(watcher.wait(), self.timeout)
+                        outcomes[str(pwid.id)] = Outcome("done")
+                    except ProcedureFailed as e:
+                        state = manager.procedure_state(pwid.id)
+                        traceback = state.traceback if state is not None else None
+                        outcomes[str(pwid.id)] = Outcome("failed", str(e), traceback)
+                    except (TimeoutError, ManagerStopped) as e:
+                        raise AssertionError(f"procedure {pwid.id} did not end after the restart: {e!r}") from e
+                left = await recorder.inner.walk(manager.store.proc_path)
+        finally:
+            await recorder.close()
         if left:
             raise AssertionError(f"{len(left)} procedure keys left behind, e.g. {left[0]}")
         check_writes(
             [op for life in lives for op in life.landed()] + recorder.landed(),
             [op for life in lives for op in life.maybe_landed()],
         )
-        snapshot = await self.scenario.snapshot(self._store(url))
+        async with self._opened(url) as store:
+            snapshot = await self.scenario.snapshot(store)
         return _Result(list(lives[0].ops), outcomes, snapshot, list(lives[0].plan.attempts))
