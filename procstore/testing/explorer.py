@@ -41,12 +41,12 @@ from procstore.store.open import open_state_store
 from procstore.store.state_store import StateStore
 from procstore.testing.checks import check_writes, ended_before, ever_stored, rebind
 from procstore.testing.faults import FaultyStore, SimulatedCrash, StoreOp
-from procstore.testing.plan import ATTEMPT, Fault, InjectedFailure
+from procstore.testing.plan import ATTEMPT, Fault, FaultPlan, InjectedFailure
 from procstore.testing.report import (
     CrashPoint,
     Failure,
     Outcome,
-    describe_op,
+    describe_point,
     outcome_differences,
     world_difference,
 )
@@ -157,7 +157,7 @@ class CrashExplorer:
         `only=[CrashPoint(7, "after")]`; `CrashPoint(-1, "before")` is the double-execution run.
         Raises `ValueError` if a run's store is not empty when it starts.
         """
-        clean = await self._run(self._killed_at(None))
+        clean = await self._run(self._killed_at(None), FaultPlan())
         report = ExplorationReport(self.scenario.name, len(clean.ops))
         if only is not None:
             points = list(only)
@@ -175,17 +175,14 @@ class CrashExplorer:
         return report
 
     async def _try(self, point: CrashPoint, clean: _Result) -> Failure | None:
-        at = describe_op(clean.ops[point.index] if 0 <= point.index < len(clean.ops) else None)
-        if point.fail_at is not None:
-            at = f"the attempt failed on purpose, then {'no crash' if point.index < 0 else 'a crash'}"
-        elif point.index < 0:
-            at = "every step run twice"
+        plan = FaultPlan()  # the crashed run's: its operations name the crash point, with its ids
         try:
             twice = point.index < 0 and point.fail_at is None
             kill = self._twice_each() if twice else self._killed_at(point)
-            result = await self._run(kill, rolled_back=point.fail_at is not None)
+            result = await self._run(kill, plan, rolled_back=point.fail_at is not None)
         except AssertionError as e:
-            return Failure(point, at, str(e))
+            return Failure(point, describe_point(point, plan), str(e), list(getattr(e, "details", [])))
+        at = describe_point(point, plan)
         if point.fail_at is not None:
             return self._rollback_problem(point, at, result, clean)
         differs = outcome_differences(result.outcomes, clean.outcomes)
@@ -203,7 +200,7 @@ class CrashExplorer:
         for k in range(len(clean.attempts)):
             points.append(CrashPoint(-1, "before", k))
             try:
-                failed = await self._run(self._killed_at(CrashPoint(-1, "before", k)))
+                failed = await self._run(self._killed_at(CrashPoint(-1, "before", k)), FaultPlan())
             except AssertionError:
                 continue  # broken without a crash already: that point reports it
             start = failed.attempts[k] if k < len(failed.attempts) else len(failed.ops)
@@ -227,13 +224,14 @@ class CrashExplorer:
 
     # -- how a run is killed -------------------------------------------------------------
 
-    Kill = Callable[[str], Awaitable[tuple[list[ProcedureWithId], list[FaultyStore]]]]
+    Kill = Callable[[str, FaultPlan], Awaitable[tuple[list[ProcedureWithId], list[FaultyStore]]]]
+    """Runs the first life(s) of a run on the store at the URL; the first records into the plan."""
 
     def _killed_at(self, point: CrashPoint | None) -> CrashExplorer.Kill:
-        async def kill(url: str) -> tuple[list[ProcedureWithId], list[FaultyStore]]:
+        async def kill(url: str, plan: FaultPlan) -> tuple[list[ProcedureWithId], list[FaultyStore]]:
             crash_at = None if point is None or point.index < 0 else point.index
             faulty = FaultyStore(
-                self._store(url), crash_at=crash_at, crash_when="before" if point is None else point.when
+                self._store(url), crash_at=crash_at, crash_when="before" if point is None else point.when, plan=plan
             )
             if point is not None and point.fail_at is not None:
                 faulty.plan.faults.append(Fault("error", kinds=frozenset({ATTEMPT}), nth=point.fail_at))
@@ -244,9 +242,9 @@ class CrashExplorer:
         return kill
 
     def _twice_each(self) -> CrashExplorer.Kill:
-        async def kill(url: str) -> tuple[list[ProcedureWithId], list[FaultyStore]]:
+        async def kill(url: str, plan: FaultPlan) -> tuple[list[ProcedureWithId], list[FaultyStore]]:
             seen: set[tuple[str, str]] = set()
-            faulty = FaultyStore(self._store(url), crash_before_new=seen)
+            faulty = FaultyStore(self._store(url), crash_before_new=seen, plan=plan)
             procedures = await self.scenario.procedures(faulty)
             lives = [await self._live(faulty, procedures, [])]
             while lives[-1].crashed.is_set():
@@ -275,7 +273,7 @@ class CrashExplorer:
         self.scenario.attach(manager, store)
         return manager
 
-    async def _run(self, kill: CrashExplorer.Kill, *, rolled_back: bool = False) -> _Result:
+    async def _run(self, kill: CrashExplorer.Kill, plan: FaultPlan, *, rolled_back: bool = False) -> _Result:
         self._runs += 1
         url = self.store_url(self._runs)
         async with self._opened(url) as store:
@@ -293,7 +291,7 @@ class CrashExplorer:
             before = (
                 await self.scenario.rolled_back(store, await self.scenario.snapshot(store)) if rolled_back else None
             )
-        procedures, lives = await kill(url)
+        procedures, lives = await kill(url, plan)
         result = await self._finish(url, procedures, lives)
         result.before = before
         return result

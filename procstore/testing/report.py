@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from procstore.testing.plan import StoreOp
+from procstore.testing.plan import FaultPlan, StoreOp
 
 When = Literal["before", "after"]
 
@@ -45,6 +45,19 @@ def describe_op(op: StoreOp | None) -> str:
     match = _KEY.search(op.key)
     about = f" (procedure {match['id']}, step {int(match['step'])})" if match else ""
     return f"{op.kind} {op.key}{about}"
+
+
+def describe_point(point: CrashPoint, plan: FaultPlan) -> str:
+    """Where the run that `plan` recorded was killed, by its own operations (so with the
+    ids of that run's procedures) and, in the rollback mode, which attempt failed first."""
+    op = plan.ops[point.index] if 0 <= point.index < len(plan.ops) else None
+    if point.fail_at is None:
+        return "every step run twice" if point.index < 0 else describe_op(op)
+    keys = plan.attempt_keys
+    pid, step = [*keys[point.fail_at].split("/"), ""][:2] if point.fail_at < len(keys) else ("", "")
+    failed = f"attempt {point.fail_at} (procedure {pid}, step {step})" if pid else f"attempt {point.fail_at}"
+    then = "no crash" if point.index < 0 else f"a crash {point.when} {describe_op(op)}"
+    return f"{failed} failed on purpose, then {then}"
 
 
 @dataclass(frozen=True, slots=True)

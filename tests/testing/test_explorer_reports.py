@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
+from procstore import Context
 from procstore.store import StateStore
-from procstore.testing import CrashExplorer
+from procstore.testing import CrashExplorer, CrashPoint
 from tests.testing.test_explorer import Deposits, memory_url
+from tests.testing.test_explorer_modes import BUILT, Build, Building, Publish, Publishing
+from tests.testing.test_explorer_modes import fresh as modes_fresh
 
 
 class Counting(CrashExplorer):
@@ -33,3 +38,38 @@ async def test_every_store_the_explorer_opens_is_closed() -> None:
     explorer = Counting(Deposits(idempotent=True), memory_url)
     (await explorer.explore(double_execution=True)).assert_ok()
     assert explorer.opened and [s for s in explorer.opened if s not in explorer.closed] == []
+
+
+def named_procedures(text: str) -> set[str]:
+    return set(re.findall(r"procedure ([0-9a-f-]{36})", text))
+
+
+async def test_a_report_names_one_procedure_by_one_id() -> None:
+    """The crash point is described from the crashed run's operations, not the crash-free
+    run's (whose random ids are another procedure's)."""
+    report = await CrashExplorer(Publishing(Publish), modes_fresh).explore(only=[CrashPoint(1, "after")])
+    [failure] = report.failures
+    assert "crash point 'after-mkdir' of procedure" in failure.operation and "FileExistsError" in str(failure)
+    assert len(named_procedures(str(failure))) == 1, str(failure)
+
+
+class MarkedBuild(Build):
+    """The planted bug of `Build` (its rollback from step 1 fails), with a crash point in the rollback."""
+
+    async def rollback(self, ctx: Context) -> None:
+        BUILT.pop("a", None)
+        await ctx.crash_point("undone-a")
+        await super().rollback(ctx)
+
+
+async def test_the_rollback_mode_names_the_failed_attempt_and_the_crash_point() -> None:
+    explorer = CrashExplorer(Building(MarkedBuild), modes_fresh, manager_options={"max_retry_times": 1})
+    # Attempt 1 (step 2) fails; operation 2 writes its `.rollback` key, 3 is the rollback's crash point.
+    report = await explorer.explore(only=[CrashPoint(2, "after", fail_at=1), CrashPoint(3, "before", fail_at=1)])
+    assert len(report.failures) == 2, str(report)
+    for failure in report.failures:
+        assert "attempt 1 (procedure " in failure.operation and ", step 2) failed on purpose" in failure.operation
+        assert len(named_procedures(str(failure))) == 1, str(failure)
+    rollback_key, mark = (f.operation.split(", then ")[1] for f in report.failures)
+    assert rollback_key.startswith("a crash after put") and ".rollback (procedure " in rollback_key, rollback_key
+    assert mark.startswith("a crash before crash point 'undone-a' of procedure ") and ", step 3" in mark, mark
