@@ -46,7 +46,9 @@ from procstore.testing.report import (
     CrashPoint,
     Failure,
     Outcome,
+    RunBroken,
     describe_point,
+    failed_procedures,
     outcome_differences,
     world_difference,
 )
@@ -181,7 +183,7 @@ class CrashExplorer:
             kill = self._twice_each() if twice else self._killed_at(point)
             result = await self._run(kill, plan, rolled_back=point.fail_at is not None)
         except AssertionError as e:
-            return Failure(point, describe_point(point, plan), str(e), list(getattr(e, "details", [])))
+            return Failure(point, describe_point(point, plan), str(e), e.details if isinstance(e, RunBroken) else [])
         at = describe_point(point, plan)
         if point.fail_at is not None:
             return self._rollback_problem(point, at, result, clean)
@@ -352,12 +354,15 @@ class CrashExplorer:
                 left = await recorder.inner.walk(manager.store.proc_path)
         finally:
             await recorder.close()
-        if left:
-            raise AssertionError(f"{len(left)} procedure keys left behind, e.g. {left[0]}")
-        check_writes(
-            [op for life in lives for op in life.landed()] + recorder.landed(),
-            [op for life in lives for op in life.maybe_landed()],
-        )
+        try:
+            if left:
+                raise AssertionError(f"{len(left)} procedure keys left behind, e.g. {left[0]}")
+            check_writes(
+                [op for life in lives for op in life.landed()] + recorder.landed(),
+                [op for life in lives for op in life.maybe_landed()],
+            )
+        except AssertionError as e:
+            raise RunBroken(str(e), failed_procedures(outcomes)) from e
         async with self._opened(url) as store:
             snapshot = await self.scenario.snapshot(store)
         return _Result(list(lives[0].ops), outcomes, snapshot, list(lives[0].plan.attempts))

@@ -100,13 +100,35 @@ def outcome_differences(outcomes: dict[str, Outcome], expected: dict[str, Outcom
     for n, ((pid, got), want) in enumerate(zip(outcomes.items(), expected.values(), strict=False)):
         if got.status != want.status:
             problem = f"procedure {pid} (the scenario's #{n}) ended {got.status}, not {want.status} as without a crash"
-            details = [f"its error: {got.error}"] if got.error else []
-            if got.traceback:
-                details.append(got.traceback.rstrip())
-            return problem, details
+            return problem, _error_lines("its error", got)
     if len(outcomes) != len(expected):
         return f"{len(outcomes)} procedures ended, not {len(expected)} as without a crash", []
     return None
+
+
+def _error_lines(title: str, outcome: Outcome) -> list[str]:
+    lines = [f"{title}: {outcome.error}"] if outcome.error else []
+    return lines + ([outcome.traceback.rstrip()] if outcome.traceback else [])
+
+
+def failed_procedures(outcomes: dict[str, Outcome]) -> list[str]:
+    """Each procedure that failed in a run, with its error and traceback (a rollback that
+    raised says so there: "...; then its rollback failed: KeyError: 'b'")."""
+    return [
+        line
+        for n, (pid, outcome) in enumerate(outcomes.items())
+        if outcome.status == "failed"
+        for line in _error_lines(f"procedure {pid} (the scenario's #{n}) failed", outcome)
+    ]
+
+
+class RunBroken(AssertionError):
+    """A run broke a check of the store (keys left, written twice, a hang): the problem,
+    and the `details` that explain it (the procedures that failed, what a stuck one does)."""
+
+    def __init__(self, problem: str, details: list[str]) -> None:
+        super().__init__(problem)
+        self.details = details
 
 
 def world_difference(got: object, want: object) -> str:

@@ -73,3 +73,13 @@ async def test_the_rollback_mode_names_the_failed_attempt_and_the_crash_point() 
     rollback_key, mark = (f.operation.split(", then ")[1] for f in report.failures)
     assert rollback_key.startswith("a crash after put") and ".rollback (procedure " in rollback_key, rollback_key
     assert mark.startswith("a crash before crash point 'undone-a' of procedure ") and ", step 3" in mark, mark
+
+
+async def test_a_rollback_that_raises_is_reported_with_its_error_and_traceback() -> None:
+    explorer = CrashExplorer(Building(MarkedBuild), modes_fresh, manager_options={"max_retry_times": 1})
+    report = await explorer.explore(only=[CrashPoint(3, "before", fail_at=1)])
+    [failure] = report.failures
+    assert "procedure keys left behind" in failure.problem  # the rollback gave up: its keys are kept
+    said = str(failure)
+    assert "crash point 'undone-a'" in said
+    assert "then its rollback failed: KeyError: 'b'" in said and "Traceback" in said and "in rollback" in said
