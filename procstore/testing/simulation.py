@@ -43,11 +43,13 @@ class SimulatedLoop(asyncio.SelectorEventLoop):
     """Read by the lease's clock: on this loop, TTLs pass in virtual time too."""
 
     def __init__(self, seed: int | None = None) -> None:
-        super().__init__()
+        # Set before the base loop's __init__, which may fail half way (no more file
+        # descriptors, say): its __del__ then calls close(), which reads these.
         self._now = 0.0
         self._schedule: random.Random | None = None
         self._saved_uuid = ids.new_uuid
         self._saved_random: object = None
+        super().__init__()
         self.reseed(seed)
 
     def reseed(self, seed: int | None) -> None:
