@@ -30,6 +30,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,7 @@ from procstore.testing.report import (
     outcome_differences,
     world_difference,
 )
+from procstore.testing.simulation import SimulatedLoop, derived_seed
 
 __all__ = ["CrashExplorer", "CrashPoint", "ExplorationReport", "InjectedFailure", "Scenario"]
 
@@ -145,6 +147,7 @@ class CrashExplorer:
         self.manager_options = {"retry_delay": 0.001, "max_retry_delay": 0.01, **(manager_options or {})}
         self.timeout = timeout
         self._runs = 0
+        self._seed: int | None = None
 
     async def explore(
         self,
@@ -159,21 +162,27 @@ class CrashExplorer:
         `only=[CrashPoint(7, "after")]`; `CrashPoint(-1, "before")` is the double-execution run.
         Raises `ValueError` if a run's store is not empty when it starts.
         """
-        clean = await self._run(self._killed_at(None), FaultPlan())
-        report = ExplorationReport(self.scenario.name, len(clean.ops))
-        if only is not None:
-            points = list(only)
-        else:
-            points = [CrashPoint(i, w) for i in range(len(clean.ops)) for w in ("before", "after")]
-            if double_execution:
-                points.append(CrashPoint(-1, "before"))
-            if rollback_from_every_step:
-                points += await self._rollback_points(clean)
-        for point in points:
-            failure = await self._try(point, clean)
-            if failure is not None:
-                report.failures.append(failure)
-            report.explored += 1
+        loop = asyncio.get_running_loop()
+        self._seed = loop.seed if isinstance(loop, SimulatedLoop) else None
+        try:
+            clean = await self._run(self._killed_at(None), FaultPlan(), "clean")
+            report = ExplorationReport(self.scenario.name, len(clean.ops))
+            if only is not None:
+                points = list(only)
+            else:
+                points = [CrashPoint(i, w) for i in range(len(clean.ops)) for w in ("before", "after")]
+                if double_execution:
+                    points.append(CrashPoint(-1, "before"))
+                if rollback_from_every_step:
+                    points += await self._rollback_points(clean)
+            for point in points:
+                failure = await self._try(point, clean)
+                if failure is not None:
+                    report.failures.append(dataclasses.replace(failure, seed=self._seed))
+                report.explored += 1
+        finally:
+            if isinstance(loop, SimulatedLoop):
+                loop.reseed(self._seed)
         return report
 
     async def _try(self, point: CrashPoint, clean: _Result) -> Failure | None:
@@ -181,7 +190,7 @@ class CrashExplorer:
         try:
             twice = point.index < 0 and point.fail_at is None
             kill = self._twice_each() if twice else self._killed_at(point)
-            result = await self._run(kill, plan, rolled_back=point.fail_at is not None)
+            result = await self._run(kill, plan, point, rolled_back=point.fail_at is not None)
         except AssertionError as e:
             return Failure(point, describe_point(point, plan), str(e), e.details if isinstance(e, RunBroken) else [])
         at = describe_point(point, plan)
@@ -200,9 +209,10 @@ class CrashExplorer:
         operation after it (the rollback's own writes)."""
         points: list[CrashPoint] = []
         for k in range(len(clean.attempts)):
-            points.append(CrashPoint(-1, "before", k))
+            point = CrashPoint(-1, "before", k)
+            points.append(point)
             try:
-                failed = await self._run(self._killed_at(CrashPoint(-1, "before", k)), FaultPlan())
+                failed = await self._run(self._killed_at(point), FaultPlan(), point)
             except AssertionError:
                 continue  # broken without a crash already: that point reports it
             start = failed.attempts[k] if k < len(failed.attempts) else len(failed.ops)
@@ -275,8 +285,16 @@ class CrashExplorer:
         self.scenario.attach(manager, store)
         return manager
 
-    async def _run(self, kill: CrashExplorer.Kill, plan: FaultPlan, *, rolled_back: bool = False) -> _Result:
+    async def _run(
+        self, kill: CrashExplorer.Kill, plan: FaultPlan, point: CrashPoint | str, *, rolled_back: bool = False
+    ) -> _Result:
+        """One run, killed as `kill` says. On a seeded `SimulatedLoop`, reseeded from the
+        explorer's seed and `point` first, so that replaying a point alone replays its run."""
         self._runs += 1
+        loop = asyncio.get_running_loop()
+        if self._seed is not None and isinstance(loop, SimulatedLoop):
+            await loop.settle()  # what earlier runs left ready runs out first
+            loop.reseed(derived_seed(self._seed, point))
         url = self.store_url(self._runs)
         async with self._opened(url) as store:
             try:

@@ -78,12 +78,15 @@ class Failure:
     """The operation the crash was placed at, described."""
     problem: str
     details: list[str] = field(default_factory=list)
+    seed: int | None = None
+    """The seed of the `SimulatedLoop` the explorer ran on, if it had one."""
 
     @property
     def replay(self) -> str:
         p = self.point
         extra = "" if p.fail_at is None else f", fail_at={p.fail_at}"
-        return f"await explorer.explore(only=[CrashPoint({p.index}, {p.when!r}{extra})])"
+        call = f"explorer.explore(only=[CrashPoint({p.index}, {p.when!r}{extra})])"
+        return f"await {call}" if self.seed is None else f"run_simulated({call}, seed={self.seed})"
 
     def __str__(self) -> str:
         lines = [f"crash {self.point}: {self.operation}", f"    {self.problem}"]

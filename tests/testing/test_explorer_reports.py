@@ -6,7 +6,7 @@ import re
 
 from procstore import Context
 from procstore.store import StateStore
-from procstore.testing import CrashExplorer, CrashPoint
+from procstore.testing import CrashExplorer, CrashPoint, run_simulated
 from tests.testing.test_explorer import Deposits, memory_url
 from tests.testing.test_explorer_modes import BUILT, Build, Building, Publish, Publishing
 from tests.testing.test_explorer_modes import fresh as modes_fresh
@@ -83,3 +83,14 @@ async def test_a_rollback_that_raises_is_reported_with_its_error_and_traceback()
     said = str(failure)
     assert "crash point 'undone-a'" in said
     assert "then its rollback failed: KeyError: 'b'" in said and "Traceback" in said and "in rollback" in said
+
+
+def test_under_a_seeded_loop_a_failure_replays_with_its_seed() -> None:
+    """Each run is reseeded from (seed, crash point): the report's replay line, seed included,
+    replays the failure alone."""
+    explorer = CrashExplorer(Deposits(idempotent=False), memory_url)
+    report = run_simulated(explorer.explore(), seed=11)
+    [failure] = report.failures
+    assert failure.replay == "run_simulated(explorer.explore(only=[CrashPoint(1, 'before')]), seed=11)"
+    again = run_simulated(explorer.explore(only=[failure.point]), seed=11)
+    assert [str(f) for f in again.failures] == [str(failure)]  # the same ids, the same words
