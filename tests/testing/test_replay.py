@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from procstore import Context, Procedure, ProcedureManager, ProcedureWithId, Status
@@ -99,3 +100,32 @@ async def test_a_snapshot_of_an_older_release_replays_with_the_new_code(tmp_path
     assert "could not be loaded" in str(unknown)
     # The real store was only read: the procedure is still there, unfinished.
     assert list((tmp_path / "prod" / "procedure" / pid).iterdir())
+
+
+class StuckV1(ResizeV1):
+    async def execute(self, ctx: Context) -> Status:
+        if self.data["at"] == 1:
+            await asyncio.Event().wait()  # an event of this test's loop (GATE is the first test's)
+        return await super().execute(ctx)
+
+
+async def test_a_store_written_under_a_parent_path_replays_with_it_and_nothing_found_is_not_ok(
+    tmp_path: Path,
+) -> None:
+    url = str(tmp_path / "prod")
+    manager = ProcedureManager(url, parent_path="cluster-a/")
+    manager.register_loader(ResizeV1.type_name, lambda d: StuckV1(json.loads(d)))
+    await manager.start()
+    procedure = ProcedureWithId.new(StuckV1({"size": 100, "at": 0}))
+    await manager.submit(procedure)
+    await asyncio.sleep(0.1)
+    await kill_manager(manager)
+    await manager.stop()
+
+    missed = await replay(url, lambda m: m.register(ResizeV2))  # looks under procedure/: nothing there
+    assert missed.procedures == 0 and not missed.ok and "nothing was replayed" in str(missed)
+    with pytest.raises(AssertionError, match="parent_path"):
+        missed.assert_ok()
+    found = await replay(url, lambda m: m.register(ResizeV2), parent_path="cluster-a/")
+    found.assert_ok()
+    assert found.done == [str(procedure.id)]
