@@ -26,6 +26,7 @@ from typing import Any
 
 from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ManagerStopped, ProcedureFailed
+from procstore.state import ProcedureInfo
 from procstore.store.memory import MemoryStore
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem
@@ -149,13 +150,36 @@ async def replay(
         attach(manager)
         async with manager:
             report.not_loaded = list(manager.recovery_problems)
+            unreadable = len(report.not_loaded)  # roots: not listed as procedures
             infos = [i for i in manager.list_procedures() if not i.state.is_ended()]
-            report.procedures = len(infos) + len(report.not_loaded)
             roots = [i.id for i in infos if i.parent_id is None]
             await asyncio.gather(*(_run_one(manager, pid, seconds_each, report) for pid in roots))
+            # Children are loaded by their parent as it resumes: look at each, once the roots ended.
+            children = [i for i in manager.list_procedures() if i.parent_id is not None]
+            for child in children:
+                await _check_child(sandbox, child, report)
+            unfinished = {i.id for i in infos} | {c.id for c in children}
+            report.procedures = len(unfinished) + unreadable
     finally:
         MemoryStore.forget(sandbox.name)
     return report
+
+
+async def _check_child(sandbox: MemoryStore, child: ProcedureInfo, report: ReplayReport) -> None:
+    """A child that ended under the new code, failed, could not be loaded, or is still running."""
+    pid, state = str(child.id), child.state
+    if state.is_poisoned:
+        keys = await sandbox.walk(f"procedure/{pid}/")
+        key = keys[-1] if keys else f"procedure/{pid}/"
+        hint = "Make the new code load it (old data must keep loading), or fix the stored value"
+        report.not_loaded.append(LoadProblem(key, child.id, state.error or "poisoned", hint, child.type_name))
+    elif state.is_failed:
+        report.failed[pid] = f"{child.type_name}, a child of {child.parent_id}: {state.error}\n{state.traceback or ''}"
+        report.failed[pid] = report.failed[pid].rstrip()
+    elif not state.is_ended():
+        report.hung.append(pid)
+    elif pid not in report.done:
+        report.done.append(pid)
 
 
 async def _run_one(manager: ProcedureManager, pid: Any, seconds: float, report: ReplayReport) -> None:
