@@ -30,8 +30,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,16 +40,20 @@ from procstore.errors import ManagerStopped, ProcedureFailed, StoreError
 from procstore.procedure import ProcedureWithId
 from procstore.store.open import open_state_store
 from procstore.store.state_store import StateStore
+from procstore.testing.checks import check_writes, ended_before, ever_stored, rebind
 from procstore.testing.faults import FaultyStore, SimulatedCrash, StoreOp
-from procstore.testing.plan import ATTEMPT, Fault, InjectedFailure
+from procstore.testing.plan import ATTEMPT, Fault, FaultPlan, InjectedFailure
 from procstore.testing.report import (
     CrashPoint,
     Failure,
     Outcome,
-    describe_op,
+    RunBroken,
+    describe_point,
+    failed_procedures,
     outcome_differences,
     world_difference,
 )
+from procstore.testing.simulation import SimulatedLoop, derived_seed
 
 __all__ = ["CrashExplorer", "CrashPoint", "ExplorationReport", "InjectedFailure", "Scenario"]
 
@@ -143,6 +147,7 @@ class CrashExplorer:
         self.manager_options = {"retry_delay": 0.001, "max_retry_delay": 0.01, **(manager_options or {})}
         self.timeout = timeout
         self._runs = 0
+        self._seed: int | None = None
 
     async def explore(
         self,
@@ -157,35 +162,38 @@ class CrashExplorer:
         `only=[CrashPoint(7, "after")]`; `CrashPoint(-1, "before")` is the double-execution run.
         Raises `ValueError` if a run's store is not empty when it starts.
         """
-        clean = await self._run(self._killed_at(None))
-        report = ExplorationReport(self.scenario.name, len(clean.ops))
-        if only is not None:
-            points = list(only)
-        else:
-            points = [CrashPoint(i, w) for i in range(len(clean.ops)) for w in ("before", "after")]
-            if double_execution:
-                points.append(CrashPoint(-1, "before"))
-            if rollback_from_every_step:
-                points += await self._rollback_points(clean)
-        for point in points:
-            failure = await self._try(point, clean)
-            if failure is not None:
-                report.failures.append(failure)
-            report.explored += 1
+        loop = asyncio.get_running_loop()
+        self._seed = loop.seed if isinstance(loop, SimulatedLoop) else None
+        try:
+            clean = await self._run(self._killed_at(None), FaultPlan(), "clean")
+            report = ExplorationReport(self.scenario.name, len(clean.ops))
+            if only is not None:
+                points = list(only)
+            else:
+                points = [CrashPoint(i, w) for i in range(len(clean.ops)) for w in ("before", "after")]
+                if double_execution:
+                    points.append(CrashPoint(-1, "before"))
+                if rollback_from_every_step:
+                    points += await self._rollback_points(clean)
+            for point in points:
+                failure = await self._try(point, clean)
+                if failure is not None:
+                    report.failures.append(dataclasses.replace(failure, seed=self._seed))
+                report.explored += 1
+        finally:
+            if isinstance(loop, SimulatedLoop):
+                loop.reseed(self._seed)
         return report
 
     async def _try(self, point: CrashPoint, clean: _Result) -> Failure | None:
-        at = describe_op(clean.ops[point.index] if 0 <= point.index < len(clean.ops) else None)
-        if point.fail_at is not None:
-            at = f"the attempt failed on purpose, then {'no crash' if point.index < 0 else 'a crash'}"
-        elif point.index < 0:
-            at = "every step run twice"
+        plan = FaultPlan()  # the crashed run's: its operations name the crash point, with its ids
         try:
             twice = point.index < 0 and point.fail_at is None
             kill = self._twice_each() if twice else self._killed_at(point)
-            result = await self._run(kill, rolled_back=point.fail_at is not None)
+            result = await self._run(kill, plan, point, rolled_back=point.fail_at is not None)
         except AssertionError as e:
-            return Failure(point, at, str(e))
+            return Failure(point, describe_point(point, plan), str(e), e.details if isinstance(e, RunBroken) else [])
+        at = describe_point(point, plan)
         if point.fail_at is not None:
             return self._rollback_problem(point, at, result, clean)
         differs = outcome_differences(result.outcomes, clean.outcomes)
@@ -201,9 +209,10 @@ class CrashExplorer:
         operation after it (the rollback's own writes)."""
         points: list[CrashPoint] = []
         for k in range(len(clean.attempts)):
-            points.append(CrashPoint(-1, "before", k))
+            point = CrashPoint(-1, "before", k)
+            points.append(point)
             try:
-                failed = await self._run(self._killed_at(CrashPoint(-1, "before", k)))
+                failed = await self._run(self._killed_at(point), FaultPlan(), point)
             except AssertionError:
                 continue  # broken without a crash already: that point reports it
             start = failed.attempts[k] if k < len(failed.attempts) else len(failed.ops)
@@ -227,13 +236,14 @@ class CrashExplorer:
 
     # -- how a run is killed -------------------------------------------------------------
 
-    Kill = Callable[[str], Awaitable[tuple[list[ProcedureWithId], list[FaultyStore]]]]
+    Kill = Callable[[str, FaultPlan], Awaitable[tuple[list[ProcedureWithId], list[FaultyStore]]]]
+    """Runs the first life(s) of a run on the store at the URL; the first records into the plan."""
 
     def _killed_at(self, point: CrashPoint | None) -> CrashExplorer.Kill:
-        async def kill(url: str) -> tuple[list[ProcedureWithId], list[FaultyStore]]:
+        async def kill(url: str, plan: FaultPlan) -> tuple[list[ProcedureWithId], list[FaultyStore]]:
             crash_at = None if point is None or point.index < 0 else point.index
             faulty = FaultyStore(
-                self._store(url), crash_at=crash_at, crash_when="before" if point is None else point.when
+                self._store(url), crash_at=crash_at, crash_when="before" if point is None else point.when, plan=plan
             )
             if point is not None and point.fail_at is not None:
                 faulty.plan.faults.append(Fault("error", kinds=frozenset({ATTEMPT}), nth=point.fail_at))
@@ -244,9 +254,9 @@ class CrashExplorer:
         return kill
 
     def _twice_each(self) -> CrashExplorer.Kill:
-        async def kill(url: str) -> tuple[list[ProcedureWithId], list[FaultyStore]]:
+        async def kill(url: str, plan: FaultPlan) -> tuple[list[ProcedureWithId], list[FaultyStore]]:
             seen: set[tuple[str, str]] = set()
-            faulty = FaultyStore(self._store(url), crash_before_new=seen)
+            faulty = FaultyStore(self._store(url), crash_before_new=seen, plan=plan)
             procedures = await self.scenario.procedures(faulty)
             lives = [await self._live(faulty, procedures, [])]
             while lives[-1].crashed.is_set():
@@ -261,28 +271,47 @@ class CrashExplorer:
     def _store(self, url: str) -> StateStore:
         return open_state_store(url, self.storage_options)
 
+    @contextlib.asynccontextmanager
+    async def _opened(self, url: str) -> AsyncIterator[StateStore]:
+        """A store of the explorer's own, closed after use (an S3 one holds a client session)."""
+        store = self._store(url)
+        try:
+            yield store
+        finally:
+            await store.close()
+
     def _manager(self, store: StateStore) -> ProcedureManager:
         manager = ProcedureManager(store, **self.manager_options)
         self.scenario.attach(manager, store)
         return manager
 
-    async def _run(self, kill: CrashExplorer.Kill, *, rolled_back: bool = False) -> _Result:
+    async def _run(
+        self, kill: CrashExplorer.Kill, plan: FaultPlan, point: CrashPoint | str, *, rolled_back: bool = False
+    ) -> _Result:
+        """One run, killed as `kill` says. On a seeded `SimulatedLoop`, reseeded from the
+        explorer's seed and `point` first, so that replaying a point alone replays its run."""
         self._runs += 1
+        loop = asyncio.get_running_loop()
+        if self._seed is not None and isinstance(loop, SimulatedLoop):
+            await loop.settle()  # what earlier runs left ready runs out first
+            loop.reseed(derived_seed(self._seed, point))
         url = self.store_url(self._runs)
-        store = self._store(url)
-        try:
-            leftovers = await store.walk("")
-        except StoreError:
-            leftovers = []  # not there yet (a local folder is made on first write): empty
-        if leftovers:
-            raise ValueError(
-                f"the store of run {self._runs} ({url}) is not empty ({len(leftovers)} keys, e.g. {leftovers[0]}): "
-                "store_url must give every run a fresh, empty folder or prefix"
+        async with self._opened(url) as store:
+            try:
+                leftovers = await store.walk("")
+            except StoreError:
+                leftovers = []  # not there yet (a local folder is made on first write): empty
+            if leftovers:
+                raise ValueError(
+                    f"the store of run {self._runs} ({url}) is not empty ({len(leftovers)} keys, "
+                    f"e.g. {leftovers[0]}): store_url must give every run a fresh, empty folder or prefix"
+                )
+            await self.scenario.prepare(store)
+            # Only the rollback mode needs the world as it was (a scenario may not read an empty store).
+            before = (
+                await self.scenario.rolled_back(store, await self.scenario.snapshot(store)) if rolled_back else None
             )
-        await self.scenario.prepare(store)
-        # Only the rollback mode needs the world as it was (a scenario may not read an empty store).
-        before = await self.scenario.rolled_back(store, await self.scenario.snapshot(store)) if rolled_back else None
-        procedures, lives = await kill(url)
+        procedures, lives = await kill(url, plan)
         result = await self._finish(url, procedures, lives)
         result.before = before
         return result
@@ -292,116 +321,66 @@ class CrashExplorer:
     ) -> FaultyStore:
         """One manager's life: resume or submit everything, run until all end or the kill."""
         if before:
-            procedures = _rebind(procedures, await self.scenario.procedures(faulty))
+            procedures = rebind(procedures, await self.scenario.procedures(faulty))
         manager = self._manager(faulty)
         waits: list[asyncio.Future[Any]] = []
-        with contextlib.suppress(SimulatedCrash):
-            await manager.start()
-            for pwid in procedures:
-                watcher = manager.procedure_watcher(pwid.id)
-                if watcher is None and not _ever_stored(pwid, before):
-                    watcher = await manager.submit(pwid)
-                if watcher is not None:
-                    waits.append(asyncio.ensure_future(watcher.wait()))
-            crashed: asyncio.Future[Any] = asyncio.ensure_future(faulty.crashed.wait())
-            while not faulty.crashed.is_set() and not all(w.done() for w in waits):
-                done, _ = await asyncio.wait([*waits, crashed], timeout=self.timeout, return_when="FIRST_COMPLETED")
-                if not done:
-                    raise AssertionError(f"a run did not finish within {self.timeout}s")
-            crashed.cancel()
-        await manager.stop()
-        for w in waits:
-            w.cancel()
-        await asyncio.gather(*waits, return_exceptions=True)
-        await faulty.close()
+        crashed: asyncio.Future[Any] = asyncio.ensure_future(faulty.crashed.wait())
+        try:
+            with contextlib.suppress(SimulatedCrash):
+                await manager.start()
+                for pwid in procedures:
+                    watcher = manager.procedure_watcher(pwid.id)
+                    if watcher is None and not ever_stored(pwid, before):
+                        watcher = await manager.submit(pwid)
+                    if watcher is not None:
+                        waits.append(asyncio.ensure_future(watcher.wait()))
+                while not faulty.crashed.is_set() and not all(w.done() for w in waits):
+                    done, _ = await asyncio.wait([*waits, crashed], timeout=self.timeout, return_when="FIRST_COMPLETED")
+                    if not done:
+                        raise AssertionError(f"a run did not finish within {self.timeout}s")
+        finally:
+            await manager.stop()
+            for w in [*waits, crashed]:
+                w.cancel()
+            await asyncio.gather(*waits, crashed, return_exceptions=True)
+            await faulty.close()
         return faulty
 
     async def _finish(self, url: str, procedures: list[ProcedureWithId], lives: list[FaultyStore]) -> _Result:
         """Restart on the plain store, run everything to its end, and check the store."""
         recorder = FaultyStore(self._store(url))
         outcomes: dict[str, Outcome] = {}
-        async with self._manager(recorder) as manager:
-            rebuilt = _rebind(procedures, await self.scenario.procedures(recorder))
-            for pwid in rebuilt:
-                watcher = manager.procedure_watcher(pwid.id)
-                if watcher is None and not _ever_stored(pwid, lives):
-                    watcher = await manager.submit(pwid)
-                if watcher is None:
-                    outcomes[str(pwid.id)] = Outcome(_ended_before(pwid, lives))
-                    continue
-                try:
-                    await asyncio.wait_for(watcher.wait(), self.timeout)
-                    outcomes[str(pwid.id)] = Outcome("done")
-                except ProcedureFailed as e:
-                    state = manager.procedure_state(pwid.id)
-                    traceback = state.traceback if state is not None else None
-                    outcomes[str(pwid.id)] = Outcome("failed", str(e), traceback)
-                except (TimeoutError, ManagerStopped) as e:
-                    raise AssertionError(f"procedure {pwid.id} did not end after the restart: {e!r}") from e
-            left = await recorder.inner.walk(manager.store.proc_path)
-        await recorder.close()
-        if left:
-            raise AssertionError(f"{len(left)} procedure keys left behind, e.g. {left[0]}")
-        _check_writes(
-            [op for life in lives for op in life.landed()] + recorder.landed(),
-            [op for life in lives for op in life.maybe_landed()],
-        )
-        snapshot = await self.scenario.snapshot(self._store(url))
+        try:
+            async with self._manager(recorder) as manager:
+                rebuilt = rebind(procedures, await self.scenario.procedures(recorder))
+                for pwid in rebuilt:
+                    watcher = manager.procedure_watcher(pwid.id)
+                    if watcher is None and not ever_stored(pwid, lives):
+                        watcher = await manager.submit(pwid)
+                    if watcher is None:
+                        outcomes[str(pwid.id)] = Outcome(ended_before(pwid, lives))
+                        continue
+                    try:
+                        await asyncio.wait_for(watcher.wait(), self.timeout)
+                        outcomes[str(pwid.id)] = Outcome("done")
+                    except ProcedureFailed as e:
+                        state = manager.procedure_state(pwid.id)
+                        traceback = state.traceback if state is not None else None
+                        outcomes[str(pwid.id)] = Outcome("failed", str(e), traceback)
+                    except (TimeoutError, ManagerStopped) as e:
+                        raise AssertionError(f"procedure {pwid.id} did not end after the restart: {e!r}") from e
+                left = await recorder.inner.walk(manager.store.proc_path)
+        finally:
+            await recorder.close()
+        try:
+            if left:
+                raise AssertionError(f"{len(left)} procedure keys left behind, e.g. {left[0]}")
+            check_writes(
+                [op for life in lives for op in life.landed()] + recorder.landed(),
+                [op for life in lives for op in life.maybe_landed()],
+            )
+        except AssertionError as e:
+            raise RunBroken(str(e), failed_procedures(outcomes)) from e
+        async with self._opened(url) as store:
+            snapshot = await self.scenario.snapshot(store)
         return _Result(list(lives[0].ops), outcomes, snapshot, list(lives[0].plan.attempts))
-
-
-def _rebind(originals: list[ProcedureWithId], fresh: list[ProcedureWithId]) -> list[ProcedureWithId]:
-    """Freshly built procedures under the original ids (ids are often random)."""
-    if len(fresh) != len(originals):
-        raise AssertionError("Scenario.procedures() must return the same procedures, in order, every time")
-    return [ProcedureWithId(o.id, f.procedure) for o, f in zip(originals, fresh, strict=True)]
-
-
-def _ever_stored(pwid: ProcedureWithId, lives: list[FaultyStore]) -> bool:
-    return any(str(pwid.id) in op.key for life in lives for op in life.landed() if op.kind.startswith("put"))
-
-
-def _ended_before(pwid: ProcedureWithId, lives: list[FaultyStore]) -> str:
-    """The outcome of a procedure that ended, and whose keys went, before the kill."""
-    ops = [op for life in lives for op in life.landed() + life.maybe_landed()]
-    ends = [op.key for op in ops if str(pwid.id) in op.key and op.kind.startswith("put")]
-    # A `.commit` above a `.rollback` ends a rolled-back procedure: the rollback decides.
-    if any(k.endswith(".rollback") for k in ends):
-        return "failed"
-    if any(k.endswith(".commit") for k in ends):
-        return "done"
-    raise AssertionError(f"procedure {pwid.id} was lost: stored, then gone without a commit or rollback key")
-
-
-def _check_writes(ops: list[StoreOp], maybe: list[StoreOp]) -> None:
-    """No key written twice; each procedure ends once: one `.commit`, or one `.rollback`
-    with at most one `.commit` above it (the end of its rollback).
-
-    `maybe` are writes a stop cut off: they count only where nothing else explains the
-    outcome (a procedure that ended with no other end key must have had this one land).
-    """
-    writes = [op for op in ops if op.kind.startswith("put") and "procedure/" in op.key]
-    twice = [key for key, n in Counter(op.key for op in writes).items() if n > 1]
-    if twice:
-        raise AssertionError(f"keys written twice: {twice[:3]}")
-    ends: dict[str, list[str]] = {}
-    for op in writes:
-        ends.setdefault(_folder(op), [])
-        if op.key.endswith((".commit", ".rollback")):
-            ends[_folder(op)].append(op.key)
-    for op in maybe:
-        if op.kind.startswith("put") and op.key.endswith((".commit", ".rollback")) and not ends.get(_folder(op)):
-            ends[_folder(op)] = [op.key]
-    wrong = {pid: [k.rsplit("/", 1)[-1] for k in keys] for pid, keys in ends.items() if not _ends_once(keys)}
-    if wrong:
-        raise AssertionError(f"procedures not committed or rolled back exactly once: {wrong}")
-
-
-def _ends_once(keys: list[str]) -> bool:
-    """One `.commit`; or one `.rollback`, alone or below one `.commit`."""
-    in_step_order = [name.split(".", 1)[1] for name in sorted(k.rsplit("/", 1)[-1] for k in keys)]
-    return in_step_order in (["commit"], ["rollback"], ["rollback", "commit"])
-
-
-def _folder(op: StoreOp) -> str:
-    return op.key.rsplit("/", 2)[-2]

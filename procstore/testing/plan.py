@@ -104,6 +104,8 @@ class FaultPlan:
     """If set: crash before any counted operation not in it (then add it)."""
     attempts: list[int] = field(default_factory=list)
     """For each attempt at a step, in order: how many operations were counted before it."""
+    attempt_keys: list[str] = field(default_factory=list)
+    """For each attempt at a step, in order: its key, `{procedure id}/{step}/#attempt`."""
 
     def crash(self, message: str) -> SimulatedCrash:
         self.crashed.set()
@@ -117,6 +119,7 @@ class FaultPlan:
         op = None
         if kind == ATTEMPT:
             self.attempts.append(len(self.ops))
+            self.attempt_keys.append(key)
         elif kind in COUNTED:
             op = StoreOp(len(self.ops), kind, key)
             self.ops.append(op)

@@ -26,6 +26,7 @@ from typing import Any
 
 from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ManagerStopped, ProcedureFailed
+from procstore.state import ProcedureInfo
 from procstore.store.memory import MemoryStore
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem
@@ -49,7 +50,9 @@ class ReplayReport:
 
     @property
     def ok(self) -> bool:
-        return not (self.failed or self.not_loaded or self.hung)
+        """Every procedure found ran to its end; and some were found: a replay that found
+        nothing (a wrong path, a store written under a `parent_path`) proves nothing."""
+        return self.procedures > 0 and not (self.failed or self.not_loaded or self.hung)
 
     def assert_ok(self) -> None:
         if not self.ok:
@@ -60,6 +63,11 @@ class ReplayReport:
             f"replay of {self.source}: {self.procedures} unfinished procedures, {len(self.done)} ran to their end, "
             f"{len(self.failed)} failed, {len(self.not_loaded)} could not be loaded, {len(self.hung)} did not end"
         ]
+        if not self.procedures:
+            lines.append(
+                "  nothing was replayed: no unfinished procedure found (a wrong source? a store written "
+                "with a parent_path, which replay(parent_path=...) must name?)"
+            )
         lines += [f"  not loaded: {problem}" for problem in self.not_loaded]
         lines += [f"  failed: {pid}: {error}" for pid, error in self.failed.items()]
         lines += [f"  did not end in time: {pid}" for pid in self.hung]
@@ -101,7 +109,9 @@ def _read_snapshot(source: str) -> list[tuple[str, bytes]] | None:
         return [(name, data.read()) for name, data in files if data is not None]
 
 
-async def _load_into(sandbox: MemoryStore, source: str, storage_options: dict[str, Any] | None) -> None:
+async def _load_into(
+    sandbox: MemoryStore, source: str, storage_options: dict[str, Any] | None, parent_path: str
+) -> None:
     snapshot = await asyncio.to_thread(_read_snapshot, source)
     if snapshot is not None:
         for key, value in snapshot:
@@ -109,10 +119,10 @@ async def _load_into(sandbox: MemoryStore, source: str, storage_options: dict[st
         return
     store = open_state_store(source, storage_options)
     try:
-        keys = [k for folder in SNAPSHOT_FOLDERS for k in await store.walk(folder)]
+        keys = [k for folder in SNAPSHOT_FOLDERS for k in await store.walk(f"{parent_path}{folder}")]
         for key, found in zip(keys, await store.get_many(keys), strict=True):
             if isinstance(found, bytes):
-                await sandbox.put(key, found)
+                await sandbox.put(key[len(parent_path) :], found)
     finally:
         await store.close()
 
@@ -124,26 +134,52 @@ async def replay(
     storage_options: dict[str, Any] | None = None,
     seconds_each: float = 60.0,
     manager_options: dict[str, Any] | None = None,
+    parent_path: str = "",
 ) -> ReplayReport:
     """Run the unfinished procedures of `source` (a snapshot path or a store URL) to their
     end with the code `attach(manager)` registers, on a sandbox copy; see the module doc.
-    A root that has not ended after `seconds_each` seconds is reported as hung."""
+    A root that has not ended after `seconds_each` seconds is reported as hung.
+    `parent_path` is the managers' own, for a store URL (a snapshot has it stripped already).
+    A replay that finds no unfinished procedure is not `ok`."""
     sandbox = MemoryStore(f"replay-{uuid.uuid4().hex}")
     report = ReplayReport(source)
     try:
-        await _load_into(sandbox, source, storage_options)
+        await _load_into(sandbox, source, storage_options, parent_path)
         options = {"retry_delay": 0.01, "max_retry_delay": 0.5, **(manager_options or {})}
         manager = ProcedureManager(sandbox, **options)
         attach(manager)
         async with manager:
             report.not_loaded = list(manager.recovery_problems)
+            unreadable = len(report.not_loaded)  # roots: not listed as procedures
             infos = [i for i in manager.list_procedures() if not i.state.is_ended()]
-            report.procedures = len(infos) + len(report.not_loaded)
             roots = [i.id for i in infos if i.parent_id is None]
             await asyncio.gather(*(_run_one(manager, pid, seconds_each, report) for pid in roots))
+            # Children are loaded by their parent as it resumes: look at each, once the roots ended.
+            children = [i for i in manager.list_procedures() if i.parent_id is not None]
+            for child in children:
+                await _check_child(sandbox, child, report)
+            unfinished = {i.id for i in infos} | {c.id for c in children}
+            report.procedures = len(unfinished) + unreadable
     finally:
         MemoryStore.forget(sandbox.name)
     return report
+
+
+async def _check_child(sandbox: MemoryStore, child: ProcedureInfo, report: ReplayReport) -> None:
+    """A child that ended under the new code, failed, could not be loaded, or is still running."""
+    pid, state = str(child.id), child.state
+    if state.is_poisoned:
+        keys = await sandbox.walk(f"procedure/{pid}/")
+        key = keys[-1] if keys else f"procedure/{pid}/"
+        hint = "Make the new code load it (old data must keep loading), or fix the stored value"
+        report.not_loaded.append(LoadProblem(key, child.id, state.error or "poisoned", hint, child.type_name))
+    elif state.is_failed:
+        report.failed[pid] = f"{child.type_name}, a child of {child.parent_id}: {state.error}\n{state.traceback or ''}"
+        report.failed[pid] = report.failed[pid].rstrip()
+    elif not state.is_ended():
+        report.hung.append(pid)
+    elif pid not in report.done:
+        report.done.append(pid)
 
 
 async def _run_one(manager: ProcedureManager, pid: Any, seconds: float, report: ReplayReport) -> None:

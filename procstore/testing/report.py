@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from procstore.testing.plan import StoreOp
+from procstore.testing.plan import FaultPlan, StoreOp
 
 When = Literal["before", "after"]
 
@@ -47,6 +47,19 @@ def describe_op(op: StoreOp | None) -> str:
     return f"{op.kind} {op.key}{about}"
 
 
+def describe_point(point: CrashPoint, plan: FaultPlan) -> str:
+    """Where the run that `plan` recorded was killed, by its own operations (so with the
+    ids of that run's procedures) and, in the rollback mode, which attempt failed first."""
+    op = plan.ops[point.index] if 0 <= point.index < len(plan.ops) else None
+    if point.fail_at is None:
+        return "every step run twice" if point.index < 0 else describe_op(op)
+    keys = plan.attempt_keys
+    pid, step = [*keys[point.fail_at].split("/"), ""][:2] if point.fail_at < len(keys) else ("", "")
+    failed = f"attempt {point.fail_at} (procedure {pid}, step {step})" if pid else f"attempt {point.fail_at}"
+    then = "no crash" if point.index < 0 else f"a crash {point.when} {describe_op(op)}"
+    return f"{failed} failed on purpose, then {then}"
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """How one procedure ended in a run: done or failed, and with what error."""
@@ -65,12 +78,15 @@ class Failure:
     """The operation the crash was placed at, described."""
     problem: str
     details: list[str] = field(default_factory=list)
+    seed: int | None = None
+    """The seed of the `SimulatedLoop` the explorer ran on, if it had one."""
 
     @property
     def replay(self) -> str:
         p = self.point
         extra = "" if p.fail_at is None else f", fail_at={p.fail_at}"
-        return f"await explorer.explore(only=[CrashPoint({p.index}, {p.when!r}{extra})])"
+        call = f"explorer.explore(only=[CrashPoint({p.index}, {p.when!r}{extra})])"
+        return f"await {call}" if self.seed is None else f"run_simulated({call}, seed={self.seed})"
 
     def __str__(self) -> str:
         lines = [f"crash {self.point}: {self.operation}", f"    {self.problem}"]
@@ -87,13 +103,35 @@ def outcome_differences(outcomes: dict[str, Outcome], expected: dict[str, Outcom
     for n, ((pid, got), want) in enumerate(zip(outcomes.items(), expected.values(), strict=False)):
         if got.status != want.status:
             problem = f"procedure {pid} (the scenario's #{n}) ended {got.status}, not {want.status} as without a crash"
-            details = [f"its error: {got.error}"] if got.error else []
-            if got.traceback:
-                details.append(got.traceback.rstrip())
-            return problem, details
+            return problem, _error_lines("its error", got)
     if len(outcomes) != len(expected):
         return f"{len(outcomes)} procedures ended, not {len(expected)} as without a crash", []
     return None
+
+
+def _error_lines(title: str, outcome: Outcome) -> list[str]:
+    lines = [f"{title}: {outcome.error}"] if outcome.error else []
+    return lines + ([outcome.traceback.rstrip()] if outcome.traceback else [])
+
+
+def failed_procedures(outcomes: dict[str, Outcome]) -> list[str]:
+    """Each procedure that failed in a run, with its error and traceback (a rollback that
+    raised says so there: "...; then its rollback failed: KeyError: 'b'")."""
+    return [
+        line
+        for n, (pid, outcome) in enumerate(outcomes.items())
+        if outcome.status == "failed"
+        for line in _error_lines(f"procedure {pid} (the scenario's #{n}) failed", outcome)
+    ]
+
+
+class RunBroken(AssertionError):
+    """A run broke a check of the store (keys left, written twice, a hang): the problem,
+    and the `details` that explain it (the procedures that failed, what a stuck one does)."""
+
+    def __init__(self, problem: str, details: list[str]) -> None:
+        super().__init__(problem)
+        self.details = details
 
 
 def world_difference(got: object, want: object) -> str:

@@ -43,15 +43,19 @@ class SimulatedLoop(asyncio.SelectorEventLoop):
     """Read by the lease's clock: on this loop, TTLs pass in virtual time too."""
 
     def __init__(self, seed: int | None = None) -> None:
-        super().__init__()
+        # Set before the base loop's __init__, which may fail half way (no more file
+        # descriptors, say): its __del__ then calls close(), which reads these.
         self._now = 0.0
         self._schedule: random.Random | None = None
         self._saved_uuid = ids.new_uuid
         self._saved_random: object = None
+        self.seed: int | None = None
+        super().__init__()
         self.reseed(seed)
 
     def reseed(self, seed: int | None) -> None:
         """Draw the schedule (and ids and jitter) from `seed` from now on; None: FIFO, as asyncio."""
+        self.seed = seed
         if seed is None:
             self._schedule = None
             return
@@ -64,6 +68,18 @@ class SimulatedLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._now
+
+    async def settle(self, turns: int = 1000) -> None:
+        """Let what is ready run out, in FIFO order, for up to `turns` turns: what came
+        before then does not share the next seed's draws."""
+        schedule, self._schedule = self._schedule, None
+        try:
+            for _ in range(turns):
+                if not self._ready:  # type: ignore[attr-defined]
+                    return
+                await asyncio.sleep(0)
+        finally:
+            self._schedule = schedule
 
     def _run_once(self) -> None:
         ready = self._ready  # type: ignore[attr-defined]
@@ -90,6 +106,12 @@ class SimulatedLoop(asyncio.SelectorEventLoop):
             random.setstate(self._saved_random)  # type: ignore[arg-type]
             self._saved_random = None
         super().close()
+
+
+def derived_seed(seed: int, *about: object) -> int:
+    """A seed drawn from `seed` and `about` (say, a crash point), the same in every process
+    (unlike `hash()` of a string)."""
+    return random.Random("/".join(map(str, (seed, *about)))).getrandbits(32)
 
 
 def run_simulated(main: Coroutine[Any, Any, T], *, seed: int | None = None) -> T:

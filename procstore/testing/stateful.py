@@ -195,6 +195,10 @@ class ProcedureStateMachine(RuleBasedStateMachine):
                 left = self._run(self.manager.store.store.walk("procedure/"))
                 assert left == [], f"procedure keys left after everything ended: {left[:3]}"
                 self.check_world(self.outcomes)
-            self._stop()
         finally:
-            self.loop.close()
+            # Whatever failed above, the manager stops before its loop closes: else asyncio
+            # reports its tasks (procstore:gc, procstore:requests) destroyed while pending.
+            try:
+                self._stop()
+            finally:
+                self.loop.close()

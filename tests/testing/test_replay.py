@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from procstore import Context, Procedure, ProcedureManager, ProcedureWithId, Status
@@ -99,3 +100,112 @@ async def test_a_snapshot_of_an_older_release_replays_with_the_new_code(tmp_path
     assert "could not be loaded" in str(unknown)
     # The real store was only read: the procedure is still there, unfinished.
     assert list((tmp_path / "prod" / "procedure" / pid).iterdir())
+
+
+class StuckV1(ResizeV1):
+    async def execute(self, ctx: Context) -> Status:
+        if self.data["at"] == 1:
+            await asyncio.Event().wait()  # an event of this test's loop (GATE is the first test's)
+        return await super().execute(ctx)
+
+
+async def test_a_store_written_under_a_parent_path_replays_with_it_and_nothing_found_is_not_ok(
+    tmp_path: Path,
+) -> None:
+    url = str(tmp_path / "prod")
+    manager = ProcedureManager(url, parent_path="cluster-a/")
+    manager.register_loader(ResizeV1.type_name, lambda d: StuckV1(json.loads(d)))
+    await manager.start()
+    procedure = ProcedureWithId.new(StuckV1({"size": 100, "at": 0}))
+    await manager.submit(procedure)
+    await asyncio.sleep(0.1)
+    await kill_manager(manager)
+    await manager.stop()
+
+    missed = await replay(url, lambda m: m.register(ResizeV2))  # looks under procedure/: nothing there
+    assert missed.procedures == 0 and not missed.ok and "nothing was replayed" in str(missed)
+    with pytest.raises(AssertionError, match="parent_path"):
+        missed.assert_ok()
+    found = await replay(url, lambda m: m.register(ResizeV2), parent_path="cluster-a/")
+    found.assert_ok()
+    assert found.done == [str(procedure.id)]
+
+
+class Child(Procedure):
+    """The old release's child: child 1 is in flight when the old manager dies."""
+
+    type_name = "cloud::Child"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    async def execute(self, ctx: Context) -> Status:
+        if self.data["n"] == 1:
+            await asyncio.Event().wait()
+        return Status.done()
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+
+class Parent(Procedure):
+    type_name = "cloud::Parent"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    async def execute(self, ctx: Context) -> Status:
+        if not self.data.get("spawned"):
+            self.data["spawned"] = True
+            return Status.suspended([ProcedureWithId.new(Child({"n": n})) for n in range(2)])
+        return Status.done()
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    @classmethod
+    def load(cls, data: str) -> Parent:
+        return cls(json.loads(data))
+
+
+class ChildV2(Child):
+    async def execute(self, ctx: Context) -> Status:
+        return Status.done()
+
+
+class ChildV2Failing(Child):
+    async def execute(self, ctx: Context) -> Status:
+        raise ValueError("the new child cannot take over")
+
+
+def strict_child(data: str) -> ChildV2:
+    return ChildV2({"index": json.loads(data)["index"]})  # KeyError: old children have no index
+
+
+async def test_a_child_that_cannot_load_or_fails_under_the_new_code_is_reported(tmp_path: Path) -> None:
+    url = str(tmp_path / "prod")
+    manager = ProcedureManager(url)
+    manager.register(Parent)
+    manager.register_loader(Child.type_name, lambda d: Child(json.loads(d)))
+    await manager.start()
+    await manager.submit(ProcedureWithId.new(Parent({})))
+    await asyncio.sleep(0.2)
+    await kill_manager(manager)
+    await manager.stop()
+
+    def attach(child_loader: Any) -> Any:
+        return lambda m: (m.register(Parent), m.register_loader(Child.type_name, child_loader))
+
+    (await replay(url, attach(lambda d: ChildV2(json.loads(d))), seconds_each=5)).assert_ok()
+
+    not_loaded = await replay(url, attach(strict_child), seconds_each=5)
+    assert not not_loaded.ok, str(not_loaded)
+    [problem] = not_loaded.not_loaded
+    assert problem.type_name == Child.type_name and problem.key.startswith(f"procedure/{problem.procedure_id}/")
+    assert "KeyError: 'index'" in problem.reason
+
+    failed = await replay(url, attach(lambda d: ChildV2Failing(json.loads(d))), seconds_each=5)
+    assert not failed.ok and len(failed.failed) == 1, str(failed)
+    [error] = failed.failed.values()
+    assert "cloud::Child, a child of" in error and "ValueError: the new child cannot take over" in error
+    assert "Traceback" in error

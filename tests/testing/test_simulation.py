@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
+
 from procstore import Context, Procedure, ProcedureManager, ProcedureWithId, Status, StringKey
 from procstore.testing import run_simulated
+from procstore.testing.simulation import SimulatedLoop
 
 COUNTERS: dict[str, int] = {}
 ORDER: list[str] = []
@@ -108,3 +111,20 @@ def test_a_lease_expires_in_virtual_time() -> None:
 
     # A minute of TTL in the loop's time; the test timeout bounds the real time.
     assert run_simulated(takeover(), seed=3) >= 60.0
+
+
+def test_a_loop_whose_base_init_fails_closes_without_an_error_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+    import selectors
+    import sys
+
+    def no_selector() -> selectors.BaseSelector:
+        raise OSError("too many open files")
+
+    errors: list[BaseException | None] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: errors.append(unraisable.exc_value))
+    monkeypatch.setattr(selectors, "DefaultSelector", no_selector)
+    with pytest.raises(OSError, match="too many open files"):
+        SimulatedLoop(seed=1)
+    gc.collect()  # the half-made loop's __del__ calls close()
+    assert not [e for e in errors if "_saved_" in str(e) or "_schedule" in str(e)], errors

@@ -146,3 +146,26 @@ def test_schedules_leave_no_task_pending(caplog: pytest.LogCaptureFixture) -> No
     gc.collect()
     destroyed = [r for r in caplog.records if "Task was destroyed but it is pending" in r.getMessage()]
     assert destroyed == [], destroyed[:3]
+
+
+class FailingCheck(StepsAndRollbacks):
+    def check_world(self, outcomes: dict[ProcedureId, str]) -> None:
+        raise AssertionError("the user's check found a planted bug")
+
+
+def test_a_failing_check_still_stops_the_manager_before_the_loop_closes(caplog: pytest.LogCaptureFixture) -> None:
+    import gc
+    import logging
+
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    machine = FailingCheck()
+    machine.schedule(0)
+    machine.submit(2)
+    machine.wait_for_quiescence()
+    with pytest.raises(AssertionError, match="planted bug"):
+        machine.teardown()
+    assert machine.loop.is_closed()
+    del machine
+    gc.collect()
+    destroyed = [r for r in caplog.records if "Task was destroyed but it is pending" in r.getMessage()]
+    assert destroyed == [], destroyed[:3]
