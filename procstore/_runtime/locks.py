@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -64,6 +64,19 @@ class KeyRwLock:
                 entry.waiters.remove(item)
                 self._wake(key.key, entry)  # we may have been the head blocking others
             raise
+
+    def acquire_all_now(self, keys: Sequence[StringKey]) -> bool:
+        """Take every key at once if none would block (nothing taken otherwise): for a
+        procedure that held its locks when its process died, so that it holds them again
+        before any procedure queued behind it wakes up."""
+        if any(self.would_block(key) for key in keys) or len({key.key for key in keys}) < len(keys):
+            return False
+        for key in keys:
+            entry = self._entries.get(key.key)
+            if entry is None:
+                entry = self._entries[key.key] = _Entry()
+            entry.grant(key.is_exclusive)
+        return True
 
     async def acquire_unless(self, key: StringKey, event: asyncio.Event) -> bool:
         """`acquire(key)`, unless `event` is set before it is granted: then nothing is taken

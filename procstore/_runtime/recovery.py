@@ -215,7 +215,15 @@ def _resume_root(
     meta = ctx.new_meta(pid, message.type_name, message.parent_id, procedure, state, lock_key)
     meta.is_root = True
     meta.inherited = True
-    Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=True).start()
+    # A root past its step 0 (or rolling back) held its locks when its process died, and
+    # its last step may be half done: it takes them again now, before any runner starts, so
+    # that a procedure queued behind it cannot overtake it and run over that half-done step.
+    holds = (message.step > 0 or rolling_back) and ctx.locks.acquire_all_now(lock_key.keys_to_lock())
+    if holds:
+        for held in lock_key.keys_to_lock():
+            ctx.lock_holders.setdefault(held.key, set()).add(pid)
+    runner = Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=True, holds_locks=holds)
+    runner.start()
 
 
 async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy: set[ProcedureId]) -> set[ProcedureId]:

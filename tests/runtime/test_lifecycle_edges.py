@@ -341,3 +341,59 @@ async def test_a_standby_cancel_never_lands_after_stop(tmp_path: Path) -> None:
             await cancelling
         await asyncio.sleep(0.5)
         assert [key for key in store.landed_after(stopped) if "requests/" in key] == []
+
+
+ORDER: list[str] = []
+
+
+class Ordered(Procedure):
+    """Logs each step it runs; holds the exclusive lock `t`; step 1 waits on a gate."""
+
+    type_name = "edges::Ordered"
+    gate: ClassVar[asyncio.Event | None] = None
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    def lock_key(self) -> LockKey:
+        return LockKey([StringKey.exclusive("t")])
+
+    async def execute(self, ctx: Context) -> Status:
+        at = self.data.get("at", 0)
+        ORDER.append(f"{self.data['name']}/{at}")
+        if at == 1 and self.gate is not None:
+            await self.gate.wait()  # half-way through step 1 when its process dies
+        self.data["at"] = at + 1
+        return Status.done() if at == 2 else Status.executing()
+
+
+async def test_a_procedure_that_held_its_locks_takes_them_first_after_a_restart(tmp_path: Path) -> None:
+    """Recovery starts the queued procedure's runner first (its id sorts first), yet the one
+    that held the lock when the process died runs on before it: else the queued one would run
+    over a half-done step."""
+    from procstore.testing import kill_manager
+
+    ORDER.clear()
+    Ordered.gate = asyncio.Event()
+    holder = ProcedureWithId(ProcedureId.parse("ffffffff-ffff-4fff-bfff-ffffffffffff"), Ordered({"name": "holder"}))
+    queued = ProcedureWithId(ProcedureId.parse("00000000-0000-4000-8000-000000000000"), Ordered({"name": "queued"}))
+    first = manager(tmp_path, Ordered)
+    await first.start()
+    await first.submit(holder)
+    while ORDER != ["holder/0", "holder/1"]:
+        await asyncio.sleep(0.005)
+    await first.submit(queued)  # waits for `t`
+    await kill_manager(first)
+    await first.stop()
+    Ordered.gate = None
+    ORDER.clear()
+    second = manager(tmp_path, Ordered)
+    async with second:
+        for procedure in (holder, queued):
+            watcher = second.procedure_watcher(procedure.id)
+            assert watcher is not None
+            await asyncio.wait_for(watcher.wait(), 10)
+    assert ORDER == ["holder/1", "holder/2", "queued/0", "queued/1", "queued/2"]
