@@ -131,12 +131,11 @@ class ProcedureManager:
         self._leadership: Leadership | None = None
         self._highest_epoch = 0
         """The highest lease epoch any of this manager's terms has seen."""
-        self._lifecycle = asyncio.Lock()
-        """Serialises start() and stop(): two concurrent starts would recover everything twice."""
+        self._lifecycle_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
         self._standby_writes: set[asyncio.Task[Any]] = set()
         """A standby's writes (a cancel's request): no term owns them, stop() waits for them."""
-        self._stopping: asyncio.Task[None] | None = None
-        """The shutdown under way, if any: every stop() call awaits it."""
+        self._stops: set[asyncio.Task[None]] = set()
+        """Shutdowns under way: each stop() call's, queued on the lifecycle lock."""
 
     @property
     def _ctx(self) -> ManagerContext | None:
@@ -206,7 +205,7 @@ class ProcedureManager:
         `recovery_problems`. Safe to call concurrently with itself and with `stop()`:
         calls are serialised, and a second `start()` is a no-op.
         """
-        async with self._lifecycle:
+        async with self._lifecycle():
             await self._start()
 
     async def _start(self) -> None:
@@ -306,21 +305,27 @@ class ProcedureManager:
         readable until the next `start()`. Safe to call concurrently and repeatedly; it
         returns once a `submit` whose write was under way has finished or been cancelled.
         """
-        # The shutdown runs in a task of its own that a cancelled caller cannot interrupt
-        # half-way (leaving runners alive and the lease held), and that every concurrent or
-        # repeated call awaits: each returns only once it has finished. A procedure calling
-        # stop() from its own execute() is cancelled like every other runner, instead of
-        # waiting for itself.
-        stopping = self._stopping
-        if stopping is None or stopping.done():
-            stopping = self._stopping = asyncio.get_running_loop().create_task(
-                self._locked_stop(), name="procstore:stop"
-            )
+        # Each call's shutdown is a task of its own, queued behind the start() and stop()
+        # calls made before it (so the last call wins, as in a plain sequence), that a
+        # cancelled caller cannot interrupt half-way (leaving runners alive and the lease
+        # held). A procedure calling stop() from its own execute() is cancelled like every
+        # other runner, instead of waiting for itself.
+        stopping = asyncio.get_running_loop().create_task(self._locked_stop(), name="procstore:stop")
+        self._stops.add(stopping)
+        stopping.add_done_callback(self._stops.discard)
         await asyncio.shield(stopping)
 
     async def _locked_stop(self) -> None:
-        async with self._lifecycle:
+        async with self._lifecycle():
             await self._stop()
+
+    def _lifecycle(self) -> asyncio.Lock:
+        """Serialises start() and stop() (two concurrent starts would recover everything
+        twice); one lock per event loop, so that a manager can serve two `asyncio.run`s."""
+        loop = asyncio.get_running_loop()
+        if self._lifecycle_lock is None or self._lifecycle_lock[0] is not loop:
+            self._lifecycle_lock = (loop, asyncio.Lock())
+        return self._lifecycle_lock[1]
 
     async def _stop(self) -> None:
         state_store, self._state_store = self._state_store, None

@@ -62,7 +62,8 @@ class RetryBudget:
         """Seconds retries spent waiting for a token, in total."""
         self._tokens = float(burst)
         self._updated: float | None = None
-        self._lock = asyncio.Lock()
+        self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        """One lock per event loop: a budget (like its manager) may serve two `asyncio.run`s."""
 
     def _refill(self) -> None:
         # The loop's clock (monotonic, or a test's virtual one), like the sleeps it paces.
@@ -74,7 +75,10 @@ class RetryBudget:
 
     async def take(self) -> None:
         """Take one token, waiting for it if the bucket is empty (first come, first served)."""
-        async with self._lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock[0] is not loop:
+            self._lock = (loop, asyncio.Lock())
+        async with self._lock[1]:
             self._refill()
             if self._tokens < 1:
                 wait = (1 - self._tokens) / self.rate

@@ -118,7 +118,7 @@ class Runner:
     async def _acquire(self, key: StringKey) -> bool:
         """Take `key`; False (the procedure failed with `LockCycle`) if waiting would deadlock."""
         if self.ctx.locks.would_block(key) and (cycle := self.ctx.lock_cycle(self.meta.id, key)) is not None:
-            await self._fail(LockCycle(self.meta.id, key.key, cycle))
+            await self._fail(LockCycle(self.meta.id, key.key, cycle), roll_back=self._ran_before())
             return False
         self.ctx.lock_waits[self.meta.id] = key.key
         try:
@@ -127,10 +127,16 @@ class Runner:
         finally:
             del self.ctx.lock_waits[self.meta.id]
         if not acquired:
-            await self._fail(OperatorRequested(self.ctx.operator_requests[self.meta.id]))
+            await self._fail(OperatorRequested(self.ctx.operator_requests[self.meta.id]), roll_back=self._ran_before())
             return False
         self.ctx.lock_holders.setdefault(key.key, set()).add(self.meta.id)
         return True
+
+    def _ran_before(self) -> bool:
+        """Whether an earlier run stored a step past the submitted state (or began rolling
+        back). A procedure failed while waiting for its locks rolls back only then: without
+        the locks, and with nothing to undo, its rollback must not run."""
+        return self.step > 1 or self.meta.state.kind is not ProcedureStateKind.RUNNING
 
     async def _drive(self) -> None:
         while True:
@@ -209,6 +215,10 @@ class Runner:
             if conflict is not None:
                 await self._fail(conflict)
                 return
+            # The edges count from now, before the first await: two procedures suspending on
+            # each other in one tick must see each other's, or neither would see a cycle.
+            for child_id in children:
+                self.meta.add_child(child_id)
         if status.need_persist:
             # Dumped once: every retry of the write sends these same bytes, so a retry that
             # finds its own earlier write (answer lost) recognises it, whatever dump() does.
@@ -397,12 +407,13 @@ class Runner:
             logger.error("procedure %s: cannot record its internal error: %s", self.meta.id, describe(e))
         self._stop_unrecorded(f"internal error: {describe(exc)}")
 
-    async def _fail(self, exc: BaseException) -> None:
-        """Record the failure: PREPARE_ROLLBACK, or for a procedure without rollback, FAILED."""
+    async def _fail(self, exc: BaseException, *, roll_back: bool = True) -> None:
+        """Record the failure: PREPARE_ROLLBACK, or for a procedure without rollback (or told
+        not to roll back), FAILED."""
         failed = failed_state(exc, gave_up_after=self.ctx.policy.max_retry_times if is_transient(exc) else None)
         self.meta.cancelled = isinstance(exc, OperatorRequested) and exc.request.kind == "cancel"
         logger.warning("procedure %s (%s) failed: %s", self.meta.id, self.meta.type_name, failed.error)
-        if self.procedure.rollback_supported:
+        if roll_back and self.procedure.rollback_supported:
             self.meta.set_state(with_kind(failed, ProcedureStateKind.PREPARE_ROLLBACK))
             return
         if await self._write_rollback_key(failed.error or ""):
