@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import orjson
 import pytest
 from click.testing import CliRunner, Result
 
@@ -128,3 +129,24 @@ async def test_a_torn_request_is_replaced_by_cancel_from_the_command_line_and_th
         await manager.cancel(pid, "durable cancel")  # returns only once the request is stored
     stored = await store.requests.get(pid)
     assert stored is not None and stored.reason == "durable cancel"
+
+
+async def test_a_kept_failed_root_reads_failed_in_show_as_in_ls_and_tree(tmp_path: Path) -> None:
+    """keep_failed stores a failed root as a `.rollback` with a `.commit` above it: `show` (its
+    last panel and `-o json`) says `failed`, as `ls` and `tree` do, never `committed`."""
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        procedure, _ = flaky(fail_at=2)
+        with pytest.raises(ProcedureFailed):
+            await (await manager.submit(procedure)).wait()
+    pid = str(procedure.id)
+    listed = await asyncio.to_thread(run, "ls", str(tmp_path), "--json")
+    assert orjson.loads(listed.output)["status"] == "failed", listed.output
+    tree = await asyncio.to_thread(run, "tree", str(tmp_path), pid)
+    assert "failed" in tree.output and "committed" not in tree.output, tree.output
+    shown = await asyncio.to_thread(run, "show", str(tmp_path), pid)
+    assert shown.exit_code == 0, shown.output
+    last_panel = shown.output.split("commit,")[-1]
+    assert "failed: the procedure failed and ended" in last_panel and "committed" not in shown.output, shown.output
+    document = orjson.loads((await asyncio.to_thread(run, "show", str(tmp_path), pid, "-o", "json")).output)
+    assert [k["ended"] for k in document["keys"] if k["kind"] == "commit"] == ["failed"]
+    assert all("ended" not in k for k in document["keys"] if k["kind"] != "commit")
