@@ -143,7 +143,7 @@ def test_gc_deletes_committed_roots_only(mixed: tuple[Place, MixedStore]) -> Non
     gone = {k for k in before if store.gt_committed in k or store.ps_committed in k}
     assert len(gone) == 4
     assert place.stored_keys() == before - gone  # the committed child of a running parent is kept
-    assert "deleted 2 committed procedures" in result.stdout
+    assert "deleted 2 finished procedures" in result.stdout
 
 
 def test_fail_writes_a_request_and_a_manager_rolls_back(mixed: tuple[Place, MixedStore]) -> None:

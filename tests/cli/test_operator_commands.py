@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from pathlib import Path
 
 import orjson
@@ -150,3 +152,42 @@ async def test_a_kept_failed_root_reads_failed_in_show_as_in_ls_and_tree(tmp_pat
     document = orjson.loads((await asyncio.to_thread(run, "show", str(tmp_path), pid, "-o", "json")).output)
     assert [k["ended"] for k in document["keys"] if k["kind"] == "commit"] == ["failed"]
     assert all("ended" not in k for k in document["keys"] if k["kind"] != "commit")
+
+
+async def test_gc_keeps_failed_roots_and_reports_or_removes_what_walks_skip(tmp_path: Path) -> None:
+    """A failed root kept by keep_failed is for an operator: gc keeps it and says how to
+    remove it. Old temp files in history/ and requests/ go as under procedure/, as do old
+    empty procedure folders; newer temp files and lock files of keys that are gone are reported."""
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        procedure, _ = flaky(fail_at=2)
+        with pytest.raises(ProcedureFailed):
+            await (await manager.submit(procedure)).wait()
+    pid = str(procedure.id)
+    old = time.time() - 7200
+    folder = tmp_path / "procedure" / pid
+    empty = tmp_path / "procedure" / str(ProcedureId.random())
+    empty.mkdir()
+    (tmp_path / "requests").mkdir()
+    paths = {
+        "old": [tmp_path / "history" / ".tmp-h1", tmp_path / "requests" / ".tmp-r1", folder / ".tmp-old"],
+        "new": [folder / ".tmp-new"],
+        "lock": [folder / ".lock-0000000009.step"],
+    }
+    (tmp_path / "history").mkdir(exist_ok=True)
+    for path in [p for group in paths.values() for p in group]:
+        path.write_bytes(b"")
+    for path in [*paths["old"], *paths["lock"], empty]:
+        os.utime(path, (old, old))
+    dry = await asyncio.to_thread(run, "gc", str(tmp_path), "--dry-run")
+    assert dry.exit_code == 0 and "kept 1 failed" in dry.output and "procstore delete" in dry.output, dry.output
+    assert all(p.exists() for group in paths.values() for p in group) and empty.exists()
+    result = await asyncio.to_thread(run, "gc", str(tmp_path), "-o", "json")
+    assert result.exit_code == 0, result.output
+    report = orjson.loads(result.stdout)
+    assert report["deleted"] == [] and report["kept_failed"] == [pid]
+    assert (folder / "0000000000.step").exists()
+    assert report["temp_files_removed"] == 3 and not any(p.exists() for p in paths["old"])
+    assert report["empty_folders_removed"] == [f"procedure/{empty.name}/"] and not empty.exists()
+    assert report["recent_temp_files"] == [f"procedure/{pid}/.tmp-new"] and paths["new"][0].exists()
+    assert report["stray_lock_files"] == [f"procedure/{pid}/.lock-0000000009.step"] and paths["lock"][0].exists()
+    assert any(pid in w and "procstore delete" in w for w in report["warnings"])
