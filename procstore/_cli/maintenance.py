@@ -24,11 +24,11 @@ from procstore._cli.common import (
     run_command,
     store_options,
 )
-from procstore._cli.listing import load_inventory, procedures_table, row_json
+from procstore._cli.listing import OUR_FOLDERS, load_inventory, procedures_table, row_json
 from procstore._cli.output import chosen_format, emit, output_console, output_options, plural
 from procstore.store import LocalDirStore, ProcedureStore
 from procstore.store.inventory import StoredProcedure, StoredStatus
-from procstore.store.local import TEMP_PREFIX
+from procstore.store.local import TEMP_PREFIX, Leftovers
 from procstore.store.requests import OperatorRequest, RequestKind
 
 _GC_CONCURRENCY = 16
@@ -63,40 +63,71 @@ async def gc(
     """Delete committed procedures, in the documented order (steps, then commit, then folder).
 
     Committed subprocedures of a parent that is still unfinished are kept: the parent reads
-    them when it resumes. Temp files a crashed writer left in a local store (`.tmp-*`, older
-    than an hour) go too. Other keys under `procedure/` are reported, never deleted: procstore
-    did not write them. Managers do the same at start; this is for stores no one starts.
+    them when it resumes. A failed root (kept by keep_failed for an operator) is kept too:
+    only `procstore delete` removes one. On a local store, temp files a crashed writer left
+    (`.tmp-*`, older than an hour) and empty procedure folders older than an hour go too;
+    newer temp files and lock files of keys that are gone are reported. Other keys under
+    `procedure/` are reported, never deleted: procstore did not write them. Managers delete
+    committed procedures at start; this is for stores no one starts.
     """
     fmt = chosen_format(storage_options, output, as_json)
     store = await open_existing_store(url, storage_options, parent_path)
     console = Console(stderr=True)
-    temps = 0
+    leftovers = Leftovers()
     try:
         inventory = await load_inventory(store, console)
         now = time.time()
-        chosen = [p for p in inventory.collectable() if p.modified is not None and now - p.modified >= older_than]
-        kept = sum(p.is_finished for p in inventory.procedures.values()) - len(chosen)
+        collectable = inventory.collectable()
+        failed = [p for p in collectable if p.status is StoredStatus.FAILED and p.parent_id is None]
+        chosen = [
+            p for p in collectable if p not in failed and p.modified is not None and now - p.modified >= older_than
+        ]
+        kept = sum(p.status is StoredStatus.COMMITTED for p in inventory.procedures.values()) - len(
+            [p for p in chosen if p.status is StoredStatus.COMMITTED]
+        )
         if not dry_run:
             await _delete_all(store, chosen, console)
-            if isinstance(store.store, LocalDirStore):
-                temps = await store.store.remove_stale_temps(store.proc_path)
+        if isinstance(store.store, LocalDirStore):
+            folders = [store.proc_path, *(f"{store.parent_path}{f}" for f in OUR_FOLDERS)]
+            leftovers = await store.store.leftovers(folders, store.proc_path, remove=not dry_run)
     finally:
         await store.store.close()
     verb = "would delete" if dry_run else "deleted"
+    removed = "would remove" if dry_run else "removed"
     others = [k for k in inventory.other_keys if not k.rsplit("/", 1)[-1].startswith(TEMP_PREFIX)]
     summary = (
-        f"{'dry run: ' if dry_run else ''}{verb} {plural(len(chosen), 'committed procedure')}; kept "
+        f"{'dry run: ' if dry_run else ''}{verb} {plural(len(chosen), 'finished procedure')}; kept "
         f"{kept} committed (too recent, or parent still unfinished)"
-        + (f"; removed {plural(temps, 'stale temp file')}" if temps else "")
+        + (f"; kept {len(failed)} failed (`procstore delete ID` removes one)" if failed else "")
+        + (f"; {removed} {plural(len(leftovers.old_temps), 'stale temp file')}" if leftovers.old_temps else "")
+        + (
+            f"; {removed} {plural(len(leftovers.old_empty_folders), 'empty procedure folder')}"
+            if leftovers.old_empty_folders
+            else ""
+        )
     )
     document = {
         "dry_run": dry_run,
         "deleted": [row_json(p, inventory) for p in chosen],
         "kept_committed": kept,
-        "temp_files_removed": temps,
-        "left_alone": others,
+        "kept_failed": [str(p.procedure_id) for p in failed],
+        "temp_files_removed": len(leftovers.old_temps),
+        "empty_folders_removed": leftovers.old_empty_folders,
+        "recent_temp_files": leftovers.young_temps,
+        "stray_lock_files": leftovers.stray_locks,
+        "left_alone": others + leftovers.young_empty_folders,
     }
-    warnings = [f"not written by procstore, left alone: {k}" for k in others]
+    warnings = [
+        *(
+            f"failed, kept for an operator (`procstore resume`, `rewind`, or `procstore delete` to remove it): "
+            f"{p.procedure_id}"
+            for p in failed
+        ),
+        *(f"not written by procstore, left alone: {k}" for k in others),
+        *(f"recent temp file (a write under way, or cut short lately), left alone: {k}" for k in leftovers.young_temps),
+        *(f"lock file of a key that is gone (harmless), left alone: {k}" for k in leftovers.stray_locks),
+        *(f"recent empty procedure folder, left alone: {k}" for k in leftovers.young_empty_folders),
+    ]
     emit(
         fmt,
         document,

@@ -20,9 +20,10 @@ from procstore._cli.common import (
     store_options,
 )
 from procstore._cli.history import show_ended
+from procstore._cli.listing import STATUS_STYLE
 from procstore._cli.output import chosen_format, emit, iso_time, output_options, plural
-from procstore.store.inventory import read_history
-from procstore.store.keys import KeysByProcedure, KeyType
+from procstore.store.inventory import ENDINGS, ending, read_history
+from procstore.store.keys import KeysByProcedure
 from procstore.store.message import ProcedureMessage
 
 
@@ -73,9 +74,13 @@ def _fields_table(fields: dict[str, Any], previous: dict[str, Any] | None) -> Ta
     return table
 
 
-def _entry(key: Any, modified: float | None, message: ProcedureMessage | None, problem: str | None) -> dict[str, Any]:
+def _entry(history: list[Any], index: int) -> dict[str, Any]:
+    key, modified, message, problem = history[index]
+    ended = ending(history, index)
     entry: dict[str, Any] = {"key": str(key), "step": key.step, "kind": key.key_type.value,
                              "modified": iso_time(modified), "problem": problem, "message": None}  # fmt: skip
+    if ended is not None:
+        entry["ended"] = ended.value
     if message is not None:
         entry["message"] = {"type_name": message.type_name, "data": message.data,
                             "parent_id": message.parent_id and str(message.parent_id),
@@ -86,10 +91,12 @@ def _entry(key: Any, modified: float | None, message: ProcedureMessage | None, p
 def _panels(history: list[Any]) -> list[RenderableType]:
     panels: list[RenderableType] = []
     previous: dict[str, Any] | None = None
-    for key, modified, message, problem in history:
+    for index, (key, modified, message, problem) in enumerate(history):
         title = f"step {key.step} {key.key_type.value}, {iso_time(modified) or '-'}"
-        if key.key_type is KeyType.COMMIT:
-            panels.append(Panel("[green]committed: the procedure finished[/]", title=title, title_align="left"))
+        ended = ending(history, index)
+        if ended is not None:
+            color = STATUS_STYLE[ended]
+            panels.append(Panel(f"[{color}]{ENDINGS[ended]}[/]", title=title, title_align="left"))
             continue
         if message is None:
             panels.append(Panel(f"[dim]{key}[/]\n[bold red]unreadable:[/] {problem}", title=title, title_align="left"))
@@ -137,7 +144,7 @@ async def show(
     if found is None:
         return
     pid, history = found
-    document = {"procedure": str(pid), "keys": [_entry(*item) for item in history]}
+    document = {"procedure": str(pid), "keys": [_entry(history, i) for i in range(len(history))]}
     emit(fmt, document, lambda: _panels(history), rows="keys")
     unreadable = [str(key) for key, _, _, problem in history if problem is not None]
     if unreadable:

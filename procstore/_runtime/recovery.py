@@ -18,7 +18,7 @@ from procstore._runtime.runner import Runner
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.state import ProcedureState, ProcedureStateKind
-from procstore.store.keys import KeysByProcedure, KeyType
+from procstore.store.keys import KeysByProcedure, KeyType, procedure_dir
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
 
@@ -32,6 +32,7 @@ ORPHAN_HINT = (
 
 async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     """Resume what the store holds; returns the procedures that could not be resumed."""
+    requested = await ctx.store.requests.stored_ids()  # before the procedures: see `_forget_requests`
     loaded = await ctx.store.load_messages()
     problems = list(loaded.problems)
     for problem in loaded.problems:
@@ -62,6 +63,8 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
             await ctx.store.delete_procedures(to_delete)
         except ProcedureError as e:
             logger.warning("could not delete finished procedures (%s); the next start tries again", e)
+            to_delete = []
+    await _forget_requests(ctx, requested, loaded, to_delete)
 
     with collector_paused():
         for pid, message in rolling_back_roots:
@@ -75,6 +78,25 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
         len(problems),
     )
     return problems
+
+
+async def _forget_requests(
+    ctx: ManagerContext, requested: set[ProcedureId], loaded: ProcedureMessages, deleted: list[ProcedureId]
+) -> None:
+    """Delete operator requests after their procedure's keys, as `delete_tree` does: those of
+    the trees deleted here, and those whose procedure had no keys left (a crash between the
+    two deletions). `requested` was listed before the procedures, and a request is written
+    only for a stored procedure, so none of these can be for a procedure stored since."""
+    done = set(deleted)
+    held = {*loaded.messages, *loaded.rollback_messages, *loaded.finished_ids, *loaded.unreadable_ids}
+    try:
+        gone = [pid for pid in requested if pid in done]
+        for pid in requested - done - held:  # no keys when listed: make sure none came since
+            if not await ctx.store.store.walk(procedure_dir(ctx.store.proc_path, pid)):
+                gone.append(pid)
+        await ctx.store.requests.delete(gone)
+    except ProcedureError as e:
+        logger.warning("could not delete operator requests of ended procedures (%s); the next start tries again", e)
 
 
 def _plan_finished(
@@ -259,6 +281,7 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
             ", ".join(map(str, doomed[:10])),
         )
         await ctx.store.delete_procedures(doomed)
+        await ctx.store.requests.delete_present(doomed)
     for messages, rolling_back in ((loaded.rollback_messages, True), (loaded.messages, False)):
         for pid, message in messages.items():
             if message.parent_id is not None or ctx.is_known(pid) or pid in busy:

@@ -76,8 +76,12 @@ async def delete_tree(ctx: ManagerContext, root: ProcedureMeta, ids: list[Proced
         await ctx.store.delete_procedures(children, known)
         if doomed and doomed[0] == root.id:
             await ctx.store.delete_procedure(root.id, known.get(root.id))
-        # Requests go last: until the keys are gone, a restart must honour them again.
-        await ctx.store.requests.delete([pid for pid in doomed if pid in ctx.operator_requests])
+        # Requests go last: until the keys are gone, a restart must honour them again. A tree
+        # recovered from the store may have requests this term never read (a rollback reads none).
+        if root.inherited:
+            await ctx.store.requests.delete_present(doomed)
+        else:
+            await ctx.store.requests.delete([pid for pid in doomed if pid in ctx.operator_requests])
 
     try:
         await ctx.policy.call(delete)

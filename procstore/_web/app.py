@@ -32,7 +32,15 @@ from procstore._runtime.lease import LeaseRecord
 from procstore.errors import StoreError
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore, open_state_store
-from procstore.store.inventory import Inventory, StoredProcedure, StoredStatus, read_history, read_inventory
+from procstore.store.inventory import (
+    ENDINGS,
+    Inventory,
+    StoredProcedure,
+    StoredStatus,
+    ending,
+    read_history,
+    read_inventory,
+)
 from procstore.store.keys import KeyType
 
 _TEMPLATES = Environment(
@@ -190,7 +198,9 @@ async def _procedure(store: ProcedureStore, text: str) -> dict[str, Any]:
         current = parent
     steps: list[dict[str, Any]] = []
     previous: dict[str, Any] | None = None
-    for key, modified, message, problem in await read_history(store, p.procedure_id):
+    history = await read_history(store, p.procedure_id)
+    for index, (key, modified, message, problem) in enumerate(history):
+        ended = ending(history, index)
         step: dict[str, Any] = {
             "key": str(key),
             "step": key.step,
@@ -199,6 +209,7 @@ async def _procedure(store: ProcedureStore, text: str) -> dict[str, Any]:
             "problem": problem,
             "error": None,
             "fields": [],
+            "ended": None if ended is None else {"status": ended.value, "text": ENDINGS[ended]},
         }
         if problem is not None:
             step["hint"] = UNREADABLE_HINT

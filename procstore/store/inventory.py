@@ -50,6 +50,23 @@ _STATUS_OF_LATEST = {
     KeyType.ROLLBACK: StoredStatus.ROLLING_BACK,
 }
 
+ENDINGS = {
+    StoredStatus.COMMITTED: "committed: the procedure finished",
+    StoredStatus.FAILED: "failed: the procedure failed and ended; its rollback, if it has one, ran to its end",
+}
+"""What a `.commit` key says, by the status it gives its procedure: one wording for `show`,
+the web page and the status `ls` and `tree` print."""
+
+
+def status_of_keys(keys: Sequence[ParsedKey]) -> StoredStatus:
+    """The status these keys (oldest first) tell: the latest-step rule, with a `.commit` above
+    a `.rollback` being `FAILED`."""
+    status = _STATUS_OF_LATEST[keys[-1].key_type]
+    readable = [k for k in keys if k.key_type is not KeyType.COMMIT]
+    if status is StoredStatus.COMMITTED and readable and readable[-1].key_type is KeyType.ROLLBACK:
+        return StoredStatus.FAILED
+    return status
+
 
 @dataclass(slots=True)
 class StoredProcedure:
@@ -149,14 +166,10 @@ async def read_inventory(store: ProcedureStore, progress: Progress | None = None
     to_read: list[tuple[StoredProcedure, ParsedKey]] = []
     for pid, found in grouped.steps.items():
         keys = sorted((ParsedKey(store.proc_path, pid, step, kind) for step, kind in found), key=_order)
-        latest = keys[-1]
-        status = _STATUS_OF_LATEST[latest.key_type]
-        procedure = procedures[pid] = StoredProcedure(pid, keys, status, modified.get(str(latest)))
+        procedure = procedures[pid] = StoredProcedure(pid, keys, status_of_keys(keys), modified.get(str(keys[-1])))
         readable = [k for k in keys if k.key_type is not KeyType.COMMIT]
         if readable:
             to_read.append((procedure, readable[-1]))
-            if status is StoredStatus.COMMITTED and readable[-1].key_type is KeyType.ROLLBACK:
-                procedure.status = StoredStatus.FAILED
     values = await _read_in_chunks(store, [str(key) for _, key in to_read], progress)
     for (procedure, key), raw in zip(to_read, values, strict=True):
         try:
@@ -209,6 +222,14 @@ async def read_history(
         except MessageDecodeError as e:
             history.append((key, modified.get(str(key)), None, str(e)))
     return history
+
+
+def ending(history: Sequence[tuple[ParsedKey, object, object, object]], index: int) -> StoredStatus | None:
+    """For a `.commit` key (at `index` of `read_history`'s list), the status it ends its
+    procedure with (`committed`, or `failed` above a rollback); None for other keys."""
+    if history[index][0].key_type is not KeyType.COMMIT:
+        return None
+    return status_of_keys([key for key, *_ in history[: index + 1]])
 
 
 def _order(key: ParsedKey) -> tuple[int, bool]:

@@ -16,6 +16,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from procstore._aio import run_blocking
@@ -28,6 +29,23 @@ LOCK_PREFIX = ".lock-"
 """Lock files of compare-and-swap writes. Walks skip every name starting with a dot."""
 
 _STALE_TEMP_SECONDS = 3600.0
+
+
+@dataclass(slots=True)
+class Leftovers:
+    """What `LocalDirStore.leftovers` found that walks never list (paths from the store's root)."""
+
+    old_temps: list[str] = field(default_factory=list)
+    """Temp files of writes cut short, older than the cutoff: removed (unless a dry run)."""
+    young_temps: list[str] = field(default_factory=list)
+    """Newer temp files: a write in progress, or one cut short lately. Left alone."""
+    stray_locks: list[str] = field(default_factory=list)
+    """Lock files of compare-and-swap writes whose key is gone: harmless, left alone (one
+    may be in use: deleting it could let two writers lock the same key)."""
+    old_empty_folders: list[str] = field(default_factory=list)
+    """Empty procedure folders (named by an id), older than the cutoff: removed (unless a dry run)."""
+    young_empty_folders: list[str] = field(default_factory=list)
+    """Newer empty procedure folders: a first write may be under way. Left alone."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -290,6 +308,42 @@ class LocalDirStore(StateStore):
                         continue
         return removed
 
+    def _leftovers(self, folders: Sequence[str], procedures: str, older_than: float, remove: bool) -> Leftovers:
+        cutoff = time.time() - older_than
+        found = Leftovers()
+        base = self._path(procedures)
+        # Folder ages before their temp files go: removing one makes its folder look new.
+        ages = {d: d.stat().st_mtime for d in base.iterdir() if d.is_dir()} if base.is_dir() else {}
+        for folder in folders:
+            for dirpath, _dirs, files in os.walk(self._path(folder)):
+                here = Path(dirpath)
+                for name in sorted(files):
+                    path, key = here / name, (here / name).relative_to(self.root).as_posix()
+                    if name.startswith(TEMP_PREFIX):
+                        with contextlib.suppress(FileNotFoundError):
+                            old = path.stat().st_mtime < cutoff
+                            (found.old_temps if old else found.young_temps).append(key)
+                            if old and remove:
+                                path.unlink()
+                    elif name.startswith(LOCK_PREFIX) and not (here / name[len(LOCK_PREFIX) :]).exists():
+                        found.stray_locks.append(key)
+        for directory, modified in sorted(ages.items()):
+            if _is_id(directory.name) and directory.is_dir() and not any(directory.iterdir()):
+                key = f"{directory.relative_to(self.root).as_posix()}/"
+                (found.old_empty_folders if modified < cutoff else found.young_empty_folders).append(key)
+                if modified < cutoff and remove:
+                    self._remove_folder(key)
+        return found
+
+    async def leftovers(
+        self, folders: Sequence[str], procedures: str, older_than: float = _STALE_TEMP_SECONDS, remove: bool = True
+    ) -> Leftovers:
+        """Files and folders under `folders` that walks skip, for `procstore gc`: temp files and
+        empty procedure folders (under `procedures`) older than `older_than` seconds are
+        removed if `remove`; newer ones, and lock files whose key is gone, are only reported."""
+        with store_errors("cleaning up", self.url, procedures):
+            return await run_blocking(self._leftovers, folders, procedures, older_than, remove)
+
     async def remove_stale_temps(self, prefix: str, older_than: float = _STALE_TEMP_SECONDS) -> int:
         """Delete temp files a crashed writer left under `prefix`; returns how many.
 
@@ -297,6 +351,13 @@ class LocalDirStore(StateStore):
         """
         with store_errors("cleaning temp files in", self.url, prefix):
             return await run_blocking(self._remove_stale_temps, prefix, older_than)
+
+
+def _is_id(name: str) -> bool:
+    try:
+        return str(uuid.UUID(name)) == name
+    except ValueError:
+        return False
 
 
 def _write_all(fd: int, value: bytes) -> None:

@@ -9,6 +9,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from procstore.errors import StoreUnavailable
+from procstore.store.errors import unavailable
 from procstore.store.fsspec_store import FsspecStore
 from procstore.store.gcs import GcsStore, send_guard_trace_config
 from procstore.store.local import LocalDirStore
@@ -32,7 +33,8 @@ def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any
     `storage_options`. Must be called inside the event loop that
     will use the store, because async filesystems bind to it.
 
-    Raises `StoreUnavailable` for an unknown protocol or a backend that is not installed.
+    Raises `StoreUnavailable` for an unknown protocol, a backend that is not installed, or a
+    filesystem that connects as it is built (ftp://, sftp://...) and cannot.
     """
     text = os.fspath(url)
     protocol = _protocol_of(text)
@@ -71,6 +73,8 @@ def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any
             f"cannot open {text}: {e}; expected a local path, file://, s3://, gs://, memory:// "
             "or another fsspec URL, with valid storage_options"
         ) from e
+    except Exception as e:  # a filesystem that connects as it is built (ftp, sftp, smb...): unreachable
+        raise unavailable(text, e) from e
     if isinstance(fs, LocalFileSystem):
         return LocalDirStore(path)
     if getattr(fs, "asynchronous", False):  # storage_options may have asked for a blocking client

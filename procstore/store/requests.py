@@ -26,6 +26,7 @@ from __future__ import annotations
 import getpass
 import socket
 import time
+from collections.abc import Collection
 from typing import Literal
 
 import msgspec
@@ -156,6 +157,21 @@ class RequestStore:
         """Forget the requests of procedures whose keys are gone."""
         if procedure_ids:
             await self.store.batch_delete([self.key(pid) for pid in procedure_ids])
+
+    async def stored_ids(self) -> set[ProcedureId]:
+        """The procedures with a request key, readable or not (one listing, no reads)."""
+        ids = (
+            ProcedureId.parse_canonical(k[len(self.prefix) : -len(".json")]) for k in await self.store.walk(self.prefix)
+        )
+        return {pid for pid in ids if pid is not None}
+
+    async def delete_present(self, procedure_ids: Collection[ProcedureId]) -> None:
+        """`delete` for those of `procedure_ids` that have a request (readable or not), found by
+        one listing: for many procedures, most without a request (recovery's deletions)."""
+        wanted = {self.key(pid) for pid in procedure_ids}
+        present = [key for key in await self.store.walk(self.prefix) if key in wanted] if wanted else []
+        if present:
+            await self.store.batch_delete(present)
 
 
 def _who() -> str:

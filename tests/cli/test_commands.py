@@ -19,7 +19,7 @@ from procstore import ProcedureId, ProcedureManager
 from procstore._cli.app import cli
 from procstore._cli.common import ExitCode
 from procstore.store import open_state_store
-from procstore.testing.pytest_plugin import create_bucket, s3_storage_options
+from procstore.testing.pytest_plugin import create_bucket, free_port, s3_storage_options
 from tests.cli.store_builder import MixedStore, build_mixed_store
 from tests.procedures import BLOCKERS, register_all
 
@@ -143,7 +143,7 @@ def test_gc_deletes_committed_roots_only(mixed: tuple[Place, MixedStore]) -> Non
     gone = {k for k in before if store.gt_committed in k or store.ps_committed in k}
     assert len(gone) == 4
     assert place.stored_keys() == before - gone  # the committed child of a running parent is kept
-    assert "deleted 2 committed procedures" in result.stdout
+    assert "deleted 2 finished procedures" in result.stdout
 
 
 def test_fail_writes_a_request_and_a_manager_rolls_back(mixed: tuple[Place, MixedStore]) -> None:
@@ -214,6 +214,14 @@ def test_bad_input_gives_one_line_errors_and_documented_codes(tmp_path: Path, pr
     assert runner.invoke(cli, ["show", str(tmp_path), "0000"]).exit_code == ExitCode.NOT_FOUND
     assert runner.invoke(cli, ["ls", str(tmp_path), "--older-than", "5x"]).exit_code == ExitCode.USAGE
     assert runner.invoke(cli, ["ls", str(tmp_path), "-o", "novalue"]).exit_code == ExitCode.USAGE
+
+
+def test_a_store_whose_filesystem_cannot_connect_is_unavailable() -> None:
+    """fsspec's FTPFileSystem connects as it is built: refused, it is exit code 3, one line."""
+    result = CliRunner().invoke(cli, ["ls", f"ftp://127.0.0.1:{free_port()}/x"])
+    assert result.exit_code == ExitCode.STORE_UNAVAILABLE, result.output
+    assert "ConnectionRefusedError" in result.stderr and "internal error" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0
 
 
 def test_the_installed_command_prints_one_line_and_exits_with_the_code(tmp_path: Path) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from pathlib import Path
 
+import orjson
 import pytest
 from click.testing import CliRunner, Result
 
@@ -128,3 +131,63 @@ async def test_a_torn_request_is_replaced_by_cancel_from_the_command_line_and_th
         await manager.cancel(pid, "durable cancel")  # returns only once the request is stored
     stored = await store.requests.get(pid)
     assert stored is not None and stored.reason == "durable cancel"
+
+
+async def test_a_kept_failed_root_reads_failed_in_show_as_in_ls_and_tree(tmp_path: Path) -> None:
+    """keep_failed stores a failed root as a `.rollback` with a `.commit` above it: `show` (its
+    last panel and `-o json`) says `failed`, as `ls` and `tree` do, never `committed`."""
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        procedure, _ = flaky(fail_at=2)
+        with pytest.raises(ProcedureFailed):
+            await (await manager.submit(procedure)).wait()
+    pid = str(procedure.id)
+    listed = await asyncio.to_thread(run, "ls", str(tmp_path), "--json")
+    assert orjson.loads(listed.output)["status"] == "failed", listed.output
+    tree = await asyncio.to_thread(run, "tree", str(tmp_path), pid)
+    assert "failed" in tree.output and "committed" not in tree.output, tree.output
+    shown = await asyncio.to_thread(run, "show", str(tmp_path), pid)
+    assert shown.exit_code == 0, shown.output
+    last_panel = shown.output.split("commit,")[-1]
+    assert "failed: the procedure failed and ended" in last_panel and "committed" not in shown.output, shown.output
+    document = orjson.loads((await asyncio.to_thread(run, "show", str(tmp_path), pid, "-o", "json")).output)
+    assert [k["ended"] for k in document["keys"] if k["kind"] == "commit"] == ["failed"]
+    assert all("ended" not in k for k in document["keys"] if k["kind"] != "commit")
+
+
+async def test_gc_keeps_failed_roots_and_reports_or_removes_what_walks_skip(tmp_path: Path) -> None:
+    """A failed root kept by keep_failed is for an operator: gc keeps it and says how to
+    remove it. Old temp files in history/ and requests/ go as under procedure/, as do old
+    empty procedure folders; newer temp files and lock files of keys that are gone are reported."""
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        procedure, _ = flaky(fail_at=2)
+        with pytest.raises(ProcedureFailed):
+            await (await manager.submit(procedure)).wait()
+    pid = str(procedure.id)
+    old = time.time() - 7200
+    folder = tmp_path / "procedure" / pid
+    empty = tmp_path / "procedure" / str(ProcedureId.random())
+    empty.mkdir()
+    (tmp_path / "requests").mkdir()
+    paths = {
+        "old": [tmp_path / "history" / ".tmp-h1", tmp_path / "requests" / ".tmp-r1", folder / ".tmp-old"],
+        "new": [folder / ".tmp-new"],
+        "lock": [folder / ".lock-0000000009.step"],
+    }
+    (tmp_path / "history").mkdir(exist_ok=True)
+    for path in [p for group in paths.values() for p in group]:
+        path.write_bytes(b"")
+    for path in [*paths["old"], *paths["lock"], empty]:
+        os.utime(path, (old, old))
+    dry = await asyncio.to_thread(run, "gc", str(tmp_path), "--dry-run")
+    assert dry.exit_code == 0 and "kept 1 failed" in dry.output and "procstore delete" in dry.output, dry.output
+    assert all(p.exists() for group in paths.values() for p in group) and empty.exists()
+    result = await asyncio.to_thread(run, "gc", str(tmp_path), "-o", "json")
+    assert result.exit_code == 0, result.output
+    report = orjson.loads(result.stdout)
+    assert report["deleted"] == [] and report["kept_failed"] == [pid]
+    assert (folder / "0000000000.step").exists()
+    assert report["temp_files_removed"] == 3 and not any(p.exists() for p in paths["old"])
+    assert report["empty_folders_removed"] == [f"procedure/{empty.name}/"] and not empty.exists()
+    assert report["recent_temp_files"] == [f"procedure/{pid}/.tmp-new"] and paths["new"][0].exists()
+    assert report["stray_lock_files"] == [f"procedure/{pid}/.lock-0000000009.step"] and paths["lock"][0].exists()
+    assert any(pid in w and "procstore delete" in w for w in report["warnings"])

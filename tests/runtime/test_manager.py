@@ -22,6 +22,7 @@ from procstore import (
 )
 from procstore.store import LocalDirStore
 from procstore.testing import FaultyStore
+from procstore.testing.pytest_plugin import free_port
 from tests.conftest import StoreTarget
 from tests.procedures import Steps, World
 from tests.runtime.helpers import blocker, eventually, manager_for, steps
@@ -161,5 +162,13 @@ async def test_unreachable_store_fails_start(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a directory")
     manager = manager_for(StoreTarget("local", str(tmp_path / "file")))
     with pytest.raises(StoreUnavailable, match="file"):
+        await manager.start()
+    assert not manager.is_running
+
+
+async def test_a_store_whose_filesystem_cannot_connect_fails_start_as_unavailable() -> None:
+    """fsspec's FTPFileSystem connects as it is built: a refused connection is StoreUnavailable."""
+    manager = ProcedureManager(f"ftp://127.0.0.1:{free_port()}/x")
+    with pytest.raises(StoreUnavailable, match="ConnectionRefusedError.*reachable"):
         await manager.start()
     assert not manager.is_running

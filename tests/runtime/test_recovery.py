@@ -7,10 +7,12 @@ import json
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from procstore import Lease, ProcedureId, ProcedureManager, ProcedureWithId
 from procstore.store import LocalDirStore
+from procstore.store.requests import OperatorRequest
 from procstore.testing import FaultyStore
 from tests.conftest import StoreTarget
 from tests.greptime import greptime_step
@@ -210,3 +212,37 @@ async def test_a_folder_without_a_step_0_is_a_late_write_deleted_not_run(tmp_pat
         assert manager.procedure_state(ProcedureId.parse(stray)) is None
     assert not (tmp_path / "procedure" / stray).exists()
     assert world.counts["steps/5"] == 0
+
+
+async def test_requests_of_trees_ended_at_or_before_start_are_deleted_after_their_keys(tmp_path: Path) -> None:
+    """A cancel request outlives its procedure's keys by a crash: recovery deletes the keys of
+    a finished tree, then its request; a request whose procedure has no keys left goes too,
+    and so does that of a rollback resumed at start; a live procedure's request stays."""
+    world = World.new()
+    world.effects.add("steps/0")
+    data = json.dumps({"world": world.name, "steps": 3, "at": 1})
+    finished, rolling_back, gone, live = (str(ProcedureId.random()) for _ in range(4))
+    write_raw(tmp_path, f"procedure/{finished}/0000000000.step", greptime_step("test::Undoable", data, 0))
+    write_raw(
+        tmp_path, f"procedure/{finished}/0000000001.rollback", greptime_step("test::Undoable", data, 1, error="x")
+    )
+    write_raw(tmp_path, f"procedure/{finished}/0000000002.commit", b"")
+    write_raw(tmp_path, f"procedure/{rolling_back}/0000000000.step", greptime_step("test::Undoable", data, 0))
+    write_raw(
+        tmp_path,
+        f"procedure/{rolling_back}/0000000001.rollback",
+        greptime_step("test::Undoable", data, 1, error="boom"),
+    )
+    write_raw(tmp_path, f"procedure/{live}/0000000000.step", greptime_step("test::NoLoader", "{}", 0))
+    for pid in (finished, rolling_back, gone, live):
+        write_raw(tmp_path, f"requests/{pid}.json", msgspec.json.encode(OperatorRequest.new("cancel", "stop")))
+    recorder = FaultyStore(LocalDirStore(tmp_path))
+    async with manager_for(recorder) as manager:
+        state = await wait_for_state(manager, ProcedureId.parse(rolling_back))
+        assert state.is_failed()
+        await eventually(lambda: not (tmp_path / "requests" / f"{rolling_back}.json").exists())
+    assert sorted(os.listdir(tmp_path / "requests")) == [f"{live}.json"]
+    assert await LocalDirStore(tmp_path).walk("procedure/") == [f"procedure/{live}/0000000000.step"]
+    deletes = [op.key for op in recorder.ops if "delete" in op.kind]
+    last_key = max(i for i, key in enumerate(deletes) if f"procedure/{finished}/" in key)
+    assert min(i for i, key in enumerate(deletes) if f"requests/{finished}.json" in key) > last_key

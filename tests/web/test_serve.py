@@ -105,7 +105,9 @@ def test_a_failed_procedure_is_not_shown_as_rolled_back(tmp_path: Path) -> None:
         assert [p["status"] for p in data["procedures"]] == ["failed", "failed"]
         assert data["counts"]["failed"] == 2 and "rolled back" not in data["counts"]
         assert "2 failed" in client.get("/").text
-        assert "failed-note" in client.get(f"/p/{ids[0]}").text
+        page = client.get(f"/p/{ids[0]}").text
+        assert "failed-note" in page
+        assert "failed: the procedure failed and ended" in page and "the procedure finished" not in page
     listed = CliRunner().invoke(cli, ["ls", url, "--json"])
     assert [json.loads(line)["status"] for line in listed.output.splitlines()] == ["failed", "failed"]
     assert CliRunner().invoke(cli, ["ls", url, "--status", "rolled-back", "--json"]).output == listed.output
