@@ -14,8 +14,12 @@ if TYPE_CHECKING:
 
 
 def describe(exc: BaseException) -> str:
-    """`Type: message`, or just `Type` for an exception without a message."""
-    text = str(exc)
+    """`Type: message`, or just `Type` for an exception without a message (or whose
+    `__str__` itself raises: the error being described must not be lost to that one)."""
+    try:
+        text = str(exc)
+    except Exception as e:
+        text = f"<its message could not be made: {type(e).__name__}>"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

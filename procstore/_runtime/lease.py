@@ -93,18 +93,29 @@ class Lease:
     adopt_interval: float = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        if not 0 < self.ttl <= _MAX_TTL:  # also refuses NaN and infinity
-            raise ValueError(f"lease ttl must be > 0 and at most a year ({_MAX_TTL:.0f} s), got {self.ttl}")
+        for name in ("ttl", "drift", "stop_margin", "late_write_grace", "adopt_interval"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ValueError(f"lease {name} must be a number of seconds, got {value!r}")
+        if not _MIN_TTL <= self.ttl <= _MAX_TTL:  # also refuses NaN and infinity
+            raise ValueError(f"lease ttl must be between {_MIN_TTL} s and a year ({_MAX_TTL:.0f} s), got {self.ttl}")
         if not 0 <= self.drift < 1:
             raise ValueError(f"lease drift must be in [0, 1), got {self.drift}")
-        if not self.holder:
-            raise ValueError("lease holder must not be empty")
+        if not isinstance(self.holder, str) or not self.holder:
+            raise ValueError(f"lease holder must be a non-empty string, got {self.holder!r}")
+        try:
+            self.holder.encode()
+        except UnicodeEncodeError as e:
+            raise ValueError(f"lease holder must be valid text: {e}") from None
         defaults = {"stop_margin": self.ttl / 5, "late_write_grace": 5 * self.ttl, "adopt_interval": 3 * self.ttl}
         for name, default in defaults.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
-        if not 0 <= self.stop_margin < self.ttl:
-            raise ValueError(f"lease stop_margin must be in [0, ttl), got {self.stop_margin}")
+        if not 0 <= self.stop_margin <= self.ttl - _MIN_WINDOW:
+            raise ValueError(
+                f"lease stop_margin must be in [0, ttl - {_MIN_WINDOW}] (a holder must have time to write), "
+                f"got {self.stop_margin}"
+            )
         for name in ("late_write_grace", "adopt_interval"):
             if not 0 <= getattr(self, name) <= _MAX_TTL:  # also refuses NaN and infinity
                 raise ValueError(f"lease {name} must be in [0, {_MAX_TTL:.0f}] seconds, got {getattr(self, name)}")
@@ -184,6 +195,10 @@ class LeaseRecord:
 
 _MAX_TTL = 86_400.0 * 365
 """A year: far above any sane TTL, and it keeps infinity out."""
+_MIN_TTL = 0.1
+"""Below it a holder would spend its whole term renewing (each renewal is a store round trip)."""
+_MIN_WINDOW = 0.05
+"""The least time, in seconds, a holder may write in after each renewal (`ttl - stop_margin`)."""
 MAX_EPOCH = 2**63 - 1
 """The highest epoch a record may hold (a signed 64-bit fencing token, as most systems take)."""
 

@@ -379,8 +379,8 @@ class Runner:
         """A bug in procstore, or an error in a hook outside execute() and rollback() (dump(),
         lock_key(), a property): the procedure fails as it would from execute(), its rollback
         included, so that the outcome watchers see is the one stored. If failing it breaks
-        too, the failure is recorded without a rollback and the keys are kept for an
-        operator; if the store refuses even that, nothing more is written and the next
+        too, the failure is recorded without a rollback (keys kept while this manager runs,
+        and for good with `keep_failed`); if the store refuses even that, nothing more is written and the next
         start() resumes it (its error says so)."""
         logger.error(
             "procedure %s (%s) crashed its runner", self.meta.id, self.meta.type_name, exc_info=(type(exc), exc, None)
@@ -398,7 +398,7 @@ class Runner:
                 raise
             logger.error("procedure %s: failing it failed too: %s", self.meta.id, describe(again))
         self.meta.keep_keys = True
-        failed = with_error(failed, f"{failed.error}; recorded as failed without running a rollback; keys kept")
+        failed = with_error(failed, f"{failed.error}; recorded as failed without running a rollback")
         try:
             if await self._write_rollback_key(failed.error or ""):
                 await self._end_failure(failed)

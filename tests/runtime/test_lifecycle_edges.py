@@ -397,3 +397,130 @@ async def test_a_procedure_that_held_its_locks_takes_them_first_after_a_restart(
             assert watcher is not None
             await asyncio.wait_for(watcher.wait(), 10)
     assert ORDER == ["holder/1", "holder/2", "queued/0", "queued/1", "queued/2"]
+
+
+async def test_stop_start_stop_leaves_the_manager_stopped(tmp_path: Path) -> None:
+    store = Recording(tmp_path, slow_write=".step")
+    m = manager(store)
+    await m.start()
+    await m.submit(counted("stop-start-stop", 5))
+    stopping = asyncio.ensure_future(m.stop())
+    await asyncio.sleep(0.01)
+    starting = asyncio.ensure_future(m.start())
+    await asyncio.sleep(0.01)
+    await asyncio.wait_for(m.stop(), 10)  # the last call wins, as in a plain sequence
+    stopped = time.monotonic()
+    await asyncio.wait_for(asyncio.gather(stopping, starting), 10)
+    await asyncio.sleep(0.5)
+    assert not m.is_running
+    assert store.landed_after(stopped) == []
+
+
+def test_a_manager_serves_two_asyncio_runs(tmp_path: Path) -> None:
+    m = manager(tmp_path)
+
+    async def run(name: str) -> None:
+        await asyncio.gather(m.start(), m.start())
+        await asyncio.wait_for((await m.submit(counted(name, 2))).wait(), 10)
+        await asyncio.gather(m.stop(), m.stop())
+
+    asyncio.run(run("first-run"))
+    asyncio.run(run("second-run"))  # not "bound to a different event loop"
+
+
+class Peer(Procedure):
+    """Suspends on `other` in the same tick as every other peer."""
+
+    type_name = "edges::Peer"
+    barrier: ClassVar[tuple[int, asyncio.Event] | None] = None
+    arrived = 0
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    async def execute(self, ctx: Context) -> Status:
+        if self.data.get("waited") or self.barrier is None:
+            return Status.done()
+        self.data["waited"] = True
+        Peer.arrived += 1
+        if Peer.arrived == self.barrier[0]:
+            self.barrier[1].set()
+        await self.barrier[1].wait()
+        other = ProcedureId.parse(self.data["other"])
+        return Status.suspended([ProcedureWithId(other, Peer({}))])
+
+
+@pytest.mark.parametrize("peers", [2, 3])
+async def test_procedures_suspending_on_each_other_in_one_tick_do_not_hang(tmp_path: Path, peers: int) -> None:
+    Peer.barrier, Peer.arrived = (peers, asyncio.Event()), 0
+    ids = [ProcedureId.random() for _ in range(peers)]
+    async with manager(tmp_path, Peer) as m:
+        watchers = [
+            await m.submit(ProcedureWithId(pid, Peer({"other": str(ids[(i + 1) % peers])})))
+            for i, pid in enumerate(ids)
+        ]
+        ends = await asyncio.wait_for(asyncio.gather(*(w.wait() for w in watchers), return_exceptions=True), 10)
+    assert any(isinstance(end, ProcedureFailed) for end in ends)
+
+
+class Guarded(Procedure):
+    """Holds the exclusive key `k` for `hold` seconds; its rollback notes who held `k`."""
+
+    type_name = "edges::Guarded"
+    rollback_supported = True
+    holding: ClassVar[list[str]] = []
+    rollbacks: ClassVar[list[list[str]]] = []
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    def lock_key(self) -> LockKey:
+        return LockKey([StringKey.exclusive("k")])
+
+    async def execute(self, ctx: Context) -> Status:
+        self.holding.append(self.data["name"])
+        await asyncio.sleep(self.data["hold"])
+        self.holding.remove(self.data["name"])
+        return Status.done()
+
+    async def rollback(self, ctx: Context) -> None:
+        self.rollbacks.append(list(self.holding))
+
+
+async def test_a_procedure_cancelled_while_waiting_for_its_locks_does_not_roll_back(tmp_path: Path) -> None:
+    Guarded.rollbacks.clear()
+    async with manager(tmp_path, Guarded) as m:
+        holder = await m.submit(ProcedureWithId.new(Guarded({"name": "holder", "hold": 0.5})))
+        await asyncio.sleep(0.05)
+        waiter = await m.submit(ProcedureWithId.new(Guarded({"name": "waiter", "hold": 0})))
+        await asyncio.sleep(0.05)
+        await m.cancel(waiter.procedure_id, "not needed")
+        with pytest.raises(ProcedureFailed, match="not needed"):
+            await asyncio.wait_for(waiter.wait(), 5)
+        await asyncio.wait_for(holder.wait(), 5)
+    assert Guarded.rollbacks == []  # it never ran a step: nothing to undo, and no locks to do it under
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"holder": 123}, {"holder": "x\ud800"}, {"ttl": True}, {"ttl": 1e-9}, {"ttl": 1.0, "stop_margin": 0.9999999}],
+)
+def test_lease_options_of_the_wrong_type_or_unusable_are_refused(options: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="lease"):
+        Lease(**options)
+
+
+def test_an_error_whose_message_cannot_be_made_is_still_described() -> None:
+    from procstore.errors import describe
+
+    class BadStr(Exception):
+        def __str__(self) -> str:
+            raise ValueError("__str__ broke")
+
+    assert describe(BadStr()).startswith("BadStr: ")
