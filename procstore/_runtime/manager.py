@@ -11,6 +11,7 @@ from procstore._logs import get_logger
 from procstore._runtime.context import Loader, ManagerContext, await_term_task
 from procstore._runtime.leadership import Leadership, Terms, check_lease_support
 from procstore._runtime.lease import LEASE_FOLDER, Lease
+from procstore._runtime.lifecycle import Lifecycle
 from procstore._runtime.operator import request as request_stop
 from procstore._runtime.outcome import type_name_of
 from procstore._runtime.restart import restart
@@ -131,11 +132,7 @@ class ProcedureManager:
         self._leadership: Leadership | None = None
         self._highest_epoch = 0
         """The highest lease epoch any of this manager's terms has seen."""
-        self._lifecycle_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
-        self._standby_writes: set[asyncio.Task[Any]] = set()
-        """A standby's writes (a cancel's request): no term owns them, stop() waits for them."""
-        self._stops: set[asyncio.Task[None]] = set()
-        """Shutdowns under way: each stop() call's, queued on the lifecycle lock."""
+        self._lifecycle = Lifecycle()
 
     @property
     def _ctx(self) -> ManagerContext | None:
@@ -205,7 +202,7 @@ class ProcedureManager:
         `recovery_problems`. Safe to call concurrently with itself and with `stop()`:
         calls are serialised, and a second `start()` is a no-op.
         """
-        async with self._lifecycle():
+        async with self._lifecycle.lock():
             await self._start()
 
     async def _start(self) -> None:
@@ -305,27 +302,7 @@ class ProcedureManager:
         readable until the next `start()`. Safe to call concurrently and repeatedly; it
         returns once a `submit` whose write was under way has finished or been cancelled.
         """
-        # Each call's shutdown is a task of its own, queued behind the start() and stop()
-        # calls made before it (so the last call wins, as in a plain sequence), that a
-        # cancelled caller cannot interrupt half-way (leaving runners alive and the lease
-        # held). A procedure calling stop() from its own execute() is cancelled like every
-        # other runner, instead of waiting for itself.
-        stopping = asyncio.get_running_loop().create_task(self._locked_stop(), name="procstore:stop")
-        self._stops.add(stopping)
-        stopping.add_done_callback(self._stops.discard)
-        await asyncio.shield(stopping)
-
-    async def _locked_stop(self) -> None:
-        async with self._lifecycle():
-            await self._stop()
-
-    def _lifecycle(self) -> asyncio.Lock:
-        """Serialises start() and stop() (two concurrent starts would recover everything
-        twice); one lock per event loop, so that a manager can serve two `asyncio.run`s."""
-        loop = asyncio.get_running_loop()
-        if self._lifecycle_lock is None or self._lifecycle_lock[0] is not loop:
-            self._lifecycle_lock = (loop, asyncio.Lock())
-        return self._lifecycle_lock[1]
+        await self._lifecycle.stop(self._stop)
 
     async def _stop(self) -> None:
         state_store, self._state_store = self._state_store, None
@@ -336,9 +313,7 @@ class ProcedureManager:
             await leadership.stop()
             self._highest_epoch = max(self._highest_epoch, leadership.keeper.highest_epoch)
         await self._end_term()
-        for task in list(self._standby_writes):
-            task.cancel()
-        await asyncio.gather(*self._standby_writes, return_exceptions=True)
+        await self._lifecycle.cancel_outside_terms()
         if leadership is not None:
             await leadership.keeper.release()
         if self._given_store is None:
@@ -383,8 +358,7 @@ class ProcedureManager:
         task = asyncio.get_running_loop().create_task(
             request_stop(standby, procedure_id, "cancel", reason), name="procstore:cancelling"
         )
-        self._standby_writes.add(task)
-        task.add_done_callback(self._standby_writes.discard)
+        self._lifecycle.own(task)
         await await_term_task(task, "cancelling")
 
     async def resume(self, procedure_id: ProcedureId) -> Watcher:
