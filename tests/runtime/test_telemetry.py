@@ -232,6 +232,42 @@ async def test_records_of_procedures_skipped_at_recovery_carry_their_fields(
     assert skipped[str(unknown)].type_name == "test::Unknown"  # type: ignore[attr-defined]
 
 
+async def test_records_about_a_procedure_logged_outside_its_runner_carry_its_fields(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A submit's retry, the requests poll, a torn request key read and replaced: none is
+    logged from the procedure's runner, each names the procedure and carries its fields."""
+    world = World.new()
+    root = LocalDirStore(tmp_path)
+    step_0 = Fault("transient", kinds=frozenset({"put_if_absent"}), key="*procedure/*/0000000000.step", times=1)
+    requests = RequestStore(root)
+    caplog.set_level(logging.INFO, logger="procstore")
+    async with manager_for(FaultyStore(root, faults=[step_0]), request_poll_interval=0.02) as manager:
+        retried = steps(world, 1)
+        await (await manager.submit(retried)).wait()
+        name, gate = blocker()
+        torn, failed = steps(world, 2, block=name, block_at=0), steps(world, 2, block=name, block_at=0)
+        watchers = [await manager.submit(torn), await manager.submit(failed)]
+        await asyncio.sleep(0.05)
+        await root.put(requests.key(torn.id), b'{"kind": "canc')  # read by the poll
+        await requests.put(failed.id, OperatorRequest.new("fail", "test"))  # as `procstore fail` does
+        await asyncio.sleep(0.2)
+        await manager.cancel(torn.id, "test")  # replaces the torn value
+        gate.set()
+        for watcher in watchers:
+            with pytest.raises(ProcedureFailed):
+                await watcher.wait()
+    ids = [str(p.id) for p in (retried, torn, failed)]
+    about = [(r, pid) for r in caplog.records for pid in ids if pid in r.getMessage()]
+    messages = " | ".join(r.getMessage() for r, _ in about)
+    for wanted in ("submit retry", "ignoring the operator request", "replaced the unreadable", "failed by an operator"):
+        assert wanted in messages
+    for record, pid in about:
+        fields = (getattr(record, "procedure_id", None), getattr(record, "type_name", None))
+        assert fields == (pid, "test::Steps"), record.getMessage()
+        assert isinstance(getattr(record, "step", None), int), record.getMessage()
+
+
 async def test_telemetry_can_be_turned_off(tmp_path: Path) -> None:
     world = World.new()
     async with manager_for(LocalDirStore(tmp_path), telemetry=False) as manager:
