@@ -88,10 +88,31 @@ async def test_a_retried_step_is_one_span_per_attempt_with_its_retry(tmp_path: P
     events = [e for s in spans for e in s.events]
     assert [e.attributes["procstore.retry.reason"] for e in events if e.name == "retry"] == ["RetryLater"] * 2  # type: ignore[index]
     assert any(e.name == "store request" for e in run[0].events)  # the writes of the run
+    for event in (e for e in events if e.name == "store request"):  # what docs/observability.md lists
+        attributes = dict(event.attributes or {})
+        assert isinstance(attributes.pop("procstore.store.seconds"), float) and attributes.pop(
+            "procstore.store.operation"
+        )
+        assert attributes == {"procstore.store.backend": "file", "procstore.store.outcome": "ok"}
     assert total("procstore.retries", **{"procstore.retry.reason": "RetryLater"}) >= 2
     assert total("procstore.procedures.submitted", **{"procstore.procedure.type": "test::Steps"}) >= 1
     assert total("procstore.procedures.ended", **{"procstore.outcome": "done"}) >= 1
     assert any(p.count for p in points("procstore.store.duration"))
+
+
+async def test_a_failed_store_request_is_an_event_with_its_outcome_backend_and_seconds(tmp_path: Path) -> None:
+    world = World.new()
+    fault = Fault("transient", key="*procedure/*/0000000001.step", times=1)
+    async with manager_for(FaultyStore(LocalDirStore(tmp_path), faults=[fault])) as manager:
+        procedure = steps(world, 2)
+        await (await manager.submit(procedure)).wait()
+    events = [e for s in spans_of(procedure.id) for e in s.events if e.name == "store request"]
+    failed = [
+        dict(e.attributes or {}) for e in events if (e.attributes or {}).get("procstore.store.outcome") == "error"
+    ]
+    assert len(failed) == 1
+    assert failed[0]["procstore.store.backend"] == "file" and "injected" in str(failed[0]["exception.message"])
+    assert isinstance(failed[0]["procstore.store.seconds"], float) and failed[0]["procstore.store.operation"]
 
 
 async def test_a_rollback_and_a_child_are_traced(tmp_path: Path) -> None:
