@@ -43,7 +43,8 @@ def serve(url: str, storage_options: tuple[str, ...], parent_path: str, host: st
     # command, before the server starts. Once it runs, a store that fails answers 503.
     run_command(_check_store)(url, storage_options, parent_path)
     app = create_app(url, parse_storage_options(storage_options), parent_path, refresh, loopback_hosts(host))
-    click.echo(f"serving {url} on http://{host}:{port}/ (read-only; Ctrl-C stops)", err=True)
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host  # an IPv6 address, as URLs write it
+    click.echo(f"serving {url} on http://{shown}:{port}/ (read-only; Ctrl-C stops)", err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 

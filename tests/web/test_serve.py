@@ -159,6 +159,15 @@ def test_serve_on_a_loopback_address_answers_only_its_own_host_names(
             assert client.get("/api/procedures", headers={"Host": own}).status_code == 200
 
 
+@pytest.mark.parametrize(("listen", "shown"), [("::1", "http://[::1]:8123/"), ("127.0.0.1", "http://127.0.0.1:8123/")])
+def test_serve_prints_a_url_that_opens(
+    listen: str, shown: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
+    result = CliRunner().invoke(cli, ["serve", str(tmp_path), "--host", listen, "--port", "8123"])
+    assert result.exit_code == 0 and f"on {shown} " in result.output, result.output
+
+
 @pytest.fixture
 def served(mixed: tuple[str, MixedStore]) -> Iterator[tuple[str, str, MixedStore]]:
     url, store = mixed
