@@ -134,6 +134,8 @@ def _row(p: StoredProcedure, inventory: Inventory, ids: dict[ProcedureId, str], 
     row = row_json(p, inventory)
     row["short"] = ids[p.procedure_id]
     row["parent_short"] = None if p.parent_id is None else ids.get(p.parent_id, str(p.parent_id)[:8])
+    # An orphan's parent has no page: linked, it would be a 404.
+    row["parent_stored"] = p.parent_id is not None and p.parent_id in inventory.procedures
     row["age"] = table_time(p.modified, "relative", now)
     row["hint"] = UNREADABLE_HINT if p.status is StoredStatus.UNREADABLE else None
     return row

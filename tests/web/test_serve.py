@@ -65,6 +65,18 @@ def test_one_procedure_its_tree_and_its_decoded_steps(mixed: tuple[str, MixedSto
         assert client.get("/p/ffffffff").status_code == 404
 
 
+def test_only_a_parent_in_the_store_is_linked(mixed: tuple[str, MixedStore]) -> None:
+    url, store = mixed
+    orphan, gone = str(uuid.uuid4()), str(uuid.uuid4())
+    message = {"type_name": "test::Orphan", "data": "{}", "parent_id": gone, "step": 0}
+    put(url, f"procedure/{orphan}/0000000000.step", json.dumps(message).encode())
+    with TestClient(create_app(url)) as client:
+        page = client.get("/").text
+        assert f'href="p/{gone}"' not in page and f"{gone[:8]} (missing)" in page
+        assert f'href="p/{store.parent}"' in page  # the running child's parent is stored
+        assert client.get(f"/p/{store.parent}").status_code == 200
+
+
 def test_stored_values_are_escaped(tmp_path: Path) -> None:
     url = str(tmp_path)
     pid = str(uuid.uuid4())
