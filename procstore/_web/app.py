@@ -10,6 +10,7 @@ Nothing here writes to the store.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -26,7 +27,7 @@ from starlette.routing import Route
 
 from procstore._cli.lease import lease_state, read_lease
 from procstore._cli.listing import row_json
-from procstore._cli.output import iso_time, short_ids, table_time
+from procstore._cli.output import SHORT_ID, iso_time, table_time
 from procstore._cli.show import data_fields, field_changes
 from procstore._runtime.lease import LeaseRecord
 from procstore.errors import StoreError
@@ -103,6 +104,18 @@ def create_app(
     ]
     middleware = [] if allowed_hosts is None else [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)]
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+
+
+def short_ids(ids: Sequence[ProcedureId]) -> dict[ProcedureId, str]:
+    """Each id cut to its own shortest prefix (at least `SHORT_ID` characters) that no other
+    id shares: `/p/{prefix}` finds it, and ids that share a long prefix do not lengthen the
+    others (the CLI's table cuts all to one length, for its columns)."""
+    texts = sorted(str(i) for i in ids)
+    length = dict.fromkeys(texts, SHORT_ID)
+    for a, b in itertools.pairwise(texts):
+        common = next((n for n, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        length[a], length[b] = max(length[a], common + 1), max(length[b], common + 1)
+    return {i: str(i)[: length[str(i)]] for i in ids}
 
 
 class NotFound(Exception):

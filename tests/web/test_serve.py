@@ -202,6 +202,31 @@ def served(mixed: tuple[str, MixedStore]) -> Iterator[tuple[str, str, MixedStore
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (.ci/run installs it)")
+def test_the_list_fits_an_80_column_window(served: tuple[str, str, MixedStore], tmp_path: Path) -> None:
+    """640 px wide: nothing scrolls sideways; ids, types, statuses and parents stay."""
+    from playwright.sync_api import sync_playwright
+
+    base, _, store = served
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 640, "height": 900})
+            page.goto(base + "/")
+            page.screenshot(path=str(tmp_path / "procstore-serve-640.png"), full_page=True)
+            widths = page.evaluate(
+                "() => [document.documentElement.scrollWidth,"
+                " document.querySelector('#procedures').getBoundingClientRect().right]"
+            )
+            assert widths[0] <= 640 and widths[1] <= 640, widths
+            table = page.locator("#procedures").inner_text()
+            assert store.parent[:8] in table and "metasrv-procedure::RegionMigration" in table and "unreadable" in table
+            page.goto(base + f"/p/{store.migration}")
+            assert page.evaluate("document.documentElement.scrollWidth") <= 640
+        finally:
+            browser.close()
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (.ci/run installs it)")
 def test_a_person_sees_the_store_in_a_browser_and_it_updates_live(
     served: tuple[str, str, MixedStore], tmp_path: Path
 ) -> None:
