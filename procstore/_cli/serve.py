@@ -25,7 +25,8 @@ from procstore._cli.common import (
 )
 def serve(url: str, storage_options: tuple[str, ...], parent_path: str, host: str, port: int, refresh: float) -> None:
     """A live, read-only web page of the store: counts by status, the procedures with filters,
-    each one's tree and decoded steps, unreadable values with what to do, and the lease.
+    each one's tree and decoded steps, unreadable values with what to do, the lease, and the
+    history of ended procedures (managers with history=...).
 
     Needs the `web` extra (`pip install 'procstore[web]'`). Listens on 127.0.0.1 by default:
     the page shows everything the store holds, so expose it with care.

@@ -1,7 +1,8 @@
 """`procstore serve`: a read-only web view of a store, on Starlette.
 
 Pages are rendered on the server from the same reads as the CLI (`read_inventory`,
-`read_history`, the lease), so the web view and `procstore ls/show/lease` never disagree.
+`read_history`, the lease, the history records of `procstore.store.history`), so the web
+view and `procstore ls/show/lease` never disagree.
 A small inline script polls the JSON twin of each page and updates it in place: no build
 step, nothing fetched from the network. Every value from the store is escaped (Jinja2
 autoescape; the script writes `textContent` only): ids, types and data are adversarial.
@@ -10,13 +11,16 @@ Nothing here writes to the store.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -33,6 +37,7 @@ from procstore._runtime.lease import LeaseRecord
 from procstore.errors import StoreError
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore, open_state_store
+from procstore.store.history import HistoryRecord, HistoryStore
 from procstore.store.inventory import (
     ENDINGS,
     Inventory,
@@ -64,7 +69,9 @@ def create_app(
     allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
     """The web view of the store at `url`: `/` (list, counts, lease), `/p/{id}` (one
-    procedure), and their JSON twins `/api/procedures` and `/api/procedures/{id}`.
+    procedure, or the history record of one whose keys are gone), `/history` (the newest
+    history records), and their JSON twins `/api/procedures`, `/api/procedures/{id}` and
+    `/api/history`.
 
     With `allowed_hosts`, a request whose `Host` header names another host gets 400: a
     server on a loopback address must not answer a page of another site that a DNS
@@ -96,11 +103,19 @@ def create_app(
     async def api_procedure(request: Request) -> Response:
         return await _json(lambda: _procedure(state["store"], request.path_params["procedure_id"]))
 
+    async def history(request: Request) -> Response:
+        return await _page(request, "history.html", lambda: _history(state["store"]), refresh)
+
+    async def api_history(request: Request) -> Response:
+        return await _json(lambda: _history(state["store"]))
+
     routes = [
         Route("/", index),
         Route("/p/{procedure_id}", procedure),
         Route("/api/procedures", api_index),
         Route("/api/procedures/{procedure_id}", api_procedure),
+        Route("/history", history),
+        Route("/api/history", api_history),
     ]
     middleware = [] if allowed_hosts is None else [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)]
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
@@ -199,8 +214,10 @@ async def _lease(store: ProcedureStore, now: float) -> dict[str, Any] | None:
 async def _procedure(store: ProcedureStore, text: str) -> dict[str, Any]:
     inventory = await read_inventory(store)
     matches = [pid for pid in inventory.procedures if str(pid).startswith(text.lower())] if len(text) >= 4 else []
+    if not matches:
+        return await _ended(store, text, {str(pid) for pid in inventory.procedures})
     if len(matches) != 1:
-        raise NotFound(f"no procedure {text!r} in this store" if not matches else f"{text!r} is ambiguous")
+        raise NotFound(f"{text!r} is ambiguous")
     p = inventory.procedures[matches[0]]
     now = time.time()
     ids = short_ids(list(inventory.procedures))
@@ -245,3 +262,51 @@ async def _procedure(store: ProcedureStore, text: str) -> dict[str, Any]:
         "steps": steps,
         "read_at": iso_time(now),
     }
+
+
+HISTORY_SHOWN = 200
+"""The newest history records `/history` reads (each refresh reads them again)."""
+
+
+def _history_row(record: HistoryRecord, short: dict[str, str], now: float) -> dict[str, Any]:
+    row: dict[str, Any] = msgspec.to_builtins(record)
+    row["short"] = short.get(record.id, record.id)
+    try:
+        row["age"] = table_time(datetime.fromisoformat(record.ended_at).timestamp(), "relative", now)
+    except ValueError:
+        row["age"] = record.ended_at
+    return row
+
+
+async def _history(store: ProcedureStore) -> dict[str, Any]:
+    """The newest `HISTORY_SHOWN` records (managers with `history=`), newest first."""
+    history = HistoryStore(store.store, store.parent_path)
+    keys = await history.keys()
+    records = list(reversed(await history.read(keys[-HISTORY_SHOWN:])))
+    parsed = [pid for r in records if (pid := ProcedureId.parse_canonical(r.id)) is not None]
+    short = {str(pid): text for pid, text in short_ids(parsed).items()}
+    now = time.time()
+    return {
+        "store": f"{store.store.url}{history.prefix}",
+        "total": len(keys),
+        "outcomes": dict(sorted(collections.Counter(r.outcome for r in records).items())),
+        "records": [_history_row(r, short, now) for r in records],
+        "read_at": iso_time(now),
+    }
+
+
+async def _ended(store: ProcedureStore, text: str, stored: set[str]) -> dict[str, Any]:
+    """`/p/{id}` of a procedure whose keys are gone: its newest history record, as
+    `procstore show` prints it (its parent linked if it has a page: `stored` or recorded)."""
+    history = HistoryStore(store.store, store.parent_path)
+    ids = await history.recorded_ids() if len(text) >= 4 else set()
+    matches = sorted(i for i in ids if i.startswith(text.lower()))
+    if len(matches) != 1:
+        found = f"{text!r} is ambiguous" if matches else f"no procedure {text!r} in this store or its history"
+        raise NotFound(found)
+    record = await history.find(matches[0])
+    if record is None:
+        raise NotFound(f"the history record of {matches[0]} cannot be read (see the server's log)")
+    row = _history_row(record, {}, time.time())
+    row["parent_known"] = record.parent_id is not None and (record.parent_id in stored or record.parent_id in ids)
+    return {"store": f"{store.store.url}{store.proc_path}", "ended": row, "read_at": iso_time(time.time())}

@@ -21,6 +21,7 @@ from procstore._cli.app import cli
 from procstore._runtime.lease import LEASE_KEY
 from procstore._web.app import create_app
 from procstore.store import LocalDirStore, open_state_store
+from procstore.store.history import HistoryStore
 from procstore.testing.pytest_plugin import free_port
 from tests.cli.store_builder import MixedStore, build_mixed_store
 from tests.support import put_now as put
@@ -75,6 +76,44 @@ def test_only_a_parent_in_the_store_is_linked(mixed: tuple[str, MixedStore]) -> 
         assert f'href="p/{gone}"' not in page and f"{gone[:8]} (missing)" in page
         assert f'href="p/{store.parent}"' in page  # the running child's parent is stored
         assert client.get(f"/p/{store.parent}").status_code == 200
+
+
+def test_the_history_of_ended_procedures_and_their_pages(tmp_path: Path) -> None:
+    """Managers with history=: the records are listed, and `/p/{id}` of an id whose keys are
+    gone shows its record (as `procstore show` does)."""
+    from procstore import ProcedureFailed, ProcedureWithId
+    from tests.procedures import Parent, World
+    from tests.runtime.helpers import manager_for, steps
+
+    url = str(tmp_path)
+    world = World.new()
+    with TestClient(create_app(url)) as client:
+        assert "No history records" in client.get("/history").text
+
+    async def end_some() -> tuple[str, str, str]:
+        async with manager_for(LocalDirStore(tmp_path), history=True) as manager:
+            parent = ProcedureWithId.new(Parent.create(world, ["a"]))
+            await (await manager.submit(parent)).wait()
+            failing = steps(world, 3, fail_at=1, name="<b>boom</b>")
+            with pytest.raises(ProcedureFailed):
+                await (await manager.submit(failing)).wait()
+            child = next(r.id for r in await HistoryStore(LocalDirStore(tmp_path)).list() if r.parent_id)
+        return str(parent.id), str(failing.id), child
+
+    parent, failing, child = asyncio.run(end_some())
+    with TestClient(create_app(url)) as client:
+        page = client.get("/history")
+        assert page.status_code == 200 and "3</b> records" in page.text
+        for pid in (parent, failing, child):
+            assert f'href="p/{pid}"' in page.text and pid[:8] in page.text
+        assert "1 failed" in page.text and "2 done" in page.text and "<b>boom" not in page.text
+        ended = client.get(f"/p/{failing[:8]}")
+        assert ended.status_code == 200 and "its keys are gone" in ended.text and "failed" in ended.text
+        assert "&lt;b&gt;boom" in ended.text  # escaped
+        assert f'href="{parent}"' in client.get(f"/p/{child}").text  # its parent has a page: its record
+        assert client.get(f"/api/procedures/{parent}").json()["ended"]["outcome"] == "done"
+        assert client.get("/api/history").json()["records"][0]["id"] == failing  # newest first
+        assert client.get("/p/ffffffff").status_code == 404
 
 
 def test_stored_values_are_escaped(tmp_path: Path) -> None:
