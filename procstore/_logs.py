@@ -2,13 +2,16 @@
 
 Every procstore logger is made by `get_logger`, which adds `ProcedureFields`: a record
 logged from a runner's task (whatever the module) gets `procedure_id`, `type_name` and
-`step` attributes, which JSON formatters index (see docs/observability.md).
+`step` attributes, which JSON formatters index (see docs/observability.md). A record about
+one procedure logged elsewhere (a submit, the requests poll, the store's request keys)
+passes them itself: `extra=procedure_fields(procedure_id, ...)`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -24,6 +27,36 @@ class ProcedureScope:
 
 
 current_procedure: ContextVar[ProcedureScope | None] = ContextVar("procstore_procedure", default=None)
+
+_running: dict[str, ProcedureScope] = {}
+"""The procedures runners of this process work on, by id: fields for records logged outside them."""
+
+
+@contextlib.contextmanager
+def procedure_scope(scope: ProcedureScope) -> Iterator[None]:
+    """Within the block (a runner's task), records carry `scope`'s fields, and
+    `procedure_fields` finds its type and current step from anywhere in the process."""
+    current_procedure.set(scope)
+    _running[scope.procedure_id] = scope
+    try:
+        yield
+    finally:
+        if _running.get(scope.procedure_id) is scope:
+            del _running[scope.procedure_id]
+
+
+def procedure_fields(procedure_id: object, type_name: str | None = None, step: int | None = None) -> dict[str, object]:
+    """`extra=` for a record about one procedure logged outside its runner's task.
+
+    What the caller does not know (None) is taken from the procedure's runner if one runs
+    here (its type, the step it is at), else left None.
+    """
+    pid = str(procedure_id)
+    scope = _running.get(pid)
+    if scope is not None:
+        type_name = type_name if type_name is not None else scope.type_name
+        step = step if step is not None else scope.step()
+    return {"procedure_id": pid, "type_name": type_name, "step": step}
 
 
 class ProcedureFields(logging.Filter):

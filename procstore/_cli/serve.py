@@ -25,7 +25,8 @@ from procstore._cli.common import (
 )
 def serve(url: str, storage_options: tuple[str, ...], parent_path: str, host: str, port: int, refresh: float) -> None:
     """A live, read-only web page of the store: counts by status, the procedures with filters,
-    each one's tree and decoded steps, unreadable values with what to do, and the lease.
+    each one's tree and decoded steps, unreadable values with what to do, the lease, and the
+    history of ended procedures (managers with history=...).
 
     Needs the `web` extra (`pip install 'procstore[web]'`). Listens on 127.0.0.1 by default:
     the page shows everything the store holds, so expose it with care.
@@ -43,7 +44,8 @@ def serve(url: str, storage_options: tuple[str, ...], parent_path: str, host: st
     # command, before the server starts. Once it runs, a store that fails answers 503.
     run_command(_check_store)(url, storage_options, parent_path)
     app = create_app(url, parse_storage_options(storage_options), parent_path, refresh, loopback_hosts(host))
-    click.echo(f"serving {url} on http://{host}:{port}/ (read-only; Ctrl-C stops)", err=True)
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host  # an IPv6 address, as URLs write it
+    click.echo(f"serving {url} on http://{shown}:{port}/ (read-only; Ctrl-C stops)", err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 

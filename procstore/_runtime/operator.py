@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from procstore._logs import get_logger
+from procstore._logs import get_logger, procedure_fields
 from procstore._runtime.context import ManagerContext
 from procstore._runtime.restart import restart
 from procstore.errors import ProcedureError
@@ -48,7 +48,7 @@ async def _look_once(ctx: ManagerContext) -> None:
         meta = ctx.metas.get(pid)
         if meta is not None:
             if not meta.state.is_ended() and pid not in ctx.operator_requests:
-                logger.warning("procedure %s: %s", pid, request.describe())
+                logger.warning("procedure %s: %s", pid, request.describe(), extra=procedure_fields(pid, meta.type_name))
                 ctx.note_request(pid, request)
         elif (
             not ctx.is_known(pid)
@@ -75,12 +75,14 @@ async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: Ope
             "ignoring the resume nudge of procedure %s (%s): it was written before the procedure ended here",
             procedure_id,
             nudge.describe(),
+            extra=procedure_fields(procedure_id, meta.type_name),
         )
     elif meta is None or meta.state.is_ended() or procedure_id in ctx.stored.unreadable:
         try:
             await restart(ctx, procedure_id, None)
         except ProcedureError as e:
-            logger.error("cannot resume procedure %s as an operator asked: %s", procedure_id, e)
+            about = procedure_fields(procedure_id, meta.type_name if meta else None)
+            logger.error("cannot resume procedure %s as an operator asked: %s", procedure_id, e, extra=about)
     await ctx.store.resumes.delete([procedure_id])
 
 

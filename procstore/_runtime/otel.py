@@ -136,19 +136,20 @@ class OtelTelemetry(Telemetry):
         try:
             result = await call()
         except Exception as e:
+            elapsed = time.perf_counter() - start
             self.store_errors.add(1, failed)
-            self.store_duration.record(time.perf_counter() - start, failed)
-            trace.get_current_span().add_event("store request", {**failed, "exception.message": str(e)})
+            self.store_duration.record(elapsed, failed)
+            event: dict[str, str | float] = {**failed, "procstore.store.seconds": elapsed, "exception.message": str(e)}
+            trace.get_current_span().add_event("store request", event)
             raise
         elapsed = time.perf_counter() - start
         self.store_duration.record(elapsed, ok)
         span = trace.get_current_span()
         if span.is_recording():
-            # Two attributes, not all of `ok`: each one is validated on every event, and the
-            # backend is on the procedure's span already.
-            span.add_event(
-                "store request", {"procstore.store.operation": operation, "procstore.store.seconds": elapsed}
-            )
+            # All four attributes: about 1.5 us more per request than operation and seconds
+            # alone, against a persisted step's milliseconds; and a request may happen under
+            # a span that has no backend (the lease's, an application's around `submit()`).
+            span.add_event("store request", {**ok, "procstore.store.seconds": elapsed})
         return result
 
     def _store_attributes(self, operation: str, backend: str) -> tuple[dict[str, str], dict[str, str]]:

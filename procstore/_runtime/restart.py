@@ -14,7 +14,7 @@ can make (is it running here? did its rollback already run?), then the order of 
 
 from __future__ import annotations
 
-from procstore._logs import get_logger
+from procstore._logs import get_logger, procedure_fields
 from procstore._runtime.context import LoadFailed, ManagerContext
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.recovery import resume_root
@@ -75,5 +75,8 @@ async def _restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int 
     if problems:
         raise ProcedureError(f"procedure {procedure_id} cannot run: {problems[0]}")
     verb = "resumed" if to_step is None else f"rewound to step {to_step}"
-    logger.warning("procedure %s %s by an operator (running from step %d)", procedure_id, verb, message.step)
+    about = procedure_fields(procedure_id, message.type_name, message.step)
+    logger.warning(
+        "procedure %s %s by an operator (running from step %d)", procedure_id, verb, message.step, extra=about
+    )
     return ctx.metas[procedure_id]

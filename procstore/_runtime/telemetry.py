@@ -16,8 +16,8 @@ durations and errors by operation and backend; lease held, epoch, renewal durati
 takeovers; recovery duration and problems.
 
 Log fields: every record of a procstore logger that is about a procedure (logged from its
-runner) carries `procedure_id`, `type_name` and `step` as record attributes, for JSON
-formatters to index.
+runner, or passing `procedure_fields` from elsewhere) carries `procedure_id`, `type_name`
+and `step` as record attributes, for JSON formatters to index.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from procstore._logs import ProcedureScope, current_procedure, get_logger
+from procstore._logs import ProcedureScope, get_logger, procedure_scope
 from procstore.store.state_store import StateStore
 from procstore.store.wrapping import WrappingStore
 
@@ -117,10 +117,13 @@ def timed() -> Iterator[Callable[[], float]]:
 async def run_traced(ctx: Any, meta: Any, step: Callable[[], int], body: Callable[[], Awaitable[None]]) -> None:
     """Run a runner's `body` inside its procedure's span, with its log fields set."""
     telemetry: Telemetry = ctx.telemetry
-    current_procedure.set(ProcedureScope(str(meta.id), meta.type_name, step))
     telemetry.running(meta.type_name, 1)
+    scope = ProcedureScope(str(meta.id), meta.type_name, step)
     try:
-        with telemetry.procedure_span(str(meta.id), meta.type_name, root=meta.is_root, **ctx.span_attributes) as span:
+        with (
+            procedure_scope(scope),
+            telemetry.procedure_span(str(meta.id), meta.type_name, root=meta.is_root, **ctx.span_attributes) as span,
+        ):
             try:
                 await body()
             except asyncio.CancelledError:

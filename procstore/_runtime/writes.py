@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from procstore._logs import get_logger
+from procstore._logs import get_logger, procedure_fields
 from procstore._runtime.context import ManagerContext
 from procstore._runtime.history import record_tree
 from procstore._runtime.meta import ProcedureMeta
@@ -30,7 +30,8 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
     def on_retry(exc: BaseException, retry: int, delay: float) -> None:
         nonlocal retried
         retried = True
-        logger.info("procedure %s: submit retry %d in %.3fs after %s", pid, retry, delay, describe(exc))
+        about = procedure_fields(pid, type_name, 0)  # key 0: the submitted state
+        logger.info("procedure %s: submit retry %d in %.3fs after %s", pid, retry, delay, describe(exc), extra=about)
 
     try:
         return await ctx.policy.call(create, on_retry=on_retry)
@@ -87,5 +88,8 @@ async def delete_tree(ctx: ManagerContext, root: ProcedureMeta, ids: list[Proced
         await ctx.policy.call(delete)
     except ProcedureError as e:
         logger.warning(
-            "procedure %s ended but deleting its keys failed (%s); the next start() deletes them", root.id, e
+            "procedure %s ended but deleting its keys failed (%s); the next start() deletes them",
+            root.id,
+            e,
+            extra=procedure_fields(root.id, root.type_name, root.steps),
         )

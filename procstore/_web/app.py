@@ -1,7 +1,8 @@
 """`procstore serve`: a read-only web view of a store, on Starlette.
 
 Pages are rendered on the server from the same reads as the CLI (`read_inventory`,
-`read_history`, the lease), so the web view and `procstore ls/show/lease` never disagree.
+`read_history`, the lease, the history records of `procstore.store.history`), so the web
+view and `procstore ls/show/lease` never disagree.
 A small inline script polls the JSON twin of each page and updates it in place: no build
 step, nothing fetched from the network. Every value from the store is escaped (Jinja2
 autoescape; the script writes `textContent` only): ids, types and data are adversarial.
@@ -10,12 +11,16 @@ Nothing here writes to the store.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -26,12 +31,13 @@ from starlette.routing import Route
 
 from procstore._cli.lease import lease_state, read_lease
 from procstore._cli.listing import row_json
-from procstore._cli.output import iso_time, short_ids, table_time
+from procstore._cli.output import SHORT_ID, iso_time, table_time
 from procstore._cli.show import data_fields, field_changes
 from procstore._runtime.lease import LeaseRecord
 from procstore.errors import StoreError
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore, open_state_store
+from procstore.store.history import HistoryRecord, HistoryStore
 from procstore.store.inventory import (
     ENDINGS,
     Inventory,
@@ -63,7 +69,9 @@ def create_app(
     allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
     """The web view of the store at `url`: `/` (list, counts, lease), `/p/{id}` (one
-    procedure), and their JSON twins `/api/procedures` and `/api/procedures/{id}`.
+    procedure, or the history record of one whose keys are gone), `/history` (the newest
+    history records), and their JSON twins `/api/procedures`, `/api/procedures/{id}` and
+    `/api/history`.
 
     With `allowed_hosts`, a request whose `Host` header names another host gets 400: a
     server on a loopback address must not answer a page of another site that a DNS
@@ -95,14 +103,34 @@ def create_app(
     async def api_procedure(request: Request) -> Response:
         return await _json(lambda: _procedure(state["store"], request.path_params["procedure_id"]))
 
+    async def history(request: Request) -> Response:
+        return await _page(request, "history.html", lambda: _history(state["store"]), refresh)
+
+    async def api_history(request: Request) -> Response:
+        return await _json(lambda: _history(state["store"]))
+
     routes = [
         Route("/", index),
         Route("/p/{procedure_id}", procedure),
         Route("/api/procedures", api_index),
         Route("/api/procedures/{procedure_id}", api_procedure),
+        Route("/history", history),
+        Route("/api/history", api_history),
     ]
     middleware = [] if allowed_hosts is None else [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)]
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+
+
+def short_ids(ids: Sequence[ProcedureId]) -> dict[ProcedureId, str]:
+    """Each id cut to its own shortest prefix (at least `SHORT_ID` characters) that no other
+    id shares: `/p/{prefix}` finds it, and ids that share a long prefix do not lengthen the
+    others (the CLI's table cuts all to one length, for its columns)."""
+    texts = sorted(str(i) for i in ids)
+    length = dict.fromkeys(texts, SHORT_ID)
+    for a, b in itertools.pairwise(texts):
+        common = next((n for n, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        length[a], length[b] = max(length[a], common + 1), max(length[b], common + 1)
+    return {i: str(i)[: length[str(i)]] for i in ids}
 
 
 class NotFound(Exception):
@@ -134,6 +162,8 @@ def _row(p: StoredProcedure, inventory: Inventory, ids: dict[ProcedureId, str], 
     row = row_json(p, inventory)
     row["short"] = ids[p.procedure_id]
     row["parent_short"] = None if p.parent_id is None else ids.get(p.parent_id, str(p.parent_id)[:8])
+    # An orphan's parent has no page: linked, it would be a 404.
+    row["parent_stored"] = p.parent_id is not None and p.parent_id in inventory.procedures
     row["age"] = table_time(p.modified, "relative", now)
     row["hint"] = UNREADABLE_HINT if p.status is StoredStatus.UNREADABLE else None
     return row
@@ -184,8 +214,10 @@ async def _lease(store: ProcedureStore, now: float) -> dict[str, Any] | None:
 async def _procedure(store: ProcedureStore, text: str) -> dict[str, Any]:
     inventory = await read_inventory(store)
     matches = [pid for pid in inventory.procedures if str(pid).startswith(text.lower())] if len(text) >= 4 else []
+    if not matches:
+        return await _ended(store, text, {str(pid) for pid in inventory.procedures})
     if len(matches) != 1:
-        raise NotFound(f"no procedure {text!r} in this store" if not matches else f"{text!r} is ambiguous")
+        raise NotFound(f"{text!r} is ambiguous")
     p = inventory.procedures[matches[0]]
     now = time.time()
     ids = short_ids(list(inventory.procedures))
@@ -230,3 +262,51 @@ async def _procedure(store: ProcedureStore, text: str) -> dict[str, Any]:
         "steps": steps,
         "read_at": iso_time(now),
     }
+
+
+HISTORY_SHOWN = 200
+"""The newest history records `/history` reads (each refresh reads them again)."""
+
+
+def _history_row(record: HistoryRecord, short: dict[str, str], now: float) -> dict[str, Any]:
+    row: dict[str, Any] = msgspec.to_builtins(record)
+    row["short"] = short.get(record.id, record.id)
+    try:
+        row["age"] = table_time(datetime.fromisoformat(record.ended_at).timestamp(), "relative", now)
+    except ValueError:
+        row["age"] = record.ended_at
+    return row
+
+
+async def _history(store: ProcedureStore) -> dict[str, Any]:
+    """The newest `HISTORY_SHOWN` records (managers with `history=`), newest first."""
+    history = HistoryStore(store.store, store.parent_path)
+    keys = await history.keys()
+    records = list(reversed(await history.read(keys[-HISTORY_SHOWN:])))
+    parsed = [pid for r in records if (pid := ProcedureId.parse_canonical(r.id)) is not None]
+    short = {str(pid): text for pid, text in short_ids(parsed).items()}
+    now = time.time()
+    return {
+        "store": f"{store.store.url}{history.prefix}",
+        "total": len(keys),
+        "outcomes": dict(sorted(collections.Counter(r.outcome for r in records).items())),
+        "records": [_history_row(r, short, now) for r in records],
+        "read_at": iso_time(now),
+    }
+
+
+async def _ended(store: ProcedureStore, text: str, stored: set[str]) -> dict[str, Any]:
+    """`/p/{id}` of a procedure whose keys are gone: its newest history record, as
+    `procstore show` prints it (its parent linked if it has a page: `stored` or recorded)."""
+    history = HistoryStore(store.store, store.parent_path)
+    ids = await history.recorded_ids() if len(text) >= 4 else set()
+    matches = sorted(i for i in ids if i.startswith(text.lower()))
+    if len(matches) != 1:
+        found = f"{text!r} is ambiguous" if matches else f"no procedure {text!r} in this store or its history"
+        raise NotFound(found)
+    record = await history.find(matches[0])
+    if record is None:
+        raise NotFound(f"the history record of {matches[0]} cannot be read (see the server's log)")
+    row = _history_row(record, {}, time.time())
+    row["parent_known"] = record.parent_id is not None and (record.parent_id in stored or record.parent_id in ids)
+    return {"store": f"{store.store.url}{store.proc_path}", "ended": row, "read_at": iso_time(time.time())}

@@ -17,6 +17,7 @@ with history on.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -105,17 +106,21 @@ class HistoryStore:
     async def recorded_ids(self) -> set[str]:
         return {_id_of(key) for key in await self.keys()}
 
-    async def list(self) -> list[HistoryRecord]:
-        """Every readable record, oldest first; a value that is not a record is logged and skipped."""
-        keys = await self.keys()
+    async def read(self, keys: Sequence[str]) -> list[HistoryRecord]:
+        """The readable records under `keys` (from `keys()`), in their order; a value that
+        is not a record is logged and skipped, a key deleted since is skipped."""
         records: list[HistoryRecord] = []
-        for key, raw in zip(keys, await self.store.get_many(keys), strict=True):
+        for key, raw in zip(keys, await self.store.get_many([*keys]), strict=True):
             if isinstance(raw, bytes):
                 try:
                     records.append(_decoder.decode(raw))
                 except UNDECODABLE as e:
                     logger.warning("skipping the history record at %s: %s; delete the key", key, e)
         return records
+
+    async def list(self) -> list[HistoryRecord]:
+        """Every readable record, oldest first; a value that is not a record is logged and skipped."""
+        return await self.read(await self.keys())
 
     async def find(self, procedure_id: ProcedureId | str) -> HistoryRecord | None:
         """The newest record of `procedure_id`, or None."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from procstore._aio import gather_settled
 from procstore._bulk import collector_paused
-from procstore._logs import get_logger
+from procstore._logs import get_logger, procedure_fields
 from procstore.errors import Fenced
 from procstore.ids import ProcedureId
 from procstore.store.keys import PROC_PATH, KeysByProcedure, KeyType, ParsedKey, procedure_dir
@@ -191,7 +191,8 @@ class ProcedureStore:
         for key in keys_found:
             parsed = ParsedKey.parse(self.proc_path, key)
             if parsed is None:
-                logger.warning("unknown key while deleting procedure %s: %s", procedure_id, key)
+                about = procedure_fields(procedure_id)
+                logger.warning("unknown key while deleting procedure %s: %s", procedure_id, key, extra=about)
             elif parsed.key_type is KeyType.STEP:
                 step_keys.append(key)
             else:

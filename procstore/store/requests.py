@@ -31,7 +31,7 @@ from typing import Literal
 
 import msgspec
 
-from procstore._logs import get_logger
+from procstore._logs import get_logger, procedure_fields
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.message import UNDECODABLE
@@ -83,8 +83,9 @@ _reported: set[tuple[str, bytes]] = set()
 """Unreadable requests already logged: polls read them every second, the log says it once."""
 
 
-def decode_request(raw: bytes, key: str) -> OperatorRequest | None:
-    """The request under `key`, or None (logged once, key kept) for a value that is not one."""
+def decode_request(raw: bytes, key: str, procedure_id: ProcedureId) -> OperatorRequest | None:
+    """The request for `procedure_id` under `key`, or None (logged once, key kept) for a
+    value that is not one."""
     try:
         return _decoder.decode(raw)
     except UNDECODABLE as e:
@@ -95,6 +96,7 @@ def decode_request(raw: bytes, key: str) -> OperatorRequest | None:
             "ignoring the operator request at %s: %s; write it again with `procstore cancel` or `procstore fail`",
             key,
             e,
+            extra=procedure_fields(procedure_id),
         )
         return None
 
@@ -132,14 +134,15 @@ class RequestStore:
                 return False
             except UNDECODABLE as e:
                 if await self.store.put_if_version(key, value, version):
-                    logger.warning("replaced the unreadable operator request at %s (%s)", key, e)
+                    about = procedure_fields(procedure_id)
+                    logger.warning("replaced the unreadable operator request at %s (%s)", key, e, extra=about)
                     return True
         raise ProcedureError(f"the operator request at {key} kept changing while it was written; try again")
 
     async def get(self, procedure_id: ProcedureId) -> OperatorRequest | None:
         key = self.key(procedure_id)
         raw = await self.store.get(key)
-        return None if raw is None else decode_request(raw, key)
+        return None if raw is None else decode_request(raw, key, procedure_id)
 
     async def list_all(self) -> dict[ProcedureId, OperatorRequest]:
         """Every readable request in the store, by procedure id."""
@@ -149,7 +152,7 @@ class RequestStore:
         found: dict[ProcedureId, OperatorRequest] = {}
         for key, raw in zip(wanted, await self.store.get_many(wanted), strict=True):
             pid = ids[key]
-            if pid is not None and isinstance(raw, bytes) and (request := decode_request(raw, key)) is not None:
+            if pid is not None and isinstance(raw, bytes) and (request := decode_request(raw, key, pid)) is not None:
                 found[pid] = request
         return found
 

@@ -88,10 +88,31 @@ async def test_a_retried_step_is_one_span_per_attempt_with_its_retry(tmp_path: P
     events = [e for s in spans for e in s.events]
     assert [e.attributes["procstore.retry.reason"] for e in events if e.name == "retry"] == ["RetryLater"] * 2  # type: ignore[index]
     assert any(e.name == "store request" for e in run[0].events)  # the writes of the run
+    for event in (e for e in events if e.name == "store request"):  # what docs/observability.md lists
+        attributes = dict(event.attributes or {})
+        assert isinstance(attributes.pop("procstore.store.seconds"), float) and attributes.pop(
+            "procstore.store.operation"
+        )
+        assert attributes == {"procstore.store.backend": "file", "procstore.store.outcome": "ok"}
     assert total("procstore.retries", **{"procstore.retry.reason": "RetryLater"}) >= 2
     assert total("procstore.procedures.submitted", **{"procstore.procedure.type": "test::Steps"}) >= 1
     assert total("procstore.procedures.ended", **{"procstore.outcome": "done"}) >= 1
     assert any(p.count for p in points("procstore.store.duration"))
+
+
+async def test_a_failed_store_request_is_an_event_with_its_outcome_backend_and_seconds(tmp_path: Path) -> None:
+    world = World.new()
+    fault = Fault("transient", key="*procedure/*/0000000001.step", times=1)
+    async with manager_for(FaultyStore(LocalDirStore(tmp_path), faults=[fault])) as manager:
+        procedure = steps(world, 2)
+        await (await manager.submit(procedure)).wait()
+    events = [e for s in spans_of(procedure.id) for e in s.events if e.name == "store request"]
+    failed = [
+        dict(e.attributes or {}) for e in events if (e.attributes or {}).get("procstore.store.outcome") == "error"
+    ]
+    assert len(failed) == 1
+    assert failed[0]["procstore.store.backend"] == "file" and "injected" in str(failed[0]["exception.message"])
+    assert isinstance(failed[0]["procstore.store.seconds"], float) and failed[0]["procstore.store.operation"]
 
 
 async def test_a_rollback_and_a_child_are_traced(tmp_path: Path) -> None:
@@ -230,6 +251,42 @@ async def test_records_of_procedures_skipped_at_recovery_carry_their_fields(
     for pid, record in skipped.items():
         assert (record.procedure_id, record.step) == (pid, 0)  # type: ignore[attr-defined]
     assert skipped[str(unknown)].type_name == "test::Unknown"  # type: ignore[attr-defined]
+
+
+async def test_records_about_a_procedure_logged_outside_its_runner_carry_its_fields(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A submit's retry, the requests poll, a torn request key read and replaced: none is
+    logged from the procedure's runner, each names the procedure and carries its fields."""
+    world = World.new()
+    root = LocalDirStore(tmp_path)
+    step_0 = Fault("transient", kinds=frozenset({"put_if_absent"}), key="*procedure/*/0000000000.step", times=1)
+    requests = RequestStore(root)
+    caplog.set_level(logging.INFO, logger="procstore")
+    async with manager_for(FaultyStore(root, faults=[step_0]), request_poll_interval=0.02) as manager:
+        retried = steps(world, 1)
+        await (await manager.submit(retried)).wait()
+        name, gate = blocker()
+        torn, failed = steps(world, 2, block=name, block_at=0), steps(world, 2, block=name, block_at=0)
+        watchers = [await manager.submit(torn), await manager.submit(failed)]
+        await asyncio.sleep(0.05)
+        await root.put(requests.key(torn.id), b'{"kind": "canc')  # read by the poll
+        await requests.put(failed.id, OperatorRequest.new("fail", "test"))  # as `procstore fail` does
+        await asyncio.sleep(0.2)
+        await manager.cancel(torn.id, "test")  # replaces the torn value
+        gate.set()
+        for watcher in watchers:
+            with pytest.raises(ProcedureFailed):
+                await watcher.wait()
+    ids = [str(p.id) for p in (retried, torn, failed)]
+    about = [(r, pid) for r in caplog.records for pid in ids if pid in r.getMessage()]
+    messages = " | ".join(r.getMessage() for r, _ in about)
+    for wanted in ("submit retry", "ignoring the operator request", "replaced the unreadable", "failed by an operator"):
+        assert wanted in messages
+    for record, pid in about:
+        fields = (getattr(record, "procedure_id", None), getattr(record, "type_name", None))
+        assert fields == (pid, "test::Steps"), record.getMessage()
+        assert isinstance(getattr(record, "step", None), int), record.getMessage()
 
 
 async def test_telemetry_can_be_turned_off(tmp_path: Path) -> None:

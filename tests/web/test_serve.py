@@ -21,6 +21,7 @@ from procstore._cli.app import cli
 from procstore._runtime.lease import LEASE_KEY
 from procstore._web.app import create_app
 from procstore.store import LocalDirStore, open_state_store
+from procstore.store.history import HistoryStore
 from procstore.testing.pytest_plugin import free_port
 from tests.cli.store_builder import MixedStore, build_mixed_store
 from tests.support import put_now as put
@@ -62,6 +63,56 @@ def test_one_procedure_its_tree_and_its_decoded_steps(mixed: tuple[str, MixedSto
         assert "error:" in rolling
         torn = client.get(f"/p/{store.truncated}").text
         assert "unreadable:" in torn and "restore a good value" in torn
+        assert client.get("/p/ffffffff").status_code == 404
+
+
+def test_only_a_parent_in_the_store_is_linked(mixed: tuple[str, MixedStore]) -> None:
+    url, store = mixed
+    orphan, gone = str(uuid.uuid4()), str(uuid.uuid4())
+    message = {"type_name": "test::Orphan", "data": "{}", "parent_id": gone, "step": 0}
+    put(url, f"procedure/{orphan}/0000000000.step", json.dumps(message).encode())
+    with TestClient(create_app(url)) as client:
+        page = client.get("/").text
+        assert f'href="p/{gone}"' not in page and f"{gone[:8]} (missing)" in page
+        assert f'href="p/{store.parent}"' in page  # the running child's parent is stored
+        assert client.get(f"/p/{store.parent}").status_code == 200
+
+
+def test_the_history_of_ended_procedures_and_their_pages(tmp_path: Path) -> None:
+    """Managers with history=: the records are listed, and `/p/{id}` of an id whose keys are
+    gone shows its record (as `procstore show` does)."""
+    from procstore import ProcedureFailed, ProcedureWithId
+    from tests.procedures import Parent, World
+    from tests.runtime.helpers import manager_for, steps
+
+    url = str(tmp_path)
+    world = World.new()
+    with TestClient(create_app(url)) as client:
+        assert "No history records" in client.get("/history").text
+
+    async def end_some() -> tuple[str, str, str]:
+        async with manager_for(LocalDirStore(tmp_path), history=True) as manager:
+            parent = ProcedureWithId.new(Parent.create(world, ["a"]))
+            await (await manager.submit(parent)).wait()
+            failing = steps(world, 3, fail_at=1, name="<b>boom</b>")
+            with pytest.raises(ProcedureFailed):
+                await (await manager.submit(failing)).wait()
+            child = next(r.id for r in await HistoryStore(LocalDirStore(tmp_path)).list() if r.parent_id)
+        return str(parent.id), str(failing.id), child
+
+    parent, failing, child = asyncio.run(end_some())
+    with TestClient(create_app(url)) as client:
+        page = client.get("/history")
+        assert page.status_code == 200 and "3</b> records" in page.text
+        for pid in (parent, failing, child):
+            assert f'href="p/{pid}"' in page.text and pid[:8] in page.text
+        assert "1 failed" in page.text and "2 done" in page.text and "<b>boom" not in page.text
+        ended = client.get(f"/p/{failing[:8]}")
+        assert ended.status_code == 200 and "its keys are gone" in ended.text and "failed" in ended.text
+        assert "&lt;b&gt;boom" in ended.text  # escaped
+        assert f'href="{parent}"' in client.get(f"/p/{child}").text  # its parent has a page: its record
+        assert client.get(f"/api/procedures/{parent}").json()["ended"]["outcome"] == "done"
+        assert client.get("/api/history").json()["records"][0]["id"] == failing  # newest first
         assert client.get("/p/ffffffff").status_code == 404
 
 
@@ -159,6 +210,15 @@ def test_serve_on_a_loopback_address_answers_only_its_own_host_names(
             assert client.get("/api/procedures", headers={"Host": own}).status_code == 200
 
 
+@pytest.mark.parametrize(("listen", "shown"), [("::1", "http://[::1]:8123/"), ("127.0.0.1", "http://127.0.0.1:8123/")])
+def test_serve_prints_a_url_that_opens(
+    listen: str, shown: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
+    result = CliRunner().invoke(cli, ["serve", str(tmp_path), "--host", listen, "--port", "8123"])
+    assert result.exit_code == 0 and f"on {shown} " in result.output, result.output
+
+
 @pytest.fixture
 def served(mixed: tuple[str, MixedStore]) -> Iterator[tuple[str, str, MixedStore]]:
     url, store = mixed
@@ -178,6 +238,31 @@ def served(mixed: tuple[str, MixedStore]) -> Iterator[tuple[str, str, MixedStore
     yield base, url, store
     server.should_exit = True
     thread.join(10)
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (.ci/run installs it)")
+def test_the_list_fits_an_80_column_window(served: tuple[str, str, MixedStore], tmp_path: Path) -> None:
+    """640 px wide: nothing scrolls sideways; ids, types, statuses and parents stay."""
+    from playwright.sync_api import sync_playwright
+
+    base, _, store = served
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 640, "height": 900})
+            page.goto(base + "/")
+            page.screenshot(path=str(tmp_path / "procstore-serve-640.png"), full_page=True)
+            widths = page.evaluate(
+                "() => [document.documentElement.scrollWidth,"
+                " document.querySelector('#procedures').getBoundingClientRect().right]"
+            )
+            assert widths[0] <= 640 and widths[1] <= 640, widths
+            table = page.locator("#procedures").inner_text()
+            assert store.parent[:8] in table and "metasrv-procedure::RegionMigration" in table and "unreadable" in table
+            page.goto(base + f"/p/{store.migration}")
+            assert page.evaluate("document.documentElement.scrollWidth") <= 640
+        finally:
+            browser.close()
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (.ci/run installs it)")
