@@ -71,3 +71,33 @@ def moto_server_process() -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(10)
+
+
+class RequestCounter:
+    """Counts the HTTP requests an S3 store sends while in use (`async with`), by kind,
+    from botocore's `before-send` event: every request and every retry, as the bucket sees them."""
+
+    def __init__(self, store: Any) -> None:
+        while not hasattr(store, "fs") and hasattr(store, "inner"):
+            store = store.inner  # a telemetry or guard wrapper
+        self.store = store
+        self.counts: dict[str, int] = {}
+        self._client: Any = None
+
+    def _count(self, request: Any, **_: Any) -> None:
+        method, url = str(request.method), str(request.url)
+        if method == "GET" and "list-type=" in url:
+            kind = "LIST"
+        elif method == "POST" and "delete" in url.rsplit("?", 1)[-1]:
+            kind = "DeleteObjects"
+        else:
+            kind = method
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+
+    async def __aenter__(self) -> RequestCounter:
+        self._client = await self.store.fs.set_session()
+        self._client.meta.events.register("before-send.s3", self._count, unique_id="procstore-bench-counter")
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self._client.meta.events.unregister("before-send.s3", unique_id="procstore-bench-counter")

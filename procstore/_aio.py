@@ -6,19 +6,21 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from typing import TypeVar
 
 T = TypeVar("T")
 
 
-async def run_blocking(fn: Callable[..., T], *args: object) -> T:
-    """Run blocking `fn(*args)` in a thread; if cancelled, wait for the thread, then re-raise.
+async def run_blocking(fn: Callable[..., T], *args: object, executor: Executor | None = None) -> T:
+    """Run blocking `fn(*args)` in a thread (of `executor`, else the loop's default pool); if
+    cancelled, wait for the thread, then re-raise.
 
     A thread cannot be interrupted, so returning on cancellation would let a write land
     after the caller believed everything had stopped.
     """
     loop = asyncio.get_running_loop()
-    future = loop.run_in_executor(None, functools.partial(fn, *args))
+    future = loop.run_in_executor(executor, functools.partial(fn, *args))
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
