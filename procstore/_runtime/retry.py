@@ -97,14 +97,14 @@ class RetryPolicy:
     budget: RetryBudget | None = field(default=None, compare=False)
     """Shared by every procedure of a manager; None: no limit on the rate of retries."""
 
-    async def _sleep(self, delay: float, wake: asyncio.Event | None = None) -> None:
+    async def _sleep(self, delay: float, wake: Callable[[], asyncio.Event] | None = None) -> None:
         if self.budget is not None:
             await self.budget.take()
         if wake is None:
             await asyncio.sleep(delay)
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), delay)
+            await asyncio.wait_for(wake().wait(), delay)
 
     def __post_init__(self) -> None:
         if self.max_retry_times < 0:
@@ -118,12 +118,13 @@ class RetryPolicy:
         *,
         retry_on: Callable[[BaseException], bool] = is_transient,
         on_retry: OnRetry | None = None,
-        wake: asyncio.Event | None = None,
+        wake: Callable[[], asyncio.Event] | None = None,
     ) -> T:
         """Await `fn(attempt)` (attempt counts from 1) until it succeeds or retries run out.
 
         An error `retry_on` rejects is raised at once; after the last retry the last error
-        is raised unchanged. Once `wake` is set, a backoff ends at once and the next attempt
+        is raised unchanged. Once the event `wake()` gives (asked for only when a backoff
+        begins) is set, a backoff ends at once and the next attempt
         follows (it is `fn`'s to raise what ends the retries).
         """
         # The first attempt runs without tenacity: nearly every call succeeds at once, and

@@ -188,7 +188,7 @@ class Runner:
 
     async def _execute_step(self) -> None:
         try:
-            status = await self.ctx.policy.call(self._execute_once, on_retry=self._on_retry, wake=self.meta.requested())
+            status = await self.ctx.policy.call(self._execute_once, on_retry=self._on_retry, wake=self.meta.requested)
         except Fenced:
             raise  # from `ctx.check_lease()`: not the procedure's failure, the term's end
         except Exception as e:
