@@ -103,3 +103,16 @@ def test_ls_history_honours_the_listing_options(history: tuple[str, list[History
     assert run("ls", url, "--history", "--newer-than", "1d", "-o", "json").stdout.count('"id"') == 0
     refused = run("ls", url, "--history", "--status", "unfinished")
     assert refused.exit_code == 2 and "--status" in refused.output
+
+
+@pytest.mark.parametrize("time_format", ["relative", "iso", "raw"])
+def test_ls_history_cuts_the_error_with_an_ellipsis_at_80_columns(
+    history: tuple[str, list[HistoryRecord]], time_format: str
+) -> None:
+    url, records = history
+    result = run("ls", url, "--history", "--time-format", time_format)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), result.stdout
+    failed = next(line for line in lines if line.startswith(records[1].id[:8]))
+    assert failed.rstrip().endswith("…") and "  regio" in failed, result.stdout
