@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import msgspec
@@ -116,3 +117,13 @@ def test_ls_history_cuts_the_error_with_an_ellipsis_at_80_columns(
     assert all(len(line) <= 80 for line in lines), result.stdout
     failed = next(line for line in lines if line.startswith(records[1].id[:8]))
     assert failed.rstrip().endswith("…") and "  regio" in failed, result.stdout
+
+
+def test_watch_into_a_pipe_keeps_its_frame_header_on_one_line(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    message = {"type_name": "x::Y", "data": "{}", "parent_id": None, "step": 0}
+    asyncio.run(store.put(f"procedure/{ProcedureId.random()}/0000000000.step", json.dumps(message).encode()))
+    result = run("watch", str(tmp_path), "--count", "1")
+    assert result.exit_code == 0, result.output
+    header = result.stdout.splitlines()[0]
+    assert re.search(r" at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ: 1 procedure$", header), result.stdout
