@@ -28,7 +28,7 @@ from procstore.store import ProcedureStore
 from procstore.store.keys import KeysByProcedure
 from procstore.store.message import ProcedureMessage
 from procstore.store.requests import OperatorRequest
-from procstore.store.restart import RestartPlan, apply_restart, check_restart, plan_restart
+from procstore.store.restart import RestartedMeanwhile, RestartPlan, apply_restart, check_restart, plan_restart
 
 
 async def _plan(store: ProcedureStore, procedure_id: str, to_step: int | None) -> RestartPlan:
@@ -128,7 +128,8 @@ async def rewind(
     the history stays for audit. Refused on an unfinished procedure, which a manager may be
     running: cancel it (`procstore cancel`), wait until it has ended, then rewind (its keys
     are kept if managers run with keep_failed=True). `--force` rewinds it anyway, for a
-    store no manager runs on. PROCEDURE_ID may be a unique prefix.
+    store no manager runs on. Refused too, exit code 6, if another operator restarted it
+    first (retry once you have looked at it). PROCEDURE_ID may be a unique prefix.
     """
     store = await open_existing_store(url, storage_options, parent_path)
     try:
@@ -145,7 +146,10 @@ async def rewind(
         _confirm(f"Rewind {pid} to step {to_step} (written as step {plan.latest.step + 1})?", yes)
         # Certain now. The old request first: left in place, it would fail the rewound run at once.
         await store.requests.delete([pid])
-        await apply_restart(store, plan, message)
+        try:
+            await apply_restart(store, plan, message)
+        except RestartedMeanwhile as e:
+            raise CommandError(str(e), ExitCode.REFUSED) from e
         await _nudge(store, pid, f"rewind to step {to_step}")
     finally:
         await store.store.close()

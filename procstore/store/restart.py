@@ -15,17 +15,35 @@ again; every earlier key stays for audit. What may be restarted, by the latest k
 Crash points: the copy is one create-only write. Lost answer: the key holds our bytes,
 which counts as written. A crash before it changes nothing; after it, the procedure is
 unfinished at `latest + 1` and the next start (or the running manager, nudged) runs it.
+Two restarts at once: the second to write `latest + 1` gets `RestartedMeanwhile`, having
+written nothing (two copies of the same bytes both count as written: one run).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from procstore.errors import ProcedureError
+from procstore.errors import Fenced, LeaseExpired, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.procedure_store import MAX_STEP, ProcedureStore
+
+
+class RestartedMeanwhile(ProcedureError):
+    """Another restart (an operator's resume or rewind) wrote the copy's key first.
+
+    Nothing was written: the procedure runs from the other restart's copy.
+    """
+
+    def __init__(self, procedure_id: ProcedureId, key: str) -> None:
+        super().__init__(
+            f"procedure {procedure_id} was restarted by another operator first ({key} was written meanwhile, by "
+            "another resume or rewind): this one wrote nothing, and the procedure runs from the other's state. "
+            "Look at it again and retry if it still needs it"
+        )
+        self.procedure_id = procedure_id
+        self.key = key
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +109,18 @@ async def check_restart(store: ProcedureStore, plan: RestartPlan) -> ProcedureMe
 
 async def apply_restart(store: ProcedureStore, plan: RestartPlan, message: ProcedureMessage) -> ProcedureMessage:
     """Write the copy the plan needs (if any) of `message` (from `check_restart`); return
-    the message to run from. Raises `Fenced` if someone else wrote `latest + 1` first.
+    the message to run from. Raises `RestartedMeanwhile` if someone else wrote `latest + 1`
+    first (and `LeaseExpired` from a manager's store that no longer leads).
     """
     if plan.source is None:
         return message
     step = plan.latest.step + 1
-    await store.store_procedure(plan.procedure_id, step, message.type_name, message.data, None)
+    try:
+        await store.store_procedure(plan.procedure_id, step, message.type_name, message.data, None)
+    except LeaseExpired:
+        raise
+    except Fenced as e:
+        raise RestartedMeanwhile(plan.procedure_id, e.key or store.key(plan.procedure_id, step, KeyType.STEP)) from e
     return ProcedureMessage(message.type_name, message.data, None, step)
 
 

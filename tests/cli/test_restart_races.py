@@ -1,0 +1,87 @@
+"""Restarts that race each other, and a `procstore rewind` killed at each of its writes.
+
+Each test keeps one manager running on a local directory, as an operator would meet it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+import procstore._cli.operations as cli_operations
+from procstore import ProcedureId, ProcedureManager
+from procstore._cli.app import cli
+from procstore._cli.common import ExitCode
+from tests.runtime.test_operations import Flaky, failed_and_kept, manager_on
+
+WRITES = frozenset({"put", "put_if_absent", "put_if_version", "batch_delete", "delete"})
+
+
+def procstore(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+async def in_thread(*args: str) -> Result:
+    return await asyncio.to_thread(procstore, *args)
+
+
+def running(path: Path) -> ProcedureManager:
+    return manager_on(str(path), keep_failed=True, request_poll_interval=0.05)
+
+
+async def eventually(check: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+async def nothing_left(path: Path, pid: ProcedureId) -> None:
+    """Its keys, its request and its nudge all go (called while the manager runs)."""
+    await eventually(lambda: not (path / "procedure" / str(pid)).exists())
+    await eventually(lambda: not [p for p in (path / "requests").rglob("*.json") if str(pid) in p.name])
+
+
+def interleaved(
+    module: types.ModuleType, monkeypatch: pytest.MonkeyPatch, *other: str
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run the command `other` once, in full (another operator's process), just before
+    `module`'s next restart copy."""
+    real = module.apply_restart
+    results: list[subprocess.CompletedProcess[str]] = []
+    command = [sys.executable, "-c", "from procstore._cli.app import main; main()", *other]
+
+    async def first_the_other(*args: Any) -> Any:
+        if not results:
+            ran = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60)
+            results.append(ran)
+        return await real(*args)
+
+    monkeypatch.setattr(module, "apply_restart", first_the_other)
+    return results
+
+
+async def test_the_second_of_two_rewinds_is_told_another_operator_restarted_it_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running(tmp_path) as manager:
+        pid, name = await failed_and_kept(manager)
+    Flaky.broken.discard(name)
+    other = interleaved(cli_operations, monkeypatch, "rewind", str(tmp_path), str(pid), "--to-step", "0", "-y")
+    result = await in_thread("rewind", str(tmp_path), str(pid), "--to-step", "1", "-y")
+    assert other[0].returncode == 0, other[0].stdout + other[0].stderr
+    assert result.exit_code == ExitCode.REFUSED, result.output
+    assert "restarted by another operator first" in result.output and "retry" in result.output
+    assert "another manager" not in result.output
+    async with running(tmp_path):
+        await eventually(lambda: Flaky.effects[name] == [0, 1, 0, 1, 2, 3])  # the first rewind, once
+        await nothing_left(tmp_path, pid)
