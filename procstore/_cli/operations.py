@@ -48,12 +48,29 @@ async def _checked(store: ProcedureStore, plan: RestartPlan) -> ProcedureMessage
         raise CommandError(str(e), ExitCode.REFUSED) from e
 
 
-async def _nudge(store: ProcedureStore, pid: ProcedureId, what: str) -> None:
-    await store.resumes.put(pid, OperatorRequest.new("resume", what))
-    output_console().print(
-        f"wrote {store.resumes.key(pid)}: the leader loads {pid} again within a second or so (its "
-        "request_poll_interval); with no manager running, the next one to start runs it"
-    )
+async def _nudge(store: ProcedureStore, pid: ProcedureId, what: str, wrote_copy: bool) -> None:
+    """Write the nudge; say truthfully what happened if a nudge was there already."""
+    key = store.resumes.key(pid)
+    for _ in range(3):
+        if await store.resumes.put(pid, OperatorRequest.new("resume", what)):
+            output_console().print(
+                f"wrote {key}: the leader loads {pid} again within a second or so (its request_poll_interval); "
+                "with no manager running, the next one to start runs it"
+            )
+            return
+        existing = await store.resumes.get(pid)
+        if existing is None:
+            continue  # acted on and deleted since: write ours again
+        # The leader deletes a nudge only after acting on it, then reads the store again:
+        # it runs what it finds, the copy written before this included.
+        output_console().print(
+            f"a nudge was already waiting at {key} ({existing.describe()}), so none was written: the leader "
+            f"acts on it within a second or so and runs {pid} from what the store then holds"
+            + (f", the copy this {what} wrote included" if wrote_copy else "")
+            + "; with no manager running, the next one to start runs it"
+        )
+        return
+    raise CommandError(f"the nudge at {key} kept changing while it was written; try again", ExitCode.REFUSED)
 
 
 @click.command()
@@ -96,7 +113,7 @@ async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, p
                 f"rewind it instead (procstore rewind {pid} --to-step 0 to run it again from the start)",
                 ExitCode.REFUSED,
             )
-        await _nudge(store, pid, "resume")
+        await _nudge(store, pid, "resume", wrote_copy=False)
         if plan.ended and record is None:
             output_console().print(
                 "no history record says whether it was rolled back: the manager checks, and refuses (in its log) "
@@ -150,7 +167,7 @@ async def rewind(
             await apply_restart(store, plan, message)
         except RestartedMeanwhile as e:
             raise CommandError(str(e), ExitCode.REFUSED) from e
-        await _nudge(store, pid, f"rewind to step {to_step}")
+        await _nudge(store, pid, f"rewind to step {to_step}", wrote_copy=True)
     finally:
         await store.store.close()
 

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import procstore._cli.operations as cli_operations
+import procstore._runtime.restart as runtime_restart
 from procstore import ProcedureId, ProcedureManager
 from procstore._cli.app import cli
 from procstore._cli.common import ExitCode
@@ -85,3 +86,20 @@ async def test_the_second_of_two_rewinds_is_told_another_operator_restarted_it_f
     async with running(tmp_path):
         await eventually(lambda: Flaky.effects[name] == [0, 1, 0, 1, 2, 3])  # the first rewind, once
         await nothing_left(tmp_path, pid)
+
+
+async def test_a_rewind_landing_while_the_leader_acts_on_a_resume_nudge_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running(tmp_path) as manager:
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        other = interleaved(runtime_restart, monkeypatch, "rewind", str(tmp_path), str(pid), "--to-step", "0", "-y")
+        resumed = await in_thread("resume", str(tmp_path), str(pid))
+        assert resumed.exit_code == 0, resumed.output
+        await eventually(lambda: Flaky.effects[name] == [0, 1, 0, 1, 2, 3])  # the rewind's state, run once
+        assert other[0].returncode == 0, other[0].stdout + other[0].stderr
+        # The resume's nudge was still there: the rewind says so, and that the leader runs its copy.
+        assert "a nudge was already waiting" in other[0].stdout and "wrote included" in other[0].stdout
+        await nothing_left(tmp_path, pid)
+    assert "another manager" not in caplog.text and "cannot resume" not in caplog.text
