@@ -67,12 +67,14 @@ async def _look_once(ctx: ManagerContext) -> None:
 async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorRequest) -> None:
     """Apply a resume nudge: run the procedure from what the store now holds, unless it runs
     here already, or the nudge is stale (see `_stale`). Deleted once acted on (a refusal is
-    logged).
+    logged); left for the next look while an API restart of the procedure is under way.
 
     Nudges cannot be deleted only if unchanged, so one written while this one was handled
     (another operator's `rewind`, which finds this one in place) is covered by reading the
     store again after the deletion: a newer key that nothing here runs is run.
     """
+    if procedure_id in ctx.restarting:
+        return
     if runs_here(ctx, procedure_id):
         await ctx.store.resumes.delete([procedure_id])  # it runs what the store holds
         return

@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 import procstore._cli.operations as cli_operations
 import procstore._runtime.restart as runtime_restart
-from procstore import ProcedureId, ProcedureManager
+from procstore import ProcedureError, ProcedureId, ProcedureManager
 from procstore._cli.app import cli
 from procstore._cli.common import ExitCode
 from tests.runtime.test_operations import Flaky, failed_and_kept, manager_on
@@ -103,3 +103,18 @@ async def test_a_rewind_landing_while_the_leader_acts_on_a_resume_nudge_runs(
         assert "a nudge was already waiting" in other[0].stdout and "wrote included" in other[0].stdout
         await nothing_left(tmp_path, pid)
     assert "another manager" not in caplog.text and "cannot resume" not in caplog.text
+
+
+async def test_an_api_rewind_losing_to_a_cli_rewind_raises_why_and_the_cli_rewind_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running(tmp_path) as manager:
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        other = interleaved(runtime_restart, monkeypatch, "rewind", str(tmp_path), str(pid), "--to-step", "0", "-y")
+        with pytest.raises(ProcedureError, match="restarted by another operator first") as raised:
+            await manager.rewind(pid, 1)
+        assert "another manager" not in str(raised.value)
+        assert other[0].returncode == 0, other[0].stdout + other[0].stderr
+        await eventually(lambda: Flaky.effects[name] == [0, 1, 0, 1, 2, 3])
+        await nothing_left(tmp_path, pid)
