@@ -2,8 +2,8 @@
 
 Both act through the store, so they work while managers run, under a lease too: the
 state to run from is written as a new step key (`procstore.store.restart`), and a nudge
-(`requests/resume/ID.json`) tells the leader to load the procedure again within a poll
-interval; with no manager running, the next one to start does.
+(`requests/resume/ID.json`, naming that key's step) tells the leader to load the procedure
+again within a poll interval; with no manager running, the next one to start does.
 """
 
 from __future__ import annotations
@@ -48,11 +48,12 @@ async def _checked(store: ProcedureStore, plan: RestartPlan) -> ProcedureMessage
         raise CommandError(str(e), ExitCode.REFUSED) from e
 
 
-async def _nudge(store: ProcedureStore, pid: ProcedureId, what: str, wrote_copy: bool) -> None:
-    """Write the nudge; say truthfully what happened if a nudge was there already."""
+async def _nudge(store: ProcedureStore, pid: ProcedureId, what: str, step: int, wrote_copy: bool) -> None:
+    """Write the nudge naming `step` (the latest key as the leader should find it); say
+    truthfully what happened if a nudge was there already."""
     key = store.resumes.key(pid)
     for _ in range(3):
-        if await store.resumes.put(pid, OperatorRequest.new("resume", what)):
+        if await store.resumes.put(pid, OperatorRequest.new("resume", what, step)):
             output_console().print(
                 f"wrote {key}: the leader loads {pid} again within a second or so (its request_poll_interval); "
                 "with no manager running, the next one to start runs it"
@@ -61,15 +62,22 @@ async def _nudge(store: ProcedureStore, pid: ProcedureId, what: str, wrote_copy:
         existing = await store.resumes.get(pid)
         if existing is None:
             continue  # acted on and deleted since: write ours again
-        # The leader deletes a nudge only after acting on it, then reads the store again:
-        # it runs what it finds, the copy written before this included.
-        output_console().print(
-            f"a nudge was already waiting at {key} ({existing.describe()}), so none was written: the leader "
-            f"acts on it within a second or so and runs {pid} from what the store then holds"
-            + (f", the copy this {what} wrote included" if wrote_copy else "")
-            + "; with no manager running, the next one to start runs it"
+        if wrote_copy or existing.step == step:
+            # The leader deletes a nudge only after acting on it, then reads the store again:
+            # it runs what it finds, the copy written above included.
+            output_console().print(
+                f"a nudge was already waiting at {key} ({existing.describe()}), so none was written: the leader "
+                f"acts on it within a second or so and runs {pid} from what the store then holds"
+                + (f", the copy this {what} wrote (step {step}) included" if wrote_copy else "")
+                + "; with no manager running, the next one to start runs it"
+            )
+            return
+        raise CommandError(
+            f"a nudge for an earlier state of {pid} is waiting at {key} ({existing.describe()}): the leader deletes "
+            "it unused at its next look (within a second or so; with no manager running, at the next start). Run "
+            "this command again then",
+            ExitCode.REFUSED,
         )
-        return
     raise CommandError(f"the nudge at {key} kept changing while it was written; try again", ExitCode.REFUSED)
 
 
@@ -113,7 +121,7 @@ async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, p
                 f"rewind it instead (procstore rewind {pid} --to-step 0 to run it again from the start)",
                 ExitCode.REFUSED,
             )
-        await _nudge(store, pid, "resume", wrote_copy=False)
+        await _nudge(store, pid, "resume", plan.latest.step, wrote_copy=False)
         if plan.ended and record is None:
             output_console().print(
                 "no history record says whether it was rolled back: the manager checks, and refuses (in its log) "
@@ -164,10 +172,10 @@ async def rewind(
         # Certain now. The old request first: left in place, it would fail the rewound run at once.
         await store.requests.delete([pid])
         try:
-            await apply_restart(store, plan, message)
+            copied = await apply_restart(store, plan, message)
         except RestartedMeanwhile as e:
             raise CommandError(str(e), ExitCode.REFUSED) from e
-        await _nudge(store, pid, f"rewind to step {to_step}", wrote_copy=True)
+        await _nudge(store, pid, f"rewind to step {to_step}", copied.step, wrote_copy=True)
     finally:
         await store.store.close()
 

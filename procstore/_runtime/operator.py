@@ -110,10 +110,16 @@ async def _latest_key(ctx: ManagerContext, procedure_id: ProcedureId) -> ParsedK
 
 def _stale(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorRequest, latest: ParsedKey) -> str:
     """Why the nudge is for an earlier state (acting on it could undo, say, a cancel); ''
-    to act on it: an ended procedure that ended here after the nudge was written. An
+    to act on it. Told by store facts: the nudge names the latest step key its operator saw
+    or wrote, and an ended procedure whose latest key is another has run since. An
     unfinished one that does not run here is always run: that is what the nudge is for."""
     if latest.key_type is not KeyType.COMMIT:
         return ""
+    if nudge.step is not None:
+        if latest.step != nudge.step:
+            return f"it was for step {nudge.step}, and the procedure has run since (it ended at {latest})"
+        return ""
+    # A nudge written by an older release carries no step: compared by the clocks, as it was.
     meta = ctx.metas.get(procedure_id)
     if meta is not None and meta.end_time is not None and nudge.requested_at < meta.end_time.timestamp():
         return "it was written before the procedure ended here"

@@ -18,9 +18,11 @@ from click.testing import CliRunner, Result
 
 import procstore._cli.operations as cli_operations
 import procstore._runtime.restart as runtime_restart
+import procstore.store.requests as requests_module
 from procstore import ProcedureError, ProcedureId, ProcedureManager
 from procstore._cli.app import cli
 from procstore._cli.common import ExitCode
+from procstore.store.requests import OperatorRequest
 from tests.runtime.test_operations import Flaky, failed_and_kept, manager_on
 
 WRITES = frozenset({"put", "put_if_absent", "put_if_version", "batch_delete", "delete"})
@@ -100,7 +102,7 @@ async def test_a_rewind_landing_while_the_leader_acts_on_a_resume_nudge_runs(
         await eventually(lambda: Flaky.effects[name] == [0, 1, 0, 1, 2, 3])  # the rewind's state, run once
         assert other[0].returncode == 0, other[0].stdout + other[0].stderr
         # The resume's nudge was still there: the rewind says so, and that the leader runs its copy.
-        assert "a nudge was already waiting" in other[0].stdout and "wrote included" in other[0].stdout
+        assert "a nudge was already waiting" in other[0].stdout and "(step 5)" in other[0].stdout
         await nothing_left(tmp_path, pid)
     assert "another manager" not in caplog.text and "cannot resume" not in caplog.text
 
@@ -118,3 +120,50 @@ async def test_an_api_rewind_losing_to_a_cli_rewind_raises_why_and_the_cli_rewin
         assert other[0].returncode == 0, other[0].stdout + other[0].stderr
         await eventually(lambda: Flaky.effects[name] == [0, 1, 0, 1, 2, 3])
         await nothing_left(tmp_path, pid)
+
+
+async def test_a_rewind_from_a_machine_whose_clock_is_behind_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    behind = types.SimpleNamespace(time=lambda: time.time() - 60.0)
+    async with running(tmp_path) as manager:
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        monkeypatch.setattr(requests_module, "time", behind)  # the nudge's requested_at: a minute early
+        result = await in_thread("rewind", str(tmp_path), str(pid), "--to-step", "1", "-y")
+        assert result.exit_code == 0, result.output
+        await eventually(lambda: Flaky.effects[name] == [0, 1, 1, 2, 3])
+        await nothing_left(tmp_path, pid)
+
+
+async def test_a_resume_from_a_machine_whose_clock_is_behind_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    behind = types.SimpleNamespace(time=lambda: time.time() - 60.0)
+    async with running(tmp_path) as manager:
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        monkeypatch.setattr(requests_module, "time", behind)
+        result = await in_thread("resume", str(tmp_path), str(pid))
+        assert result.exit_code == 0, result.output
+        await eventually(lambda: Flaky.effects[name] == [0, 1, 2, 3])
+        await nothing_left(tmp_path, pid)
+
+
+async def test_a_nudge_naming_an_older_latest_key_is_ignored_not_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running(tmp_path) as manager:
+        pid, name = await failed_and_kept(manager)  # ended at 4.commit
+        Flaky.broken.discard(name)
+        await manager.store.resumes.put(pid, OperatorRequest.new("resume", "resume", step=2))
+        await eventually(lambda: "it was for step 2" in caplog.text)
+        await eventually(lambda: not list((tmp_path / "requests").rglob("*.json")))
+        assert Flaky.effects[name] == [0, 1] and manager.procedure_state(pid) is not None
+
+
+def test_a_nudge_written_by_an_older_release_is_still_read() -> None:
+    old = b'{"kind":"resume","reason":"resume","requested_at":1700000000.0,"requested_by":"op@host"}'
+    assert requests_module.decode_request(old, "requests/resume/x.json") == OperatorRequest(
+        kind="resume", reason="resume", requested_at=1700000000.0, requested_by="op@host"
+    )

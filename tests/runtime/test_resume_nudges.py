@@ -35,7 +35,7 @@ async def test_a_leader_killed_while_acting_on_a_resume_nudge_leaves_it_for_the_
     async with manager_on(str(tmp_path), keep_failed=True) as manager:
         pid, name = await failed_and_kept(manager)  # ended at 4.commit
     Flaky.broken.discard(name)
-    await ProcedureStore(LocalDirStore(tmp_path)).resumes.put(pid, OperatorRequest.new("resume", "resume"))
+    await ProcedureStore(LocalDirStore(tmp_path)).resumes.put(pid, OperatorRequest.new("resume", "resume", step=4))
     key = {
         "request": f"requests/{pid}.json",
         "copy": f"procedure/{pid}/0000000005.step",
