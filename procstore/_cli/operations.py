@@ -4,6 +4,12 @@ Both act through the store, so they work while managers run, under a lease too: 
 state to run from is written as a new step key (`procstore.store.restart`), and a nudge
 (`requests/resume/ID.json`, naming that key's step) tells the leader to load the procedure
 again within a poll interval; with no manager running, the next one to start does.
+
+Writes, in order: a rewind deletes the operator request, writes the copy, then the nudge.
+A crash before the copy changes nothing that matters (run it again); after it, the
+procedure is unfinished at the copy, which the next start runs, and `resume` (which
+accepts a latest `.step` right above a `.commit`: a copy not run past) nudges a running
+leader to run it. A resume writes only the nudge (the leader writes its copy).
 """
 
 from __future__ import annotations
@@ -99,13 +105,15 @@ async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, p
     later steps would run over undone work; told by its history record, else the manager
     checks), and one that is unfinished, which a manager may be running (the next start
     resumes it anyway; `--force` for one the running manager could not load, POISONED).
-    PROCEDURE_ID may be a unique prefix.
+    Not refused: one whose latest key is a restart's copy no manager has run past (a
+    `rewind` interrupted before its nudge): only the nudge is written, which a manager
+    running it ignores. PROCEDURE_ID may be a unique prefix.
     """
     store = await open_existing_store(url, storage_options, parent_path)
     try:
         plan = await _plan(store, procedure_id, None)
         pid = plan.procedure_id
-        if not plan.ended and not force:
+        if not plan.ended and not plan.copy_pending and not force:
             raise CommandError(
                 f"procedure {pid} is unfinished (its latest key is {plan.latest.step}.{plan.latest.key_type.value}): "
                 "a manager may be running it, and the next one to start resumes it anyway. Resume is for a "
@@ -114,6 +122,12 @@ async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, p
                 ExitCode.REFUSED,
             )
         await _checked(store, plan)
+        if plan.copy_pending:
+            output_console().print(
+                f"its latest key, {plan.latest.step}.step, is a restart's copy that no manager has run past (a "
+                "rewind or resume interrupted before its nudge, or one a manager is just starting): nudging the "
+                "leader to run it (one that runs it already ignores the nudge)"
+            )
         record = await history_of(store).find(pid) if plan.ended else None
         if record is not None and record.outcome == "rolled back":
             raise CommandError(
@@ -160,6 +174,14 @@ async def rewind(
     try:
         plan = await _plan(store, procedure_id, to_step)
         pid = plan.procedure_id
+        if plan.copy_pending and not force:
+            raise CommandError(
+                f"procedure {pid} is unfinished: its latest key, {plan.latest.step}.step, is a restart's copy that "
+                "no manager has run past (a rewind or resume interrupted before its nudge, or one a manager is just "
+                f"starting). Run it: procstore resume {pid} (a manager that runs it already ignores that); rewind it "
+                "once it has ended, or pass --force if no manager runs on this store",
+                ExitCode.REFUSED,
+            )
         if not plan.ended and not force:
             raise CommandError(
                 f"procedure {pid} is unfinished (its latest key is {plan.latest.step}.{plan.latest.key_type.value}): "

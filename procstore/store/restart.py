@@ -11,6 +11,9 @@ again; every earlier key stays for audit. What may be restarted, by the latest k
   last `.step`; rewind copies the step asked for. No manager runs an ended procedure, so
   this is safe while managers run.
 - `.commit` alone (DONE): refused.
+- `.step` right above a `.commit` (`RestartPlan.copy_pending`): a restart's copy that no
+  manager has run past yet, say after a `procstore rewind` crashed before its nudge. A
+  resume only nudges (writes nothing here): a manager running it ignores the nudge.
 
 Crash points: the copy is one create-only write. Lost answer: the key holds our bytes,
 which counts as written. A crash before it changes nothing; after it, the procedure is
@@ -56,6 +59,8 @@ class RestartPlan:
     """The `.step` key whose state is copied to `latest.step + 1`; None: resumed as stored."""
     ended: bool
     """Its latest key is a `.commit` above a `.rollback`: it ended FAILED and was kept."""
+    copy_pending: bool = False
+    """Its latest key is a `.step` right above a `.commit`: a restart's copy, not run past yet."""
 
     @property
     def rolling_back(self) -> bool:
@@ -82,17 +87,20 @@ async def plan_restart(store: ProcedureStore, procedure_id: ProcedureId, to_step
     ended = latest.key_type is KeyType.COMMIT
     if ended and not failed_below:
         raise ProcedureError(f"procedure {procedure_id} finished successfully ({latest}): nothing to restart")
+    pending = latest.key_type is KeyType.STEP and any(
+        k.step == latest.step - 1 and k.key_type is KeyType.COMMIT for k in keys
+    )
     if to_step is None:
         source = steps[max(steps)] if ended and steps else None
         if ended and source is None:
             raise ProcedureError(f"procedure {procedure_id} has no stored step to resume from (keys: {_listed(keys)})")
-        return RestartPlan(procedure_id, latest, source, ended)
+        return RestartPlan(procedure_id, latest, source, ended, pending)
     if to_step not in steps:
         raise ProcedureError(
             f"procedure {procedure_id} has no step {to_step} to rewind to; its stored steps: "
             f"{', '.join(map(str, sorted(steps))) or 'none'}"
         )
-    return RestartPlan(procedure_id, latest, steps[to_step], ended)
+    return RestartPlan(procedure_id, latest, steps[to_step], ended, pending)
 
 
 async def check_restart(store: ProcedureStore, plan: RestartPlan) -> ProcedureMessage:

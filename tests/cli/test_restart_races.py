@@ -11,7 +11,7 @@ import sys
 import time
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from click.testing import CliRunner, Result
@@ -21,8 +21,10 @@ import procstore._runtime.restart as runtime_restart
 import procstore.store.requests as requests_module
 from procstore import ProcedureError, ProcedureId, ProcedureManager
 from procstore._cli.app import cli
-from procstore._cli.common import ExitCode
+from procstore._cli.common import ExitCode, open_existing_store
+from procstore.store import ProcedureStore
 from procstore.store.requests import OperatorRequest
+from procstore.testing import Fault, FaultyStore, SimulatedCrash
 from tests.runtime.test_operations import Flaky, failed_and_kept, manager_on
 
 WRITES = frozenset({"put", "put_if_absent", "put_if_version", "batch_delete", "delete"})
@@ -167,3 +169,37 @@ def test_a_nudge_written_by_an_older_release_is_still_read() -> None:
     assert requests_module.decode_request(old, "requests/resume/x.json") == OperatorRequest(
         kind="resume", reason="resume", requested_at=1700000000.0, requested_by="op@host"
     )
+
+
+@pytest.mark.parametrize("nth", [0, 1, 2])
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_a_rewind_killed_at_any_write_is_finished_without_force_while_a_manager_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nth: int, when: Literal["before", "after"]
+) -> None:
+    """Its writes: the request's deletion, the copy, the nudge. Rerunning the rewind, then
+    (if it says so) `procstore resume`, runs the procedure from step 1 exactly once."""
+    real_open = open_existing_store
+    crashing = {"armed": True}
+
+    async def faulty_open(*args: Any) -> ProcedureStore:
+        opened = await real_open(*args)
+        if not crashing.pop("armed", False):
+            return opened
+        return ProcedureStore(FaultyStore(opened.store, faults=[Fault("crash", kinds=WRITES, nth=nth, when=when)]))
+
+    monkeypatch.setattr(cli_operations, "open_existing_store", faulty_open)
+    async with running(tmp_path) as manager:
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        rewind = ("rewind", str(tmp_path), str(pid), "--to-step", "1", "-y")
+        with pytest.raises(SimulatedCrash):
+            await in_thread(*rewind)
+        await asyncio.sleep(0.3)  # a few looks of the leader
+        if Flaky.effects[name] == [0, 1]:
+            again = await in_thread(*rewind)
+            if again.exit_code == ExitCode.REFUSED:
+                assert f"procstore resume {pid}" in again.output, again.output
+                again = await in_thread("resume", str(tmp_path), str(pid))
+            assert again.exit_code == 0, again.output
+        await eventually(lambda: Flaky.effects[name] == [0, 1, 1, 2, 3])
+        await nothing_left(tmp_path, pid)
