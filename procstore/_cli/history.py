@@ -28,7 +28,6 @@ def history_of(store: ProcedureStore) -> HistoryStore:
 
 
 _COLUMNS = ("id", "type", "outcome", "steps", "retries", "ended", "error")
-_TYPE_MIN = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +98,12 @@ async def print_history(store: ProcedureStore, fmt: Format, listing: HistoryList
             for r in records
         ]
         natural = [max([len(name), *(len(row[n]) for row in rows)]) for n, name in enumerate(_COLUMNS)]
-        # What is left beside the fixed columns (and 3 between each two) goes to the type, then the error.
+        # What is left beside the fixed columns (and 3 between each two) goes to the type (half
+        # at most), then the error: together never wider than that, or the table overflows the
+        # terminal and rich squeezes the columns itself, cutting them without `…`.
         room = output_console().width - sum(natural[n] for n in (0, 2, 3, 4, 5)) - 3 * (len(_COLUMNS) - 1)
-        type_width = min(natural[1], max(_TYPE_MIN, room // 2))
-        cut = {"type": type_width, "error": max(_TYPE_MIN, room - type_width)}
+        type_width = min(natural[1], max(1, room // 2))
+        cut = {"type": type_width, "error": max(1, room - type_width)}
         out = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, show_header=listing.headers)
         for n, name in enumerate(_COLUMNS):
             if name in cut and not listing.wide:  # what gives way when space runs out

@@ -2,8 +2,14 @@
 
 Both act through the store, so they work while managers run, under a lease too: the
 state to run from is written as a new step key (`procstore.store.restart`), and a nudge
-(`requests/resume/ID.json`) tells the leader to load the procedure again within a poll
-interval; with no manager running, the next one to start does.
+(`requests/resume/ID.json`, naming that key's step) tells the leader to load the procedure
+again within a poll interval; with no manager running, the next one to start does.
+
+Writes, in order: a rewind deletes the operator request, writes the copy, then the nudge.
+A crash before the copy changes nothing that matters (run it again); after it, the
+procedure is unfinished at the copy, which the next start runs, and `resume` (which
+accepts a latest `.step` right above a `.commit`: a copy not run past) nudges a running
+leader to run it. A resume writes only the nudge (the leader writes its copy).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from procstore.store import ProcedureStore
 from procstore.store.keys import KeysByProcedure
 from procstore.store.message import ProcedureMessage
 from procstore.store.requests import OperatorRequest
-from procstore.store.restart import RestartPlan, apply_restart, check_restart, plan_restart
+from procstore.store.restart import RestartedMeanwhile, RestartPlan, apply_restart, check_restart, plan_restart
 
 
 async def _plan(store: ProcedureStore, procedure_id: str, to_step: int | None) -> RestartPlan:
@@ -48,12 +54,37 @@ async def _checked(store: ProcedureStore, plan: RestartPlan) -> ProcedureMessage
         raise CommandError(str(e), ExitCode.REFUSED) from e
 
 
-async def _nudge(store: ProcedureStore, pid: ProcedureId, what: str) -> None:
-    await store.resumes.put(pid, OperatorRequest.new("resume", what))
-    output_console().print(
-        f"wrote {store.resumes.key(pid)}: the leader loads {pid} again within a second or so (its "
-        "request_poll_interval); with no manager running, the next one to start runs it"
-    )
+async def _nudge(store: ProcedureStore, pid: ProcedureId, what: str, step: int, wrote_copy: bool) -> None:
+    """Write the nudge naming `step` (the latest key as the leader should find it); say
+    truthfully what happened if a nudge was there already."""
+    key = store.resumes.key(pid)
+    for _ in range(3):
+        if await store.resumes.put(pid, OperatorRequest.new("resume", what, step)):
+            output_console().print(
+                f"wrote {key}: the leader loads {pid} again within a second or so (its request_poll_interval); "
+                "with no manager running, the next one to start runs it"
+            )
+            return
+        existing = await store.resumes.get(pid)
+        if existing is None:
+            continue  # acted on and deleted since: write ours again
+        if wrote_copy or existing.step == step:
+            # The leader deletes a nudge only after acting on it, then reads the store again:
+            # it runs what it finds, the copy written above included.
+            output_console().print(
+                f"a nudge was already waiting at {key} ({existing.describe()}), so none was written: the leader "
+                f"acts on it within a second or so and runs {pid} from what the store then holds"
+                + (f", the copy this {what} wrote (step {step}) included" if wrote_copy else "")
+                + "; with no manager running, the next one to start runs it"
+            )
+            return
+        raise CommandError(
+            f"a nudge for an earlier state of {pid} is waiting at {key} ({existing.describe()}): the leader deletes "
+            "it unused at its next look (within a second or so; with no manager running, at the next start). Run "
+            "this command again then",
+            ExitCode.REFUSED,
+        )
+    raise CommandError(f"the nudge at {key} kept changing while it was written; try again", ExitCode.REFUSED)
 
 
 @click.command()
@@ -74,13 +105,15 @@ async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, p
     later steps would run over undone work; told by its history record, else the manager
     checks), and one that is unfinished, which a manager may be running (the next start
     resumes it anyway; `--force` for one the running manager could not load, POISONED).
-    PROCEDURE_ID may be a unique prefix.
+    Not refused: one whose latest key is a restart's copy no manager has run past (a
+    `rewind` interrupted before its nudge): only the nudge is written, which a manager
+    running it ignores. PROCEDURE_ID may be a unique prefix.
     """
     store = await open_existing_store(url, storage_options, parent_path)
     try:
         plan = await _plan(store, procedure_id, None)
         pid = plan.procedure_id
-        if not plan.ended and not force:
+        if not plan.ended and not plan.copy_pending and not force:
             raise CommandError(
                 f"procedure {pid} is unfinished (its latest key is {plan.latest.step}.{plan.latest.key_type.value}): "
                 "a manager may be running it, and the next one to start resumes it anyway. Resume is for a "
@@ -89,6 +122,12 @@ async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, p
                 ExitCode.REFUSED,
             )
         await _checked(store, plan)
+        if plan.copy_pending:
+            output_console().print(
+                f"its latest key, {plan.latest.step}.step, is a restart's copy that no manager has run past (a "
+                "rewind or resume interrupted before its nudge, or one a manager is just starting): nudging the "
+                "leader to run it (one that runs it already ignores the nudge)"
+            )
         record = await history_of(store).find(pid) if plan.ended else None
         if record is not None and record.outcome == "rolled back":
             raise CommandError(
@@ -96,7 +135,7 @@ async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, p
                 f"rewind it instead (procstore rewind {pid} --to-step 0 to run it again from the start)",
                 ExitCode.REFUSED,
             )
-        await _nudge(store, pid, "resume")
+        await _nudge(store, pid, "resume", plan.latest.step, wrote_copy=False)
         if plan.ended and record is None:
             output_console().print(
                 "no history record says whether it was rolled back: the manager checks, and refuses (in its log) "
@@ -128,12 +167,21 @@ async def rewind(
     the history stays for audit. Refused on an unfinished procedure, which a manager may be
     running: cancel it (`procstore cancel`), wait until it has ended, then rewind (its keys
     are kept if managers run with keep_failed=True). `--force` rewinds it anyway, for a
-    store no manager runs on. PROCEDURE_ID may be a unique prefix.
+    store no manager runs on. Refused too, exit code 6, if another operator restarted it
+    first (retry once you have looked at it). PROCEDURE_ID may be a unique prefix.
     """
     store = await open_existing_store(url, storage_options, parent_path)
     try:
         plan = await _plan(store, procedure_id, to_step)
         pid = plan.procedure_id
+        if plan.copy_pending and not force:
+            raise CommandError(
+                f"procedure {pid} is unfinished: its latest key, {plan.latest.step}.step, is a restart's copy that "
+                "no manager has run past (a rewind or resume interrupted before its nudge, or one a manager is just "
+                f"starting). Run it: procstore resume {pid} (a manager that runs it already ignores that); rewind it "
+                "once it has ended, or pass --force if no manager runs on this store",
+                ExitCode.REFUSED,
+            )
         if not plan.ended and not force:
             raise CommandError(
                 f"procedure {pid} is unfinished (its latest key is {plan.latest.step}.{plan.latest.key_type.value}): "
@@ -145,8 +193,11 @@ async def rewind(
         _confirm(f"Rewind {pid} to step {to_step} (written as step {plan.latest.step + 1})?", yes)
         # Certain now. The old request first: left in place, it would fail the rewound run at once.
         await store.requests.delete([pid])
-        await apply_restart(store, plan, message)
-        await _nudge(store, pid, f"rewind to step {to_step}")
+        try:
+            copied = await apply_restart(store, plan, message)
+        except RestartedMeanwhile as e:
+            raise CommandError(str(e), ExitCode.REFUSED) from e
+        await _nudge(store, pid, f"rewind to step {to_step}", copied.step, wrote_copy=True)
     finally:
         await store.store.close()
 

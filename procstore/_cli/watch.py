@@ -9,7 +9,9 @@ from typing import Any
 
 import click
 import orjson
+from rich.console import Group
 from rich.live import Live
+from rich.text import Text
 
 from procstore._cli.common import open_existing_store, run_command, store_options
 from procstore._cli.listing import procedures_table, row_json
@@ -96,16 +98,17 @@ async def watch(
             title = f"{store.store.url}{store.proc_path} at {iso_time(now)}: {plural(len(procedures), 'procedure')}"
             if not first:
                 title += f", {plural(len(changes), 'change')} since the last listing"
-            table = procedures_table(
-                procedures, now, inventory=inventory, title=title, time_format=time_format, width=console.width
-            )
+            # The header is a line of its own, not the table's title: that one wraps at the
+            # table's width, so `head -1` of a piped frame would cut it (the time included).
+            table = procedures_table(procedures, now, inventory=inventory, time_format=time_format, width=console.width)
             changed = {c["id"] for c in changes} if not first else set()
             for i, p in enumerate(procedures):
                 if str(p.procedure_id) in changed:
                     table.rows[i].style = "reverse"
             if live is not None:
-                live.update(table, refresh=True)
+                live.update(Group(Text(title), table), refresh=True)
             else:
+                console.print(title, soft_wrap=True, highlight=False, markup=False)
                 console.print(table)
     finally:
         if live is not None:

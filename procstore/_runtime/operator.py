@@ -14,10 +14,10 @@ import time
 
 from procstore._logs import get_logger, procedure_fields
 from procstore._runtime.context import ManagerContext
-from procstore._runtime.restart import restart
-from procstore.errors import ProcedureError
+from procstore._runtime.restart import restart, runs_here
+from procstore.errors import ProcedureError, StoreError
 from procstore.ids import ProcedureId
-from procstore.store.keys import KeyType, procedure_dir
+from procstore.store.keys import KeyType, ParsedKey, procedure_dir
 from procstore.store.requests import OperatorRequest, RequestKind
 
 logger = get_logger("procstore.runtime")
@@ -65,25 +65,73 @@ async def _look_once(ctx: ManagerContext) -> None:
 
 
 async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorRequest) -> None:
-    """Apply a resume nudge: run the procedure from what the store now holds, unless it
-    runs here already, or it ended here after the nudge was written (the nudge was for an
-    earlier state: resuming would undo, say, a cancel). The nudge is deleted either way
-    (a refusal is logged)."""
-    meta = ctx.metas.get(procedure_id)
-    if meta is not None and meta.end_time is not None and nudge.requested_at < meta.end_time.timestamp():
+    """Apply a resume nudge: run the procedure from what the store now holds, unless it runs
+    here already, or the nudge is stale (see `_stale`). Deleted once acted on (a refusal is
+    logged); left for the next look while an API restart of the procedure is under way.
+
+    Nudges cannot be deleted only if unchanged, so one written while this one was handled
+    (another operator's `rewind`, which finds this one in place) is covered by reading the
+    store again after the deletion: a newer key that nothing here runs is run.
+    """
+    if procedure_id in ctx.restarting:
+        return
+    if runs_here(ctx, procedure_id):
+        await ctx.store.resumes.delete([procedure_id])  # it runs what the store holds
+        return
+    latest = await _latest_key(ctx, procedure_id)
+    if latest is None:
+        logger.info("procedure %s: nothing to resume, its keys are gone (it ended and was deleted)", procedure_id)
+    elif stale := _stale(ctx, procedure_id, nudge, latest):
         logger.warning(
-            "ignoring the resume nudge of procedure %s (%s): it was written before the procedure ended here",
+            "ignoring the resume nudge of procedure %s (%s): %s",
             procedure_id,
             nudge.describe(),
-            extra=procedure_fields(procedure_id, meta.type_name),
+            stale,
+            extra=procedure_fields(procedure_id),
         )
-    elif meta is None or meta.state.is_ended() or procedure_id in ctx.stored.unreadable:
-        try:
-            await restart(ctx, procedure_id, None)
-        except ProcedureError as e:
-            about = procedure_fields(procedure_id, meta.type_name if meta else None)
-            logger.error("cannot resume procedure %s as an operator asked: %s", procedure_id, e, extra=about)
+    else:
+        await _run_again(ctx, procedure_id)
     await ctx.store.resumes.delete([procedure_id])
+    if runs_here(ctx, procedure_id) or procedure_id in ctx.restarting:
+        return
+    now = await _latest_key(ctx, procedure_id)
+    if now is not None and now.key_type is not KeyType.COMMIT and str(now) != str(latest):
+        logger.info("procedure %s: %s was written while its resume nudge was handled; running it", procedure_id, now)
+        await _run_again(ctx, procedure_id)
+
+
+async def _run_again(ctx: ManagerContext, procedure_id: ProcedureId) -> None:
+    try:
+        await restart(ctx, procedure_id, None, nudged=True)
+    except ProcedureError as e:
+        if isinstance(e, StoreError):
+            raise  # not acted on (the store failed, or this manager no longer leads): the nudge stays
+        logger.error(
+            "cannot resume procedure %s as an operator asked: %s", procedure_id, e, extra=procedure_fields(procedure_id)
+        )
+
+
+async def _latest_key(ctx: ManagerContext, procedure_id: ProcedureId) -> ParsedKey | None:
+    keys = await ctx.store.procedure_keys(procedure_id)
+    return max(keys, key=lambda k: (k.step, k.key_type is KeyType.COMMIT)) if keys else None
+
+
+def _stale(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorRequest, latest: ParsedKey) -> str:
+    """Why the nudge is for an earlier state (acting on it could undo, say, a cancel); ''
+    to act on it. Told by store facts: the nudge names the latest step key its operator saw
+    or wrote, and an ended procedure whose latest key is another has run since. An
+    unfinished one that does not run here is always run: that is what the nudge is for."""
+    if latest.key_type is not KeyType.COMMIT:
+        return ""
+    if nudge.step is not None:
+        if latest.step != nudge.step:
+            return f"it was for step {nudge.step}, and the procedure has run since (it ended at {latest})"
+        return ""
+    # A nudge written by an older release carries no step: compared by the clocks, as it was.
+    meta = ctx.metas.get(procedure_id)
+    if meta is not None and meta.end_time is not None and nudge.requested_at < meta.end_time.timestamp():
+        return "it was written before the procedure ended here"
+    return ""
 
 
 async def request(ctx: ManagerContext, procedure_id: ProcedureId, kind: RequestKind, reason: str) -> OperatorRequest:

@@ -10,6 +10,11 @@ can make (is it running here? did its rollback already run?), then the order of 
 2. the copy of the state to run from is written (`apply_restart`); a crash after it
    leaves an unfinished procedure that the next start runs;
 3. it runs here, as a root resumed at start would, with fresh retries.
+
+Another restart may write its copy between 0 and 2 (a `procstore rewind` while this
+manager acts on a nudge, say): 2 then writes nothing (`RestartedMeanwhile`). A restart
+for a nudge plans again and runs what the store now holds, the other's copy; one asked for
+through the API raises the `ProcedureError`, and the other restart's nudge runs its copy.
 """
 
 from __future__ import annotations
@@ -20,20 +25,29 @@ from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.recovery import resume_root
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
-from procstore.store.restart import apply_restart, check_restart, plan_restart
+from procstore.store.restart import RestartedMeanwhile, apply_restart, check_restart, plan_restart
 
 logger = get_logger("procstore.runtime")
 
 
-async def restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int | None) -> ProcedureMeta:
+def runs_here(ctx: ManagerContext, procedure_id: ProcedureId) -> bool:
+    """The procedure is running, or waiting for its parent, in this term."""
+    meta = ctx.metas.get(procedure_id)
+    return (meta is not None and not meta.state.is_ended()) or procedure_id in ctx.stored.messages
+
+
+async def restart(
+    ctx: ManagerContext, procedure_id: ProcedureId, to_step: int | None, *, nudged: bool = False
+) -> ProcedureMeta:
     """Resume (`to_step` None) or rewind `procedure_id` in this term; returns its new metadata.
 
     Raises `ProcedureError` saying why not: it is running or waiting here, it is a
-    subprocedure, it finished successfully, its keys are gone, or (resume only) its
-    rollback already ran.
+    subprocedure, it finished successfully, its keys are gone, (resume only) its rollback
+    already ran, or another restart wrote its copy first (`RestartedMeanwhile`; `nudged`:
+    planned again instead, to run the other's copy).
     """
     meta = ctx.metas.get(procedure_id)
-    if (meta is not None and not meta.state.is_ended()) or procedure_id in ctx.stored.messages:
+    if runs_here(ctx, procedure_id):
         state = meta.state.kind.name if meta is not None else "waiting for its parent"
         raise ProcedureError(
             f"procedure {procedure_id} is running here ({state}): cancel it and wait until it has ended first"
@@ -49,7 +63,18 @@ async def restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int |
         raise ProcedureError(f"procedure {procedure_id} is being restarted already")
     ctx.restarting.add(procedure_id)
     try:
-        return await _restart(ctx, procedure_id, to_step)
+        for _ in range(3):
+            try:
+                return await _restart(ctx, procedure_id, to_step)
+            except RestartedMeanwhile as e:
+                if not nudged:
+                    raise
+                logger.info(
+                    "procedure %s was restarted by another operator first (%s): running from their state",
+                    procedure_id,
+                    e.key,
+                )
+        raise ProcedureError(f"procedure {procedure_id} kept being restarted by others while this manager tried")
     finally:
         ctx.restarting.discard(procedure_id)
 

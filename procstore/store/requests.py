@@ -15,10 +15,13 @@ so a crash in between honours it again: failing is idempotent.
 `procstore resume` and `procstore rewind` leave a nudge of their own, in a subfolder that
 the ids above never collide with:
 
-    {parent_path}requests/resume/{procedure_id}.json   {"kind":"resume",...}
+    {parent_path}requests/resume/{procedure_id}.json   {"kind":"resume",...,"step":5}
 
 It tells the running leader to load a procedure it holds as ended or unloadable again
-(`procstore.store.restart` wrote what to run from); the next start loads it anyway.
+(`procstore.store.restart` wrote what to run from); the next start loads it anyway. Its
+`step` is the procedure's latest step key when the nudge was meant (a rewind's copy, or the
+`.commit` a resume restarts from): a store fact, so that the leader can tell a nudge it has
+already acted on without comparing two machines' clocks (see `procstore._runtime.operator`).
 """
 
 from __future__ import annotations
@@ -57,10 +60,12 @@ class OperatorRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds since the epoch, when the request was written."""
     requested_by: str = ""
     """Who wrote it (`user@host` for the CLI)."""
+    step: int | None = None
+    """A resume nudge's latest step key when written (None: a nudge of an older release)."""
 
     @classmethod
-    def new(cls, kind: RequestKind, reason: str) -> OperatorRequest:
-        return cls(kind=kind, reason=reason, requested_at=time.time(), requested_by=_who())
+    def new(cls, kind: RequestKind, reason: str, step: int | None = None) -> OperatorRequest:
+        return cls(kind=kind, reason=reason, requested_at=time.time(), requested_by=_who(), step=step)
 
     def describe(self) -> str:
         verb = {"cancel": "cancelled", "fail": "failed", "resume": "resumed"}[self.kind]

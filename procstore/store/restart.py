@@ -11,21 +11,42 @@ again; every earlier key stays for audit. What may be restarted, by the latest k
   last `.step`; rewind copies the step asked for. No manager runs an ended procedure, so
   this is safe while managers run.
 - `.commit` alone (DONE): refused.
+- `.step` right above a `.commit` (`RestartPlan.copy_pending`): a restart's copy that no
+  manager has run past yet, say after a `procstore rewind` crashed before its nudge. A
+  resume only nudges (writes nothing here): a manager running it ignores the nudge.
 
 Crash points: the copy is one create-only write. Lost answer: the key holds our bytes,
 which counts as written. A crash before it changes nothing; after it, the procedure is
 unfinished at `latest + 1` and the next start (or the running manager, nudged) runs it.
+Two restarts at once: the second to write `latest + 1` gets `RestartedMeanwhile`, having
+written nothing (two copies of the same bytes both count as written: one run).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from procstore.errors import ProcedureError
+from procstore.errors import Fenced, LeaseExpired, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.procedure_store import MAX_STEP, ProcedureStore
+
+
+class RestartedMeanwhile(ProcedureError):
+    """Another restart (an operator's resume or rewind) wrote the copy's key first.
+
+    Nothing was written: the procedure runs from the other restart's copy.
+    """
+
+    def __init__(self, procedure_id: ProcedureId, key: str) -> None:
+        super().__init__(
+            f"procedure {procedure_id} was restarted by another operator first ({key} was written meanwhile, by "
+            "another resume or rewind): this one wrote nothing, and the procedure runs from the other's state. "
+            "Look at it again and retry if it still needs it"
+        )
+        self.procedure_id = procedure_id
+        self.key = key
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +59,8 @@ class RestartPlan:
     """The `.step` key whose state is copied to `latest.step + 1`; None: resumed as stored."""
     ended: bool
     """Its latest key is a `.commit` above a `.rollback`: it ended FAILED and was kept."""
+    copy_pending: bool = False
+    """Its latest key is a `.step` right above a `.commit`: a restart's copy, not run past yet."""
 
     @property
     def rolling_back(self) -> bool:
@@ -64,17 +87,20 @@ async def plan_restart(store: ProcedureStore, procedure_id: ProcedureId, to_step
     ended = latest.key_type is KeyType.COMMIT
     if ended and not failed_below:
         raise ProcedureError(f"procedure {procedure_id} finished successfully ({latest}): nothing to restart")
+    pending = latest.key_type is KeyType.STEP and any(
+        k.step == latest.step - 1 and k.key_type is KeyType.COMMIT for k in keys
+    )
     if to_step is None:
         source = steps[max(steps)] if ended and steps else None
         if ended and source is None:
             raise ProcedureError(f"procedure {procedure_id} has no stored step to resume from (keys: {_listed(keys)})")
-        return RestartPlan(procedure_id, latest, source, ended)
+        return RestartPlan(procedure_id, latest, source, ended, pending)
     if to_step not in steps:
         raise ProcedureError(
             f"procedure {procedure_id} has no step {to_step} to rewind to; its stored steps: "
             f"{', '.join(map(str, sorted(steps))) or 'none'}"
         )
-    return RestartPlan(procedure_id, latest, steps[to_step], ended)
+    return RestartPlan(procedure_id, latest, steps[to_step], ended, pending)
 
 
 async def check_restart(store: ProcedureStore, plan: RestartPlan) -> ProcedureMessage:
@@ -91,12 +117,18 @@ async def check_restart(store: ProcedureStore, plan: RestartPlan) -> ProcedureMe
 
 async def apply_restart(store: ProcedureStore, plan: RestartPlan, message: ProcedureMessage) -> ProcedureMessage:
     """Write the copy the plan needs (if any) of `message` (from `check_restart`); return
-    the message to run from. Raises `Fenced` if someone else wrote `latest + 1` first.
+    the message to run from. Raises `RestartedMeanwhile` if someone else wrote `latest + 1`
+    first (and `LeaseExpired` from a manager's store that no longer leads).
     """
     if plan.source is None:
         return message
     step = plan.latest.step + 1
-    await store.store_procedure(plan.procedure_id, step, message.type_name, message.data, None)
+    try:
+        await store.store_procedure(plan.procedure_id, step, message.type_name, message.data, None)
+    except LeaseExpired:
+        raise
+    except Fenced as e:
+        raise RestartedMeanwhile(plan.procedure_id, e.key or store.key(plan.procedure_id, step, KeyType.STEP)) from e
     return ProcedureMessage(message.type_name, message.data, None, step)
 
 

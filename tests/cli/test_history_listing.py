@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import msgspec
@@ -103,3 +104,26 @@ def test_ls_history_honours_the_listing_options(history: tuple[str, list[History
     assert run("ls", url, "--history", "--newer-than", "1d", "-o", "json").stdout.count('"id"') == 0
     refused = run("ls", url, "--history", "--status", "unfinished")
     assert refused.exit_code == 2 and "--status" in refused.output
+
+
+@pytest.mark.parametrize("time_format", ["relative", "iso", "raw"])
+def test_ls_history_cuts_the_error_with_an_ellipsis_at_80_columns(
+    history: tuple[str, list[HistoryRecord]], time_format: str
+) -> None:
+    url, records = history
+    result = run("ls", url, "--history", "--time-format", time_format)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), result.stdout
+    failed = next(line for line in lines if line.startswith(records[1].id[:8]))
+    assert failed.rstrip().endswith("…") and "  regio" in failed, result.stdout
+
+
+def test_watch_into_a_pipe_keeps_its_frame_header_on_one_line(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    message = {"type_name": "x::Y", "data": "{}", "parent_id": None, "step": 0}
+    asyncio.run(store.put(f"procedure/{ProcedureId.random()}/0000000000.step", json.dumps(message).encode()))
+    result = run("watch", str(tmp_path), "--count", "1")
+    assert result.exit_code == 0, result.output
+    header = result.stdout.splitlines()[0]
+    assert re.search(r" at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ: 1 procedure$", header), result.stdout

@@ -1,0 +1,205 @@
+"""Restarts that race each other, and a `procstore rewind` killed at each of its writes.
+
+Each test keeps one manager running on a local directory, as an operator would meet it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from click.testing import CliRunner, Result
+
+import procstore._cli.operations as cli_operations
+import procstore._runtime.restart as runtime_restart
+import procstore.store.requests as requests_module
+from procstore import ProcedureError, ProcedureId, ProcedureManager
+from procstore._cli.app import cli
+from procstore._cli.common import ExitCode, open_existing_store
+from procstore.store import ProcedureStore
+from procstore.store.requests import OperatorRequest
+from procstore.testing import Fault, FaultyStore, SimulatedCrash
+from tests.runtime.test_operations import Flaky, failed_and_kept, manager_on
+
+WRITES = frozenset({"put", "put_if_absent", "put_if_version", "batch_delete", "delete"})
+
+
+def procstore(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+async def in_thread(*args: str) -> Result:
+    return await asyncio.to_thread(procstore, *args)
+
+
+def running(path: Path) -> ProcedureManager:
+    return manager_on(str(path), keep_failed=True, request_poll_interval=0.05)
+
+
+async def eventually(check: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+async def nothing_left(path: Path, pid: ProcedureId) -> None:
+    """Its keys, its request and its nudge all go (called while the manager runs)."""
+    await eventually(lambda: not (path / "procedure" / str(pid)).exists())
+    await eventually(lambda: not [p for p in (path / "requests").rglob("*.json") if str(pid) in p.name])
+
+
+def interleaved(
+    module: types.ModuleType, monkeypatch: pytest.MonkeyPatch, *other: str
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run the command `other` once, in full (another operator's process), just before
+    `module`'s next restart copy."""
+    real = module.apply_restart
+    results: list[subprocess.CompletedProcess[str]] = []
+    command = [sys.executable, "-c", "from procstore._cli.app import main; main()", *other]
+
+    async def first_the_other(*args: Any) -> Any:
+        if not results:
+            ran = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60)
+            results.append(ran)
+        return await real(*args)
+
+    monkeypatch.setattr(module, "apply_restart", first_the_other)
+    return results
+
+
+async def test_the_second_of_two_rewinds_is_told_another_operator_restarted_it_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running(tmp_path) as manager:
+        pid, name = await failed_and_kept(manager)
+    Flaky.broken.discard(name)
+    other = interleaved(cli_operations, monkeypatch, "rewind", str(tmp_path), str(pid), "--to-step", "0", "-y")
+    result = await in_thread("rewind", str(tmp_path), str(pid), "--to-step", "1", "-y")
+    assert other[0].returncode == 0, other[0].stdout + other[0].stderr
+    assert result.exit_code == ExitCode.REFUSED, result.output
+    assert "restarted by another operator first" in result.output and "retry" in result.output
+    assert "another manager" not in result.output
+    async with running(tmp_path):
+        await eventually(lambda: Flaky.effects[name] == [0, 1, 0, 1, 2, 3])  # the first rewind, once
+        await nothing_left(tmp_path, pid)
+
+
+async def test_a_rewind_landing_while_the_leader_acts_on_a_resume_nudge_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running(tmp_path) as manager:
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        other = interleaved(runtime_restart, monkeypatch, "rewind", str(tmp_path), str(pid), "--to-step", "0", "-y")
+        resumed = await in_thread("resume", str(tmp_path), str(pid))
+        assert resumed.exit_code == 0, resumed.output
+        await eventually(lambda: Flaky.effects[name] == [0, 1, 0, 1, 2, 3])  # the rewind's state, run once
+        assert other[0].returncode == 0, other[0].stdout + other[0].stderr
+        # The resume's nudge was still there: the rewind says so, and that the leader runs its copy.
+        assert "a nudge was already waiting" in other[0].stdout and "(step 5)" in other[0].stdout
+        await nothing_left(tmp_path, pid)
+    assert "another manager" not in caplog.text and "cannot resume" not in caplog.text
+
+
+async def test_an_api_rewind_losing_to_a_cli_rewind_raises_why_and_the_cli_rewind_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running(tmp_path) as manager:
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        other = interleaved(runtime_restart, monkeypatch, "rewind", str(tmp_path), str(pid), "--to-step", "0", "-y")
+        with pytest.raises(ProcedureError, match="restarted by another operator first") as raised:
+            await manager.rewind(pid, 1)
+        assert "another manager" not in str(raised.value)
+        assert other[0].returncode == 0, other[0].stdout + other[0].stderr
+        await eventually(lambda: Flaky.effects[name] == [0, 1, 0, 1, 2, 3])
+        await nothing_left(tmp_path, pid)
+
+
+async def test_a_rewind_from_a_machine_whose_clock_is_behind_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    behind = types.SimpleNamespace(time=lambda: time.time() - 60.0)
+    async with running(tmp_path) as manager:
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        monkeypatch.setattr(requests_module, "time", behind)  # the nudge's requested_at: a minute early
+        result = await in_thread("rewind", str(tmp_path), str(pid), "--to-step", "1", "-y")
+        assert result.exit_code == 0, result.output
+        await eventually(lambda: Flaky.effects[name] == [0, 1, 1, 2, 3])
+        await nothing_left(tmp_path, pid)
+
+
+async def test_a_resume_from_a_machine_whose_clock_is_behind_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    behind = types.SimpleNamespace(time=lambda: time.time() - 60.0)
+    async with running(tmp_path) as manager:
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        monkeypatch.setattr(requests_module, "time", behind)
+        result = await in_thread("resume", str(tmp_path), str(pid))
+        assert result.exit_code == 0, result.output
+        await eventually(lambda: Flaky.effects[name] == [0, 1, 2, 3])
+        await nothing_left(tmp_path, pid)
+
+
+async def test_a_nudge_naming_an_older_latest_key_is_ignored_not_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running(tmp_path) as manager:
+        pid, name = await failed_and_kept(manager)  # ended at 4.commit
+        Flaky.broken.discard(name)
+        await manager.store.resumes.put(pid, OperatorRequest.new("resume", "resume", step=2))
+        await eventually(lambda: "it was for step 2" in caplog.text)
+        await eventually(lambda: not list((tmp_path / "requests").rglob("*.json")))
+        assert Flaky.effects[name] == [0, 1] and manager.procedure_state(pid) is not None
+
+
+def test_a_nudge_written_by_an_older_release_is_still_read() -> None:
+    old = b'{"kind":"resume","reason":"resume","requested_at":1700000000.0,"requested_by":"op@host"}'
+    assert requests_module.decode_request(old, "requests/resume/x.json") == OperatorRequest(
+        kind="resume", reason="resume", requested_at=1700000000.0, requested_by="op@host"
+    )
+
+
+@pytest.mark.parametrize("nth", [0, 1, 2])
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_a_rewind_killed_at_any_write_is_finished_without_force_while_a_manager_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nth: int, when: Literal["before", "after"]
+) -> None:
+    """Its writes: the request's deletion, the copy, the nudge. Rerunning the rewind, then
+    (if it says so) `procstore resume`, runs the procedure from step 1 exactly once."""
+    real_open = open_existing_store
+    crashing = {"armed": True}
+
+    async def faulty_open(*args: Any) -> ProcedureStore:
+        opened = await real_open(*args)
+        if not crashing.pop("armed", False):
+            return opened
+        return ProcedureStore(FaultyStore(opened.store, faults=[Fault("crash", kinds=WRITES, nth=nth, when=when)]))
+
+    monkeypatch.setattr(cli_operations, "open_existing_store", faulty_open)
+    async with running(tmp_path) as manager:
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        rewind = ("rewind", str(tmp_path), str(pid), "--to-step", "1", "-y")
+        with pytest.raises(SimulatedCrash):
+            await in_thread(*rewind)
+        await asyncio.sleep(0.3)  # a few looks of the leader
+        if Flaky.effects[name] == [0, 1]:
+            again = await in_thread(*rewind)
+            if again.exit_code == ExitCode.REFUSED:
+                assert f"procstore resume {pid}" in again.output, again.output
+                again = await in_thread("resume", str(tmp_path), str(pid))
+            assert again.exit_code == 0, again.output
+        await eventually(lambda: Flaky.effects[name] == [0, 1, 1, 2, 3])
+        await nothing_left(tmp_path, pid)
