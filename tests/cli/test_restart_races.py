@@ -166,7 +166,8 @@ async def test_a_nudge_naming_an_older_latest_key_is_ignored_not_run(
 
 def test_a_nudge_written_by_an_older_release_is_still_read() -> None:
     old = b'{"kind":"resume","reason":"resume","requested_at":1700000000.0,"requested_by":"op@host"}'
-    assert requests_module.decode_request(old, "requests/resume/x.json") == OperatorRequest(
+    pid = ProcedureId.random()
+    assert requests_module.decode_request(old, f"requests/resume/{pid}.json", pid) == OperatorRequest(
         kind="resume", reason="resume", requested_at=1700000000.0, requested_by="op@host"
     )
 
