@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from procstore._runtime.lease import Lease
 from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ManagerStopped, ProcedureFailed, StoreError
 from procstore.procedure import ProcedureWithId
@@ -378,6 +379,22 @@ class CrashExplorer:
             self._without[failed] = reference.snapshot
         return self._without[failed]
 
+    async def _lead(self, manager: ProcedureManager, crashed: asyncio.Future[Any] | None) -> None:
+        """Wait until `manager` leads: with a lease, a manager restarted after a kill is a
+        standby until the dead one's lease expires (no time under `run_simulated`; a TTL on
+        a real loop). Returns early if the store crashes meanwhile."""
+        leading = asyncio.ensure_future(manager.wait_until_leading())
+        try:
+            waits = [leading] if crashed is None else [leading, crashed]
+            done, _ = await asyncio.wait(waits, timeout=self.timeout, return_when="FIRST_COMPLETED")
+            if not done:
+                raise AssertionError(f"a manager did not lead within {self.timeout}s")
+            if leading.done():
+                leading.result()
+        finally:
+            leading.cancel()
+            await asyncio.gather(leading, return_exceptions=True)
+
     async def _live(
         self, faulty: FaultyStore, procedures: list[ProcedureWithId], before: list[FaultyStore]
     ) -> FaultyStore:
@@ -390,6 +407,9 @@ class CrashExplorer:
         try:
             with contextlib.suppress(SimulatedCrash):
                 await manager.start()
+                await self._lead(manager, crashed)
+                if faulty.crashed.is_set():
+                    return faulty
                 for pwid in procedures:
                     watcher = manager.procedure_watcher(pwid.id)
                     if watcher is None and not ever_stored(pwid, before):
@@ -401,12 +421,27 @@ class CrashExplorer:
                     if not done:
                         raise AssertionError(f"a run did not finish within {self.timeout}s")
         finally:
-            await manager.stop()
+            with contextlib.suppress(SimulatedCrash):  # a lease's release, after the kill
+                await manager.stop()
             for w in [*waits, crashed]:
                 w.cancel()
             await asyncio.gather(*waits, crashed, return_exceptions=True)
             await faulty.close()
         return faulty
+
+    async def _keys_left(self, store: StateStore, path: str) -> list[str]:
+        """The procedure keys left once all ended. With a lease, a manager deletes the keys of
+        procedures it inherited only after the lease's `late_write_grace`: wait that long."""
+        left = await store.walk(path)
+        lease = Lease.from_option(self.manager_options.get("lease"))
+        if not left or lease is None:
+            return left
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(lease.late_write_grace + 1.0, self.timeout)
+        while left and loop.time() < deadline:
+            await asyncio.sleep(max(0.05, lease.late_write_grace / 20))
+            left = await store.walk(path)
+        return left
 
     async def _finish(self, url: str, procedures: list[ProcedureWithId], lives: list[FaultyStore]) -> _Result:
         """Restart on the plain store, run everything to its end, and check the store."""
@@ -414,6 +449,7 @@ class CrashExplorer:
         outcomes: dict[str, Outcome] = {}
         try:
             async with self._manager(recorder) as manager:
+                await self._lead(manager, None)
                 rebuilt = rebind(procedures, await self._procedures(recorder))
                 for pwid in rebuilt:
                     watcher = manager.procedure_watcher(pwid.id)
@@ -431,7 +467,7 @@ class CrashExplorer:
                         outcomes[str(pwid.id)] = Outcome("failed", str(e), traceback)
                     except (TimeoutError, ManagerStopped) as e:
                         raise AssertionError(f"procedure {pwid.id} did not end after the restart: {e!r}") from e
-                left = await recorder.inner.walk(manager.store.proc_path)
+                left = await self._keys_left(recorder.inner, manager.store.proc_path)
         finally:
             await recorder.close()
         try:

@@ -7,9 +7,9 @@ import json
 import uuid
 from typing import Any, ClassVar
 
-from procstore import Context, Procedure, ProcedureManager, ProcedureWithId, Status
+from procstore import Context, Lease, Procedure, ProcedureManager, ProcedureWithId, Status
 from procstore.store import StateStore
-from procstore.testing import CrashExplorer, Scenario
+from procstore.testing import CrashExplorer, Scenario, run_simulated
 
 BUILT: dict[str, int] = {}
 
@@ -98,3 +98,40 @@ async def test_an_older_two_argument_hook_is_still_called_and_believed() -> None
     scenario = OldHook()
     report = await CrashExplorer(scenario, fresh).explore(rollback_from_every_step=True)
     assert scenario.calls and not report.ok
+
+
+class Once(Procedure):
+    """One idempotent step that checks its lease before touching the world."""
+
+    type_name = "tests::ManyOnce"
+
+    async def execute(self, ctx: Context) -> Status:
+        ctx.check_lease()
+        BUILT["once"] = 1
+        return Status.done()
+
+    def dump(self) -> str:
+        return "{}"
+
+
+class Leased(Scenario):
+    async def prepare(self, store: StateStore) -> None:
+        BUILT.clear()
+
+    def attach(self, manager: ProcedureManager, store: StateStore) -> None:
+        manager.register_loader(Once.type_name, lambda data: Once())
+
+    async def procedures(self, store: StateStore) -> list[ProcedureWithId]:
+        return [ProcedureWithId.new(Once())]
+
+    async def snapshot(self, store: StateStore) -> object:
+        return dict(BUILT)
+
+
+def test_the_explorer_waits_for_a_restarted_manager_to_lead_under_a_lease() -> None:
+    # After a kill the restarted manager is a standby until the dead one's lease expires,
+    # and deletes what it inherited only after `late_write_grace`: free in virtual time.
+    explorer = CrashExplorer(Leased(), fresh, manager_options={"lease": Lease(ttl=2.0)})
+    report = run_simulated(explorer.explore(double_execution=True), seed=3)
+    report.assert_ok()
+    assert report.explored > 4
