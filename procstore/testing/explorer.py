@@ -31,10 +31,12 @@ import abc
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from procstore._runtime.lease import Lease
 from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ManagerStopped, ProcedureFailed, StoreError
 from procstore.procedure import ProcedureWithId
@@ -79,9 +81,19 @@ class Scenario(abc.ABC):
         """The world after the run; compared with the clean run's. Default: nothing."""
         return None
 
-    async def rolled_back(self, store: StateStore, before: object) -> object:
-        """The world the rollback mode expects once a failed run has rolled back, given the
-        snapshot taken `before` the run. Default: `before` (everything undone)."""
+    async def rolled_back(self, store: StateStore, before: object, failed: tuple[int, ...] = ()) -> object:
+        """The world the rollback mode expects once a failed run has rolled back.
+
+        `before` is the snapshot taken before the run; `failed`, the indices (in the order
+        `procedures()` returns them) of the procedures that ended failed: the one the failure
+        was injected into, or the top of its tree. The others ended done. `store` is the run's
+        store once the run has ended.
+
+        Default (not overridden): the world of a crash-free run of only the procedures that
+        did not fail, as if the failed ones had never run (so `before` when all failed).
+        An override taking only `(store, before)` (the older form) is still called, before
+        the run, with the store as `prepare` left it.
+        """
         return before
 
 
@@ -119,6 +131,18 @@ class _Result:
     attempts: list[int] = field(default_factory=list)
     """For each attempt at a step, how many operations came before it."""
     before: object = None
+    url: str = ""
+
+
+def _hook(scenario: Scenario) -> str:
+    """Which `rolled_back` the scenario has: the default, the older `(store, before)` form,
+    or the `(store, before, failed)` one."""
+    if type(scenario).rolled_back is Scenario.rolled_back:
+        return "default"
+    params = inspect.signature(scenario.rolled_back).parameters.values()
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    many = any(p.kind == p.VAR_POSITIONAL for p in params)
+    return "new" if many or len(positional) >= 3 else "old"
 
 
 class CrashExplorer:
@@ -148,6 +172,10 @@ class CrashExplorer:
         self.timeout = timeout
         self._runs = 0
         self._seed: int | None = None
+        self._without: dict[tuple[int, ...], object] = {}
+        """The world of a crash-free run without the procedures at these indices."""
+        self._keep: list[int] | None = None
+        """While set, only the scenario's procedures at these indices run."""
 
     async def explore(
         self,
@@ -195,7 +223,7 @@ class CrashExplorer:
             return Failure(point, describe_point(point, plan), str(e), e.details if isinstance(e, RunBroken) else [])
         at = describe_point(point, plan)
         if point.fail_at is not None:
-            return self._rollback_problem(point, at, result, clean)
+            return await self._rollback_problem(point, at, result, clean)
         differs = outcome_differences(result.outcomes, clean.outcomes)
         if differs is not None:
             return Failure(point, at, differs[0], differs[1])
@@ -219,7 +247,7 @@ class CrashExplorer:
             points += [CrashPoint(i, w, k) for i in range(start, len(failed.ops)) for w in ("before", "after")]
         return points
 
-    def _rollback_problem(self, point: CrashPoint, at: str, result: _Result, clean: _Result) -> Failure | None:
+    async def _rollback_problem(self, point: CrashPoint, at: str, result: _Result, clean: _Result) -> Failure | None:
         """A failed procedure must have rolled the world back; one that ended done (the crash
         came before its failure was stored, and the step ran again) must match the clean run."""
         if all(o.status == "done" for o in result.outcomes.values()):
@@ -229,9 +257,13 @@ class CrashExplorer:
                 return Failure(point, at, "the world differs from the crash-free run's: "
                                + world_difference(result.snapshot, clean.snapshot))  # fmt: skip
             return None
-        if result.snapshot != result.before:
+        try:
+            expected = await self._expected_after_rollback(result)
+        except AssertionError as e:
+            return Failure(point, at, str(e))
+        if result.snapshot != expected:
             return Failure(point, at, "the world after the rollback is not as expected: "
-                           + world_difference(result.snapshot, result.before))  # fmt: skip
+                           + world_difference(result.snapshot, expected))  # fmt: skip
         return None
 
     # -- how a run is killed -------------------------------------------------------------
@@ -248,7 +280,7 @@ class CrashExplorer:
             if point is not None and point.fail_at is not None:
                 faulty.plan.faults.append(Fault("error", kinds=frozenset({ATTEMPT}), nth=point.fail_at))
             # Built on the store they run on, so the world's own writes die with the kill too.
-            procedures = await self.scenario.procedures(faulty)
+            procedures = await self._procedures(faulty)
             return procedures, [await self._live(faulty, procedures, [])]
 
         return kill
@@ -257,7 +289,7 @@ class CrashExplorer:
         async def kill(url: str, plan: FaultPlan) -> tuple[list[ProcedureWithId], list[FaultyStore]]:
             seen: set[tuple[str, str]] = set()
             faulty = FaultyStore(self._store(url), crash_before_new=seen, plan=plan)
-            procedures = await self.scenario.procedures(faulty)
+            procedures = await self._procedures(faulty)
             lives = [await self._live(faulty, procedures, [])]
             while lives[-1].crashed.is_set():
                 faulty = FaultyStore(self._store(url), crash_before_new=seen)
@@ -267,6 +299,10 @@ class CrashExplorer:
         return kill
 
     # -- one run -------------------------------------------------------------------------
+
+    async def _procedures(self, store: StateStore) -> list[ProcedureWithId]:
+        procedures = await self.scenario.procedures(store)
+        return procedures if self._keep is None else [procedures[i] for i in self._keep]
 
     def _store(self, url: str) -> StateStore:
         return open_state_store(url, self.storage_options)
@@ -308,26 +344,72 @@ class CrashExplorer:
                 )
             await self.scenario.prepare(store)
             # Only the rollback mode needs the world as it was (a scenario may not read an empty store).
-            before = (
-                await self.scenario.rolled_back(store, await self.scenario.snapshot(store)) if rolled_back else None
-            )
+            before = await self.scenario.snapshot(store) if rolled_back else None
+            if rolled_back and _hook(self.scenario) == "old":
+                before = await self.scenario.rolled_back(store, before)
         procedures, lives = await kill(url, plan)
         result = await self._finish(url, procedures, lives)
         result.before = before
+        result.url = url
         return result
+
+    async def _expected_after_rollback(self, result: _Result) -> object:
+        """The world a run whose procedures at `failed` failed must end with (see `rolled_back`)."""
+        failed = tuple(i for i, outcome in enumerate(result.outcomes.values()) if outcome.status == "failed")
+        hook = _hook(self.scenario)
+        if hook == "old":
+            return result.before
+        if hook == "new":
+            async with self._opened(result.url) as store:
+                return await self.scenario.rolled_back(store, result.before, failed)
+        if len(failed) == len(result.outcomes):
+            return result.before
+        if failed not in self._without:
+            keep = [i for i in range(len(result.outcomes)) if i not in failed]
+            self._keep = keep
+            try:
+                reference = await self._run(self._killed_at(None), FaultPlan(), f"without {list(failed)}")
+            finally:
+                self._keep = None
+            if any(o.status != "done" for o in reference.outcomes.values()):
+                raise AssertionError(
+                    f"the run without the failed procedures {list(failed)} did not end with all done: "
+                    "override Scenario.rolled_back to say what a rollback must leave"
+                )
+            self._without[failed] = reference.snapshot
+        return self._without[failed]
+
+    async def _lead(self, manager: ProcedureManager, crashed: asyncio.Future[Any] | None) -> None:
+        """Wait until `manager` leads: with a lease, a manager restarted after a kill is a
+        standby until the dead one's lease expires (no time under `run_simulated`; a TTL on
+        a real loop). Returns early if the store crashes meanwhile."""
+        leading = asyncio.ensure_future(manager.wait_until_leading())
+        try:
+            waits = [leading] if crashed is None else [leading, crashed]
+            done, _ = await asyncio.wait(waits, timeout=self.timeout, return_when="FIRST_COMPLETED")
+            if not done:
+                raise AssertionError(f"a manager did not lead within {self.timeout}s")
+            if leading.done():
+                leading.result()
+        finally:
+            leading.cancel()
+            await asyncio.gather(leading, return_exceptions=True)
 
     async def _live(
         self, faulty: FaultyStore, procedures: list[ProcedureWithId], before: list[FaultyStore]
     ) -> FaultyStore:
         """One manager's life: resume or submit everything, run until all end or the kill."""
         if before:
-            procedures = rebind(procedures, await self.scenario.procedures(faulty))
+            procedures = rebind(procedures, await self._procedures(faulty))
         manager = self._manager(faulty)
         waits: list[asyncio.Future[Any]] = []
         crashed: asyncio.Future[Any] = asyncio.ensure_future(faulty.crashed.wait())
         try:
             with contextlib.suppress(SimulatedCrash):
                 await manager.start()
+                await self._lead(manager, crashed)
+                if faulty.crashed.is_set():
+                    return faulty
                 for pwid in procedures:
                     watcher = manager.procedure_watcher(pwid.id)
                     if watcher is None and not ever_stored(pwid, before):
@@ -339,12 +421,27 @@ class CrashExplorer:
                     if not done:
                         raise AssertionError(f"a run did not finish within {self.timeout}s")
         finally:
-            await manager.stop()
+            with contextlib.suppress(SimulatedCrash):  # a lease's release, after the kill
+                await manager.stop()
             for w in [*waits, crashed]:
                 w.cancel()
             await asyncio.gather(*waits, crashed, return_exceptions=True)
             await faulty.close()
         return faulty
+
+    async def _keys_left(self, store: StateStore, path: str) -> list[str]:
+        """The procedure keys left once all ended. With a lease, a manager deletes the keys of
+        procedures it inherited only after the lease's `late_write_grace`: wait that long."""
+        left = await store.walk(path)
+        lease = Lease.from_option(self.manager_options.get("lease"))
+        if not left or lease is None:
+            return left
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(lease.late_write_grace + 1.0, self.timeout)
+        while left and loop.time() < deadline:
+            await asyncio.sleep(max(0.05, lease.late_write_grace / 20))
+            left = await store.walk(path)
+        return left
 
     async def _finish(self, url: str, procedures: list[ProcedureWithId], lives: list[FaultyStore]) -> _Result:
         """Restart on the plain store, run everything to its end, and check the store."""
@@ -352,7 +449,8 @@ class CrashExplorer:
         outcomes: dict[str, Outcome] = {}
         try:
             async with self._manager(recorder) as manager:
-                rebuilt = rebind(procedures, await self.scenario.procedures(recorder))
+                await self._lead(manager, None)
+                rebuilt = rebind(procedures, await self._procedures(recorder))
                 for pwid in rebuilt:
                     watcher = manager.procedure_watcher(pwid.id)
                     if watcher is None and not ever_stored(pwid, lives):
@@ -369,7 +467,7 @@ class CrashExplorer:
                         outcomes[str(pwid.id)] = Outcome("failed", str(e), traceback)
                     except (TimeoutError, ManagerStopped) as e:
                         raise AssertionError(f"procedure {pwid.id} did not end after the restart: {e!r}") from e
-                left = await recorder.inner.walk(manager.store.proc_path)
+                left = await self._keys_left(recorder.inner, manager.store.proc_path)
         finally:
             await recorder.close()
         try:

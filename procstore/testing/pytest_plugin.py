@@ -93,13 +93,12 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def procstore_moto_endpoint() -> Iterator[str]:
     """A moto S3 server on 127.0.0.1 for the whole session (needs `moto[server]`)."""
-    from moto.server import ThreadedMotoServer
+    from procstore.testing.s3_server import ThreadedServer
 
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = ThreadedServer(free_port())
     server.start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield server.url
     finally:
         server.stop()
 

@@ -47,6 +47,9 @@ class ReplayReport:
     """Procedure id -> error (with traceback where the failure came from its code)."""
     not_loaded: list[LoadProblem] = field(default_factory=list)
     hung: list[str] = field(default_factory=list)
+    rolled_back_as_before: dict[str, str] = field(default_factory=dict)
+    """Procedure id -> its error: already failing in the snapshot (rolling back), and the new
+    code completed its rollback. Not a problem: it failed in production, not here."""
 
     @property
     def ok(self) -> bool:
@@ -62,6 +65,11 @@ class ReplayReport:
         lines = [
             f"replay of {self.source}: {self.procedures} unfinished procedures, {len(self.done)} ran to their end, "
             f"{len(self.failed)} failed, {len(self.not_loaded)} could not be loaded, {len(self.hung)} did not end"
+            + (
+                f", {len(self.rolled_back_as_before)} already failing in the snapshot finished their rollback"
+                if self.rolled_back_as_before
+                else ""
+            )
         ]
         if not self.procedures:
             lines.append(
@@ -71,6 +79,10 @@ class ReplayReport:
         lines += [f"  not loaded: {problem}" for problem in self.not_loaded]
         lines += [f"  failed: {pid}: {error}" for pid, error in self.failed.items()]
         lines += [f"  did not end in time: {pid}" for pid in self.hung]
+        lines += [
+            f"  already failing in the snapshot; rollback completed: {pid}: {error.splitlines()[0] if error else ''}"
+            for pid, error in self.rolled_back_as_before.items()
+        ]
         return "\n".join(lines)
 
 
@@ -145,6 +157,8 @@ async def replay(
     report = ReplayReport(source)
     try:
         await _load_into(sandbox, source, storage_options, parent_path)
+        # Those with a `.rollback` key were failing already, in production, before the snapshot.
+        failing = {k.split("/")[1] for k in await sandbox.walk("procedure/") if k.endswith(".rollback")}
         options = {"retry_delay": 0.01, "max_retry_delay": 0.5, **(manager_options or {})}
         manager = ProcedureManager(sandbox, **options)
         attach(manager)
@@ -153,11 +167,11 @@ async def replay(
             unreadable = len(report.not_loaded)  # roots: not listed as procedures
             infos = [i for i in manager.list_procedures() if not i.state.is_ended()]
             roots = [i.id for i in infos if i.parent_id is None]
-            await asyncio.gather(*(_run_one(manager, pid, seconds_each, report) for pid in roots))
+            await asyncio.gather(*(_run_one(manager, pid, seconds_each, report, failing) for pid in roots))
             # Children are loaded by their parent as it resumes: look at each, once the roots ended.
             children = [i for i in manager.list_procedures() if i.parent_id is not None]
             for child in children:
-                await _check_child(sandbox, child, report)
+                await _check_child(sandbox, child, report, failing)
             unfinished = {i.id for i in infos} | {c.id for c in children}
             report.procedures = len(unfinished) + unreadable
     finally:
@@ -165,7 +179,20 @@ async def replay(
     return report
 
 
-async def _check_child(sandbox: MemoryStore, child: ProcedureInfo, report: ReplayReport) -> None:
+_ROLLBACK_DID_NOT_END = ("then its rollback failed", "its end could not be recorded")
+"""What the runtime adds to the error of a failed procedure whose rollback did not complete."""
+
+
+def _failed(report: ReplayReport, pid: str, error: str, failing: set[str]) -> None:
+    """A failure; or, for one already rolling back in the snapshot whose rollback the new
+    code completed, what it was before."""
+    if pid in failing and not any(marker in error for marker in _ROLLBACK_DID_NOT_END):
+        report.rolled_back_as_before[pid] = error
+    else:
+        report.failed[pid] = error
+
+
+async def _check_child(sandbox: MemoryStore, child: ProcedureInfo, report: ReplayReport, failing: set[str]) -> None:
     """A child that ended under the new code, failed, could not be loaded, or is still running."""
     pid, state = str(child.id), child.state
     if state.is_poisoned:
@@ -174,15 +201,17 @@ async def _check_child(sandbox: MemoryStore, child: ProcedureInfo, report: Repla
         hint = "Make the new code load it (old data must keep loading), or fix the stored value"
         report.not_loaded.append(LoadProblem(key, child.id, state.error or "poisoned", hint, child.type_name))
     elif state.is_failed:
-        report.failed[pid] = f"{child.type_name}, a child of {child.parent_id}: {state.error}\n{state.traceback or ''}"
-        report.failed[pid] = report.failed[pid].rstrip()
+        error = f"{child.type_name}, a child of {child.parent_id}: {state.error}\n{state.traceback or ''}"
+        _failed(report, pid, error.rstrip(), failing)
     elif not state.is_ended():
         report.hung.append(pid)
     elif pid not in report.done:
         report.done.append(pid)
 
 
-async def _run_one(manager: ProcedureManager, pid: Any, seconds: float, report: ReplayReport) -> None:
+async def _run_one(
+    manager: ProcedureManager, pid: Any, seconds: float, report: ReplayReport, failing: set[str]
+) -> None:
     watcher = manager.procedure_watcher(pid)
     if watcher is None:
         return
@@ -192,6 +221,6 @@ async def _run_one(manager: ProcedureManager, pid: Any, seconds: float, report: 
     except ProcedureFailed as e:
         state = manager.procedure_state(pid)
         trace = state.traceback if state is not None and state.traceback else ""
-        report.failed[str(pid)] = f"{e}\n{trace}".rstrip()
+        _failed(report, str(pid), f"{e}\n{trace}".rstrip(), failing)
     except (TimeoutError, ManagerStopped):
         report.hung.append(str(pid))

@@ -194,15 +194,55 @@ def _reset(environ: Environ) -> None:
     sock.close()
 
 
+def without_server_header(app: WsgiApp) -> WsgiApp:
+    """`app` without its own `Server` header: the HTTP server adds one too, and aiohttp
+    refuses a response with two under `python -X dev` ("Duplicate 'Server' header found")."""
+
+    def wrapped(environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            kept = [(k, v) for k, v in headers if k.lower() != "server"]
+            return start_response(status, kept) if exc_info is None else start_response(status, kept, exc_info)
+
+        return app(environ, start)
+
+    return wrapped
+
+
+def moto_app() -> WsgiApp:
+    """moto's S3 app, without the second `Server` header."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+    return without_server_header(DomainDispatcherApplication(create_backend_app))
+
+
 def make_app(
     record: str | None = None, fault_rate: float = 0.0, seed: int = 0, hold_seconds: float = 3.0, delete_errors: int = 0
 ) -> RecordingFaultyApp:
     """moto's S3 app behind the recording, fault-injecting middleware."""
-    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    return RecordingFaultyApp(moto_app(), record, fault_rate, seed, hold_seconds, delete_errors)
 
-    return RecordingFaultyApp(
-        DomainDispatcherApplication(create_backend_app), record, fault_rate, seed, hold_seconds, delete_errors
-    )
+
+class ThreadedServer:
+    """moto's S3 app served on 127.0.0.1:`port` in a thread of this process (as moto's
+    `ThreadedMotoServer`, without its duplicate `Server` header)."""
+
+    def __init__(self, port: int, app: WsgiApp | None = None) -> None:
+        from moto.moto_server.werkzeug_app import MotoRequestHandler
+        from werkzeug.serving import make_server
+
+        self.url = f"http://127.0.0.1:{port}"
+        self._server = make_server(
+            "127.0.0.1", port, app or moto_app(), threaded=True, request_handler=MotoRequestHandler
+        )
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="procstore:moto")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._thread.join()
+        self._server.server_close()
 
 
 def serve(port: int, record: str | None, fault_rate: float, seed: int, hold_seconds: float) -> None:

@@ -27,3 +27,19 @@ async def test_store_fixture_is_usable(procstore_store: StoreUnderTest) -> None:
         assert await store.get("k") == b"v"
     finally:
         await store.close()
+
+
+def test_the_moto_endpoint_sends_one_server_header(procstore_moto_endpoint: str) -> None:
+    # Two make aiohttp refuse every answer under `python -X dev`: "Duplicate 'Server' header found".
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(procstore_moto_endpoint)
+    connection = http.client.HTTPConnection(url.hostname or "", url.port, timeout=10)
+    try:
+        connection.request("GET", "/")
+        response = connection.getresponse()
+        response.read()
+        assert len(response.msg.get_all("Server") or []) == 1, response.msg.get_all("Server")
+    finally:
+        connection.close()

@@ -209,3 +209,62 @@ async def test_a_child_that_cannot_load_or_fails_under_the_new_code_is_reported(
     [error] = failed.failed.values()
     assert "cloud::Child, a child of" in error and "ValueError: the new child cannot take over" in error
     assert "Traceback" in error
+
+
+class Migrate(Procedure):
+    """Fails at its second step in production; the old release's rollback never ends."""
+
+    type_name = "cloud::Migrate"
+    rollback_supported = True
+    rollback_works: bool = False
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    async def execute(self, ctx: Context) -> Status:
+        if self.data["at"] == 0:
+            self.data["at"] = 1
+            return Status.executing()
+        raise RuntimeError("quota exceeded")
+
+    async def rollback(self, ctx: Context) -> None:
+        if self.rollback_works:
+            return
+        if self.data.get("v2"):
+            raise KeyError("the new code's rollback is broken")
+        await GATE.wait()  # never set: the old manager dies here
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+
+class MigrateV2(Migrate):
+    rollback_works = True
+
+
+class MigrateV2Broken(Migrate):
+    def __init__(self, data: dict[str, Any]) -> None:
+        super().__init__({**data, "v2": True})
+
+
+async def test_a_procedure_already_rolling_back_in_the_snapshot_is_not_a_failure(tmp_path: Path) -> None:
+    url = str(tmp_path / "prod")
+    manager = ProcedureManager(url)
+    manager.register_loader(Migrate.type_name, lambda d: Migrate(json.loads(d)))
+    await manager.start()
+    procedure = ProcedureWithId.new(Migrate({"at": 0}))
+    await manager.submit(procedure)
+    await asyncio.sleep(0.2)
+    await kill_manager(manager)
+    await manager.stop()
+    pid = str(procedure.id)
+
+    report = await replay(url, lambda m: m.register_loader(Migrate.type_name, lambda d: MigrateV2(json.loads(d))))
+    assert report.ok and not report.failed, str(report)
+    assert list(report.rolled_back_as_before) == [pid] and "quota exceeded" in report.rolled_back_as_before[pid]
+    assert "already failing in the snapshot; rollback completed" in str(report)
+
+    broken = await replay(
+        url, lambda m: m.register_loader(Migrate.type_name, lambda d: MigrateV2Broken(json.loads(d))), seconds_each=5
+    )
+    assert not broken.ok and pid in broken.failed and "rollback failed" in broken.failed[pid], str(broken)
