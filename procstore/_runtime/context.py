@@ -260,8 +260,11 @@ class ManagerContext:
         self.telemetry.ended(meta.type_name, meta.outcome(), seconds)
 
     def is_known(self, procedure_id: ProcedureId) -> bool:
+        """Known to this term: never adopted as a stranger, nor submitted again. A procedure
+        an operator's restart is working on counts (its metadata may be forgotten meanwhile)."""
         return (
             procedure_id in self.metas
+            or procedure_id in self.restarting
             or procedure_id in self.stored.messages
             or procedure_id in self.stored.committed
             or procedure_id in self.stored.unreadable

@@ -5,8 +5,9 @@ can make (is it running here? did its rollback already run?), then the order of 
 
 0. everything that could refuse the restart is checked first (the state to run from is
    read and loaded), so a refused restart changes nothing;
-1. the procedure's operator request (cancel, fail) is deleted, or it would fail again at
-   once; a crash after this leaves it ended as it was;
+1. when a copy is to be written, the procedure's operator request (cancel, fail) is
+   deleted, or it would fail again at once; a crash after this leaves it ended as it was
+   (a request for a latest state resumed as stored came after that state, and stands);
 2. the copy of the state to run from is written (`apply_restart`); a crash after it
    leaves an unfinished procedure that the next start runs;
 3. it runs here, as a root resumed at start would, with fresh retries.
@@ -91,10 +92,15 @@ async def _restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int 
             f"procedure {procedure_id} was rolled back: resuming would run its later steps over undone work; "
             "rewind it instead (to step 0 to run it again from the start)"
         )
-    # Certain now: the old request goes (it would fail the new run at once), then the copy.
-    await ctx.store.requests.delete([procedure_id])
-    ctx.operator_requests.pop(procedure_id, None)
+    if plan.source is not None:
+        # Certain now: the old request goes (it would fail the new run at once), then the
+        # copy. Resuming a latest state as stored (a copy an operator's rewind wrote, an
+        # unloadable procedure) writes nothing: a request there came after it, and stands.
+        await ctx.store.requests.delete([procedure_id])
+        ctx.operator_requests.pop(procedure_id, None)
     message = await apply_restart(ctx.store, plan, stored)
+    if runs_here(ctx, procedure_id):  # defence: nothing may have started it meanwhile
+        raise ProcedureError(f"procedure {procedure_id} was started meanwhile: it runs here already")
     ctx.forget(procedure_id)
     problems = resume_root(ctx, procedure_id, message, rolling_back=plan.rolling_back)
     if problems:

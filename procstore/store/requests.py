@@ -97,10 +97,14 @@ def decode_request(raw: bytes, key: str, procedure_id: ProcedureId) -> OperatorR
         if (key, raw) in _reported:
             return None
         _reported.add((key, raw))
+        again = (
+            "procstore resume` or `procstore rewind" if "/resume/" in key else "procstore cancel` or `procstore fail"
+        )
         logger.error(
-            "ignoring the operator request at %s: %s; write it again with `procstore cancel` or `procstore fail`",
+            "ignoring the operator request at %s: %s; write it again with `%s`",
             key,
             e,
+            again,
             extra=procedure_fields(procedure_id),
         )
         return None

@@ -263,8 +263,19 @@ class CrashExplorer:
             return Failure(point, at, str(e))
         if result.snapshot != expected:
             return Failure(point, at, "the world after the rollback is not as expected: "
-                           + world_difference(result.snapshot, expected))  # fmt: skip
+                           + world_difference(result.snapshot, expected) + self._expectation(result))  # fmt: skip
         return None
+
+    def _expectation(self, result: _Result) -> str:
+        """Where the expected world came from, when procstore chose it."""
+        failed = [i for i, outcome in enumerate(result.outcomes.values()) if outcome.status == "failed"]
+        if _hook(self.scenario) != "default" or len(failed) == len(result.outcomes):
+            return ""
+        return (
+            f" (expected: the world of a crash-free run without the failed procedures {failed}; if the "
+            "procedures share state, a lock or a counter, override Scenario.rolled_back to say what a "
+            "rollback must leave)"
+        )
 
     # -- how a run is killed -------------------------------------------------------------
 

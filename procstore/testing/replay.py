@@ -27,6 +27,7 @@ from typing import Any
 from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ManagerStopped, ProcedureFailed
 from procstore.state import ProcedureInfo
+from procstore.store.history import History, HistoryStore
 from procstore.store.memory import MemoryStore
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem
@@ -157,9 +158,9 @@ async def replay(
     report = ReplayReport(source)
     try:
         await _load_into(sandbox, source, storage_options, parent_path)
-        # Those with a `.rollback` key were failing already, in production, before the snapshot.
-        failing = {k.split("/")[1] for k in await sandbox.walk("procedure/") if k.endswith(".rollback")}
-        options = {"retry_delay": 0.01, "max_retry_delay": 0.5, **(manager_options or {})}
+        failing = _rolling_back(await sandbox.walk("procedure/"))
+        # History records say which failures completed their rollback (`rolled back`).
+        options = {"retry_delay": 0.01, "max_retry_delay": 0.5, "history": History(), **(manager_options or {})}
         manager = ProcedureManager(sandbox, **options)
         attach(manager)
         async with manager:
@@ -167,7 +168,7 @@ async def replay(
             unreadable = len(report.not_loaded)  # roots: not listed as procedures
             infos = [i for i in manager.list_procedures() if not i.state.is_ended()]
             roots = [i.id for i in infos if i.parent_id is None]
-            await asyncio.gather(*(_run_one(manager, pid, seconds_each, report, failing) for pid in roots))
+            await asyncio.gather(*(_run_one(manager, sandbox, pid, seconds_each, report, failing) for pid in roots))
             # Children are loaded by their parent as it resumes: look at each, once the roots ended.
             children = [i for i in manager.list_procedures() if i.parent_id is not None]
             for child in children:
@@ -179,14 +180,23 @@ async def replay(
     return report
 
 
-_ROLLBACK_DID_NOT_END = ("then its rollback failed", "its end could not be recorded")
-"""What the runtime adds to the error of a failed procedure whose rollback did not complete."""
+def _rolling_back(keys: list[str]) -> set[str]:
+    """The procedures whose latest key is a `.rollback`: failing already, in production,
+    before the snapshot (a rewound one keeps its old `.rollback` below its newer steps)."""
+    latest: dict[str, str] = {}
+    for key in keys:
+        parts = key.split("/")
+        if len(parts) == 3:  # procedure/ID/NAME; strays are not procedures
+            pid, name = parts[1], parts[2]
+            latest[pid] = max(latest.get(pid, name), name)  # names are zero-padded step numbers
+    return {pid for pid, name in latest.items() if name.endswith(".rollback")}
 
 
-def _failed(report: ReplayReport, pid: str, error: str, failing: set[str]) -> None:
+async def _failed(report: ReplayReport, sandbox: MemoryStore, pid: str, error: str, failing: set[str]) -> None:
     """A failure; or, for one already rolling back in the snapshot whose rollback the new
-    code completed, what it was before."""
-    if pid in failing and not any(marker in error for marker in _ROLLBACK_DID_NOT_END):
+    code completed (its history record says `rolled back`), what it was before."""
+    record = await HistoryStore(sandbox).find(pid) if pid in failing else None
+    if record is not None and record.outcome == "rolled back":
         report.rolled_back_as_before[pid] = error
     else:
         report.failed[pid] = error
@@ -202,7 +212,7 @@ async def _check_child(sandbox: MemoryStore, child: ProcedureInfo, report: Repla
         report.not_loaded.append(LoadProblem(key, child.id, state.error or "poisoned", hint, child.type_name))
     elif state.is_failed:
         error = f"{child.type_name}, a child of {child.parent_id}: {state.error}\n{state.traceback or ''}"
-        _failed(report, pid, error.rstrip(), failing)
+        await _failed(report, sandbox, pid, error.rstrip(), failing)
     elif not state.is_ended():
         report.hung.append(pid)
     elif pid not in report.done:
@@ -210,7 +220,7 @@ async def _check_child(sandbox: MemoryStore, child: ProcedureInfo, report: Repla
 
 
 async def _run_one(
-    manager: ProcedureManager, pid: Any, seconds: float, report: ReplayReport, failing: set[str]
+    manager: ProcedureManager, sandbox: MemoryStore, pid: Any, seconds: float, report: ReplayReport, failing: set[str]
 ) -> None:
     watcher = manager.procedure_watcher(pid)
     if watcher is None:
@@ -221,6 +231,6 @@ async def _run_one(
     except ProcedureFailed as e:
         state = manager.procedure_state(pid)
         trace = state.traceback if state is not None and state.traceback else ""
-        _failed(report, str(pid), f"{e}\n{trace}".rstrip(), failing)
+        await _failed(report, sandbox, str(pid), f"{e}\n{trace}".rstrip(), failing)
     except (TimeoutError, ManagerStopped):
         report.hung.append(str(pid))

@@ -204,3 +204,44 @@ async def test_a_rewind_killed_at_any_write_is_finished_without_force_while_a_ma
             assert again.exit_code == 0, again.output
         await eventually(lambda: Flaky.effects[name] == [0, 1, 1, 2, 3])
         await nothing_left(tmp_path, pid)
+
+
+async def test_a_cancel_written_after_a_rewind_is_honoured_by_the_leader_acting_on_its_nudge(
+    tmp_path: Path,
+) -> None:
+    """Between two looks of the leader an operator rewinds, then cancels: the copy is the
+    latest key, so the cancel is accepted, and the leader resuming that copy must not delete it."""
+    async with manager_on(str(tmp_path), keep_failed=True, request_poll_interval=0.5) as manager:
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        await asyncio.sleep(0.6)  # just after a look
+        rewound = await in_thread("rewind", str(tmp_path), str(pid), "--to-step", "0", "-y")
+        cancelled = await in_thread("cancel", str(tmp_path), str(pid), "-y", "--reason", "STOP IT")
+        assert rewound.exit_code == 0 and cancelled.exit_code == 0, rewound.output + cancelled.output
+        await eventually(lambda: "STOP IT" in (((s := manager.procedure_state(pid)) and s.error) or ""))
+        assert Flaky.effects[name] == [0, 1]  # nothing ran after the rewind
+
+
+async def test_a_procedure_being_restarted_is_never_adopted_as_a_stranger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a lease a leader adopts roots it does not know; a kept root whose metadata it
+    forgot, while an operator's restart works on it (a slow store read), is not one."""
+    from procstore import Lease
+
+    real = runtime_restart.check_restart  # type: ignore[attr-defined]
+
+    async def slow_check(*args: Any) -> Any:
+        await asyncio.sleep(1.0)  # several adopt looks happen meanwhile
+        return await real(*args)
+
+    lease = Lease(ttl=0.5, adopt_interval=0.1)
+    async with manager_on(str(tmp_path), keep_failed=True, lease=lease) as manager:
+        await manager.wait_until_leading()
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        manager.metadata_ttl = 0.0
+        manager.remove_outdated_metadata()  # as a kept root older than the metadata TTL is
+        monkeypatch.setattr(runtime_restart, "check_restart", slow_check)
+        assert await asyncio.wait_for((await manager.rewind(pid, 0)).wait(), 10) == name
+        assert Flaky.effects[name] == [0, 1, 0, 1, 2, 3]  # once, by one runner

@@ -268,3 +268,20 @@ async def test_a_procedure_already_rolling_back_in_the_snapshot_is_not_a_failure
         url, lambda m: m.register_loader(Migrate.type_name, lambda d: MigrateV2Broken(json.loads(d))), seconds_each=5
     )
     assert not broken.ok and pid in broken.failed and "rollback failed" in broken.failed[pid], str(broken)
+
+
+def test_whether_a_failure_predates_the_snapshot_is_told_by_keys_and_history_not_text() -> None:
+    """A procedure is failing in the snapshot only if its latest key is a `.rollback` (a
+    rewound one keeps an old `.rollback` below newer steps)."""
+    from procstore.testing.replay import _rolling_back
+
+    keys = [
+        "procedure/a/0000000000.step",
+        "procedure/a/0000000001.rollback",
+        "procedure/b/0000000000.step",
+        "procedure/b/0000000001.rollback",
+        "procedure/b/0000000002.commit",
+        "procedure/b/0000000003.step",
+        "procedure/stray",
+    ]
+    assert _rolling_back(keys) == {"a"}
