@@ -16,11 +16,11 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 from procstore._aio import run_blocking
 from procstore.store.errors import store_errors, unavailable
@@ -136,13 +136,43 @@ def io_pool() -> ThreadPoolExecutor:
     return _pool
 
 
-def _forget_pool() -> None:
-    """In a forked child: the parent's pool has no threads here, so make a new one."""
-    global _pool, _pool_lock
+_lock_files: set[int] = set()
+"""Descriptors of the lock files open now. A flock belongs to the open file, which a forked
+child shares: the child closes its copies (`_after_fork_in_child`), or they would hold
+their locks for good, with no thread left there to release them."""
+_lock_files_guard = threading.Lock()
+"""Held while a lock file is opened or closed, and across a fork, so that the set is exact."""
+
+
+@contextlib.contextmanager
+def _lock_file(path: Path) -> Iterator[BinaryIO]:
+    with _lock_files_guard:
+        lock = open(path, "a+b")  # noqa: SIM115 (closed below, under the guard)
+        _lock_files.add(lock.fileno())
+    try:
+        yield lock
+    finally:
+        with _lock_files_guard:
+            _lock_files.discard(lock.fileno())
+            lock.close()
+
+
+def _after_fork_in_child() -> None:
+    """The parent's pool has no threads here, so make a new one; close the lock files."""
+    global _pool, _pool_lock, _lock_files_guard
     _pool, _pool_lock = None, threading.Lock()
+    for fd in _lock_files:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _lock_files.clear()
+    _lock_files_guard = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_pool)
+os.register_at_fork(
+    before=lambda: _lock_files_guard.acquire(),
+    after_in_parent=lambda: _lock_files_guard.release(),
+    after_in_child=_after_fork_in_child,
+)
 
 
 class LocalDirStore(StateStore):
@@ -204,7 +234,7 @@ class LocalDirStore(StateStore):
         if not target.parent.is_dir():
             return False
         # flock on a sibling file: atomic against every process on this machine.
-        with open(target.parent / f"{LOCK_PREFIX}{target.name}", "a+b") as lock:
+        with _lock_file(target.parent / f"{LOCK_PREFIX}{target.name}") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             current = self._read(key)
             if current is None or content_version(current) != version:
@@ -233,7 +263,11 @@ class LocalDirStore(StateStore):
             # A key that is not there (a runner's look for an operator request before every
             # attempt, say) is answered by one `stat`, without a thread hop that would cost
             # more than the look; a key that is there is read in a thread, as any read.
-            if not os.path.lexists(f"{self._root_text}/{key}"):  # noqa: ASYNC240
+            # Only "no such file" means missing: a denied or failed stat (which
+            # `os.path.lexists` would also answer False) is an error, never a missing key.
+            try:
+                os.lstat(f"{self._root_text}/{key}")
+            except (FileNotFoundError, NotADirectoryError):
                 return None
             return await self._in_thread(self._read, key)
 

@@ -34,8 +34,10 @@ class S3Store(BucketStore):
             bucket, name, _ = self.fs.split_path(self._full(key))
             try:
                 response = await self.fs._call_s3("get_object", Bucket=bucket, Key=name)
-            except FileNotFoundError:
-                return None
+            except FileNotFoundError as e:
+                if _error_code(e) in ("NoSuchKey", None):
+                    return None
+                raise  # NoSuchBucket, say: a failed read must never look like a missing key
             try:
                 body: bytes = await response["Body"].read()
             finally:
@@ -97,6 +99,12 @@ class S3Store(BucketStore):
         if creator is not None:
             await creator.__aexit__(None, None, None)
             self.fs._s3 = None
+
+
+def _error_code(exc: BaseException) -> str | None:
+    """The S3 error code behind an error s3fs translated (None if it kept none)."""
+    response = getattr(exc.__cause__ or exc.__context__, "response", None)
+    return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
 
 
 def _precondition_failed(exc: BaseException) -> bool:

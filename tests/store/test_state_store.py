@@ -261,3 +261,84 @@ async def test_each_url_opens_the_backend_that_knows_its_conditional_writes(
         store = open_state_store(url, options)
         assert type(store) is kind, (url, options)
         await store.close()
+
+
+async def test_a_local_read_that_is_denied_is_an_error_not_a_missing_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner's look for an operator request must not read "no request" when the look
+    itself failed (a folder without search permission, an I/O error)."""
+
+    store = LocalDirStore(str(tmp_path))
+    await store.put("requests/x.json", b"{}")
+    real = os.lstat
+
+    def denied(path: str, *args: object, **kwargs: object) -> os.stat_result:
+        if str(path).endswith("requests/x.json"):
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(os, "lstat", denied)
+    with pytest.raises(StoreError, match="requests/x.json"):
+        await store.get("requests/x.json")
+    assert await store.get("requests/missing.json") is None
+
+
+async def test_an_s3_read_in_a_missing_bucket_is_an_error_not_a_missing_key(moto_endpoint: str) -> None:
+    store = open_state_store("s3://no-such-bucket-for-procstore/cp/", s3_options(moto_endpoint))
+    try:
+        with pytest.raises(StoreError, match="requests/x.json"):
+            await store.get("requests/x.json")
+    finally:
+        await store.close()
+
+
+def test_a_child_forked_while_a_compare_and_swap_holds_its_lock_can_swap_too(tmp_path: Path) -> None:
+    """flock locks belong to the open file, which a forked child shares: the child closes
+    its copies, or its own compare-and-swap on the key would wait for ever."""
+    import threading
+
+    from procstore.store.local import _lock_file
+
+    key = "lease/procedures.json"
+    asyncio.run(LocalDirStore(str(tmp_path)).put(key, b"v0"))
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        import fcntl
+
+        with _lock_file(tmp_path / "lease" / ".lock-procedures.json") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's thread never releases here
+        code = 1
+        try:
+            store = LocalDirStore(str(tmp_path))
+
+            async def swap() -> bool:
+                current = await store.get(key)
+                assert current is not None
+                from procstore.store.state_store import content_version
+
+                return await asyncio.wait_for(store.put_if_version(key, b"child", content_version(current)), 5)
+
+            code = 0 if asyncio.run(swap()) else 2
+        finally:
+            os._exit(code)
+    time.sleep(0.2)
+    release.set()  # the parent's holder lets go soon after the fork, as a real swap does
+    holder.join(10)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise AssertionError("the child's compare-and-swap waited for a lock nobody would release")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
