@@ -92,12 +92,14 @@ async def _restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int 
             f"procedure {procedure_id} was rolled back: resuming would run its later steps over undone work; "
             "rewind it instead (to step 0 to run it again from the start)"
         )
+    # Certain now: the request this manager saw before goes (it would fail the new run at
+    # once). With a copy to write, so does the stored one, before the copy. Resuming a
+    # latest state as stored (a copy an operator's rewind wrote, having deleted the request
+    # it found) writes nothing: a request stored now came after that copy, and stands; the
+    # runner reads it from the store before its first attempt.
+    ctx.operator_requests.pop(procedure_id, None)
     if plan.source is not None:
-        # Certain now: the old request goes (it would fail the new run at once), then the
-        # copy. Resuming a latest state as stored (a copy an operator's rewind wrote, an
-        # unloadable procedure) writes nothing: a request there came after it, and stands.
         await ctx.store.requests.delete([procedure_id])
-        ctx.operator_requests.pop(procedure_id, None)
     message = await apply_restart(ctx.store, plan, stored)
     if runs_here(ctx, procedure_id):  # defence: nothing may have started it meanwhile
         raise ProcedureError(f"procedure {procedure_id} was started meanwhile: it runs here already")

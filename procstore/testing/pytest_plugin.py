@@ -31,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from procstore.testing.endpoints import gcs_storage_options as gcs_storage_options  # re-exported
+from procstore.testing.endpoints import s3_storage_options as s3_storage_options  # re-exported
 from procstore.testing.explorer import CrashExplorer, Scenario
 
 
@@ -133,14 +135,6 @@ def procstore_gcs_endpoint() -> Iterator[str]:
     port = free_port()
     with serving([sys.executable, "-m", "procstore.testing.gcs_server", "--port", str(port)], port) as url:
         yield url
-
-
-def gcs_storage_options(endpoint: str) -> dict[str, Any]:
-    return {"token": "anon", "endpoint_url": endpoint, "project": "test"}
-
-
-def s3_storage_options(endpoint: str) -> dict[str, Any]:
-    return {"key": "testing", "secret": "testing", "endpoint_url": endpoint}
 
 
 def create_bucket(endpoint: str) -> str:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import types
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +20,7 @@ from click.testing import CliRunner, Result
 import procstore._cli.operations as cli_operations
 import procstore._runtime.restart as runtime_restart
 import procstore.store.requests as requests_module
-from procstore import ProcedureError, ProcedureId, ProcedureManager
+from procstore import Context, ProcedureError, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId, Status
 from procstore._cli.app import cli
 from procstore._cli.common import ExitCode, open_existing_store
 from procstore.store import ProcedureStore
@@ -245,3 +246,36 @@ async def test_a_procedure_being_restarted_is_never_adopted_as_a_stranger(
         monkeypatch.setattr(runtime_restart, "check_restart", slow_check)
         assert await asyncio.wait_for((await manager.rewind(pid, 0)).wait(), 10) == name
         assert Flaky.effects[name] == [0, 1, 0, 1, 2, 3]  # once, by one runner
+
+
+class Slow(Flaky):
+    """Flaky's four steps, each taking a while, with a rollback: a cancel finds it running."""
+
+    type_name = "tests::Slow"
+    rollback_supported = True
+
+    async def execute(self, ctx: Context) -> Status:
+        await asyncio.sleep(0.3)
+        return await super().execute(ctx)
+
+    async def rollback(self, ctx: Context) -> None:
+        self.effects.setdefault(self.data["name"], []).append(-1)
+
+
+async def test_a_cli_rewind_after_a_cli_cancel_runs_to_the_end_on_a_running_leader(tmp_path: Path) -> None:
+    """The leader honoured the cancel and keeps it in memory; the rewind deleted it from the
+    store: the rewound run must not fail again with the old reason."""
+    async with manager_on(str(tmp_path), keep_failed=True, request_poll_interval=0.1) as manager:
+        manager.register(Slow)
+        name = uuid.uuid4().hex
+        watcher = await manager.submit(ProcedureWithId.new(Slow({"name": name, "at": 0, "fail_at": -1})))
+        await eventually(lambda: Flaky.effects.get(name) == [0])
+        cancelled = await in_thread("cancel", str(tmp_path), str(watcher.procedure_id), "-y", "--reason", "first")
+        assert cancelled.exit_code == 0, cancelled.output
+        with pytest.raises(ProcedureFailed, match="first"):
+            await asyncio.wait_for(watcher.wait(), 10)
+        rewound = await in_thread("rewind", str(tmp_path), str(watcher.procedure_id), "--to-step", "1", "-y")
+        assert rewound.exit_code == 0, rewound.output
+        await eventually(lambda: Flaky.effects[name][-1] == 3)
+        await nothing_left(tmp_path, watcher.procedure_id)
+    assert Flaky.effects[name].count(-1) == 1  # rolled back once, for the cancel only
