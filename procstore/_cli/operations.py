@@ -135,6 +135,10 @@ async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, p
                 f"rewind it instead (procstore rewind {pid} --to-step 0 to run it again from the start)",
                 ExitCode.REFUSED,
             )
+        if not plan.ended and not plan.copy_pending:
+            # `--force` on one its manager could not load: the operator's word is newer than
+            # any request stored for it. (A request stored after a restart's copy stands.)
+            await store.requests.delete([pid])
         await _nudge(store, pid, "resume", plan.latest.step, wrote_copy=False)
         if plan.ended and record is None:
             output_console().print(

@@ -66,7 +66,7 @@ async def restart(
     try:
         for _ in range(3):
             try:
-                return await _restart(ctx, procedure_id, to_step)
+                return await _restart(ctx, procedure_id, to_step, nudged=nudged)
             except RestartedMeanwhile as e:
                 if not nudged:
                     raise
@@ -80,7 +80,9 @@ async def restart(
         ctx.restarting.discard(procedure_id)
 
 
-async def _restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int | None) -> ProcedureMeta:
+async def _restart(
+    ctx: ManagerContext, procedure_id: ProcedureId, to_step: int | None, *, nudged: bool
+) -> ProcedureMeta:
     plan = await plan_restart(ctx.store, procedure_id, to_step)
     stored = await check_restart(ctx.store, plan)
     try:
@@ -92,13 +94,13 @@ async def _restart(ctx: ManagerContext, procedure_id: ProcedureId, to_step: int 
             f"procedure {procedure_id} was rolled back: resuming would run its later steps over undone work; "
             "rewind it instead (to step 0 to run it again from the start)"
         )
-    # Certain now: the request this manager saw before goes (it would fail the new run at
-    # once). With a copy to write, so does the stored one, before the copy. Resuming a
-    # latest state as stored (a copy an operator's rewind wrote, having deleted the request
-    # it found) writes nothing: a request stored now came after that copy, and stands; the
-    # runner reads it from the store before its first attempt.
+    # Certain now: the procedure's request goes (it would fail the new run at once), the
+    # one this manager saw and the stored one, before any copy. But a nudge to run a latest
+    # state as stored (a copy an operator's rewind wrote, having deleted the request it
+    # found) writes nothing: a request stored now came after that copy, and stands (the
+    # runner reads it from the store before its first attempt).
     ctx.operator_requests.pop(procedure_id, None)
-    if plan.source is not None:
+    if plan.source is not None or not nudged:
         await ctx.store.requests.delete([procedure_id])
     message = await apply_restart(ctx.store, plan, stored)
     if runs_here(ctx, procedure_id):  # defence: nothing may have started it meanwhile

@@ -346,3 +346,36 @@ async def test_a_resume_nudge_left_while_no_manager_ran_is_honoured_by_a_manager
         assert watcher is not None, "recovery deleted the nudged root instead of resuming it"
         assert await watcher.wait() == name
     assert Flaky.effects[name] == [0, 1, 2, 3]
+
+
+async def test_resuming_an_unloadable_root_through_the_api_drops_its_old_request(tmp_path: Path) -> None:
+    """A request stored before `manager.resume` is older than the operator's word: deleted,
+    as for a resume that writes a copy (only a nudge after a rewind's copy keeps one)."""
+    gate = asyncio.Event()
+
+    class Stuck(Flaky):
+        type_name = "tests::Stuck"
+
+        async def execute(self, ctx: Context) -> Status:
+            if self.data["at"] == 1:
+                await gate.wait()  # never set: the manager is killed here
+            return await super().execute(ctx)
+
+    name = uuid.uuid4().hex
+    procedure = ProcedureWithId.new(Stuck({"name": name, "at": 0, "fail_at": 9}))
+    first = manager_on(str(tmp_path))
+    first.register(Stuck)
+    await first.start()
+    await first.submit(procedure)
+    await asyncio.sleep(0.1)
+    await kill_manager(first)
+    await first.stop()
+    async with ProcedureManager(str(tmp_path), request_poll_interval=60) as second:  # no loader for it
+        await second.store.requests.put(procedure.id, OperatorRequest.new("cancel", "before the fix"))
+
+        class Fixed(Flaky):
+            type_name = "tests::Stuck"
+
+        second.register_loader("tests::Stuck", Fixed.load)
+        assert await asyncio.wait_for((await second.resume(procedure.id)).wait(), 10) == name
+    assert Flaky.effects[name] == [0, 1, 2, 3]
