@@ -26,9 +26,9 @@ from procstore._cli.common import ExitCode, open_existing_store
 from procstore.store import ProcedureStore
 from procstore.store.requests import OperatorRequest
 from procstore.testing import Fault, FaultyStore, SimulatedCrash
+from tests.runtime.helpers import eventually
 from tests.runtime.test_operations import Flaky, failed_and_kept, manager_on
-
-WRITES = frozenset({"put", "put_if_absent", "put_if_version", "batch_delete", "delete"})
+from tests.runtime.test_resume_nudges import WRITES
 
 
 def procstore(*args: str) -> Result:
@@ -41,14 +41,6 @@ async def in_thread(*args: str) -> Result:
 
 def running(path: Path) -> ProcedureManager:
     return manager_on(str(path), keep_failed=True, request_poll_interval=0.05)
-
-
-async def eventually(check: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 async def nothing_left(path: Path, pid: ProcedureId) -> None:
@@ -125,31 +117,22 @@ async def test_an_api_rewind_losing_to_a_cli_rewind_raises_why_and_the_cli_rewin
         await nothing_left(tmp_path, pid)
 
 
-async def test_a_rewind_from_a_machine_whose_clock_is_behind_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("command", "effects"),
+    [(("rewind", "--to-step", "1", "-y"), [0, 1, 1, 2, 3]), (("resume",), [0, 1, 2, 3])],
+    ids=["rewind", "resume"],
+)
+async def test_a_restart_from_a_machine_whose_clock_is_behind_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...], effects: list[int]
 ) -> None:
     behind = types.SimpleNamespace(time=lambda: time.time() - 60.0)
     async with running(tmp_path) as manager:
         pid, name = await failed_and_kept(manager)
         Flaky.broken.discard(name)
         monkeypatch.setattr(requests_module, "time", behind)  # the nudge's requested_at: a minute early
-        result = await in_thread("rewind", str(tmp_path), str(pid), "--to-step", "1", "-y")
+        result = await in_thread(command[0], str(tmp_path), str(pid), *command[1:])
         assert result.exit_code == 0, result.output
-        await eventually(lambda: Flaky.effects[name] == [0, 1, 1, 2, 3])
-        await nothing_left(tmp_path, pid)
-
-
-async def test_a_resume_from_a_machine_whose_clock_is_behind_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    behind = types.SimpleNamespace(time=lambda: time.time() - 60.0)
-    async with running(tmp_path) as manager:
-        pid, name = await failed_and_kept(manager)
-        Flaky.broken.discard(name)
-        monkeypatch.setattr(requests_module, "time", behind)
-        result = await in_thread("resume", str(tmp_path), str(pid))
-        assert result.exit_code == 0, result.output
-        await eventually(lambda: Flaky.effects[name] == [0, 1, 2, 3])
+        await eventually(lambda: Flaky.effects[name] == effects)
         await nothing_left(tmp_path, pid)
 
 

@@ -156,17 +156,18 @@ async def test_a_rolled_back_root_is_rewound_not_resumed(tmp_path: Path) -> None
         assert Flaky.effects[name] == [0, 1, -1, 0, 1, 2, 3]
 
 
-async def test_a_root_that_could_not_be_loaded_is_resumed_once_its_loader_is_registered(tmp_path: Path) -> None:
+async def killed_at_step_1(tmp_path: Path, type_name: str) -> tuple[ProcedureWithId, str]:
+    """A `Flaky` of type `type_name` stored at step 1, its manager killed: a store that a
+    manager without a loader for `type_name` cannot resume."""
     gate = asyncio.Event()
 
     class Stalls(Flaky):
-        type_name = "tests::Stalls"
-
         async def execute(self, ctx: Context) -> Status:
             if self.data["at"] == 1:
                 await gate.wait()  # never set: the manager is killed here
             return await super().execute(ctx)
 
+    Stalls.type_name = type_name
     name = uuid.uuid4().hex
     procedure = ProcedureWithId.new(Stalls({"name": name, "at": 0, "fail_at": 9}))
     first = manager_on(str(tmp_path))
@@ -176,12 +177,16 @@ async def test_a_root_that_could_not_be_loaded_is_resumed_once_its_loader_is_reg
     await asyncio.sleep(0.1)
     await kill_manager(first)
     await first.stop()
+    return procedure, name
+
+
+async def test_a_root_that_could_not_be_loaded_is_resumed_once_its_loader_is_registered(tmp_path: Path) -> None:
+    procedure, name = await killed_at_step_1(tmp_path, "tests::Stalls")
     async with ProcedureManager(str(tmp_path)) as second:  # no loader for it
         assert [p.procedure_id for p in second.recovery_problems] == [procedure.id]
         with pytest.raises(ProcedureError, match="no loader"):
             await second.resume(procedure.id)
         second.register(Flaky)
-        gate.set()
 
         class Resumed(Flaky):
             type_name = "tests::Stalls"
@@ -351,25 +356,7 @@ async def test_a_resume_nudge_left_while_no_manager_ran_is_honoured_by_a_manager
 async def test_resuming_an_unloadable_root_through_the_api_drops_its_old_request(tmp_path: Path) -> None:
     """A request stored before `manager.resume` is older than the operator's word: deleted,
     as for a resume that writes a copy (only a nudge after a rewind's copy keeps one)."""
-    gate = asyncio.Event()
-
-    class Stuck(Flaky):
-        type_name = "tests::Stuck"
-
-        async def execute(self, ctx: Context) -> Status:
-            if self.data["at"] == 1:
-                await gate.wait()  # never set: the manager is killed here
-            return await super().execute(ctx)
-
-    name = uuid.uuid4().hex
-    procedure = ProcedureWithId.new(Stuck({"name": name, "at": 0, "fail_at": 9}))
-    first = manager_on(str(tmp_path))
-    first.register(Stuck)
-    await first.start()
-    await first.submit(procedure)
-    await asyncio.sleep(0.1)
-    await kill_manager(first)
-    await first.stop()
+    procedure, name = await killed_at_step_1(tmp_path, "tests::Stuck")
     async with ProcedureManager(str(tmp_path), request_poll_interval=60) as second:  # no loader for it
         await second.store.requests.put(procedure.id, OperatorRequest.new("cancel", "before the fix"))
 

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import pytest
 
 from procstore.store import LocalDirStore, ProcedureStore
 from procstore.store.requests import OperatorRequest
 from procstore.testing import Fault, FaultyStore
+from tests.runtime.helpers import eventually
 from tests.runtime.test_operations import Flaky, failed_and_kept, manager_on
 
 WRITES = frozenset({"put", "put_if_absent", "put_if_version", "batch_delete", "delete"})
-
-
-async def eventually(check: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("write", ["request", "copy", "nudge"])
