@@ -22,6 +22,7 @@ from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Procedure
 from procstore.state import ProcedureState
 from procstore.store.history import HistoryStore
+from procstore.store.keys import ParsedKey
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.requests import OperatorRequest, OperatorRequested
@@ -344,21 +345,22 @@ class ManagerContext:
 
     # -- loading ---------------------------------------------------------------------
 
-    def load(self, procedure_id: ProcedureId, message: ProcedureMessage, key: str) -> Procedure:
+    def load(self, procedure_id: ProcedureId, message: ProcedureMessage, key: str | ParsedKey) -> Procedure:
         """Rebuild a procedure from a stored message; raises `LoadFailed` saying why."""
         return self.load_with_lock_key(procedure_id, message, key)[0]
 
     def load_with_lock_key(
-        self, procedure_id: ProcedureId, message: ProcedureMessage, key: str
+        self, procedure_id: ProcedureId, message: ProcedureMessage, key: str | ParsedKey
     ) -> tuple[Procedure, LockKey]:
         """`load`, and the procedure's lock key, computed once: a `lock_key()` that fails on a
-        second call must fail here, as a load problem, not later where nothing handles it."""
+        second call must fail here, as a load problem, not later where nothing handles it.
+        `key` (the message's) is formatted only for a problem: recovery loads thousands."""
         loader = self.loaders.get(message.type_name)
         if loader is None:
             known = ", ".join(sorted(self.loaders)) or "none"
             raise LoadFailed(
                 LoadProblem(
-                    key,
+                    str(key),
                     procedure_id,
                     f"no loader is registered for type {message.type_name!r} (registered: {known})",
                     "Register its loader with `manager.register(...)` before `start()`; the keys were left untouched",
@@ -372,7 +374,7 @@ class ManagerContext:
             if is_stop(e):
                 raise
             reason = f"its loader rejected the stored data: {type(e).__name__}: {e}"
-            raise LoadFailed(LoadProblem(key, procedure_id, reason, hint, message.type_name)) from e
+            raise LoadFailed(LoadProblem(str(key), procedure_id, reason, hint, message.type_name)) from e
         try:
             lock_key = procedure.lock_key()  # a procedure whose lock keys cannot be computed cannot run
             if not isinstance(lock_key, LockKey):
@@ -381,7 +383,7 @@ class ManagerContext:
             if is_stop(e):
                 raise
             reason = f"its lock_key() failed on the stored data: {type(e).__name__}: {e}"
-            raise LoadFailed(LoadProblem(key, procedure_id, reason, hint, message.type_name)) from e
+            raise LoadFailed(LoadProblem(str(key), procedure_id, reason, hint, message.type_name)) from e
         return procedure, lock_key
 
     # -- tasks -----------------------------------------------------------------------

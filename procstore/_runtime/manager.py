@@ -193,7 +193,9 @@ class ProcedureManager:
     async def start(self) -> None:
         """Open the store and resume unfinished procedures; a no-op if already started.
 
-        Returns once recovered procedures are registered and running (not finished). With a
+        Returns once recovered procedures are registered (listed, watchable, holding the
+        locks they can take); their runners start right after, a batch per turn of the event
+        loop, and those that must wait for a lock queue for it in recovery's order. With a
         lease, it first tries to take the lease once: if another manager holds it, this one
         returns as a standby and a background task (`procstore:lease`) takes over when that
         lease expires; `wait_until_leading()` waits for it.

@@ -8,7 +8,9 @@ and committed children whose parent is gone, have their keys deleted.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Sequence
 
 from procstore._bulk import collector_paused
 from procstore._logs import get_logger
@@ -17,8 +19,9 @@ from procstore._runtime.history import record_recovered
 from procstore._runtime.runner import Runner
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
+from procstore.lock_key import StringKey
 from procstore.state import ProcedureState, ProcedureStateKind
-from procstore.store.keys import KeysByProcedure, KeyType, procedure_dir
+from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_dir
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
 
@@ -66,11 +69,13 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
             to_delete = []
     await _forget_requests(ctx, requested, loaded, to_delete)
 
+    runners: list[Runner] = []
     with collector_paused():
         for pid, message in rolling_back_roots:
-            _resume_root(ctx, pid, message, rolling_back=True, problems=problems)
+            runners += _resume_root(ctx, pid, message, rolling_back=True, problems=problems)
         for pid, message in running_roots:
-            _resume_root(ctx, pid, message, rolling_back=False, problems=problems)
+            runners += _resume_root(ctx, pid, message, rolling_back=False, problems=problems)
+    _start_resumed(ctx, runners)
     logger.info(
         "recovered %d rolling back and %d unfinished procedures; %d could not be loaded",
         len(rolling_back_roots),
@@ -210,8 +215,58 @@ def resume_root(
 ) -> list[LoadProblem]:
     """Run a stored root in this term, as recovery does; returns why it could not be loaded."""
     problems: list[LoadProblem] = []
-    _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=problems)
+    for runner in _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=problems):
+        runner.start()
     return problems
+
+
+RESUMED_PER_TURN = 64
+"""Runners started per turn of the event loop after a recovery."""
+
+
+def _start_resumed(ctx: ManagerContext, runners: list[Runner]) -> None:
+    """Start the resumed roots' runners: at once those that must queue for a lock, the
+    others a batch per turn of the event loop.
+
+    A resumed root with lock keys takes them now if they are free (those that held them
+    when their process died took theirs first, in `_resume_root`), so that nothing submitted
+    after `start()` overtakes it; one that must wait starts at once and queues, in
+    recovery's order, as every resumed root used to. The others are known (listed,
+    watchable, their locks held) before their runners start, so nothing depends on when
+    they do; and each first turn reads the store and runs user code: 10,000 of them at
+    once would hold the event loop for seconds, and with it a lease's renewals and
+    `start()`'s return.
+    """
+    gradually: list[Runner] = []
+    for runner in runners:
+        keys = runner.meta.lock_key.keys_to_lock()
+        if runner.holds_locks or not keys:
+            gradually.append(runner)
+        elif _take_locks_now(ctx, runner.meta.id, keys):
+            runner.holds_locks = True
+            gradually.append(runner)
+        else:
+            runner.start()
+    ctx.spawn(_start_gradually(gradually), name="procstore:resuming")
+
+
+def _take_locks_now(ctx: ManagerContext, pid: ProcedureId, keys: Sequence[StringKey]) -> bool:
+    """Take every key for `pid` if none would block (else none)."""
+    if not ctx.locks.acquire_all_now(keys):
+        return False
+    for held in keys:
+        ctx.lock_holders.setdefault(held.key, set()).add(pid)
+    return True
+
+
+async def _start_gradually(runners: list[Runner]) -> None:
+    """Start `runners` in order, a batch per turn of the event loop. A stop cancels this task
+    with the term's runners: those not started yet never run, their procedures are left as
+    stored."""
+    for first in range(0, len(runners), RESUMED_PER_TURN):
+        for runner in runners[first : first + RESUMED_PER_TURN]:
+            runner.start()
+        await asyncio.sleep(0)
 
 
 def _resume_root(
@@ -221,15 +276,16 @@ def _resume_root(
     *,
     rolling_back: bool,
     problems: list[LoadProblem],
-) -> None:
-    key = ctx.store.key(pid, message.step, KeyType.ROLLBACK if rolling_back else KeyType.STEP)
+) -> list[Runner]:
+    """The runner that resumes a stored root, not started; none if it cannot be loaded."""
+    key = ParsedKey(ctx.store.proc_path, pid, message.step, KeyType.ROLLBACK if rolling_back else KeyType.STEP)
     try:
         procedure, lock_key = ctx.load_with_lock_key(pid, message, key)
     except LoadFailed as e:
         logger.error("skipping %s", e.problem, extra=e.problem.log_fields())
         problems.append(e.problem)
         ctx.stored.unreadable[pid] = e.problem
-        return
+        return []
     if rolling_back:
         state = ProcedureState.with_error(ProcedureStateKind.ROLLING_BACK, message.error or "unknown error")
     else:
@@ -240,12 +296,8 @@ def _resume_root(
     # A root past its step 0 (or rolling back) held its locks when its process died, and
     # its last step may be half done: it takes them again now, before any runner starts, so
     # that a procedure queued behind it cannot overtake it and run over that half-done step.
-    holds = (message.step > 0 or rolling_back) and ctx.locks.acquire_all_now(lock_key.keys_to_lock())
-    if holds:
-        for held in lock_key.keys_to_lock():
-            ctx.lock_holders.setdefault(held.key, set()).add(pid)
-    runner = Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=True, holds_locks=holds)
-    runner.start()
+    holds = (message.step > 0 or rolling_back) and _take_locks_now(ctx, pid, lock_key.keys_to_lock())
+    return [Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=True, holds_locks=holds)]
 
 
 async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy: set[ProcedureId]) -> set[ProcedureId]:
@@ -291,7 +343,8 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
                 about = {"procedure_id": str(pid), "type_name": message.type_name, "step": message.step}
                 logger.warning("adopting procedure %s, stored after this manager's recovery", pid, extra=about)
                 _adopt_children(ctx, pid, loaded)
-                _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=[])
+                for runner in _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=[]):
+                    runner.start()
     return unknown_now - seen_before
 
 

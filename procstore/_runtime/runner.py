@@ -76,7 +76,7 @@ class Runner:
         self._stored_data = stored_data
         """The last `data` known to be stored: the rollback message's fallback if `dump()` fails."""
         self._resume_children = resume_children
-        self._holds_locks = holds_locks
+        self.holds_locks = holds_locks
         """Its lock keys were taken for it already (see `KeyRwLock.acquire_all_now`)."""
 
     def start(self) -> None:
@@ -89,7 +89,7 @@ class Runner:
         held: list[StringKey] = []
         try:
             for key in self.meta.lock_key.keys_to_lock():
-                if not self._holds_locks and not await self._acquire(key):
+                if not self.holds_locks and not await self._acquire(key):
                     await self._drive()  # the failure it recorded (a rollback, if supported)
                     return
                 held.append(key)

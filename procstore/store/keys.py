@@ -67,6 +67,8 @@ class ParsedKey:
         return cls(prefix, procedure_id, int(step_text), _KEY_TYPES[type_text])
 
 
+_ID_LENGTH = 36
+"""The length of a canonical id."""
 _KEY = re.compile(
     rf"(?:.*/)?({CANONICAL_ID_PATTERN})/([0-9]+)\.({'|'.join(_KEY_TYPES)})",
     re.DOTALL,
@@ -90,26 +92,42 @@ class KeysByProcedure:
         Recovery lists every key of every procedure but needs a `ParsedKey` for only the
         latest one of each.
         """
+        steps: dict[ProcedureId, list[tuple[int, KeyType]]] = {}
         by_text: dict[str, list[tuple[int, KeyType]]] = {}
         others: list[str] = []
         start = len(prefix)
+        slash = start + _ID_LENGTH
         match_key = _KEY.fullmatch
+        key_types = _KEY_TYPES
         for key in keys:
-            match = match_key(key, start) if key.startswith(prefix) else None
-            if match is None:
+            if not key.startswith(prefix):
                 others.append(key)
                 continue
-            id_text, step_text, type_text = match.groups()
-            step = (int(step_text), _KEY_TYPES[type_text])
-            if (found := by_text.get(id_text)) is None:
-                by_text[id_text] = [step]
+            # The common shape, `{prefix}{id}/{digits}.{type}`, without the regex (the id is
+            # checked once per procedure); any other shape gets the regex's verdict.
+            step_text, dot, type_text = key[slash + 1 :].partition(".")
+            if (
+                key[slash : slash + 1] == "/"
+                and dot
+                and step_text.isascii()
+                and step_text.isdigit()
+                and (key_type := key_types.get(type_text)) is not None
+            ):
+                id_text = key[start:slash]
+            elif (match := match_key(key, start)) is not None:
+                id_text, step_text, type_text = match.groups()
+                key_type = key_types[type_text]
             else:
-                found.append(step)
-        steps: dict[ProcedureId, list[tuple[int, KeyType]]] = {}
-        for id_text, found in by_text.items():
-            procedure_id = ProcedureId.parse_canonical(id_text)
-            assert procedure_id is not None  # the pattern only matches canonical ids
-            steps[procedure_id] = found
+                others.append(key)
+                continue
+            found = by_text.get(id_text)
+            if found is None:
+                procedure_id = ProcedureId.parse_canonical(id_text)
+                if procedure_id is None:  # the regex would not match either: the id ends the key
+                    others.append(key)
+                    continue
+                found = by_text[id_text] = steps[procedure_id] = []
+            found.append((int(step_text), key_type))
         return cls(steps, others)
 
 

@@ -9,6 +9,7 @@ import asyncio
 import json
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
@@ -347,7 +348,7 @@ ORDER: list[str] = []
 
 
 class Ordered(Procedure):
-    """Logs each step it runs; holds the exclusive lock `t`; step 1 waits on a gate."""
+    """Logs each step it runs; holds the exclusive lock `t`; step 1 (or `wait_at`) waits on a gate."""
 
     type_name = "edges::Ordered"
     gate: ClassVar[asyncio.Event | None] = None
@@ -364,8 +365,8 @@ class Ordered(Procedure):
     async def execute(self, ctx: Context) -> Status:
         at = self.data.get("at", 0)
         ORDER.append(f"{self.data['name']}/{at}")
-        if at == 1 and self.gate is not None:
-            await self.gate.wait()  # half-way through step 1 when its process dies
+        if at == self.data.get("wait_at", 1) and self.gate is not None:
+            await self.gate.wait()  # half-way through a step when its process dies
         self.data["at"] = at + 1
         return Status.done() if at == 2 else Status.executing()
 
@@ -397,6 +398,56 @@ async def test_a_procedure_that_held_its_locks_takes_them_first_after_a_restart(
             assert watcher is not None
             await asyncio.wait_for(watcher.wait(), 10)
     assert ORDER == ["holder/1", "holder/2", "queued/0", "queued/1", "queued/2"]
+
+
+class Filler(Procedure):
+    """No locks; waits on a gate at its first step."""
+
+    type_name = "edges::Filler"
+    gate: ClassVar[asyncio.Event] = asyncio.Event()
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    async def execute(self, ctx: Context) -> Status:
+        await asyncio.wait_for(self.gate.wait(), 30)
+        return Status.done()
+
+
+async def test_a_procedure_killed_in_its_first_step_takes_its_lock_before_a_later_submit() -> None:
+    """A root stored at step 0 only may have died half-way through its first step, holding
+    its lock: resumed, it takes the lock before `start()` returns, even when its runner
+    starts later (behind hundreds of resumed procedures that sort first), so a procedure
+    submitted right after cannot run over that half-done step."""
+    from procstore.testing import kill_manager
+
+    url = f"memory://edges-{uuid.uuid4().hex}/"  # instant writes: the submit races the resumed runners
+    ORDER.clear()
+    Ordered.gate = asyncio.Event()
+    Filler.gate = asyncio.Event()
+    holder = ProcedureWithId(
+        ProcedureId.parse("ffffffff-ffff-4fff-bfff-ffffffffffff"), Ordered({"name": "holder", "wait_at": 0})
+    )
+    first = manager(url, Ordered, Filler, max_running_procedures=1000)
+    await first.start()
+    for i in range(300):
+        await first.submit(ProcedureWithId(ProcedureId.parse(f"00000000-0000-4000-8000-{i:012d}"), Filler({})))
+    await first.submit(holder)
+    while ORDER != ["holder/0"]:
+        await asyncio.sleep(0.005)
+    await kill_manager(first)
+    await first.stop()
+    Ordered.gate = None
+    ORDER.clear()
+    second = manager(url, Ordered, Filler, max_running_procedures=1000)
+    async with second:
+        later = await second.submit(ProcedureWithId.new(Ordered({"name": "later"})))
+        await asyncio.wait_for(later.wait(), 10)
+        Filler.gate.set()
+    assert ORDER == ["holder/0", "holder/1", "holder/2", "later/0", "later/1", "later/2"]
 
 
 async def test_stop_start_stop_leaves_the_manager_stopped(tmp_path: Path) -> None:
