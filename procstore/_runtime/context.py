@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from procstore._logs import get_logger
 from procstore._runtime.locks import KeyRwLock
+from procstore._runtime.looks import RequestLooks
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.outcome import is_stop
 from procstore._runtime.retry import RetryPolicy
@@ -130,6 +131,7 @@ class ManagerContext:
         self.restarting: set[ProcedureId] = set()
         """Procedures an operator's resume or rewind is restarting now: one at a time each."""
         """A root that ends FAILED keeps its keys, for an operator to resume or rewind it."""
+        self.request_looks = RequestLooks(store.requests)
         self.operator_requests: dict[ProcedureId, OperatorRequest] = {}
         """Requests known to apply to procedures of this term: read from the store, or passed
         down from an ancestor's. A runner checks here, then the store, before every attempt."""
@@ -139,7 +141,7 @@ class ManagerContext:
         read from the store when not known here, so that one written since is seen in time."""
         request = self.operator_requests.get(procedure_id)
         if request is None:
-            request = await self.store.requests.get(procedure_id)
+            request = await self.request_looks.get(procedure_id)
             if request is not None:
                 self.note_request(procedure_id, request)
         if request is not None:

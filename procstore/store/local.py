@@ -17,13 +17,13 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from procstore._aio import run_blocking
 from procstore.store.errors import store_errors, unavailable
+from procstore.store.io_threads import IoThreads
 from procstore.store.state_store import StateStore, content_version
 
 TEMP_PREFIX = ".tmp-"
@@ -115,25 +115,15 @@ def _make_dirs(path: Path) -> None:
 
 
 IO_THREADS = 16
-"""Threads of the pool every local store's file work runs in. A durable write spends its
-time in fsync, which a disk serves several at once: on the benchmark machine (2 cores, ext4)
-the rate of durable writes grows up to 8 to 16 concurrent fsyncs. The event loop's default
-pool has min(32, CPUs + 4) threads, 6 on 2 cores: 1,000 concurrent 5-step procedures ran at
-a median 57/s there, 92/s with these 16 (interleaved runs, a loaded machine); more threads
-only add turns at the GIL."""
+"""Threads every local store's file work runs in. A durable write spends its time in fsync,
+which a disk serves several at once: on the benchmark machine (2 cores, ext4) the rate of
+durable writes grows up to 8 to 16 concurrent fsyncs. The event loop's default pool has
+min(32, CPUs + 4) threads, 6 on 2 cores: 1,000 concurrent 5-step procedures ran at a median
+57/s there, 92/s with these 16 (interleaved runs, a loaded machine); more threads only add
+turns at the GIL."""
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def io_pool() -> ThreadPoolExecutor:
-    """The process's pool for local file work, made at first use."""
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="procstore-local-io")
-    return _pool
+io_threads = IoThreads(IO_THREADS, "procstore-local-io")
+"""The process's threads for local file work."""
 
 
 _lock_files: set[int] = set()
@@ -158,9 +148,9 @@ def _lock_file(path: Path) -> Iterator[BinaryIO]:
 
 
 def _after_fork_in_child() -> None:
-    """The parent's pool has no threads here, so make a new one; close the lock files."""
-    global _pool, _pool_lock, _lock_files_guard
-    _pool, _pool_lock = None, threading.Lock()
+    """The parent's threads do not exist here, so make new ones; close the lock files."""
+    global _lock_files_guard
+    io_threads.after_fork_in_child()
     for fd in _lock_files:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -176,7 +166,7 @@ os.register_at_fork(
 
 
 class LocalDirStore(StateStore):
-    """A `StateStore` rooted at a local directory. All file work runs in a thread of `io_pool()`."""
+    """A `StateStore` rooted at a local directory. All file work runs in a thread of `io_threads`."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).absolute()
@@ -185,7 +175,7 @@ class LocalDirStore(StateStore):
 
     @staticmethod
     def _in_thread(fn: Callable[..., T], *args: object) -> Awaitable[T]:
-        return run_blocking(fn, *args, executor=io_pool())
+        return io_threads.run(fn, *args)
 
     def _path(self, key: str) -> Path:
         return self.root / key

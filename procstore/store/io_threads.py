@@ -1,0 +1,149 @@
+"""`IoThreads`: the threads a local store's file work runs in, and a light hand-off to them.
+
+A durable write spends its time in fsync, which the disk serves several at once, so file
+work runs in threads. With a thousand procedures stepping at once the hand-off, not the
+disk, bounds the rate: `loop.run_in_executor` makes a `concurrent.futures.Future` (a lock
+and a condition) per call, chains it to an asyncio future, and wakes the event loop once per
+result, each a turn at the GIL for the loop's thread. Here a call is a queue entry and an
+asyncio future; results coming back while the loop is busy are delivered together, by one
+wake-up.
+
+Cancellation never abandons a call: like `procstore._aio.run_blocking`, the caller waits
+for its thread to finish before re-raising, so no write lands after a stop has returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable
+from queue import SimpleQueue
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class _Call(Generic[T]):
+    """One call of `fn(*args)`, run in a thread, answered on the caller's loop."""
+
+    __slots__ = ("answer", "args", "finished", "fn", "on_finished", "raised", "returned")
+
+    def __init__(self, fn: Callable[..., T], args: tuple[Any, ...], answer: asyncio.Future[T]) -> None:
+        self.fn = fn
+        self.args = args
+        self.answer = answer
+        self.returned: T | None = None
+        self.raised: BaseException | None = None
+        self.finished = False
+        """Set on the loop's thread once the thread is done with the call."""
+        self.on_finished: asyncio.Future[None] | None = None
+        """Made by a cancelled caller that waits for the thread."""
+
+    def run(self) -> None:
+        try:
+            self.returned = self.fn(*self.args)
+        except BaseException as e:  # passed to the caller, whatever it is
+            self.raised = e
+
+    def deliver(self) -> None:
+        """On the loop's thread: answer the caller (unless it was cancelled), wake a waiter."""
+        self.finished = True
+        answer = self.answer
+        if not answer.done():
+            if self.raised is not None:
+                answer.set_exception(self.raised)
+            else:
+                answer.set_result(self.returned)  # type: ignore[arg-type]
+        if self.on_finished is not None and not self.on_finished.done():
+            self.on_finished.set_result(None)
+        self.raised = None  # no reference cycle through the traceback
+
+
+class _Deliveries:
+    """Finished calls of one event loop, delivered in batches: a worker wakes the loop only
+    when no delivery is pending already."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._finished: deque[_Call[Any]] = deque()
+        self._pending = False
+        self._lock = threading.Lock()
+
+    def push(self, call: _Call[Any]) -> None:
+        """From a worker thread."""
+        with self._lock:
+            self._finished.append(call)
+            if self._pending:
+                return
+            self._pending = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            finished, self._finished = self._finished, deque()
+            self._pending = False
+        for call in finished:
+            call.deliver()
+
+
+class IoThreads:
+    """`size` worker threads (started at first use) serving calls from any event loop."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._size = size
+        self._name = name
+        self._queue: SimpleQueue[tuple[_Call[Any], _Deliveries] | None] = SimpleQueue()
+        self._started = False
+        self._start_lock = threading.Lock()
+        self._deliveries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deliveries] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in a worker thread. If cancelled, wait for the thread, then re-raise."""
+        loop = asyncio.get_running_loop()
+        deliveries = self._deliveries.get(loop)
+        if deliveries is None:
+            deliveries = self._deliveries[loop] = _Deliveries(loop)
+        if not self._started:
+            self._start()
+        call: _Call[T] = _Call(fn, args, loop.create_future())
+        self._queue.put((call, deliveries))
+        try:
+            return await call.answer
+        except asyncio.CancelledError:
+            # However many cancels arrive (a stop, then a lease loss), the thread is waited for.
+            while not call.finished:
+                if call.on_finished is None:
+                    call.on_finished = loop.create_future()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(call.on_finished)
+            raise
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._started:
+                return
+            for i in range(self._size):
+                # Daemon threads: an idle worker must not keep the interpreter alive. A call
+                # in flight at exit is one whose caller has stopped waiting (a kill's effect).
+                threading.Thread(target=self._work, name=f"{self._name}_{i}", daemon=True).start()
+            self._started = True
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            call, deliveries = item
+            call.run()
+            deliveries.push(call)
+            del call, deliveries, item
+
+    def after_fork_in_child(self) -> None:
+        """The parent's workers do not exist in a forked child: start new ones at first use."""
+        self._queue = SimpleQueue()
+        self._started = False
+        self._start_lock = threading.Lock()
+        self._deliveries = weakref.WeakKeyDictionary()

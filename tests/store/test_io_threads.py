@@ -1,0 +1,66 @@
+"""The local store's worker threads: answers, errors, cancellation, several loops."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from procstore.store.io_threads import IoThreads
+
+
+async def test_answers_and_errors_come_back_to_their_callers() -> None:
+    threads = IoThreads(4, "test-io")
+
+    def square(x: int) -> int:
+        time.sleep(0.001 * (x % 3))
+        return x * x
+
+    def boom() -> None:
+        raise OSError("disk on fire")
+
+    assert await asyncio.gather(*(threads.run(square, i) for i in range(200))) == [i * i for i in range(200)]
+    with pytest.raises(OSError, match="disk on fire"):
+        await threads.run(boom)
+
+
+async def test_a_cancelled_call_waits_for_its_thread_however_often_it_is_cancelled() -> None:
+    threads = IoThreads(2, "test-io")
+    finished = threading.Event()
+
+    def write() -> None:
+        time.sleep(0.3)
+        finished.set()
+
+    task = asyncio.ensure_future(threads.run(write))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert finished.is_set(), "returned while the write could still land"
+
+
+def test_the_threads_serve_one_loop_after_another() -> None:
+    threads = IoThreads(2, "test-io")
+    for _ in range(3):
+        assert asyncio.run(threads.run(lambda: threading.current_thread().name)).startswith("test-io")
+
+
+def test_a_call_finishing_after_its_loop_closed_is_dropped_quietly() -> None:
+    threads = IoThreads(1, "test-io")
+    release = threading.Event()
+
+    async def leave_one_behind() -> None:
+        asyncio.get_running_loop().create_task(threads.run(release.wait))
+        await asyncio.sleep(0.01)
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(leave_one_behind())
+    loop.close()
+    release.set()
+    time.sleep(0.05)
+    assert asyncio.run(threads.run(lambda: 7)) == 7  # the worker lived on
