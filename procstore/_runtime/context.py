@@ -256,6 +256,7 @@ class ManagerContext:
         return meta
 
     def _on_end(self, meta: ProcedureMeta) -> None:
+        self.request_looks.forget(meta.id)
         if meta.id in self.metas:
             self.unfinished -= 1
         started = meta.start_time

@@ -30,13 +30,38 @@ class RequestLooks:
         self._waiting: dict[ProcedureId, list[asyncio.Future[OperatorRequest | None]]] = {}
         """Calls made since the current look began, waiting for the next one."""
         self._look: asyncio.Task[None] | None = None
+        self._ahead: dict[ProcedureId, asyncio.Future[OperatorRequest | None]] = {}
+        """Looks asked for by `look_ahead`, for the next `get` of their procedure."""
 
     async def get(self, procedure_id: ProcedureId) -> OperatorRequest | None:
+        """The procedure's request, from a look begun after this call or, if there is one,
+        after the procedure's last `look_ahead`."""
+        answer = self._ahead.pop(procedure_id, None)
+        return await (answer if answer is not None else self._ask(procedure_id))
+
+    def look_ahead(self, procedure_id: ProcedureId) -> None:
+        """Begin the look the procedure's next `get` will answer from, now.
+
+        For a runner whose `execute()` has returned and whose step's write comes next: the
+        look goes on while the write does, instead of after it. That moves no boundary of
+        the promise: a request stored before this call is seen by the next attempt, one
+        stored after it by the attempt after (or by the watch of `requests/`), as with a
+        look begun when the write has landed.
+        """
+        if procedure_id not in self._ahead:
+            answer = self._ahead[procedure_id] = self._ask(procedure_id)
+            answer.add_done_callback(_retrieved)  # its error is raised by `get`, or dropped
+
+    def forget(self, procedure_id: ProcedureId) -> None:
+        """Drop a look ahead that no `get` will take (the procedure has ended)."""
+        self._ahead.pop(procedure_id, None)
+
+    def _ask(self, procedure_id: ProcedureId) -> asyncio.Future[OperatorRequest | None]:
         answer: asyncio.Future[OperatorRequest | None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(procedure_id, []).append(answer)
         if self._look is None:
             self._look = asyncio.get_running_loop().create_task(self._looks(), name="procstore:request-looks")
-        return await answer
+        return answer
 
     async def _looks(self) -> None:
         """Look until nobody waits: each look answers the calls made before it began."""
@@ -71,6 +96,11 @@ async def _answer(
         for answer in answers:
             if not answer.done():
                 answer.set_result(found[pid])
+
+
+def _retrieved(answer: asyncio.Future[OperatorRequest | None]) -> None:
+    if not answer.cancelled():
+        answer.exception()
 
 
 def _pending(

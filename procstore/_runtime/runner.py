@@ -220,6 +220,8 @@ class Runner:
             for child_id in children:
                 self.meta.add_child(child_id)
         if status.need_persist:
+            if status.is_executing() and self.ctx.store.store.round_trips:
+                self.ctx.request_looks.look_ahead(self.meta.id)  # the next attempt's, during the write
             # Dumped once: every retry of the write sends these same bytes, so a retry that
             # finds its own earlier write (answer lost) recognises it, whatever dump() does.
             try:
@@ -242,11 +244,8 @@ class Runner:
     async def _with_store_retries(self, write: Callable[[], Awaitable[None]]) -> bool:
         """Run a store write with retries; on final failure fail the procedure and return False."""
 
-        async def attempt(_n: int) -> None:
-            await write()
-
         try:
-            await self.ctx.policy.call(attempt, on_retry=self._on_retry)
+            await self.ctx.policy.call(lambda _n: write(), on_retry=self._on_retry)
         except Fenced:
             raise
         except Exception as e:

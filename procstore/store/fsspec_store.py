@@ -182,6 +182,8 @@ class FsspecStore(StateStore):
 class BucketStore(FsspecStore):
     """A prefix of an object store's bucket, through an async filesystem (s3fs, gcsfs)."""
 
+    round_trips = True
+
     @property
     def bucket(self) -> str:
         return self.root.split("/", 1)[0]

@@ -30,6 +30,10 @@ class StateStore(abc.ABC):
     supports_create_only: bool = True
     """Whether `put_if_absent` is atomic (one winner among concurrent writers)."""
 
+    round_trips: bool = False
+    """Whether every call is a network round trip (S3, GCS): a runner then looks for its
+    operator request while its step's write is under way, not after it."""
+
     @abc.abstractmethod
     async def put(self, key: str, value: bytes) -> None:
         """Write `value` under `key`, replacing any old value, atomically and durably."""

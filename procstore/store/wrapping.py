@@ -34,6 +34,7 @@ class WrappingStore(StateStore):
         self.url = inner.url
         self.supports_create_only = inner.supports_create_only
         self.supports_compare_and_swap = inner.supports_compare_and_swap
+        self.round_trips = inner.round_trips
 
     async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
         """Run `call`; override to act before or after it."""

@@ -99,3 +99,42 @@ async def test_a_cancelled_look_leaves_the_others_answered(tmp_path: Path) -> No
     assert await asyncio.wait_for(kept, 5) is None
     with pytest.raises(asyncio.CancelledError):
         await gone
+
+
+async def test_a_look_ahead_answers_the_next_get_and_only_that_one(tmp_path: Path) -> None:
+    """A runner looks ahead when its `execute()` has returned, while its step's write goes
+    on: a request stored before that is seen by the next attempt; one stored after, by the
+    attempt after it."""
+    store = Listings(tmp_path)
+    requests = RequestStore(store)
+    looks = RequestLooks(requests)
+    before, after = ProcedureId.random(), ProcedureId.random()
+    await requests.put(before, OperatorRequest.new("cancel", "before the look"))
+    looks.look_ahead(before)
+    looks.look_ahead(after)
+    await asyncio.sleep(0.05)  # the look is done
+    await requests.put(after, OperatorRequest.new("cancel", "after the look"))
+    assert await looks.get(before) is not None
+    assert await looks.get(after) is None  # the look ahead's answer
+    request = await looks.get(after)  # a new look
+    assert request is not None and request.reason == "after the look"
+
+
+async def test_an_unused_failed_look_ahead_is_dropped_quietly(tmp_path: Path) -> None:
+    import gc
+
+    seen: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, context: seen.append(context))
+    store = Listings(tmp_path)
+    store.fail = StoreUnavailable("listing requests/: 503", key="requests/")
+    looks = RequestLooks(RequestStore(store))
+    ended = [ProcedureId.random(), ProcedureId.random()]
+    for pid in ended:
+        looks.look_ahead(pid)
+    await asyncio.sleep(0.05)
+    for pid in ended:
+        looks.forget(pid)
+    store.fail = None  # which holds the error, and through its traceback the looks
+    gc.collect()
+    await asyncio.sleep(0)
+    assert [c["message"] for c in seen] == []
