@@ -1,7 +1,7 @@
 """`RequestLooks`: runners' looks for their operator request, shared when many look at once.
 
 Before every attempt a runner reads its procedure's request key (`cancel`, `fail`), so that
-it never starts a step after a request was stored. With a thousand procedures stepping at
+a request stored while a step runs stops the procedure before its next step. With a thousand procedures stepping at
 once that is a thousand reads per step on the store (a GET each on S3, a `stat` each on a
 local disk, taken on the event loop's thread). Looks asked for in the same turn of the
 event loop are answered together instead, by one listing of `requests/`, which shows
