@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
+from pathlib import Path
 
 import pytest
 
 from procstore.store.io_threads import IoThreads
+from procstore.store.local import LocalDirStore
 
 
 async def test_answers_and_errors_come_back_to_their_callers() -> None:
@@ -64,3 +68,18 @@ def test_a_call_finishing_after_its_loop_closed_is_dropped_quietly() -> None:
     release.set()
     time.sleep(0.05)
     assert asyncio.run(threads.run(lambda: 7)) == 7  # the worker lived on
+
+
+def test_a_loop_that_used_the_threads_is_not_kept_alive_by_them(tmp_path: Path) -> None:
+    """Each `asyncio.run` is a new loop: the local store's threads must not keep every one
+    (its selector, its futures) for the life of the process."""
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def write(n: int) -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        await LocalDirStore(tmp_path).put(f"k{n}", b"v")
+
+    for n in range(3):
+        asyncio.run(write(n))
+    gc.collect()
+    assert [ref() for ref in loops] == [None, None, None]
