@@ -45,6 +45,12 @@ class _Call(Generic[T]):
     def run(self) -> None:
         try:
             self.returned = self.fn(*self.args)
+        except StopIteration as e:
+            # An asyncio future refuses it (`TypeError` in `deliver`, which would strand every
+            # call of its batch): the caller gets it as a generator would (PEP 479).
+            error = RuntimeError(f"{getattr(self.fn, '__qualname__', self.fn)!s} raised StopIteration")
+            error.__cause__ = e
+            self.raised = error
         except BaseException as e:  # passed to the caller, whatever it is
             self.raised = e
 

@@ -83,3 +83,29 @@ def test_a_loop_that_used_the_threads_is_not_kept_alive_by_them(tmp_path: Path) 
         asyncio.run(write(n))
     gc.collect()
     assert [ref() for ref in loops] == [None, None, None]
+
+
+def test_a_call_raising_stop_iteration_strands_no_other_call() -> None:
+    """`StopIteration` cannot be set on an asyncio future: the calls delivered with it in
+    one batch must still be answered, and its caller gets an error, not a hang."""
+    threads = IoThreads(1, "test-io")
+    answers: list[object] = []
+
+    def stop() -> None:
+        raise StopIteration
+
+    async def both() -> None:
+        bad = asyncio.ensure_future(threads.run(stop))
+        good = asyncio.ensure_future(threads.run(lambda: 7))
+        await asyncio.sleep(0)
+        time.sleep(0.2)  # noqa: ASYNC251 # both finish while the loop is busy: one batch
+        answers.extend(await asyncio.gather(bad, good, return_exceptions=True))
+
+    # In a thread of its own: a stranded call never returns, even once cancelled.
+    threading.Thread(target=asyncio.run, args=(both(),), daemon=True).start()
+    deadline = time.monotonic() + 5
+    while not answers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(answers) == 2, "a call of the batch was never answered"
+    assert isinstance(answers[0], RuntimeError) and "StopIteration" in str(answers[0])
+    assert answers[1] == 7
