@@ -11,9 +11,14 @@ every request stored before it began, as each of those reads would have.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from procstore.ids import ProcedureId
 from procstore.store.requests import OperatorRequest, RequestStore
+
+Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
+"""`ManagerContext.spawn`: a task of the term."""
 
 
 class RequestLooks:
@@ -25,8 +30,10 @@ class RequestLooks:
     own read; several, by one listing, then a read of each listed request.
     """
 
-    def __init__(self, requests: RequestStore) -> None:
+    def __init__(self, requests: RequestStore, spawn: Spawn) -> None:
         self._requests = requests
+        self._spawn = spawn
+        """Starts a task of the term (`ManagerContext.spawn`): a stop cancels a look and waits for it."""
         self._waiting: dict[ProcedureId, list[asyncio.Future[OperatorRequest | None]]] = {}
         """Calls made since the current look began, waiting for the next one."""
         self._look: asyncio.Task[None] | None = None
@@ -35,7 +42,8 @@ class RequestLooks:
         answer: asyncio.Future[OperatorRequest | None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(procedure_id, []).append(answer)
         if self._look is None:
-            self._look = asyncio.get_running_loop().create_task(self._looks(), name="procstore:request-looks")
+            self._look = look = self._spawn(self._looks(), "procstore:request-looks")
+            look.add_done_callback(self._ended)
         return await answer
 
     async def _looks(self) -> None:
@@ -44,8 +52,19 @@ class RequestLooks:
             while self._waiting:
                 batch, self._waiting = self._waiting, {}
                 await _answer(self._requests, batch)
-        finally:
+        except asyncio.CancelledError:
+            self._ended(None)
+            raise
+        self._look = None
+
+    def _ended(self, look: asyncio.Task[None] | None) -> None:
+        """The term cancelled the look (a stop, a step-down), maybe before it began: the calls
+        waiting for the next one are cancelled with it (their runners are being cancelled)."""
+        if look is None or self._look is look:
             self._look = None
+            for answer in _pending(self._waiting):
+                answer.cancel()
+            self._waiting = {}
 
 
 async def _answer(

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import uuid
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from procstore import ProcedureId
+from procstore import Context, Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Status
 from procstore._runtime.looks import RequestLooks
 from procstore.errors import StoreUnavailable
 from procstore.store.local import LocalDirStore
+from procstore.store.memory import MemoryStore
 from procstore.store.requests import OperatorRequest, RequestStore
+from procstore.testing import FaultyStore
+from procstore.testing.plan import Fault
+
+
+def spawn(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    return asyncio.get_running_loop().create_task(coro, name=name)
 
 
 class Listings(LocalDirStore):
@@ -43,7 +54,7 @@ async def test_many_looks_at_once_are_one_listing_and_each_sees_its_request(tmp_
     requests = RequestStore(store)
     ids = [ProcedureId.random() for _ in range(20)]
     await requests.put(ids[3], OperatorRequest.new("cancel", "stop it"))
-    looks = RequestLooks(requests)
+    looks = RequestLooks(requests, spawn)
     found = await asyncio.gather(*(looks.get(pid) for pid in ids))
     assert [pid for pid, request in zip(ids, found, strict=True) if request is not None] == [ids[3]]
     assert found[3] is not None and found[3].reason == "stop it"
@@ -52,7 +63,7 @@ async def test_many_looks_at_once_are_one_listing_and_each_sees_its_request(tmp_
 
 async def test_one_look_alone_is_one_read(tmp_path: Path) -> None:
     store = Listings(tmp_path)
-    assert await RequestLooks(RequestStore(store)).get(ProcedureId.random()) is None
+    assert await RequestLooks(RequestStore(store), spawn).get(ProcedureId.random()) is None
     assert (store.walks, store.gets) == (0, 1)
 
 
@@ -61,7 +72,7 @@ async def test_a_look_asked_for_during_a_listing_waits_for_the_next_one(tmp_path
     asked for after that, which must see the request."""
     store = Listings(tmp_path)
     requests = RequestStore(store)
-    looks = RequestLooks(requests)
+    looks = RequestLooks(requests, spawn)
     late = ProcedureId.random()
     store.hold = asyncio.Event()
     first = asyncio.gather(looks.get(ProcedureId.random()), looks.get(ProcedureId.random()))
@@ -79,7 +90,7 @@ async def test_a_look_asked_for_during_a_listing_waits_for_the_next_one(tmp_path
 async def test_a_failed_listing_fails_every_look_of_its_batch(tmp_path: Path) -> None:
     store = Listings(tmp_path)
     store.fail = StoreUnavailable("listing requests/: 503 Slow Down", key="requests/")
-    looks = RequestLooks(RequestStore(store))
+    looks = RequestLooks(RequestStore(store), spawn)
     answers = await asyncio.gather(*(looks.get(ProcedureId.random()) for _ in range(3)), return_exceptions=True)
     assert all(isinstance(a, StoreUnavailable) for a in answers)
     store.fail = None
@@ -89,7 +100,7 @@ async def test_a_failed_listing_fails_every_look_of_its_batch(tmp_path: Path) ->
 async def test_a_cancelled_look_leaves_the_others_answered(tmp_path: Path) -> None:
     store = Listings(tmp_path)
     store.hold = asyncio.Event()
-    looks = RequestLooks(RequestStore(store))
+    looks = RequestLooks(RequestStore(store), spawn)
     gone = asyncio.ensure_future(looks.get(ProcedureId.random()))
     kept = asyncio.ensure_future(looks.get(ProcedureId.random()))
     while store.walks == 0:
@@ -99,3 +110,37 @@ async def test_a_cancelled_look_leaves_the_others_answered(tmp_path: Path) -> No
     assert await asyncio.wait_for(kept, 5) is None
     with pytest.raises(asyncio.CancelledError):
         await gone
+
+
+class Spin(Procedure):
+    """Steps for ever without persisting: a look for its request before each attempt."""
+
+    type_name = "looks::Spin"
+
+    def __init__(self, n: int = 0) -> None:
+        self.n = n
+
+    async def execute(self, ctx: Context) -> Status:
+        self.n += 1
+        return Status.executing(persist=False)
+
+    def dump(self) -> str:
+        return json.dumps(self.n)
+
+    @classmethod
+    def load(cls, data: str) -> Spin:
+        return cls(json.loads(data))
+
+
+async def test_stop_leaves_no_look_running() -> None:
+    """A look belongs to the term: `stop()` cancels it and waits for it, like every task of
+    the term, so that nothing of the manager still reads the store once it has returned."""
+    slow = Fault("delay", kinds=frozenset({"walk", "get"}), key="requests/*", seconds=0.05)
+    manager = ProcedureManager(FaultyStore(MemoryStore(f"looks-{uuid.uuid4().hex}"), faults=[slow]))
+    manager.register(Spin)
+    await manager.start()
+    for _ in range(5):
+        await manager.submit(ProcedureWithId.new(Spin()))
+    await asyncio.sleep(0.2)  # the looks of five runners, one listing at a time
+    await manager.stop()
+    assert [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("procstore")] == []
