@@ -27,7 +27,8 @@ class RequestLooks:
     Invariant: a look answers only the calls made before it began (`_waiting` is taken at
     its start, and calls made while it runs wait for the next one), so a request stored
     before a call is always seen by that call's answer. One caller alone is answered by its
-    own read; several, by one listing, then a read of each listed request.
+    own read; several, by one listing, then a read of each listed request (of every one, if
+    the listing fails).
     """
 
     def __init__(self, requests: RequestStore, spawn: Spawn) -> None:
@@ -70,26 +71,41 @@ class RequestLooks:
 async def _answer(
     requests: RequestStore, batch: dict[ProcedureId, list[asyncio.Future[OperatorRequest | None]]]
 ) -> None:
-    """Answer `batch`; the store's error goes to every caller (each retries its attempt, as
-    after a failed read of its own)."""
+    """Answer `batch`, each caller by a read of its own request (those the listing shows,
+    when several ask), run together: a read's error goes to its caller alone (it retries its
+    attempt, as after its own read). A failed listing fails nobody: every caller's request is
+    read instead, as without a listing. A single store error must not become every caller's
+    failure (with `max_retry_times=0`, a whole batch of procedures failed by one 503), nor one
+    exception object shared by many procedures' states."""
+    wanted = list(batch)
     try:
-        if len(batch) == 1:
-            found = {pid: await requests.get(pid) for pid in batch}
-        else:
-            listed = await requests.stored_ids()
-            found = {pid: await requests.get(pid) if pid in listed else None for pid in batch}
+        if len(batch) > 1:
+            try:
+                listed = await requests.stored_ids()
+            except Exception:
+                pass  # read each one instead
+            else:
+                wanted = [pid for pid in batch if pid in listed]
+        # With `return_exceptions`, a cancel waits for every read: none outlives the look.
+        reads = await asyncio.gather(*(requests.get(pid) for pid in wanted), return_exceptions=True)
     except asyncio.CancelledError:
         for answer in _pending(batch):
             answer.cancel()
         raise
-    except BaseException as e:  # a simulated crash too: it ends each caller's task, as its own read would
+    except BaseException as e:  # a simulated crash of the listing: it ends each caller's task, as its own read would
         for answer in _pending(batch):
             answer.set_exception(e)
         return
+    found = dict(zip(wanted, reads, strict=True))
     for pid, answers in batch.items():
+        read = found.get(pid)
         for answer in answers:
-            if not answer.done():
-                answer.set_result(found[pid])
+            if answer.done():
+                continue
+            if isinstance(read, BaseException):
+                answer.set_exception(read)
+            else:
+                answer.set_result(read)
 
 
 def _pending(

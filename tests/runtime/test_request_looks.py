@@ -87,14 +87,37 @@ async def test_a_look_asked_for_during_a_listing_waits_for_the_next_one(tmp_path
     assert request is not None and request.kind == "fail"
 
 
-async def test_a_failed_listing_fails_every_look_of_its_batch(tmp_path: Path) -> None:
+async def test_a_failed_listing_fails_no_look_each_reads_its_own_request(tmp_path: Path) -> None:
     store = Listings(tmp_path)
+    requests = RequestStore(store)
+    ids = [ProcedureId.random() for _ in range(3)]
+    await requests.put(ids[1], OperatorRequest.new("cancel", "still seen"))
     store.fail = StoreUnavailable("listing requests/: 503 Slow Down", key="requests/")
-    looks = RequestLooks(RequestStore(store), spawn)
-    answers = await asyncio.gather(*(looks.get(ProcedureId.random()) for _ in range(3)), return_exceptions=True)
-    assert all(isinstance(a, StoreUnavailable) for a in answers)
-    store.fail = None
-    assert await asyncio.gather(*(looks.get(ProcedureId.random()) for _ in range(3))) == [None] * 3
+    looks = RequestLooks(requests, spawn)
+    answers = await asyncio.gather(*(looks.get(pid) for pid in ids))
+    assert [a is not None for a in answers] == [False, True, False]
+    assert (store.walks, store.gets) == (1, 3)
+
+
+async def test_a_failed_read_fails_its_own_look_only(tmp_path: Path) -> None:
+    store = Listings(tmp_path)
+    requests = RequestStore(store)
+    ids = [ProcedureId.random() for _ in range(3)]
+    for pid in ids:
+        await requests.put(pid, OperatorRequest.new("cancel", "stop"))
+    failing = requests.key(ids[0])
+    read = store.get
+
+    async def get(key: str) -> bytes | None:
+        if key == failing:
+            raise StoreUnavailable(f"reading {key}: 503 Slow Down", key=key)
+        return await read(key)
+
+    store.get = get  # type: ignore[method-assign]
+    looks = RequestLooks(requests, spawn)
+    answers = await asyncio.gather(*(looks.get(pid) for pid in ids), return_exceptions=True)
+    assert isinstance(answers[0], StoreUnavailable)
+    assert all(isinstance(a, OperatorRequest) for a in answers[1:])
 
 
 async def test_a_cancelled_look_leaves_the_others_answered(tmp_path: Path) -> None:
@@ -144,3 +167,42 @@ async def test_stop_leaves_no_look_running() -> None:
     await asyncio.sleep(0.2)  # the looks of five runners, one listing at a time
     await manager.stop()
     assert [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("procstore")] == []
+
+
+class Twice(Procedure):
+    """Two steps of 50 ms, not persisted: the runners look for their requests together."""
+
+    type_name = "looks::Twice"
+
+    def __init__(self, n: int = 0) -> None:
+        self.n = n
+
+    async def execute(self, ctx: Context) -> Status:
+        self.n += 1
+        await asyncio.sleep(0.05)
+        return Status.done() if self.n == 3 else Status.executing(persist=False)
+
+    def dump(self) -> str:
+        return json.dumps(self.n)
+
+    @classmethod
+    def load(cls, data: str) -> Twice:
+        return cls(json.loads(data))
+
+
+async def test_one_failed_listing_fails_no_procedure() -> None:
+    """One transient error of the one listing that answers many runners' looks was each
+    runner's error: with `max_retry_times=0`, every procedure of the batch failed (20 of 20)
+    where a failed read of its own fails one at most."""
+    once = Fault("transient", kinds=frozenset({"walk"}), key="requests/", nth=2, times=1)
+    manager = ProcedureManager(
+        FaultyStore(MemoryStore(f"looks-{uuid.uuid4().hex}"), faults=[once]),
+        max_retry_times=0,
+        request_poll_interval=60,
+    )
+    manager.register(Twice)
+    async with manager:
+        watchers = await asyncio.gather(*(manager.submit(ProcedureWithId.new(Twice())) for _ in range(20)))
+        outcomes = await asyncio.gather(*(w.wait() for w in watchers), return_exceptions=True)
+    assert once.fired == 1
+    assert [o for o in outcomes if isinstance(o, BaseException)] == []
