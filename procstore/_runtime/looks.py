@@ -86,6 +86,10 @@ async def _answer(
                 pass  # read each one instead
             else:
                 wanted = [pid for pid in batch if pid in listed]
+                # Those it does not show are answered now, not once the reads are done: the
+                # answer is as old as the listing, and a request stored since (a `cancel()`
+                # that returned meanwhile) must not find their step starting after it.
+                _settle({pid: answers for pid, answers in batch.items() if pid not in listed}, {})
         # With `return_exceptions`, a cancel waits for every read: none outlives the look.
         reads = await asyncio.gather(*(requests.get(pid) for pid in wanted), return_exceptions=True)
     except asyncio.CancelledError:
@@ -96,7 +100,14 @@ async def _answer(
         for answer in _pending(batch):
             answer.set_exception(e)
         return
-    found = dict(zip(wanted, reads, strict=True))
+    _settle(batch, dict(zip(wanted, reads, strict=True)))
+
+
+def _settle(
+    batch: dict[ProcedureId, list[asyncio.Future[OperatorRequest | None]]],
+    found: dict[ProcedureId, OperatorRequest | BaseException | None],
+) -> None:
+    """Answer each caller in `batch` still waiting: its read (an error, a request) or None."""
     for pid, answers in batch.items():
         read = found.get(pid)
         for answer in answers:
