@@ -131,7 +131,7 @@ class ManagerContext:
         self.restarting: set[ProcedureId] = set()
         """Procedures an operator's resume or rewind is restarting now: one at a time each."""
         """A root that ends FAILED keeps its keys, for an operator to resume or rewind it."""
-        self.request_looks = RequestLooks(store.requests)
+        self.request_looks = RequestLooks(store.requests, self.spawn)
         self.operator_requests: dict[ProcedureId, OperatorRequest] = {}
         """Requests known to apply to procedures of this term: read from the store, or passed
         down from an ancestor's. A runner checks here, then the store, before every attempt."""
@@ -408,10 +408,11 @@ class ManagerContext:
             task.add_done_callback(lambda _task: on_done())
         return await await_term_task(task, what)
 
-    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)

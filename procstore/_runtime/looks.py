@@ -11,9 +11,14 @@ every request stored before it began, as each of those reads would have.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from procstore.ids import ProcedureId
 from procstore.store.requests import OperatorRequest, RequestStore
+
+Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
+"""`ManagerContext.spawn`: a task of the term."""
 
 
 class RequestLooks:
@@ -22,11 +27,14 @@ class RequestLooks:
     Invariant: a look answers only the calls made before it began (`_waiting` is taken at
     its start, and calls made while it runs wait for the next one), so a request stored
     before a call is always seen by that call's answer. One caller alone is answered by its
-    own read; several, by one listing, then a read of each listed request.
+    own read; several, by one listing, then a read of each listed request (of every one, if
+    the listing fails).
     """
 
-    def __init__(self, requests: RequestStore) -> None:
+    def __init__(self, requests: RequestStore, spawn: Spawn) -> None:
         self._requests = requests
+        self._spawn = spawn
+        """Starts a task of the term (`ManagerContext.spawn`): a stop cancels a look and waits for it."""
         self._waiting: dict[ProcedureId, list[asyncio.Future[OperatorRequest | None]]] = {}
         """Calls made since the current look began, waiting for the next one."""
         self._look: asyncio.Task[None] | None = None
@@ -60,7 +68,8 @@ class RequestLooks:
         answer: asyncio.Future[OperatorRequest | None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(procedure_id, []).append(answer)
         if self._look is None:
-            self._look = asyncio.get_running_loop().create_task(self._looks(), name="procstore:request-looks")
+            self._look = look = self._spawn(self._looks(), "procstore:request-looks")
+            look.add_done_callback(self._ended)
         return answer
 
     async def _looks(self) -> None:
@@ -69,33 +78,70 @@ class RequestLooks:
             while self._waiting:
                 batch, self._waiting = self._waiting, {}
                 await _answer(self._requests, batch)
-        finally:
+        except asyncio.CancelledError:
+            self._ended(None)
+            raise
+        self._look = None
+
+    def _ended(self, look: asyncio.Task[None] | None) -> None:
+        """The term cancelled the look (a stop, a step-down), maybe before it began: the calls
+        waiting for the next one are cancelled with it (their runners are being cancelled)."""
+        if look is None or self._look is look:
             self._look = None
+            for answer in _pending(self._waiting):
+                answer.cancel()
+            self._waiting = {}
 
 
 async def _answer(
     requests: RequestStore, batch: dict[ProcedureId, list[asyncio.Future[OperatorRequest | None]]]
 ) -> None:
-    """Answer `batch`; the store's error goes to every caller (each retries its attempt, as
-    after a failed read of its own)."""
+    """Answer `batch`, each caller by a read of its own request (those the listing shows,
+    when several ask), run together: a read's error goes to its caller alone (it retries its
+    attempt, as after its own read). A failed listing fails nobody: every caller's request is
+    read instead, as without a listing. A single store error must not become every caller's
+    failure (with `max_retry_times=0`, a whole batch of procedures failed by one 503), nor one
+    exception object shared by many procedures' states."""
+    wanted = list(batch)
     try:
-        if len(batch) == 1:
-            found = {pid: await requests.get(pid) for pid in batch}
-        else:
-            listed = await requests.stored_ids()
-            found = {pid: await requests.get(pid) if pid in listed else None for pid in batch}
+        if len(batch) > 1:
+            try:
+                listed = await requests.stored_ids()
+            except Exception:
+                pass  # read each one instead
+            else:
+                wanted = [pid for pid in batch if pid in listed]
+                # Those it does not show are answered now, not once the reads are done: the
+                # answer is as old as the listing, and a request stored since (a `cancel()`
+                # that returned meanwhile) must not find their step starting after it.
+                _settle({pid: answers for pid, answers in batch.items() if pid not in listed}, {})
+        # With `return_exceptions`, a cancel waits for every read: none outlives the look.
+        reads = await asyncio.gather(*(requests.get(pid) for pid in wanted), return_exceptions=True)
     except asyncio.CancelledError:
         for answer in _pending(batch):
             answer.cancel()
         raise
-    except BaseException as e:  # a simulated crash too: it ends each caller's task, as its own read would
+    except BaseException as e:  # a simulated crash of the listing: it ends each caller's task, as its own read would
         for answer in _pending(batch):
             answer.set_exception(e)
         return
+    _settle(batch, dict(zip(wanted, reads, strict=True)))
+
+
+def _settle(
+    batch: dict[ProcedureId, list[asyncio.Future[OperatorRequest | None]]],
+    found: dict[ProcedureId, OperatorRequest | BaseException | None],
+) -> None:
+    """Answer each caller in `batch` still waiting: its read (an error, a request) or None."""
     for pid, answers in batch.items():
+        read = found.get(pid)
         for answer in answers:
-            if not answer.done():
-                answer.set_result(found[pid])
+            if answer.done():
+                continue
+            if isinstance(read, BaseException):
+                answer.set_exception(read)
+            else:
+                answer.set_result(read)
 
 
 def _retrieved(answer: asyncio.Future[OperatorRequest | None]) -> None:

@@ -45,6 +45,12 @@ class _Call(Generic[T]):
     def run(self) -> None:
         try:
             self.returned = self.fn(*self.args)
+        except StopIteration as e:
+            # An asyncio future refuses it (`TypeError` in `deliver`, which would strand every
+            # call of its batch): the caller gets it as a generator would (PEP 479).
+            error = RuntimeError(f"{getattr(self.fn, '__qualname__', self.fn)!s} raised StopIteration")
+            error.__cause__ = e
+            self.raised = error
         except BaseException as e:  # passed to the caller, whatever it is
             self.raised = e
 
@@ -64,10 +70,15 @@ class _Call(Generic[T]):
 
 class _Deliveries:
     """Finished calls of one event loop, delivered in batches: a worker wakes the loop only
-    when no delivery is pending already."""
+    when no delivery is pending already.
+
+    It holds its loop weakly: `IoThreads` keeps one of these per loop in a weak-keyed dict,
+    and a value that held its key would keep every loop that ever ran (each `asyncio.run`)
+    alive for good. A call in flight holds its loop through its future.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self._loop = weakref.ref(loop)
         self._finished: deque[_Call[Any]] = deque()
         self._pending = False
         self._lock = threading.Lock()
@@ -79,8 +90,10 @@ class _Deliveries:
             if self._pending:
                 return
             self._pending = True
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            self._loop.call_soon_threadsafe(self._deliver)
+        loop = self._loop()  # alive: `call.answer` holds it
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(self._deliver)
 
     def _deliver(self) -> None:
         with self._lock:

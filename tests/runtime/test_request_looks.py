@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import uuid
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from procstore import ProcedureId
+from procstore import Context, Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Status
 from procstore._runtime.looks import RequestLooks
 from procstore.errors import StoreUnavailable
 from procstore.store.local import LocalDirStore
+from procstore.store.memory import MemoryStore
 from procstore.store.requests import OperatorRequest, RequestStore
+from procstore.testing import FaultyStore
+from procstore.testing.plan import Fault
+
+
+def spawn(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    return asyncio.get_running_loop().create_task(coro, name=name)
 
 
 class Listings(LocalDirStore):
@@ -43,7 +54,7 @@ async def test_many_looks_at_once_are_one_listing_and_each_sees_its_request(tmp_
     requests = RequestStore(store)
     ids = [ProcedureId.random() for _ in range(20)]
     await requests.put(ids[3], OperatorRequest.new("cancel", "stop it"))
-    looks = RequestLooks(requests)
+    looks = RequestLooks(requests, spawn)
     found = await asyncio.gather(*(looks.get(pid) for pid in ids))
     assert [pid for pid, request in zip(ids, found, strict=True) if request is not None] == [ids[3]]
     assert found[3] is not None and found[3].reason == "stop it"
@@ -52,7 +63,7 @@ async def test_many_looks_at_once_are_one_listing_and_each_sees_its_request(tmp_
 
 async def test_one_look_alone_is_one_read(tmp_path: Path) -> None:
     store = Listings(tmp_path)
-    assert await RequestLooks(RequestStore(store)).get(ProcedureId.random()) is None
+    assert await RequestLooks(RequestStore(store), spawn).get(ProcedureId.random()) is None
     assert (store.walks, store.gets) == (0, 1)
 
 
@@ -61,7 +72,7 @@ async def test_a_look_asked_for_during_a_listing_waits_for_the_next_one(tmp_path
     asked for after that, which must see the request."""
     store = Listings(tmp_path)
     requests = RequestStore(store)
-    looks = RequestLooks(requests)
+    looks = RequestLooks(requests, spawn)
     late = ProcedureId.random()
     store.hold = asyncio.Event()
     first = asyncio.gather(looks.get(ProcedureId.random()), looks.get(ProcedureId.random()))
@@ -76,20 +87,43 @@ async def test_a_look_asked_for_during_a_listing_waits_for_the_next_one(tmp_path
     assert request is not None and request.kind == "fail"
 
 
-async def test_a_failed_listing_fails_every_look_of_its_batch(tmp_path: Path) -> None:
+async def test_a_failed_listing_fails_no_look_each_reads_its_own_request(tmp_path: Path) -> None:
     store = Listings(tmp_path)
+    requests = RequestStore(store)
+    ids = [ProcedureId.random() for _ in range(3)]
+    await requests.put(ids[1], OperatorRequest.new("cancel", "still seen"))
     store.fail = StoreUnavailable("listing requests/: 503 Slow Down", key="requests/")
-    looks = RequestLooks(RequestStore(store))
-    answers = await asyncio.gather(*(looks.get(ProcedureId.random()) for _ in range(3)), return_exceptions=True)
-    assert all(isinstance(a, StoreUnavailable) for a in answers)
-    store.fail = None
-    assert await asyncio.gather(*(looks.get(ProcedureId.random()) for _ in range(3))) == [None] * 3
+    looks = RequestLooks(requests, spawn)
+    answers = await asyncio.gather(*(looks.get(pid) for pid in ids))
+    assert [a is not None for a in answers] == [False, True, False]
+    assert (store.walks, store.gets) == (1, 3)
+
+
+async def test_a_failed_read_fails_its_own_look_only(tmp_path: Path) -> None:
+    store = Listings(tmp_path)
+    requests = RequestStore(store)
+    ids = [ProcedureId.random() for _ in range(3)]
+    for pid in ids:
+        await requests.put(pid, OperatorRequest.new("cancel", "stop"))
+    failing = requests.key(ids[0])
+    read = store.get
+
+    async def get(key: str) -> bytes | None:
+        if key == failing:
+            raise StoreUnavailable(f"reading {key}: 503 Slow Down", key=key)
+        return await read(key)
+
+    store.get = get  # type: ignore[method-assign]
+    looks = RequestLooks(requests, spawn)
+    answers = await asyncio.gather(*(looks.get(pid) for pid in ids), return_exceptions=True)
+    assert isinstance(answers[0], StoreUnavailable)
+    assert all(isinstance(a, OperatorRequest) for a in answers[1:])
 
 
 async def test_a_cancelled_look_leaves_the_others_answered(tmp_path: Path) -> None:
     store = Listings(tmp_path)
     store.hold = asyncio.Event()
-    looks = RequestLooks(RequestStore(store))
+    looks = RequestLooks(RequestStore(store), spawn)
     gone = asyncio.ensure_future(looks.get(ProcedureId.random()))
     kept = asyncio.ensure_future(looks.get(ProcedureId.random()))
     while store.walks == 0:
@@ -101,13 +135,114 @@ async def test_a_cancelled_look_leaves_the_others_answered(tmp_path: Path) -> No
         await gone
 
 
+class Spin(Procedure):
+    """Steps for ever without persisting: a look for its request before each attempt."""
+
+    type_name = "looks::Spin"
+
+    def __init__(self, n: int = 0) -> None:
+        self.n = n
+
+    async def execute(self, ctx: Context) -> Status:
+        self.n += 1
+        return Status.executing(persist=False)
+
+    def dump(self) -> str:
+        return json.dumps(self.n)
+
+    @classmethod
+    def load(cls, data: str) -> Spin:
+        return cls(json.loads(data))
+
+
+async def test_stop_leaves_no_look_running() -> None:
+    """A look belongs to the term: `stop()` cancels it and waits for it, like every task of
+    the term, so that nothing of the manager still reads the store once it has returned."""
+    slow = Fault("delay", kinds=frozenset({"walk", "get"}), key="requests/*", seconds=0.05)
+    manager = ProcedureManager(FaultyStore(MemoryStore(f"looks-{uuid.uuid4().hex}"), faults=[slow]))
+    manager.register(Spin)
+    await manager.start()
+    for _ in range(5):
+        await manager.submit(ProcedureWithId.new(Spin()))
+    await asyncio.sleep(0.2)  # the looks of five runners, one listing at a time
+    await manager.stop()
+    assert [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("procstore")] == []
+
+
+class Twice(Procedure):
+    """Two steps of 50 ms, not persisted: the runners look for their requests together."""
+
+    type_name = "looks::Twice"
+
+    def __init__(self, n: int = 0) -> None:
+        self.n = n
+
+    async def execute(self, ctx: Context) -> Status:
+        self.n += 1
+        await asyncio.sleep(0.05)
+        return Status.done() if self.n == 3 else Status.executing(persist=False)
+
+    def dump(self) -> str:
+        return json.dumps(self.n)
+
+    @classmethod
+    def load(cls, data: str) -> Twice:
+        return cls(json.loads(data))
+
+
+async def test_one_failed_listing_fails_no_procedure() -> None:
+    """One transient error of the one listing that answers many runners' looks was each
+    runner's error: with `max_retry_times=0`, every procedure of the batch failed (20 of 20)
+    where a failed read of its own fails one at most."""
+    once = Fault("transient", kinds=frozenset({"walk"}), key="requests/", nth=2, times=1)
+    manager = ProcedureManager(
+        FaultyStore(MemoryStore(f"looks-{uuid.uuid4().hex}"), faults=[once]),
+        max_retry_times=0,
+        request_poll_interval=60,
+    )
+    manager.register(Twice)
+    async with manager:
+        watchers = await asyncio.gather(*(manager.submit(ProcedureWithId.new(Twice())) for _ in range(20)))
+        outcomes = await asyncio.gather(*(w.wait() for w in watchers), return_exceptions=True)
+    assert once.fired == 1
+    assert [o for o in outcomes if isinstance(o, BaseException)] == []
+
+
+async def test_a_look_the_listing_answers_does_not_wait_for_the_others_reads(tmp_path: Path) -> None:
+    """A caller whose request the listing does not show is answered at once: held until the
+    reads of the listed ones are done, its answer (as old as the listing) would let its step
+    start after a request stored meanwhile, a `cancel()` that had returned (with a local
+    store, 45 to 79 of 200 cancelled procedures started a step after their cancel returned)."""
+    store = Listings(tmp_path)
+    requests = RequestStore(store)
+    listed, other = ProcedureId.random(), ProcedureId.random()
+    await requests.put(listed, OperatorRequest.new("cancel", "listed"))
+    slow_key, release, read = requests.key(listed), asyncio.Event(), store.get
+
+    async def get(key: str) -> bytes | None:
+        if key == slow_key:
+            await release.wait()
+        return await read(key)
+
+    store.get = get  # type: ignore[method-assign]
+    looks = RequestLooks(requests, spawn)
+    slow, quick = asyncio.ensure_future(looks.get(listed)), asyncio.ensure_future(looks.get(other))
+    try:
+        assert await asyncio.wait_for(asyncio.shield(quick), 5) is None
+        await requests.put(other, OperatorRequest.new("cancel", "stored after that answer"))
+    finally:
+        release.set()
+    request = await slow
+    assert request is not None and request.reason == "listed"
+
+
 async def test_a_look_ahead_answers_the_next_get_and_only_that_one(tmp_path: Path) -> None:
     """A runner looks ahead when its `execute()` has returned, while its step's write goes
     on: a request stored before that is seen by the next attempt; one stored after, by the
     attempt after it."""
     store = Listings(tmp_path)
     requests = RequestStore(store)
-    looks = RequestLooks(requests)
+    looks = RequestLooks(requests, spawn)
     before, after = ProcedureId.random(), ProcedureId.random()
     await requests.put(before, OperatorRequest.new("cancel", "before the look"))
     looks.look_ahead(before)
@@ -120,21 +255,21 @@ async def test_a_look_ahead_answers_the_next_get_and_only_that_one(tmp_path: Pat
     assert request is not None and request.reason == "after the look"
 
 
+class Unreadable(Listings):
+    async def get(self, key: str) -> bytes | None:
+        raise StoreUnavailable(f"reading {key}: 503", key=key)
+
+
 async def test_an_unused_failed_look_ahead_is_dropped_quietly(tmp_path: Path) -> None:
     import gc
 
     seen: list[dict[str, object]] = []
     asyncio.get_running_loop().set_exception_handler(lambda _loop, context: seen.append(context))
-    store = Listings(tmp_path)
-    store.fail = StoreUnavailable("listing requests/: 503", key="requests/")
-    looks = RequestLooks(RequestStore(store))
-    ended = [ProcedureId.random(), ProcedureId.random()]
-    for pid in ended:
-        looks.look_ahead(pid)
+    looks = RequestLooks(RequestStore(Unreadable(tmp_path)), spawn)
+    ended = ProcedureId.random()
+    looks.look_ahead(ended)
     await asyncio.sleep(0.05)
-    for pid in ended:
-        looks.forget(pid)
-    store.fail = None  # which holds the error, and through its traceback the looks
+    looks.forget(ended)
     gc.collect()
     await asyncio.sleep(0)
     assert [c["message"] for c in seen] == []

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
+from pathlib import Path
 
 import pytest
 
 from procstore.store.io_threads import IoThreads
+from procstore.store.local import LocalDirStore
 
 
 async def test_answers_and_errors_come_back_to_their_callers() -> None:
@@ -64,3 +68,44 @@ def test_a_call_finishing_after_its_loop_closed_is_dropped_quietly() -> None:
     release.set()
     time.sleep(0.05)
     assert asyncio.run(threads.run(lambda: 7)) == 7  # the worker lived on
+
+
+def test_a_loop_that_used_the_threads_is_not_kept_alive_by_them(tmp_path: Path) -> None:
+    """Each `asyncio.run` is a new loop: the local store's threads must not keep every one
+    (its selector, its futures) for the life of the process."""
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def write(n: int) -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        await LocalDirStore(tmp_path).put(f"k{n}", b"v")
+
+    for n in range(3):
+        asyncio.run(write(n))
+    gc.collect()
+    assert [ref() for ref in loops] == [None, None, None]
+
+
+def test_a_call_raising_stop_iteration_strands_no_other_call() -> None:
+    """`StopIteration` cannot be set on an asyncio future: the calls delivered with it in
+    one batch must still be answered, and its caller gets an error, not a hang."""
+    threads = IoThreads(1, "test-io")
+    answers: list[object] = []
+
+    def stop() -> None:
+        raise StopIteration
+
+    async def both() -> None:
+        bad = asyncio.ensure_future(threads.run(stop))
+        good = asyncio.ensure_future(threads.run(lambda: 7))
+        await asyncio.sleep(0)
+        time.sleep(0.2)  # noqa: ASYNC251 # both finish while the loop is busy: one batch
+        answers.extend(await asyncio.gather(bad, good, return_exceptions=True))
+
+    # In a thread of its own: a stranded call never returns, even once cancelled.
+    threading.Thread(target=asyncio.run, args=(both(),), daemon=True).start()
+    deadline = time.monotonic() + 5
+    while not answers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(answers) == 2, "a call of the batch was never answered"
+    assert isinstance(answers[0], RuntimeError) and "StopIteration" in str(answers[0])
+    assert answers[1] == 7

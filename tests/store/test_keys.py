@@ -129,3 +129,49 @@ def test_grouping_agrees_with_parse(keys: list[str]) -> None:
         if p is not None:
             expected.setdefault(p.procedure_id, []).append((p.step, p.key_type))
     assert grouped.steps == expected
+
+
+_FRAGMENTS = st.sampled_from(
+    [
+        str(PID),
+        str(PID).upper(),
+        str(PID)[:-1],
+        str(PID) + "0",
+        PID.uuid.hex,
+        "\u0663" + str(PID)[1:],  # an Arabic-Indic digit: a digit to `str.isdigit`, not to the key pattern
+        *"/.\nx",
+        "",
+        "step",
+        "commit",
+        "rollback",
+        ".step",
+        "0000000001",
+        "1",
+        "\u00b2",
+        "\u0661",
+        "\u212a",
+        PREFIX,
+    ]
+)
+
+
+@given(
+    prefix=st.sampled_from(["", PREFIX, f"{PID}/"]),
+    tails=st.lists(st.lists(_FRAGMENTS, max_size=7).map("".join), max_size=8),
+    raw=st.lists(st.text(max_size=60), max_size=3),
+)
+def test_grouping_agrees_with_parse_on_adversarial_keys(prefix: str, tails: list[str], raw: list[str]) -> None:
+    """The fast path's verdict is `ParsedKey.parse`'s for keys built from the pieces that
+    could fool it: ids of the wrong length or case, unicode digits, nested folders, suffix
+    variants, keys equal to or inside the prefix."""
+    keys = [prefix + tail for tail in tails] + raw
+    grouped = KeysByProcedure.group(prefix, keys)
+    expected: dict[ProcedureId, list[tuple[int, KeyType]]] = {}
+    others: list[str] = []
+    for key in keys:
+        if (p := ParsedKey.parse(prefix, key)) is None:
+            others.append(key)
+        else:
+            expected.setdefault(p.procedure_id, []).append((p.step, p.key_type))
+    assert (grouped.steps, grouped.others) == (expected, others)
+    assert list(grouped.steps) == list(expected)  # the same order too
