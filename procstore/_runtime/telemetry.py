@@ -38,20 +38,25 @@ T = TypeVar("T")
 logger = get_logger("procstore.runtime")
 
 
+NOTHING = contextlib.nullcontext()
+"""The span of every block when telemetry is off: one for all (it holds nothing, and a
+procedure waiting in a step would otherwise hold two)."""
+
+
 class Telemetry:
     """The hooks the runtime calls; this base class does nothing (telemetry off)."""
 
     enabled = False
 
     def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, **attrs: Any) -> Any:
-        return contextlib.nullcontext()
+        return NOTHING
 
     def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Any:
-        return contextlib.nullcontext()
+        return NOTHING
 
     def span(self, name: str, *, start_ns: int | None = None, **attrs: Any) -> Any:
         """A span around the block; `start_ns` (`time.time_ns()`) if it began earlier."""
-        return contextlib.nullcontext()
+        return NOTHING
 
     def retried(self, type_name: str, reason: BaseException) -> None:
         pass
