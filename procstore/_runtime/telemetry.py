@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from procstore._logs import ProcedureScope, get_logger, procedure_scope
+from procstore._logs import ProcedureScope, Stepping, enter_scope, get_logger, leave_scope
 from procstore.store.state_store import StateStore
 from procstore.store.wrapping import WrappingStore
 
@@ -119,16 +119,14 @@ def timed() -> Iterator[Callable[[], float]]:
     yield lambda: time.perf_counter() - start
 
 
-async def run_traced(ctx: Any, meta: Any, step: Callable[[], int], body: Callable[[], Awaitable[None]]) -> None:
+async def run_traced(ctx: Any, meta: Any, runner: Stepping, body: Callable[[], Awaitable[None]]) -> None:
     """Run a runner's `body` inside its procedure's span, with its log fields set."""
     telemetry: Telemetry = ctx.telemetry
     telemetry.running(meta.type_name, 1)
-    scope = ProcedureScope(str(meta.id), meta.type_name, step)
+    scope = ProcedureScope(str(meta.id), meta.type_name, runner)
+    enter_scope(scope)
     try:
-        with (
-            procedure_scope(scope),
-            telemetry.procedure_span(str(meta.id), meta.type_name, root=meta.is_root, **ctx.span_attributes) as span,
-        ):
+        with telemetry.procedure_span(str(meta.id), meta.type_name, root=meta.is_root, **ctx.span_attributes) as span:
             try:
                 await body()
             except asyncio.CancelledError:
@@ -138,6 +136,7 @@ async def run_traced(ctx: Any, meta: Any, step: Callable[[], int], body: Callabl
             ended = state.is_ended() and not meta.abandoned
             telemetry.mark(span, meta.outcome() if ended else None, state.error)
     finally:
+        leave_scope(scope)
         telemetry.running(meta.type_name, -1)
 
 
