@@ -9,11 +9,17 @@ passes them itself: `extra=procedure_fields(procedure_id, ...)`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class Stepping(Protocol):
+    """What is at a step that changes as it goes: a runner."""
+
+    @property
+    def step(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,8 +28,11 @@ class ProcedureScope:
 
     procedure_id: str
     type_name: str
-    step: Callable[[], int]
-    """The step it is at now (it changes as the runner goes)."""
+    runner: Stepping
+
+    def step(self) -> int:
+        """The step it is at now (it changes as the runner goes)."""
+        return self.runner.step
 
 
 current_procedure: ContextVar[ProcedureScope | None] = ContextVar("procstore_procedure", default=None)
@@ -32,17 +41,17 @@ _running: dict[str, ProcedureScope] = {}
 """The procedures runners of this process work on, by id: fields for records logged outside them."""
 
 
-@contextlib.contextmanager
-def procedure_scope(scope: ProcedureScope) -> Iterator[None]:
-    """Within the block (a runner's task), records carry `scope`'s fields, and
-    `procedure_fields` finds its type and current step from anywhere in the process."""
+def enter_scope(scope: ProcedureScope) -> None:
+    """From now on in this task (a runner's), records carry `scope`'s fields, and until
+    `leave_scope`, `procedure_fields` finds its type and current step from anywhere in the
+    process. Two calls, not a context manager: a runner waiting in a step would hold one."""
     current_procedure.set(scope)
     _running[scope.procedure_id] = scope
-    try:
-        yield
-    finally:
-        if _running.get(scope.procedure_id) is scope:
-            del _running[scope.procedure_id]
+
+
+def leave_scope(scope: ProcedureScope) -> None:
+    if _running.get(scope.procedure_id) is scope:
+        del _running[scope.procedure_id]
 
 
 def procedure_fields(procedure_id: object, type_name: str | None = None, step: int | None = None) -> dict[str, object]:

@@ -391,22 +391,24 @@ class ManagerContext:
 
     # -- tasks -----------------------------------------------------------------------
 
-    async def run_in_term(
+    def run_in_term(
         self, coro: Coroutine[Any, Any, T], what: str, on_done: Callable[[], None] | None = None
-    ) -> T:
-        """Await `coro` in a task of this term, which `cancel_all` cancels and waits for.
+    ) -> Coroutine[Any, Any, T]:
+        """Start `coro` in a task of this term, which `cancel_all` cancels and waits for, and
+        return what awaits it (`await ctx.run_in_term(...)`).
 
         For work started by a caller outside the term (a `submit`'s write): once the term has
         ended, none of it can still land; and a caller cancelled meanwhile leaves it to
-        finish. `on_done` runs when the task ends, however it ends. Raises `ManagerStopped`
-        if the term ended it.
+        finish. `on_done` runs when the task ends, however it ends. The await raises
+        `ManagerStopped` if the term ended it. Not a coroutine itself: each of thousands of
+        concurrent submits would hold one more frame while its write is under way.
         """
         task = asyncio.get_running_loop().create_task(coro, name=f"procstore:{what}")
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         if on_done is not None:
             task.add_done_callback(lambda _task: on_done())
-        return await await_term_task(task, what)
+        return await_term_task(task, what)
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=name)

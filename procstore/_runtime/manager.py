@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from functools import partial
 from types import TracebackType
 from typing import Any, Self
 
@@ -455,12 +456,11 @@ class ProcedureManager:
         self._submitting.add(pid)
         # The write and the runner's start are one task of the term: stop() cancels it and
         # waits for it, so it can never land after stop() returned; and a caller that gives
-        # up (a timeout) cannot leave a stored procedure that nothing runs.
-        leadership = self._leadership
-        still_leading = (lambda: leadership.keeper.is_holding) if leadership is not None else (lambda: True)
-        stored = store_and_run(ctx, procedure, type_name, lock_key, data, still_leading)
+        # up (a timeout) cannot leave a stored procedure that nothing runs. (No lambdas: their
+        # cells would live in this frame, one of thousands waiting for their writes.)
+        stored = store_and_run(ctx, procedure, type_name, lock_key, data, self._leadership)
         try:
-            meta = await ctx.run_in_term(stored, what="submitting", on_done=lambda: self._submitting.discard(pid))
+            meta = await ctx.run_in_term(stored, what="submitting", on_done=partial(self._submitting.discard, pid))
         except ManagerStopped as e:
             raise StoreError(
                 f"submitting procedure {pid}: the manager stopped leading or was stopped while the write was under "

@@ -21,6 +21,13 @@ class ProcedureMeta:
     took the event before the change is always woken (no lost wake-ups).
     """
 
+    # Slots: one is kept per procedure, for as long as it runs and for the metadata TTL.
+    __slots__ = (
+        "_changed", "_ended", "_on_end", "_requested", "_state", "abandoned", "cancelled", "children", "end_time",
+        "ended_at", "id", "inherited", "is_root", "keep_keys", "lock_key", "parent_id", "retries", "rolled_back",
+        "start_time", "steps", "terminal_keys", "type_name", "wrote_every_key",
+    )  # fmt: skip
+
     def __init__(
         self,
         procedure_id: ProcedureId,
@@ -60,7 +67,7 @@ class ProcedureMeta:
         """Set for a procedure this term created (a submit, a child): every key it has is one
         its runner wrote and saw land, so its end deletes them without listing the folder.
         Cleared by any write whose outcome is unknown."""
-        self.terminal_keys: list[tuple[int, KeyType]] = []
+        self.terminal_keys: tuple[tuple[int, KeyType], ...] = ()
         """The `.rollback` and `.commit` keys its runner wrote, by step."""
 
         self._state = state

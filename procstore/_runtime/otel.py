@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
+from opentelemetry.metrics import Histogram
 from opentelemetry.trace import Link, Status, StatusCode
 
 from procstore import __version__
@@ -17,15 +18,42 @@ from procstore._runtime.telemetry import Telemetry
 T = TypeVar("T")
 
 _SCOPE = "procstore"
+_NO_SDK = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+_NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)
+"""A procedure's span without an SDK, when it changes nothing: one for all, it holds nothing."""
+
+
+class StepTimer:
+    """A step's duration metric without its span (no SDK): all a waiting step holds."""
+
+    __slots__ = ("_histogram", "_start", "_type_name")
+
+    def __init__(self, histogram: Histogram, type_name: str) -> None:
+        self._histogram = histogram
+        self._type_name = type_name
+        self._start = 0.0
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __exit__(self, *_exc: object) -> None:
+        self._histogram.record(time.perf_counter() - self._start, {"procstore.procedure.type": self._type_name})
+
+
+@contextlib.contextmanager
+def use_context(context: otel_context.Context) -> Iterator[Any]:
+    token = otel_context.attach(context)
+    try:
+        yield trace.INVALID_SPAN
+    finally:
+        otel_context.detach(token)
 
 
 class OtelTelemetry(Telemetry):
     """Spans on the global tracer provider, instruments on the global meter provider.
 
     The providers are looked up at each call through the API's proxies, so an SDK that the
-    application configures after importing procstore is used all the same. Until a tracer
-    provider is configured, spans are skipped: each would be a no-op, and starting and
-    attaching one costs about as much as the rest of a step's work on the event loop.
+    application configures after importing procstore is used all the same.
     """
 
     enabled = True
@@ -57,24 +85,30 @@ class OtelTelemetry(Telemetry):
         self.takeovers = meter.create_counter("procstore.lease.takeovers", "{term}", "Terms begun by this manager")
         self.recovery_duration = meter.create_histogram("procstore.recovery.duration", "s", "Recoveries at start")
         self._attributes: dict[tuple[str, str], tuple[dict[str, str], dict[str, str]]] = {}
+        self._traced = False
         self.recovery_problems = meter.create_counter(
             "procstore.recovery.problems", "{procedure}", "Procedures a recovery could not load"
         )
 
-    _traced = False
-    """Set once a tracer provider is configured: the API lets one be set only once."""
-
     def _tracing(self) -> bool:
-        """Whether a tracer provider is configured (the API's proxy stands in until one is)."""
-        if not self._traced and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-            OtelTelemetry._traced = True
+        """Whether spans record: a tracer provider other than the API's proxy (no SDK yet)
+        or its no-op one is set. Once one is, it stays: the API sets it only once."""
+        if not self._traced:
+            self._traced = not isinstance(trace.get_tracer_provider(), _NO_SDK)
         return self._traced
 
+    def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, **attrs: Any) -> Any:
+        if self._tracing():
+            return self._procedure_span(procedure_id, type_name, root=root, **attrs)
+        # No SDK: the API's span would record nothing, yet a procedure waiting in a step would
+        # hold it, its context, tokens and context managers while it waits. Only what it would
+        # change is done: a root's run is a trace of its own (no current span inside it).
+        if root and trace.get_current_span().get_span_context().is_valid:
+            return use_context(trace.set_span_in_context(trace.INVALID_SPAN))
+        return _NO_SPAN
+
     @contextlib.contextmanager
-    def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, **attrs: Any) -> Iterator[Any]:
-        if not self._tracing():
-            yield trace.INVALID_SPAN
-            return
+    def _procedure_span(self, procedure_id: str, type_name: str, *, root: bool, **attrs: Any) -> Iterator[Any]:
         attributes: dict[str, Any] = {
             "procstore.procedure.id": procedure_id,
             "procstore.procedure.type": type_name,
@@ -93,20 +127,20 @@ class OtelTelemetry(Telemetry):
             with self.tracer.start_as_current_span(f"procedure {type_name}", attributes=attributes) as span:
                 yield span
 
+    def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Any:
+        if self._tracing():
+            return self._step_span(type_name, step, attempt)
+        # No SDK: the span's parent would be the current span, which it would leave as it is.
+        return StepTimer(self.step_duration, type_name)
+
     @contextlib.contextmanager
-    def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Iterator[Any]:
+    def _step_span(self, type_name: str, step: int, attempt: int) -> Iterator[Any]:
         # On every attempt: the span is attached by hand, a few microseconds cheaper than
         # `start_as_current_span` (see benchmarks/observability.py).
         # Id and type are on the procedure's span, this span's parent: each attribute is
         # validated on every attempt, so only what differs goes here.
-        start = time.perf_counter()
-        if not self._tracing():
-            try:
-                yield trace.INVALID_SPAN
-            finally:
-                self.step_duration.record(time.perf_counter() - start, {"procstore.procedure.type": type_name})
-            return
         attributes: dict[str, Any] = {"procstore.step": step, "procstore.attempt": attempt}
+        start = time.perf_counter()
         span = self.tracer.start_span(f"step {type_name}", attributes=attributes)
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
@@ -122,9 +156,6 @@ class OtelTelemetry(Telemetry):
 
     @contextlib.contextmanager
     def span(self, name: str, *, start_ns: int | None = None, **attrs: Any) -> Iterator[Any]:
-        if not self._tracing():
-            yield trace.INVALID_SPAN
-            return
         with self.tracer.start_as_current_span(name, attributes=attrs, start_time=start_ns) as span:
             yield span
 
@@ -132,9 +163,8 @@ class OtelTelemetry(Telemetry):
         kind = type(reason).__name__
         self.retries.add(1, {"procstore.procedure.type": type_name, "procstore.retry.reason": kind})
         if self._tracing():
-            trace.get_current_span().add_event(
-                "retry", {"procstore.retry.reason": kind, "exception.message": str(reason)}
-            )
+            event = {"procstore.retry.reason": kind, "exception.message": str(reason)}
+            trace.get_current_span().add_event("retry", event)
 
     def submitted(self, type_name: str) -> None:
         self.submitted_count.add(1, {"procstore.procedure.type": type_name})
@@ -176,7 +206,7 @@ class OtelTelemetry(Telemetry):
         elapsed = time.perf_counter() - start
         self.store_duration.record(elapsed, ok)
         if not self._tracing():
-            return result
+            return result  # no span records it: skip looking for one (each request)
         span = trace.get_current_span()
         if span.is_recording():
             # All four attributes: about 1.5 us more per request than operation and seconds

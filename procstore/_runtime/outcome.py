@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import traceback
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from types import TracebackType
 from typing import TypeVar
 
 from procstore._runtime.meta import ProcedureMeta
@@ -93,18 +94,29 @@ def as_failure(exc: BaseException, what: str) -> Exception:
     return EscapedBaseException(f"{what} raised {type(exc).__name__}: {exc}")
 
 
-async def not_cancelled_by_itself(call: Awaitable[T], what: str) -> T:
-    """Await `call`; a `BaseException` it raises that is not a stop (a stray `CancelledError`,
-    a `GeneratorExit`, a user's own subclass) is that code's failure: taken for a stop, it
-    would leave the procedure RUNNING and its watchers waiting forever."""
-    try:
-        return await call
-    except Exception:
-        raise
-    except BaseException as e:
-        if is_stop(e):
-            raise
-        raise as_failure(e, what) from e
+class NotCancelledByItself:
+    """`with IN_EXECUTE: await ...`: a `BaseException` the block raises that is not a stop (a
+    stray `CancelledError`, a `GeneratorExit`, a user's own subclass) is that code's failure:
+    taken for a stop, it would leave the procedure RUNNING and its watchers waiting forever.
+
+    A context manager, one for all, not a coroutine around the call: a procedure waiting in
+    its step would hold that coroutine for as long as it waits."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is not None and not isinstance(exc, Exception) and not is_stop(exc):
+            raise as_failure(exc, self.what) from exc
+
+
+IN_EXECUTE = NotCancelledByItself("execute()")
+IN_ROLLBACK = NotCancelledByItself("rollback()")
 
 
 def format_tb(exc: BaseException) -> str:

@@ -128,13 +128,26 @@ class RetryPolicy:
         follows (it is `fn`'s to raise what ends the retries).
         """
         # The first attempt runs without tenacity: nearly every call succeeds at once, and
-        # building a retry loop costs ~30 µs, a tenth of a durable step.
+        # building a retry loop costs ~30 µs, a tenth of a durable step. The retries are a
+        # coroutine of their own: a first attempt that waits long (a step waiting for an
+        # event) holds this small frame, not the retry loop's locals and closures.
         try:
             return await fn(1)
         except Exception as exc:
             if not retry_on(exc) or self.max_retry_times == 0:
                 raise
             first = exc
+        return await self._retry(fn, first, retry_on, on_retry, wake)
+
+    async def _retry(
+        self,
+        fn: Callable[[int], Awaitable[T]],
+        first: Exception,
+        retry_on: Callable[[BaseException], bool],
+        on_retry: OnRetry | None,
+        wake: Callable[[], asyncio.Event] | None,
+    ) -> T:
+        """`call` after its first attempt failed with `first`, which `retry_on` accepted."""
         delay = min(self.retry_delay + random.uniform(0, self.retry_delay), self.max_retry_delay)
         if on_retry is not None:
             on_retry(first, 1, delay)

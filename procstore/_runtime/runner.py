@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import TypeVar
 
 from procstore._aio import gather_settled
@@ -24,13 +25,14 @@ from procstore._runtime.children import claim_stored_child, poison_child
 from procstore._runtime.context import ManagerContext
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.outcome import (
+    IN_EXECUTE,
+    IN_ROLLBACK,
     Child,
     as_failure,
     failed_state,
     format_tb,
     is_stop,
     lock_conflict,
-    not_cancelled_by_itself,
     not_recorded,
     with_error,
     with_kind,
@@ -57,6 +59,8 @@ _RUNNING_KINDS = (ProcedureStateKind.RUNNING, ProcedureStateKind.RETRYING)
 class Runner:
     """Runs one procedure in its own task until it ends or the manager stops."""
 
+    __slots__ = ("_resume_children", "_stored_data", "ctx", "holds_locks", "meta", "procedure", "step")
+
     def __init__(
         self,
         ctx: ManagerContext,
@@ -80,19 +84,17 @@ class Runner:
         """Its lock keys were taken for it already (see `KeyRwLock.acquire_all_now`)."""
 
     def start(self) -> None:
-        self.ctx.spawn(self.run(), name=f"procstore:{self.meta.type_name}:{self.meta.id}")
-
-    async def run(self) -> None:
-        await run_traced(self.ctx, self.meta, lambda: self.step, self._run)
+        run = run_traced(self.ctx, self.meta, self, self._run)
+        self.ctx.spawn(run, name=f"procstore:{self.meta.type_name}:{self.meta.id}")
 
     async def _run(self) -> None:
-        held: list[StringKey] = []
+        held: tuple[StringKey, ...] = ()
         try:
             for key in self.meta.lock_key.keys_to_lock():
                 if not self.holds_locks and not await self._acquire(key):
                     await self._drive()  # the failure it recorded (a rollback, if supported)
                     return
-                held.append(key)
+                held += (key,)
             self.meta.mark_started()
             if self._resume_children:
                 await self._resume_stored_children()
@@ -160,8 +162,11 @@ class Runner:
             is_retrying=attempt > 1,
             fencing_token=ctx.fencing_token,
             lease_check=ctx.lease_check,
-            crash_hook=lambda name: ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/{name}"),
+            crash_hook=self._crash_point,
         )
+
+    def _crash_point(self, name: str) -> Awaitable[None]:
+        return self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/{name}")
 
     def _check_lease(self) -> None:
         """With a lease: no attempt at a step or a rollback starts once the lease may have passed
@@ -174,8 +179,8 @@ class Runner:
         await self.ctx.raise_if_requested(self.meta.id)
         # Where a test's fault plan numbers attempts (a no-op on a production store).
         await self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
-        with self.ctx.telemetry.step_span(str(self.meta.id), self.meta.type_name, self.step, attempt):
-            status = await not_cancelled_by_itself(self.procedure.execute(self._context(attempt)), "execute()")
+        with self.ctx.telemetry.step_span(str(self.meta.id), self.meta.type_name, self.step, attempt), IN_EXECUTE:
+            status = await self.procedure.execute(self._context(attempt))
         if not isinstance(status, Status):
             raise TypeError(f"execute() returned {status!r}, not a Status")
         return status
@@ -229,7 +234,7 @@ class Runner:
             except Exception as e:
                 await self._fail(e)
                 return
-            if not await self._with_store_retries(lambda: self._persist(data)):
+            if not await self._with_store_retries(partial(self._persist, data)):
                 return
         if status.is_done():
             await self._commit_or_fail(ProcedureState.done(status.output))
@@ -237,13 +242,12 @@ class Runner:
         if self.meta.state.kind is not ProcedureStateKind.RUNNING:
             self.meta.set_state(ProcedureState.running())
         if status.is_suspended():
-            subprocedures = status.subprocedures
-            if await self._with_store_retries(lambda: self._submit_children(subprocedures, children)):
+            submit = partial(self._submit_children, status.subprocedures, children)
+            if await self._with_store_retries(submit):
                 await self._wait_children()
 
     async def _with_store_retries(self, write: Callable[[], Awaitable[None]]) -> bool:
         """Run a store write with retries; on final failure fail the procedure and return False."""
-
         try:
             await self.ctx.policy.call(lambda _n: write(), on_retry=self._on_retry)
         except Fenced:
@@ -261,7 +265,7 @@ class Runner:
 
     async def _commit(self) -> None:
         await self.ctx.store.commit_procedure(self.meta.id, self.step)
-        self.meta.terminal_keys.append((self.step, KeyType.COMMIT))
+        self.meta.terminal_keys += ((self.step, KeyType.COMMIT),)
         self.step += 1
 
     async def _write_commit(self) -> bool | None:
@@ -286,7 +290,7 @@ class Runner:
             return None
         if stored is None:
             return False
-        self.meta.terminal_keys.append((self.step, KeyType.COMMIT))
+        self.meta.terminal_keys += ((self.step, KeyType.COMMIT),)
         self.step += 1
         return True
 
@@ -339,7 +343,7 @@ class Runner:
                 Runner(self.ctx, meta, sub.procedure, 1, child.data).start()
             else:
                 reason = "its id already has stored steps that this manager could not load"
-                self._poison_child(sub.id, child.type_name, reason)
+                poison_child(self.ctx, self.meta.id, sub.id, child.type_name, reason)
 
     async def _resume_stored_children(self) -> None:
         """After a restart, resume the children this procedure had stored, then wait for them.
@@ -359,9 +363,6 @@ class Runner:
 
     def _claim_stored(self, child_id: ProcedureId, *, roll_back: bool = False) -> bool:
         return claim_stored_child(self.ctx, self.meta.id, child_id, self._start_child, roll_back=roll_back)
-
-    def _poison_child(self, child_id: ProcedureId, type_name: str, reason: str) -> None:
-        poison_child(self.ctx, self.meta.id, child_id, type_name, reason)
 
     def _start_child(self, meta: ProcedureMeta, procedure: Procedure, step: int, data: str) -> None:
         Runner(self.ctx, meta, procedure, step, data, resume_children=True).start()
@@ -440,7 +441,7 @@ class Runner:
 
         async def write(_attempt: int) -> None:
             await self.ctx.store.rollback_procedure(self.meta.id, message)
-            self.meta.terminal_keys.append((self.step, KeyType.ROLLBACK))
+            self.meta.terminal_keys += ((self.step, KeyType.ROLLBACK),)
             self.step += 1
 
         try:
@@ -468,7 +469,8 @@ class Runner:
 
         async def attempt(n: int) -> None:
             self._check_lease()
-            await not_cancelled_by_itself(self.procedure.rollback(self._context(n)), "rollback()")
+            with IN_ROLLBACK:
+                await self.procedure.rollback(self._context(n))
 
         try:
             await self.ctx.policy.call(attempt, retry_on=is_rollback_retryable, on_retry=on_retry)

@@ -6,7 +6,7 @@ for it, and a caller that gives up meanwhile cannot leave a stored procedure unr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from procstore._runtime.context import ManagerContext
 from procstore._runtime.meta import ProcedureMeta
@@ -16,6 +16,9 @@ from procstore.lock_key import LockKey
 from procstore.procedure import ProcedureWithId
 from procstore.state import ProcedureState
 
+if TYPE_CHECKING:
+    from procstore._runtime.leadership import Leadership
+
 
 async def store_and_run(
     ctx: ManagerContext,
@@ -23,17 +26,18 @@ async def store_and_run(
     type_name: str,
     lock_key: LockKey,
     data: str,
-    still_leading: Callable[[], bool],
+    leadership: Leadership | None,
 ) -> ProcedureMeta | None:
     """Store a submitted procedure's first step and start its runner; None for a duplicate
-    (the key holds another value). `lock_key` and `data` were computed by the caller."""
+    (the key holds another value). `lock_key` and `data` were computed by the caller;
+    `leadership` is the manager's as the submit began (None without a lease)."""
     pid, proc = procedure.id, procedure.procedure
     if not await store_submitted(ctx, pid, type_name, data):
         return None
     ctx.telemetry.submitted(type_name)
     meta = ctx.new_meta(pid, type_name, None, proc, ProcedureState.running(), lock_key)
     meta.wrote_every_key = True
-    if not (ctx.running and still_leading()):
+    if not (ctx.running and (leadership is None or leadership.keeper.is_holding)):
         # Stored, but the term ended as the write landed: the next term (this manager's next
         # start, or the leader's recovery or look for procedures stored after it) runs it.
         # Its watcher here raises `ManagerStopped`.

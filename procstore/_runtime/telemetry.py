@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from procstore._logs import ProcedureScope, get_logger, procedure_scope
+from procstore._logs import ProcedureScope, Stepping, enter_scope, get_logger, leave_scope
 from procstore.store.state_store import StateStore
 from procstore.store.wrapping import WrappingStore
 
@@ -38,20 +38,25 @@ T = TypeVar("T")
 logger = get_logger("procstore.runtime")
 
 
+NOTHING = contextlib.nullcontext()
+"""The span of every block when telemetry is off: one for all (it holds nothing, and a
+procedure waiting in a step would otherwise hold two)."""
+
+
 class Telemetry:
     """The hooks the runtime calls; this base class does nothing (telemetry off)."""
 
     enabled = False
 
     def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, **attrs: Any) -> Any:
-        return contextlib.nullcontext()
+        return NOTHING
 
     def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Any:
-        return contextlib.nullcontext()
+        return NOTHING
 
     def span(self, name: str, *, start_ns: int | None = None, **attrs: Any) -> Any:
         """A span around the block; `start_ns` (`time.time_ns()`) if it began earlier."""
-        return contextlib.nullcontext()
+        return NOTHING
 
     def retried(self, type_name: str, reason: BaseException) -> None:
         pass
@@ -114,16 +119,14 @@ def timed() -> Iterator[Callable[[], float]]:
     yield lambda: time.perf_counter() - start
 
 
-async def run_traced(ctx: Any, meta: Any, step: Callable[[], int], body: Callable[[], Awaitable[None]]) -> None:
+async def run_traced(ctx: Any, meta: Any, runner: Stepping, body: Callable[[], Awaitable[None]]) -> None:
     """Run a runner's `body` inside its procedure's span, with its log fields set."""
     telemetry: Telemetry = ctx.telemetry
     telemetry.running(meta.type_name, 1)
-    scope = ProcedureScope(str(meta.id), meta.type_name, step)
+    scope = ProcedureScope(str(meta.id), meta.type_name, runner)
+    enter_scope(scope)
     try:
-        with (
-            procedure_scope(scope),
-            telemetry.procedure_span(str(meta.id), meta.type_name, root=meta.is_root, **ctx.span_attributes) as span,
-        ):
+        with telemetry.procedure_span(str(meta.id), meta.type_name, root=meta.is_root, **ctx.span_attributes) as span:
             try:
                 await body()
             except asyncio.CancelledError:
@@ -133,6 +136,7 @@ async def run_traced(ctx: Any, meta: Any, step: Callable[[], int], body: Callabl
             ended = state.is_ended() and not meta.abandoned
             telemetry.mark(span, meta.outcome() if ended else None, state.error)
     finally:
+        leave_scope(scope)
         telemetry.running(meta.type_name, -1)
 
 

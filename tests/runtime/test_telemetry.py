@@ -325,3 +325,56 @@ def test_telemetry_is_off_with_only_a_namespace_package() -> None:
         "assert get_telemetry() is OFF"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_without_a_tracer_provider_a_root_still_runs_outside_the_submitters_span() -> None:
+    """The API alone (no tracer provider set, as most applications run): procstore makes no
+    span, yet what a no-op span would change holds. Inside a root's step no span is current,
+    however the submit was traced (here in a remote trace, propagated), and a subprocedure's
+    step sees its parent's; the step duration is still measured (a meter provider may be
+    set without a tracer provider). In a process of its own: this module sets the SDK."""
+    import subprocess
+    import sys
+
+    code = """
+import asyncio
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.trace import NonRecordingSpan, SpanContext
+from procstore import Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Status
+
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+seen = []
+
+class P(Procedure):
+    type_name = "t::P"
+    def __init__(self, child: str = "") -> None:
+        self.child = child
+    def dump(self) -> str:
+        return self.child
+    async def execute(self, ctx):
+        seen.append(trace.get_current_span().get_span_context().is_valid)
+        if self.child:
+            child, self.child = ProcedureWithId(ProcedureId.parse(self.child), P()), ""
+            return Status.suspended([child], persist=False)
+        return Status.done()
+
+async def main() -> None:
+    async with ProcedureManager("memory://no-tracer-provider/") as manager:
+        manager.register(P)
+        remote = NonRecordingSpan(SpanContext(1, 2, is_remote=True))
+        with trace.use_span(remote):
+            assert trace.get_current_span().get_span_context().is_valid
+            watcher = await manager.submit(ProcedureWithId.new(P(str(ProcedureId.random()))))
+        await watcher.wait()
+
+asyncio.run(main())
+assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+assert seen == [False, False, False], seen
+data = reader.get_metrics_data()
+names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+assert "procstore.step.duration" in names, names
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
