@@ -28,7 +28,9 @@ class RequestLooks:
     its start, and calls made while it runs wait for the next one), so a request stored
     before a call is always seen by that call's answer. One caller alone is answered by its
     own read; several, by one listing, then a read of each listed request (of every one, if
-    the listing fails).
+    the listing fails). A caller while looks come one to a turn of the event loop (a few
+    procedures at a time) reads its own request at once, in its own task, as a batch of one
+    would, without the batch's task.
     """
 
     def __init__(self, requests: RequestStore, spawn: Spawn) -> None:
@@ -40,12 +42,29 @@ class RequestLooks:
         self._look: asyncio.Task[None] | None = None
         self._ahead: dict[ProcedureId, asyncio.Future[OperatorRequest | None]] = {}
         """Looks asked for by `look_ahead`, for the next `get` of their procedure."""
+        self._this_turn = 0
+        """Looks asked for in the current turn of the event loop (0: none counted yet)."""
+        self._last_turn = 0
+        """Looks asked for in the last turn that had any."""
 
     async def get(self, procedure_id: ProcedureId) -> OperatorRequest | None:
         """The procedure's request, from a look begun after this call or, if there is one,
         after the procedure's last `look_ahead`."""
         answer = self._ahead.pop(procedure_id, None)
+        if answer is None and not self._crowded():
+            return await self._requests.get(procedure_id)
         return await (answer if answer is not None else self._ask(procedure_id))
+
+    def _crowded(self) -> bool:
+        """Count this look in its turn of the loop; whether looks are batched now: a batch is
+        under way, or the last turn with looks had several."""
+        if self._this_turn == 0:
+            asyncio.get_running_loop().call_soon(self._turn_ended)
+        self._this_turn += 1
+        return self._look is not None or self._last_turn > 1 or self._this_turn > 1
+
+    def _turn_ended(self) -> None:
+        self._last_turn, self._this_turn = self._this_turn, 0
 
     def look_ahead(self, procedure_id: ProcedureId) -> None:
         """Begin the look the procedure's next `get` will answer from, now.
