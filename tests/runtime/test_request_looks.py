@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import pytest
 
 from procstore import Context, Procedure, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId, Status
+from procstore._logs import current_procedure
 from procstore._runtime.looks import RequestLooks
 from procstore.errors import StoreUnavailable
 from procstore.store.local import LocalDirStore
@@ -324,3 +325,30 @@ async def test_a_request_stored_while_a_write_backs_off_stops_the_next_step(s3_t
     finally:
         await other.close()
     assert Counted.RAN == [1]
+
+
+class Whose(LocalDirStore):
+    """Notes the procedure whose log fields the reads of `requests/` are made under."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.under: list[str | None] = []
+
+    async def get(self, key: str) -> bytes | None:
+        if key.startswith("requests/"):
+            scope = current_procedure.get()
+            self.under.append(None if scope is None else scope.procedure_id)
+        return await super().get(key)
+
+
+async def test_a_look_is_made_under_no_procedure(tmp_path: Path) -> None:
+    """The look task was spawned in the context of the runner that asked first: its store
+    requests (log records, store events on that procedure's span) were put down to that one
+    procedure, though made for all of them, and after it had ended."""
+    store = Whose(tmp_path)
+    manager = ProcedureManager(store, request_poll_interval=60)
+    manager.register(Twice)
+    async with manager:
+        watchers = [await manager.submit(ProcedureWithId.new(Twice())) for _ in range(3)]
+        await asyncio.gather(*(w.wait() for w in watchers))
+    assert store.under and set(store.under) == {None}
