@@ -11,6 +11,7 @@ every request stored before it began, as each of those reads would have.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -87,7 +88,9 @@ class RequestLooks:
         answer: asyncio.Future[OperatorRequest | None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(procedure_id, []).append(answer)
         if self._look is None:
-            self._look = look = self._spawn(self._looks(), "procstore:request-looks")
+            # In a context of its own, not the first caller's: its requests are every caller's
+            # (log fields, spans), and it goes on after that caller's procedure has ended.
+            self._look = look = contextvars.Context().run(self._spawn, self._looks(), "procstore:request-looks")
             look.add_done_callback(self._ended)
         return answer
 

@@ -188,6 +188,8 @@ class Runner:
     def _on_retry(self, exc: BaseException, retry: int, delay: float) -> None:
         logger.info("procedure %s: retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc))
         self.meta.retries += 1
+        # A look ahead is as old as the write's first attempt: after a backoff, look again.
+        self.ctx.request_looks.forget(self.meta.id)
         self.ctx.telemetry.retried(self.meta.type_name, exc)
         self.meta.set_state(ProcedureState.with_error(ProcedureStateKind.RETRYING, describe(exc), exc))
 
@@ -311,11 +313,8 @@ class Runner:
     def _stop_unrecorded(self, what: str) -> None:
         """End this run writing nothing more: the next start() decides from what is stored."""
         self.meta.keep_keys = True
-        self.meta.set_state(
-            ProcedureState.with_error(
-                ProcedureStateKind.FAILED, f"{what}; nothing more was written, and the next start() resumes it"
-            )
-        )
+        why = f"{what}; nothing more was written, and the next start() resumes it"
+        self.meta.set_state(ProcedureState.with_error(ProcedureStateKind.FAILED, why))
 
     # -- subprocedures ---------------------------------------------------------------
 

@@ -7,18 +7,21 @@ import json
 import uuid
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
-from procstore import Context, Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Status
+from procstore import Context, Procedure, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId, Status
+from procstore._logs import current_procedure
 from procstore._runtime.looks import RequestLooks
 from procstore.errors import StoreUnavailable
 from procstore.store.local import LocalDirStore
 from procstore.store.memory import MemoryStore
+from procstore.store.open import open_state_store
 from procstore.store.requests import OperatorRequest, RequestStore
 from procstore.testing import FaultyStore
 from procstore.testing.plan import Fault
+from tests.conftest import StoreTarget
 
 
 def spawn(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
@@ -273,3 +276,79 @@ async def test_an_unused_failed_look_ahead_is_dropped_quietly(tmp_path: Path) ->
     gc.collect()
     await asyncio.sleep(0)
     assert [c["message"] for c in seen] == []
+
+
+class Counted(Procedure):
+    """Four persisted steps; the numbers of the steps it began are in `RAN`."""
+
+    type_name = "looks::Counted"
+    RAN: ClassVar[list[int]] = []
+
+    def __init__(self, n: int = 0) -> None:
+        self.n = n
+
+    async def execute(self, ctx: Context) -> Status:
+        self.n += 1
+        Counted.RAN.append(self.n)
+        return Status.done() if self.n == 4 else Status.executing(persist=True)
+
+    def dump(self) -> str:
+        return json.dumps(self.n)
+
+    @classmethod
+    def load(cls, data: str) -> Counted:
+        return cls(json.loads(data))
+
+
+async def test_a_request_stored_while_a_write_backs_off_stops_the_next_step(s3_target: StoreTarget) -> None:
+    """On S3 the look ahead begins when `execute()` returns; when the step's write fails and
+    backs off, that answer is as old as the first attempt: the next step began with a cancel
+    stored during the backoff (a second before it) unseen."""
+    Counted.RAN = []
+    inner = open_state_store(s3_target.url, s3_target.storage_options)
+    lost = Fault("transient", kinds=frozenset({"put_if_absent", "put"}), key="*/0000000001.step", times=1)
+    manager = ProcedureManager(
+        FaultyStore(inner, faults=[lost]), retry_delay=0.5, max_retry_delay=0.5, request_poll_interval=60
+    )
+    manager.register(Counted)
+    other = open_state_store(s3_target.url, s3_target.storage_options)  # the CLI's view
+    try:
+        async with manager:
+            pwid = ProcedureWithId.new(Counted())
+            watcher = await manager.submit(pwid)
+            async with asyncio.timeout(10):
+                while not lost.fired:
+                    await asyncio.sleep(0.005)
+            await RequestStore(other).put(pwid.id, OperatorRequest.new("cancel", "during the backoff"))
+            with pytest.raises(ProcedureFailed, match="during the backoff"):
+                await asyncio.wait_for(watcher.wait(), 10)
+    finally:
+        await other.close()
+    assert Counted.RAN == [1]
+
+
+class Whose(LocalDirStore):
+    """Notes the procedure whose log fields the reads of `requests/` are made under."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.under: list[str | None] = []
+
+    async def get(self, key: str) -> bytes | None:
+        if key.startswith("requests/"):
+            scope = current_procedure.get()
+            self.under.append(None if scope is None else scope.procedure_id)
+        return await super().get(key)
+
+
+async def test_a_look_is_made_under_no_procedure(tmp_path: Path) -> None:
+    """The look task was spawned in the context of the runner that asked first: its store
+    requests (log records, store events on that procedure's span) were put down to that one
+    procedure, though made for all of them, and after it had ended."""
+    store = Whose(tmp_path)
+    manager = ProcedureManager(store, request_poll_interval=60)
+    manager.register(Twice)
+    async with manager:
+        watchers = [await manager.submit(ProcedureWithId.new(Twice())) for _ in range(3)]
+        await asyncio.gather(*(w.wait() for w in watchers))
+    assert store.under and set(store.under) == {None}
