@@ -52,12 +52,20 @@ class Listings(LocalDirStore):
         return listed
 
 
+async def crowded(looks: RequestLooks, store: Listings) -> RequestLooks:
+    """`looks` after a turn of the loop with several looks: the next ones are batched."""
+    await asyncio.gather(*(looks.get(ProcedureId.random()) for _ in range(3)))
+    await asyncio.sleep(0)
+    store.gets = store.walks = 0
+    return looks
+
+
 async def test_many_looks_at_once_are_one_listing_and_each_sees_its_request(tmp_path: Path) -> None:
     store = Listings(tmp_path)
     requests = RequestStore(store)
     ids = [ProcedureId.random() for _ in range(20)]
     await requests.put(ids[3], OperatorRequest.new("cancel", "stop it"))
-    looks = RequestLooks(requests, spawn)
+    looks = await crowded(RequestLooks(requests, spawn), store)
     found = await asyncio.gather(*(looks.get(pid) for pid in ids))
     assert [pid for pid, request in zip(ids, found, strict=True) if request is not None] == [ids[3]]
     assert found[3] is not None and found[3].reason == "stop it"
@@ -70,12 +78,27 @@ async def test_one_look_alone_is_one_read(tmp_path: Path) -> None:
     assert (store.walks, store.gets) == (0, 1)
 
 
+async def test_looks_one_to_a_turn_read_at_once_without_a_task(tmp_path: Path) -> None:
+    """A few procedures stepping (one look to a turn of the loop): each look is its own read,
+    in its caller's task; a crowd of looks in one turn is batched from the next look on."""
+    store = Listings(tmp_path)
+    looks = RequestLooks(RequestStore(store), spawn)
+    for _ in range(3):
+        assert await looks.get(ProcedureId.random()) is None
+        await asyncio.sleep(0)
+        assert looks._look is None
+    assert (store.walks, store.gets) == (0, 3)
+    await crowded(looks, store)
+    await asyncio.gather(*(looks.get(ProcedureId.random()) for _ in range(5)))
+    assert store.walks == 1
+
+
 async def test_a_look_asked_for_during_a_listing_waits_for_the_next_one(tmp_path: Path) -> None:
     """The listing under way began before the request was stored: it cannot answer a look
     asked for after that, which must see the request."""
     store = Listings(tmp_path)
     requests = RequestStore(store)
-    looks = RequestLooks(requests, spawn)
+    looks = await crowded(RequestLooks(requests, spawn), store)
     late = ProcedureId.random()
     store.hold = asyncio.Event()
     first = asyncio.gather(looks.get(ProcedureId.random()), looks.get(ProcedureId.random()))
@@ -95,8 +118,8 @@ async def test_a_failed_listing_fails_no_look_each_reads_its_own_request(tmp_pat
     requests = RequestStore(store)
     ids = [ProcedureId.random() for _ in range(3)]
     await requests.put(ids[1], OperatorRequest.new("cancel", "still seen"))
+    looks = await crowded(RequestLooks(requests, spawn), store)
     store.fail = StoreUnavailable("listing requests/: 503 Slow Down", key="requests/")
-    looks = RequestLooks(requests, spawn)
     answers = await asyncio.gather(*(looks.get(pid) for pid in ids))
     assert [a is not None for a in answers] == [False, True, False]
     assert (store.walks, store.gets) == (1, 3)
@@ -116,8 +139,8 @@ async def test_a_failed_read_fails_its_own_look_only(tmp_path: Path) -> None:
             raise StoreUnavailable(f"reading {key}: 503 Slow Down", key=key)
         return await read(key)
 
+    looks = await crowded(RequestLooks(requests, spawn), store)
     store.get = get  # type: ignore[method-assign]
-    looks = RequestLooks(requests, spawn)
     answers = await asyncio.gather(*(looks.get(pid) for pid in ids), return_exceptions=True)
     assert isinstance(answers[0], StoreUnavailable)
     assert all(isinstance(a, OperatorRequest) for a in answers[1:])
@@ -125,8 +148,8 @@ async def test_a_failed_read_fails_its_own_look_only(tmp_path: Path) -> None:
 
 async def test_a_cancelled_look_leaves_the_others_answered(tmp_path: Path) -> None:
     store = Listings(tmp_path)
+    looks = await crowded(RequestLooks(RequestStore(store), spawn), store)
     store.hold = asyncio.Event()
-    looks = RequestLooks(RequestStore(store), spawn)
     gone = asyncio.ensure_future(looks.get(ProcedureId.random()))
     kept = asyncio.ensure_future(looks.get(ProcedureId.random()))
     while store.walks == 0:
@@ -332,23 +355,24 @@ class Whose(LocalDirStore):
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
-        self.under: list[str | None] = []
+        self.under: list[tuple[str, str | None]] = []
 
     async def get(self, key: str) -> bytes | None:
         if key.startswith("requests/"):
             scope = current_procedure.get()
-            self.under.append(None if scope is None else scope.procedure_id)
+            self.under.append((key.removeprefix("requests/").removesuffix(".json"), scope and scope.procedure_id))
         return await super().get(key)
 
 
 async def test_a_look_is_made_under_no_procedure(tmp_path: Path) -> None:
     """The look task was spawned in the context of the runner that asked first: its store
     requests (log records, store events on that procedure's span) were put down to that one
-    procedure, though made for all of them, and after it had ended."""
+    procedure, though made for all of them, and after it had ended. A look read alone, in its
+    own runner, is that procedure's own."""
     store = Whose(tmp_path)
     manager = ProcedureManager(store, request_poll_interval=60)
     manager.register(Twice)
     async with manager:
         watchers = [await manager.submit(ProcedureWithId.new(Twice())) for _ in range(3)]
         await asyncio.gather(*(w.wait() for w in watchers))
-    assert store.under and set(store.under) == {None}
+    assert store.under and all(under in (None, whose) for whose, under in store.under)
