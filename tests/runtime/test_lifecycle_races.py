@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from procstore import (
     StringKey,
 )
 from procstore._aio import run_blocking
+from procstore.store.io_threads import IoThreads
 from procstore.store.local import LocalDirStore
 from procstore.store.procedure_store import ProcedureStore
 from procstore.testing import Fault, FaultyStore
@@ -152,14 +154,17 @@ async def test_stop_returns_only_once_an_in_flight_submit_can_no_longer_land(tmp
     assert await LocalDirStore(tmp_path).walk("procedure/") == keys == []
 
 
-async def test_run_blocking_waits_for_its_thread_however_often_it_is_cancelled() -> None:
+@pytest.mark.parametrize("in_thread", [run_blocking, IoThreads(2, "test-io").run], ids=["run_blocking", "IoThreads"])
+async def test_a_thread_is_waited_for_however_often_its_caller_is_cancelled(
+    in_thread: Callable[[Callable[[], None]], Awaitable[None]],
+) -> None:
     finished = threading.Event()
 
     def write() -> None:
         time.sleep(0.3)
         finished.set()
 
-    task = asyncio.ensure_future(run_blocking(write))
+    task = asyncio.ensure_future(in_thread(write))
     await asyncio.sleep(0.05)
     task.cancel()
     await asyncio.sleep(0.01)

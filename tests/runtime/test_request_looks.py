@@ -162,23 +162,30 @@ async def test_a_cancelled_look_leaves_the_others_answered(tmp_path: Path) -> No
 
 
 class Spin(Procedure):
-    """Steps for ever without persisting: a look for its request before each attempt."""
+    """Steps without persisting (a look for its request before each attempt), each of
+    `pause` seconds: for ever, or `steps` of them."""
 
     type_name = "looks::Spin"
 
-    def __init__(self, n: int = 0) -> None:
-        self.n = n
+    def __init__(self, data: dict[str, Any] | None = None) -> None:
+        self.data = data or {"n": 0, "steps": None, "pause": 0.0}
 
     async def execute(self, ctx: Context) -> Status:
-        self.n += 1
-        return Status.executing(persist=False)
+        self.data["n"] += 1
+        await asyncio.sleep(self.data["pause"])
+        return Status.done() if self.data["n"] == self.data["steps"] else Status.executing(persist=False)
 
     def dump(self) -> str:
-        return json.dumps(self.n)
+        return json.dumps(self.data)
 
     @classmethod
     def load(cls, data: str) -> Spin:
         return cls(json.loads(data))
+
+
+def twice() -> ProcedureWithId:
+    """Steps of 50 ms, not persisted: the runners look for their requests together."""
+    return ProcedureWithId.new(Spin({"n": 0, "steps": 3, "pause": 0.05}))
 
 
 async def test_stop_leaves_no_look_running() -> None:
@@ -195,27 +202,6 @@ async def test_stop_leaves_no_look_running() -> None:
     assert [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("procstore")] == []
 
 
-class Twice(Procedure):
-    """Two steps of 50 ms, not persisted: the runners look for their requests together."""
-
-    type_name = "looks::Twice"
-
-    def __init__(self, n: int = 0) -> None:
-        self.n = n
-
-    async def execute(self, ctx: Context) -> Status:
-        self.n += 1
-        await asyncio.sleep(0.05)
-        return Status.done() if self.n == 3 else Status.executing(persist=False)
-
-    def dump(self) -> str:
-        return json.dumps(self.n)
-
-    @classmethod
-    def load(cls, data: str) -> Twice:
-        return cls(json.loads(data))
-
-
 async def test_one_failed_listing_fails_no_procedure() -> None:
     """One transient error of the one listing that answers many runners' looks was each
     runner's error: with `max_retry_times=0`, every procedure of the batch failed (20 of 20)
@@ -226,9 +212,9 @@ async def test_one_failed_listing_fails_no_procedure() -> None:
         max_retry_times=0,
         request_poll_interval=60,
     )
-    manager.register(Twice)
+    manager.register(Spin)
     async with manager:
-        watchers = await asyncio.gather(*(manager.submit(ProcedureWithId.new(Twice())) for _ in range(20)))
+        watchers = await asyncio.gather(*(manager.submit(twice()) for _ in range(20)))
         outcomes = await asyncio.gather(*(w.wait() for w in watchers), return_exceptions=True)
     assert once.fired == 1
     assert [o for o in outcomes if isinstance(o, BaseException)] == []
@@ -371,8 +357,8 @@ async def test_a_look_is_made_under_no_procedure(tmp_path: Path) -> None:
     own runner, is that procedure's own."""
     store = Whose(tmp_path)
     manager = ProcedureManager(store, request_poll_interval=60)
-    manager.register(Twice)
+    manager.register(Spin)
     async with manager:
-        watchers = [await manager.submit(ProcedureWithId.new(Twice())) for _ in range(3)]
+        watchers = [await manager.submit(twice()) for _ in range(3)]
         await asyncio.gather(*(w.wait() for w in watchers))
     assert store.under and all(under in (None, whose) for whose, under in store.under)

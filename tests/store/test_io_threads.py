@@ -30,24 +30,6 @@ async def test_answers_and_errors_come_back_to_their_callers() -> None:
         await threads.run(boom)
 
 
-async def test_a_cancelled_call_waits_for_its_thread_however_often_it_is_cancelled() -> None:
-    threads = IoThreads(2, "test-io")
-    finished = threading.Event()
-
-    def write() -> None:
-        time.sleep(0.3)
-        finished.set()
-
-    task = asyncio.ensure_future(threads.run(write))
-    await asyncio.sleep(0.05)
-    task.cancel()
-    await asyncio.sleep(0.01)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert finished.is_set(), "returned while the write could still land"
-
-
 def test_the_threads_serve_one_loop_after_another() -> None:
     threads = IoThreads(2, "test-io")
     for _ in range(3):
