@@ -108,7 +108,7 @@ async def test_a_look_asked_for_during_a_listing_waits_for_the_next_one(tmp_path
     asking = asyncio.ensure_future(looks.get(late))
     await asyncio.sleep(0.01)
     store.hold.set()
-    assert await first == [None, None]
+    assert list(await first) == [None, None]
     request = await asyncio.wait_for(asking, 5)
     assert request is not None and request.kind == "fail"
 
@@ -346,7 +346,9 @@ class Whose(LocalDirStore):
     async def get(self, key: str) -> bytes | None:
         if key.startswith("requests/"):
             scope = current_procedure.get()
-            self.under.append((key.removeprefix("requests/").removesuffix(".json"), scope and scope.procedure_id))
+            self.under.append(
+                (key.removeprefix("requests/").removesuffix(".json"), None if scope is None else scope.procedure_id)
+            )
         return await super().get(key)
 
 
