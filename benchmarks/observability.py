@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from benchmarks.harness import Goal, Report, Row, interleaved
 from benchmarks.stores import Target
-from benchmarks.suites import manager, one_procedure
+from benchmarks.suites import both_emptied, manager, one_procedure
 
 
 class _Dropped(SpanExporter):
@@ -43,7 +43,10 @@ async def observability_overhead(report: Report, target: Target, steps: int) -> 
         manager(target.url(), target, telemetry=True) as on,
         manager(target.url(), target, telemetry=False) as off,
     ):
-        on_elapsed, off_elapsed = await interleaved(5, one_procedure(on, steps), one_procedure(off, steps))
+        settled = lambda: both_emptied(on, off)  # noqa: E731
+        on_elapsed, off_elapsed = await interleaved(
+            5, one_procedure(on, steps), one_procedure(off, steps), cleanup=settled
+        )
     writes = steps + 1
     report.add(
         Row("observability", f"{target.kind}: one persisted step, traced and metered, {steps}-step procedure",

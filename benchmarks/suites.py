@@ -28,6 +28,7 @@ from benchmarks.procedures import Loop, new_loop
 from benchmarks.stores import RequestCounter, Target
 from procstore import Lease, ProcedureManager, ProcedureWithId
 from procstore.store import ProcedureMessage, StateStore
+from procstore.store.local import TRASH, LocalDirStore
 
 RAW = "raw/"
 """Where the raw baselines write, beside `procedure/`."""
@@ -52,12 +53,33 @@ def one_procedure(m: ProcedureManager, steps: int) -> Callable[[], Awaitable[Non
 
 
 def raw_cleanup(store: StateStore) -> Callable[[], Awaitable[None]]:
-    """Delete what `raw_writes` left in `store`."""
+    """Delete what `raw_writes` left in `store`, and wait for procstore's own cleanup."""
 
     async def cleanup() -> None:
         await store.batch_delete(await store.walk(RAW))
+        await trash_emptied(store)
 
     return cleanup
+
+
+async def both_emptied(*managers: ProcedureManager) -> None:
+    """`trash_emptied` for each manager's store (between timings of two managers)."""
+    for m in managers:
+        await trash_emptied(m.store.store)
+
+
+async def trash_emptied(store: StateStore) -> None:
+    """Until a local store's trash is empty. Its folders are emptied by the store's threads
+    after each deletion is answered: that work is procstore's, so a throughput timing waits
+    for it, and a latency timing (`wait()`) leaves it out but must not let it run into the
+    next timing, its baseline's say."""
+    while (inner := getattr(store, "inner", None)) is not None:
+        store = inner
+    if isinstance(store, LocalDirStore):
+        trash = store.root / TRASH
+        # Polled: the store's threads empty it, with no event to wait on.
+        while trash.is_dir() and any(trash.iterdir()):  # noqa: ASYNC110
+            await asyncio.sleep(0.001)
 
 
 async def raw_writes(store: StateStore, count: int) -> None:
@@ -113,7 +135,10 @@ async def lease_overhead(report: Report, target: Target, steps: int) -> None:
     lease; each manager on its own empty store of the same kind, the runs interleaved."""
     async with manager(target.url(), target) as plain, manager(target.url(), target, Lease(ttl=10)) as leader:
         await leader.wait_until_leading()
-        leased, unleased = await interleaved(3, one_procedure(leader, steps), one_procedure(plain, steps))
+        settled = lambda: both_emptied(plain, leader)  # noqa: E731
+        leased, unleased = await interleaved(
+            3, one_procedure(leader, steps), one_procedure(plain, steps), cleanup=settled
+        )
     writes = steps + 1
     report.add(
         Row("lease", f"{target.kind}: one persisted step of a leader, {steps}-step procedure",
@@ -137,6 +162,7 @@ async def throughput(report: Report, target: Target, n: int, *, with_dbos: bool)
         async def procedures() -> None:
             watchers = await asyncio.gather(*(m.submit(ProcedureWithId.new(new_loop(5))) for _ in range(n)))
             await asyncio.gather(*(w.wait() for w in watchers))
+            await trash_emptied(store)
 
         for _ in range(throughput_repeats(n)):
             rates.append(n / await timed(procedures))

@@ -19,7 +19,7 @@ import contextlib
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from queue import SimpleQueue
 from typing import Any, Generic, TypeVar
 
@@ -29,12 +29,16 @@ T = TypeVar("T")
 class _Call(Generic[T]):
     """One call of `fn(*args)`, run in a thread, answered on the caller's loop."""
 
-    __slots__ = ("answer", "args", "finished", "fn", "on_finished", "raised", "returned")
+    __slots__ = ("answer", "args", "cleans_up", "finished", "fn", "on_finished", "raised", "returned")
 
-    def __init__(self, fn: Callable[..., T], args: tuple[Any, ...], answer: asyncio.Future[T]) -> None:
+    def __init__(
+        self, fn: Callable[..., T], args: tuple[Any, ...], answer: asyncio.Future[T], cleans_up: bool = False
+    ) -> None:
         self.fn = fn
         self.args = args
         self.answer = answer
+        self.cleans_up = cleans_up
+        """`fn` returns a cleanup (or None) for the worker to run after answering, and the caller gets None."""
         self.returned: T | None = None
         self.raised: BaseException | None = None
         self.finished = False
@@ -42,9 +46,13 @@ class _Call(Generic[T]):
         self.on_finished: asyncio.Future[None] | None = None
         """Made by a cancelled caller that waits for the thread."""
 
-    def run(self) -> None:
+    def run(self) -> Callable[[], None] | None:
+        """Call `fn`; the cleanup it returned, for a call that `cleans_up`."""
         try:
             self.returned = self.fn(*self.args)
+            if self.cleans_up:
+                cleanup, self.returned = self.returned, None
+                return cleanup  # type: ignore[return-value]
         except StopIteration as e:
             # An asyncio future refuses it (`TypeError` in `deliver`, which would strand every
             # call of its batch): the caller gets it as a generator would (PEP 479).
@@ -53,6 +61,7 @@ class _Call(Generic[T]):
             self.raised = error
         except BaseException as e:  # passed to the caller, whatever it is
             self.raised = e
+        return None
 
     def deliver(self) -> None:
         """On the loop's thread: answer the caller (unless it was cancelled), wake a waiter."""
@@ -116,15 +125,24 @@ class IoThreads:
             weakref.WeakKeyDictionary()
         )
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+    def run(self, fn: Callable[..., T], *args: Any) -> Coroutine[Any, Any, T]:
         """`fn(*args)` in a worker thread. If cancelled, wait for the thread, then re-raise."""
+        return self._run(fn, args, cleans_up=False)
+
+    def run_then_clean_up(self, fn: Callable[..., Callable[[], None] | None], *args: Any) -> Coroutine[Any, Any, None]:
+        """`run` for an `fn` that returns a cleanup (or None): the worker answers the caller,
+        then runs the cleanup (its errors ignored). The cleanup must be work nobody waits for
+        and that may be cut short by an exit: nothing reads what it touches."""
+        return self._run(fn, args, cleans_up=True)  # type: ignore[arg-type]
+
+    async def _run(self, fn: Callable[..., T], args: tuple[Any, ...], *, cleans_up: bool) -> T:
         loop = asyncio.get_running_loop()
         deliveries = self._deliveries.get(loop)
         if deliveries is None:
             deliveries = self._deliveries[loop] = _Deliveries(loop)
         if not self._started:
             self._start()
-        call: _Call[T] = _Call(fn, args, loop.create_future())
+        call: _Call[T] = _Call(fn, args, loop.create_future(), cleans_up)
         self._queue.put((call, deliveries))
         try:
             return await call.answer
@@ -150,9 +168,13 @@ class IoThreads:
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:
             call, deliveries = item
-            call.run()
+            cleanup = call.run()
             deliveries.push(call)
             del call, deliveries, item
+            if cleanup is not None:
+                with contextlib.suppress(Exception):
+                    cleanup()
+                del cleanup
 
     def after_fork_in_child(self) -> None:
         """The parent's workers do not exist in a forked child: start new ones at first use."""

@@ -13,11 +13,13 @@ import ctypes
 import errno
 import fcntl
 import os
+import shutil
 import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
@@ -30,6 +32,9 @@ TEMP_PREFIX = ".tmp-"
 """Temp files start with this; they never parse as procedure keys."""
 LOCK_PREFIX = ".lock-"
 """Lock files of compare-and-swap writes. Walks skip every name starting with a dot."""
+TRASH = ".trash"
+"""The folder, at the store's root, that a deleted procedure folder is moved into whole (out of
+every listing at once), to be emptied once its deletion has been answered."""
 
 _STALE_TEMP_SECONDS = 3600.0
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL
@@ -282,7 +287,8 @@ class LocalDirStore(StateStore):
             return []
         keys: list[str] = []
         root_text = str(self.root)
-        for dirpath, _dirs, files in os.walk(base):
+        for dirpath, dirs, files in os.walk(base):
+            dirs[:] = [name for name in dirs if not name.startswith(".")]  # the trash, say
             rel = dirpath[len(root_text) + 1 :].replace(os.sep, "/")
             for name in files:
                 if not name.startswith("."):
@@ -341,31 +347,69 @@ class LocalDirStore(StateStore):
         with store_errors("deleting", self.url, key):
             await self._in_thread(self._delete_one, key)
 
-    def _delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> None:
+    def _delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> Callable[[], None] | None:
+        if (trashed := self._move_to_trash([*first, *then], folder)) is not None:
+            return partial(shutil.rmtree, trashed, ignore_errors=True)
         self._delete_files(first)
         # A `.rollback` below a `.commit` must be durably gone before the `.commit` goes.
         for key in then[:-1]:
             self._delete_files([key])
         self._delete_files(then[-1:], durable=False)
         self._remove_folder(folder)
+        return None
+
+    def _move_to_trash(self, keys: Sequence[str], folder: str) -> Path | None:
+        """Move `folder` into the trash if it holds exactly `keys` (nothing else, not even a
+        temp file of a write under way), then fsync its parent; where it went, or None.
+
+        One rename takes every key out of every listing at once, so no order among them is
+        needed, and the wait is one rename and one fsync instead of an unlink per key (70
+        µs each on the benchmark machine's ext4, a tenth of a 100-step procedure's time).
+        """
+        names = {key.rpartition("/")[2] for key in keys}
+        path = self._path(folder.rstrip("/"))
+        if not keys or any(key.rpartition("/")[0] != folder.rstrip("/") for key in keys):
+            return None
+        try:
+            if set(os.listdir(path)) != names:
+                return None  # something else lives there: delete only the keys, in order
+            trash = self.root / TRASH
+            trash.mkdir(exist_ok=True)
+            moved = trash / f"{path.name}-{uuid.uuid4().hex}"
+            os.rename(path, moved)
+        except OSError:
+            return None  # the folder, or the trash, cannot be used: delete key by key
+        _fsync_dir(path.parent)
+        return moved
 
     async def delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> None:
-        """One thread hop, and one folder fsync: the one that orders `first` before `then`."""
+        """One thread hop: a move of the folder into the trash and one fsync, the folder
+        emptied by the thread after answering; or, if the folder holds anything else, the
+        keys deleted in order, with one folder fsync: the one that orders `first` before `then`."""
         with store_errors("deleting", self.url, (first or then or [folder])[0]):
-            await self._in_thread(self._delete_in_order, first, then, folder)
+            await io_threads.run_then_clean_up(self._delete_in_order, first, then, folder)
 
-    def _check(self) -> None:
+    def _check(self) -> Callable[[], None] | None:
         if not self.root.exists():
             _make_dirs(self.root)
         if not self.root.is_dir():
             raise NotADirectoryError(f"not a directory: {self.root}")
         if not os.access(self.root, os.W_OK):
             raise PermissionError(f"directory is not writable: {self.root}")
+        # Folders a killed process moved into the trash and did not empty: emptied after answering.
+        return self._empty_trash if (self.root / TRASH).is_dir() else None
+
+    def _empty_trash(self) -> None:
+        """Remove what the trash holds (not the trash itself: another process may be moving a
+        folder into it). Nothing there is listed or read, so it may go at any time."""
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.root / TRASH):
+                shutil.rmtree(entry.path, ignore_errors=True)
 
     async def check_access(self) -> None:
         """Create the root directory if needed; raise `StoreUnavailable` if it is unusable."""
         try:
-            await self._in_thread(self._check)
+            await io_threads.run_then_clean_up(self._check)
         except OSError as e:
             raise unavailable(self.url, e) from e
 

@@ -91,3 +91,18 @@ def test_a_call_raising_stop_iteration_strands_no_other_call() -> None:
     assert len(answers) == 2, "a call of the batch was never answered"
     assert isinstance(answers[0], RuntimeError) and "StopIteration" in str(answers[0])
     assert answers[1] == 7
+
+
+async def test_a_cleanup_runs_after_the_answer_and_its_error_is_dropped() -> None:
+    threads = IoThreads(1, "test-io")
+    answered = threading.Event()
+    ran: list[bool] = []
+
+    def clean() -> None:
+        ran.append(answered.wait(5))  # the caller has its answer before this runs
+        raise OSError("ignored: nobody waits for a cleanup")
+
+    assert await threads.run_then_clean_up(lambda: clean) is None
+    answered.set()
+    assert await threads.run(lambda: 7) == 7  # the one worker lived on, past the cleanup's error
+    assert ran == [True]

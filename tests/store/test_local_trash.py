@@ -1,0 +1,68 @@
+"""The local store's deletion by trash: a procedure folder holding exactly the keys to delete
+leaves every listing with one rename (and one fsync), and is emptied after the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from procstore.store.local import TRASH, LocalDirStore
+
+STEPS = [f"procedure/a/{i:010d}.step" for i in range(3)]
+COMMIT = "procedure/a/0000000003.commit"
+
+
+async def _stored(tmp_path: Path, *extra: str) -> LocalDirStore:
+    store = LocalDirStore(tmp_path)
+    await store.check_access()
+    for key in [*STEPS, COMMIT, "procedure/b/0000000000.step"]:
+        await store.put(key, b"v")
+    for name in extra:
+        (tmp_path / "procedure" / "a" / name).write_bytes(b"")
+    return store
+
+
+async def _emptied(trash: Path) -> bool:
+    for _ in range(500):
+        if not any(trash.iterdir()):
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+async def test_a_folder_of_exactly_its_keys_goes_to_the_trash_whole(tmp_path: Path) -> None:
+    store = await _stored(tmp_path)
+    await store.delete_in_order(STEPS, [COMMIT], "procedure/a/")
+    assert not (tmp_path / "procedure" / "a").exists()
+    # Never listed, even from the root, while it waits to be emptied.
+    assert await store.walk("") == ["procedure/b/0000000000.step"]
+    assert await _emptied(tmp_path / TRASH)
+
+
+async def test_a_folder_holding_anything_else_is_deleted_key_by_key(tmp_path: Path) -> None:
+    """A temp file of a write under way (a paused former leader's), or anything procstore did
+    not name: only the keys go, in their order, and the rest stays where it was."""
+    store = await _stored(tmp_path, ".tmp-inflight", "notes.txt")
+    await store.delete_in_order(STEPS, [COMMIT], "procedure/a/")
+    assert sorted(os.listdir(tmp_path / "procedure" / "a")) == [".tmp-inflight", "notes.txt"]
+    assert not (tmp_path / TRASH).exists()
+
+
+async def test_a_trash_left_by_a_killed_process_is_emptied_at_the_next_check(tmp_path: Path) -> None:
+    store = await _stored(tmp_path)
+    left = tmp_path / TRASH / "a-killed"
+    left.mkdir(parents=True)
+    (left / "0000000000.step").write_bytes(b"v")
+    assert await store.walk("") == [*STEPS, COMMIT, "procedure/b/0000000000.step"]
+    await store.check_access()
+    assert await _emptied(tmp_path / TRASH)
+    assert (tmp_path / TRASH).is_dir()  # kept: another process may be moving a folder into it
+
+
+async def test_a_trash_that_cannot_be_made_falls_back_to_deleting_in_order(tmp_path: Path) -> None:
+    store = await _stored(tmp_path)
+    (tmp_path / TRASH).write_bytes(b"a file where the trash folder would go")
+    await store.delete_in_order(STEPS, [COMMIT], "procedure/a/")
+    assert await store.walk("procedure/") == ["procedure/b/0000000000.step"]
+    assert not (tmp_path / "procedure" / "a").exists()
