@@ -375,6 +375,8 @@ class LocalDirStore(StateStore):
                 return None  # something else lives there: delete only the keys, in order
             trash = self.root / TRASH
             trash.mkdir(exist_ok=True)
+            if trash.is_symlink():
+                return None  # emptied only where procstore made it: never a link to elsewhere
             moved = trash / f"{path.name}-{uuid.uuid4().hex}"
             os.rename(path, moved)
         except OSError:
@@ -397,7 +399,8 @@ class LocalDirStore(StateStore):
         if not os.access(self.root, os.W_OK):
             raise PermissionError(f"directory is not writable: {self.root}")
         # Folders a killed process moved into the trash and did not empty: emptied after answering.
-        return self._empty_trash if (self.root / TRASH).is_dir() else None
+        trash = self.root / TRASH
+        return self._empty_trash if trash.is_dir() and not trash.is_symlink() else None
 
     def _empty_trash(self) -> None:
         """Remove what the trash holds (not the trash itself: another process may be moving a

@@ -25,7 +25,7 @@ async def _stored(tmp_path: Path, *extra: str) -> LocalDirStore:
 
 async def _emptied(trash: Path) -> bool:
     for _ in range(500):
-        if not any(trash.iterdir()):
+        if not os.listdir(trash):
             return True
         await asyncio.sleep(0.01)
     return False
@@ -66,3 +66,16 @@ async def test_a_trash_that_cannot_be_made_falls_back_to_deleting_in_order(tmp_p
     await store.delete_in_order(STEPS, [COMMIT], "procedure/a/")
     assert await store.walk("procedure/") == ["procedure/b/0000000000.step"]
     assert not (tmp_path / "procedure" / "a").exists()
+
+
+async def test_a_trash_that_is_a_link_is_neither_used_nor_emptied(tmp_path: Path) -> None:
+    """Whatever a `.trash` link points to is not procstore's to empty."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "precious").mkdir(parents=True)
+    store = await _stored(tmp_path / "store")
+    (tmp_path / "store" / TRASH).symlink_to(elsewhere, target_is_directory=True)
+    await store.delete_in_order(STEPS, [COMMIT], "procedure/a/")
+    await store.check_access()
+    await asyncio.sleep(0.05)
+    assert os.listdir(elsewhere) == ["precious"]
+    assert await store.walk("procedure/") == ["procedure/b/0000000000.step"]
