@@ -13,6 +13,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import re
 import shutil
 import threading
 import time
@@ -35,6 +36,10 @@ LOCK_PREFIX = ".lock-"
 TRASH = ".trash"
 """The folder, at the store's root, that a deleted procedure folder is moved into whole (out of
 every listing at once), to be emptied once its deletion has been answered."""
+
+_TRASHED = re.compile(r".+-[0-9a-f]{32}")
+"""The name of a folder procstore moved into the trash (`{name}-{uuid hex}`): the only
+entries of the trash it ever removes (a `.trash` may also hold what a user put there)."""
 
 _STALE_TEMP_SECONDS = 3600.0
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL
@@ -375,6 +380,8 @@ class LocalDirStore(StateStore):
                 return None  # something else lives there: delete only the keys, in order
             trash = self.root / TRASH
             trash.mkdir(exist_ok=True)
+            if trash.is_symlink():
+                return None  # not ours to fill: it leads out of the store
             moved = trash / f"{path.name}-{uuid.uuid4().hex}"
             os.rename(path, moved)
         except OSError:
@@ -402,9 +409,13 @@ class LocalDirStore(StateStore):
     def _empty_trash(self) -> None:
         """Remove what the trash holds (not the trash itself: another process may be moving a
         folder into it). Nothing there is listed or read, so it may go at any time."""
+        trash = self.root / TRASH
         with contextlib.suppress(OSError):
-            for entry in os.scandir(self.root / TRASH):
-                shutil.rmtree(entry.path, ignore_errors=True)
+            if trash.is_symlink():
+                return  # never ours: nothing was moved through it
+            for entry in os.scandir(trash):
+                if _TRASHED.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
 
     async def check_access(self) -> None:
         """Create the root directory if needed; raise `StoreUnavailable` if it is unusable."""

@@ -51,7 +51,7 @@ async def test_a_folder_holding_anything_else_is_deleted_key_by_key(tmp_path: Pa
 
 async def test_a_trash_left_by_a_killed_process_is_emptied_at_the_next_check(tmp_path: Path) -> None:
     store = await _stored(tmp_path)
-    left = tmp_path / TRASH / "a-killed"
+    left = tmp_path / TRASH / f"a-{'f' * 32}"  # as named by the move
     left.mkdir(parents=True)
     (left / "0000000000.step").write_bytes(b"v")
     assert await store.walk("") == [*STEPS, COMMIT, "procedure/b/0000000000.step"]
@@ -66,3 +66,43 @@ async def test_a_trash_that_cannot_be_made_falls_back_to_deleting_in_order(tmp_p
     await store.delete_in_order(STEPS, [COMMIT], "procedure/a/")
     assert await store.walk("procedure/") == ["procedure/b/0000000000.step"]
     assert not (tmp_path / "procedure" / "a").exists()
+
+
+async def _trash_emptied_of(path: Path) -> bool:
+    for _ in range(500):
+        if not path.exists():
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+async def test_emptying_the_trash_removes_only_what_procstore_moved_there(tmp_path: Path) -> None:
+    """A `.trash` the user made (or the keys of a manager whose parent_path is `.trash`):
+    a check removes only folders named as procstore names what it moves there."""
+    store = LocalDirStore(tmp_path)
+    await store.put(".trash/procedure/5b0c3f6e-2d4a-4c8e-9f1a-7e6d5c4b3a21/0000000000.step", b"v")
+    (tmp_path / TRASH / "my-notes").mkdir()
+    (tmp_path / TRASH / "my-notes" / "todo.md").write_text("mine")
+    moved = tmp_path / TRASH / f"a-{'0' * 32}"
+    moved.mkdir()
+    await store.check_access()
+    assert await _trash_emptied_of(moved)
+    assert (tmp_path / TRASH / "my-notes" / "todo.md").exists()
+    assert await store.walk(".trash/procedure/") == [
+        ".trash/procedure/5b0c3f6e-2d4a-4c8e-9f1a-7e6d5c4b3a21/0000000000.step"
+    ]
+
+
+async def test_a_trash_that_is_a_symlink_is_never_used_nor_emptied(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / f"photos-{'0' * 32}").mkdir(parents=True)
+    (elsewhere / f"photos-{'0' * 32}" / "a.jpg").write_bytes(b"x")
+    root = tmp_path / "store"
+    store = await _stored(root)
+    (root / TRASH).symlink_to(elsewhere)
+    await store.check_access()
+    await store.delete_in_order(STEPS, [COMMIT], "procedure/a/")
+    assert not (root / "procedure" / "a").exists()
+    await asyncio.sleep(0.2)
+    assert sorted(p.name for p in elsewhere.iterdir()) == [f"photos-{'0' * 32}"]
+    assert (elsewhere / f"photos-{'0' * 32}" / "a.jpg").exists()
