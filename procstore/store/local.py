@@ -292,8 +292,10 @@ class LocalDirStore(StateStore):
             return []
         keys: list[str] = []
         root_text = str(self.root)
+        trash_text = f"{root_text}/{TRASH}"
         for dirpath, dirs, files in os.walk(base):
-            dirs[:] = [name for name in dirs if not name.startswith(".")]  # the trash, say
+            if dirpath == trash_text:  # what was moved there; any other folder is listed
+                dirs[:] = [name for name in dirs if not _TRASHED.fullmatch(name)]
             rel = dirpath[len(root_text) + 1 :].replace(os.sep, "/")
             for name in files:
                 if not name.startswith("."):

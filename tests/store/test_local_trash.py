@@ -106,3 +106,17 @@ async def test_a_trash_that_is_a_symlink_is_never_used_nor_emptied(tmp_path: Pat
     await asyncio.sleep(0.2)
     assert sorted(p.name for p in elsewhere.iterdir()) == [f"photos-{'0' * 32}"]
     assert (elsewhere / f"photos-{'0' * 32}" / "a.jpg").exists()
+
+
+async def test_walks_skip_only_what_was_moved_into_the_trash(tmp_path: Path) -> None:
+    """Keys under other dot folders (a parent_path of `.greptime/`, say) are listed by every
+    prefix above them, as before the trash and as on every other backend."""
+    store = await _stored(tmp_path)
+    await store.put(".greptime/procedure/x/0000000000.step", b"v")
+    await store.put("procedure/.b/c", b"v")
+    (tmp_path / TRASH / f"a-{'0' * 32}").mkdir(parents=True)
+    (tmp_path / TRASH / f"a-{'0' * 32}" / "0000000000.step").write_bytes(b"v")
+    everything = await store.walk("")
+    assert ".greptime/procedure/x/0000000000.step" in everything
+    assert "procedure/.b/c" in await store.walk("procedure/")
+    assert not [key for key in everything if key.startswith(TRASH)]
