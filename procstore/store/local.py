@@ -18,6 +18,7 @@ import shutil
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -157,10 +158,49 @@ def _lock_file(path: Path) -> Iterator[BinaryIO]:
             lock.close()
 
 
+class _Cleanups:
+    """The cleanups of one store that a worker has not finished yet: `close()` waits for them,
+    so that nothing in the store's directory changes once a manager has stopped."""
+
+    def __init__(self) -> None:
+        self._pending = 0
+        self._done = threading.Condition()
+        _all_cleanups.add(self)
+
+    def wrap(self, cleanup: Callable[[], None]) -> Callable[[], None]:
+        """Count `cleanup` as pending now (before the call that returns it is answered)."""
+        with self._done:
+            self._pending += 1
+
+        def run() -> None:
+            try:
+                cleanup()
+            finally:
+                with self._done:
+                    self._pending -= 1
+                    self._done.notify_all()
+
+        return run
+
+    def wait(self) -> None:
+        with self._done:
+            self._done.wait_for(lambda: self._pending == 0)
+
+    def after_fork_in_child(self) -> None:
+        """The threads that would finish them do not exist here."""
+        self._pending = 0
+        self._done = threading.Condition()
+
+
+_all_cleanups: weakref.WeakSet[_Cleanups] = weakref.WeakSet()
+
+
 def _after_fork_in_child() -> None:
     """The parent's threads do not exist here, so make new ones; close the lock files."""
     global _lock_files_guard
     io_threads.after_fork_in_child()
+    for cleanups in list(_all_cleanups):
+        cleanups.after_fork_in_child()
     for fd in _lock_files:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -182,6 +222,7 @@ class LocalDirStore(StateStore):
         self.root = Path(root).absolute()
         self.url = f"{self.root}/"
         self._root_text = str(self.root)
+        self._cleanups = _Cleanups()
 
     @staticmethod
     def _in_thread(fn: Callable[..., T], *args: object) -> Awaitable[T]:
@@ -356,7 +397,7 @@ class LocalDirStore(StateStore):
 
     def _delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> Callable[[], None] | None:
         if (trashed := self._move_to_trash([*first, *then], folder)) is not None:
-            return partial(shutil.rmtree, trashed, ignore_errors=True)
+            return self._cleanups.wrap(partial(shutil.rmtree, trashed, ignore_errors=True))
         self._delete_files(first)
         # A `.rollback` below a `.commit` must be durably gone before the `.commit` goes.
         for key in then[:-1]:
@@ -406,7 +447,7 @@ class LocalDirStore(StateStore):
         if not os.access(self.root, os.W_OK):
             raise PermissionError(f"directory is not writable: {self.root}")
         # Folders a killed process moved into the trash and did not empty: emptied after answering.
-        return self._empty_trash if (self.root / TRASH).is_dir() else None
+        return self._cleanups.wrap(self._empty_trash) if (self.root / TRASH).is_dir() else None
 
     def _empty_trash(self) -> None:
         """Remove what the trash holds (not the trash itself: another process may be moving a
@@ -418,6 +459,10 @@ class LocalDirStore(StateStore):
             for entry in os.scandir(trash):
                 if _TRASHED.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
                     shutil.rmtree(entry.path, ignore_errors=True)
+
+    async def close(self) -> None:
+        """Wait for the trash's emptying that deletions and checks left to the workers."""
+        await run_blocking(self._cleanups.wait)
 
     async def check_access(self) -> None:
         """Create the root directory if needed; raise `StoreUnavailable` if it is unusable."""

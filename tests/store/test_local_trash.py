@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import signal
+import threading
 from pathlib import Path
 
+from procstore.store import local
 from procstore.store.local import TRASH, LocalDirStore
+from tests.conftest import StoreTarget
+from tests.procedures import World
+from tests.runtime.helpers import manager_for, steps
 
 STEPS = [f"procedure/a/{i:010d}.step" for i in range(3)]
 COMMIT = "procedure/a/0000000003.commit"
@@ -70,7 +77,7 @@ async def test_a_trash_that_cannot_be_made_falls_back_to_deleting_in_order(tmp_p
 
 async def _trash_emptied_of(path: Path) -> bool:
     for _ in range(500):
-        if not path.exists():
+        if not path.exists():  # noqa: ASYNC240
             return True
         await asyncio.sleep(0.01)
     return False
@@ -120,3 +127,55 @@ async def test_walks_skip_only_what_was_moved_into_the_trash(tmp_path: Path) -> 
     assert ".greptime/procedure/x/0000000000.step" in everything
     assert "procedure/.b/c" in await store.walk("procedure/")
     assert not [key for key in everything if key.startswith(TRASH)]
+
+
+def _slow_rmtree(monkeypatch, gate: threading.Event) -> None:  # type: ignore[no-untyped-def]
+    real = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        gate.wait(5)
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(local.shutil, "rmtree", rmtree)
+
+
+async def test_close_waits_until_the_trash_is_emptied(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Nothing in the store's folder changes once it is closed (a manager's stop() closes
+    the store it opened): a caller may then copy or remove the folder."""
+    store = await _stored(tmp_path)
+    gate = threading.Event()
+    _slow_rmtree(monkeypatch, gate)
+    await store.delete_in_order(STEPS, [COMMIT], "procedure/a/")
+    threading.Timer(0.2, gate.set).start()
+    await store.close()
+    assert list((tmp_path / TRASH).iterdir()) == []
+
+
+async def test_a_manager_leaves_nothing_changing_once_stopped(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    gate = threading.Event()
+    _slow_rmtree(monkeypatch, gate)
+    world = World.new()
+    async with manager_for(StoreTarget("local", str(tmp_path))) as manager:
+        await (await manager.submit(steps(world, 5))).wait()
+        threading.Timer(0.2, gate.set).start()
+    assert list((tmp_path / TRASH).iterdir()) == []
+
+
+def test_a_forked_child_does_not_wait_for_its_parents_cleanups(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    gate = threading.Event()
+    _slow_rmtree(monkeypatch, gate)
+    store = asyncio.run(_stored(tmp_path))
+    asyncio.run(store.delete_in_order(STEPS, [COMMIT], "procedure/a/"))  # its cleanup waits at the gate
+    pid = os.fork()
+    if pid == 0:  # the child: no thread will ever finish the parent's cleanup
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(3)  # a close() that waits for it forever ends the child by SIGALRM
+        try:
+            asyncio.run(store.close())
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    gate.set()
+    asyncio.run(store.close())
+    assert os.waitstatus_to_exitcode(status) == 0
