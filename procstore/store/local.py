@@ -13,10 +13,12 @@ import ctypes
 import errno
 import fcntl
 import os
+import re
 import shutil
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -35,6 +37,10 @@ LOCK_PREFIX = ".lock-"
 TRASH = ".trash"
 """The folder, at the store's root, that a deleted procedure folder is moved into whole (out of
 every listing at once), to be emptied once its deletion has been answered."""
+
+_TRASHED = re.compile(r".+-[0-9a-f]{32}")
+"""The name of a folder procstore moved into the trash (`{name}-{uuid hex}`): the only
+entries of the trash it ever removes (a `.trash` may also hold what a user put there)."""
 
 _STALE_TEMP_SECONDS = 3600.0
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL
@@ -152,10 +158,49 @@ def _lock_file(path: Path) -> Iterator[BinaryIO]:
             lock.close()
 
 
+class _Cleanups:
+    """The cleanups of one store that a worker has not finished yet: `close()` waits for them,
+    so that nothing in the store's directory changes once a manager has stopped."""
+
+    def __init__(self) -> None:
+        self._pending = 0
+        self._done = threading.Condition()
+        _all_cleanups.add(self)
+
+    def wrap(self, cleanup: Callable[[], None]) -> Callable[[], None]:
+        """Count `cleanup` as pending now (before the call that returns it is answered)."""
+        with self._done:
+            self._pending += 1
+
+        def run() -> None:
+            try:
+                cleanup()
+            finally:
+                with self._done:
+                    self._pending -= 1
+                    self._done.notify_all()
+
+        return run
+
+    def wait(self) -> None:
+        with self._done:
+            self._done.wait_for(lambda: self._pending == 0)
+
+    def after_fork_in_child(self) -> None:
+        """The threads that would finish them do not exist here."""
+        self._pending = 0
+        self._done = threading.Condition()
+
+
+_all_cleanups: weakref.WeakSet[_Cleanups] = weakref.WeakSet()
+
+
 def _after_fork_in_child() -> None:
     """The parent's threads do not exist here, so make new ones; close the lock files."""
     global _lock_files_guard
     io_threads.after_fork_in_child()
+    for cleanups in list(_all_cleanups):
+        cleanups.after_fork_in_child()
     for fd in _lock_files:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -177,6 +222,7 @@ class LocalDirStore(StateStore):
         self.root = Path(root).absolute()
         self.url = f"{self.root}/"
         self._root_text = str(self.root)
+        self._cleanups = _Cleanups()
 
     @staticmethod
     def _in_thread(fn: Callable[..., T], *args: object) -> Awaitable[T]:
@@ -287,8 +333,10 @@ class LocalDirStore(StateStore):
             return []
         keys: list[str] = []
         root_text = str(self.root)
+        trash_text = f"{root_text}/{TRASH}"
         for dirpath, dirs, files in os.walk(base):
-            dirs[:] = [name for name in dirs if not name.startswith(".")]  # the trash, say
+            if dirpath == trash_text:  # what was moved there; any other folder is listed
+                dirs[:] = [name for name in dirs if not _TRASHED.fullmatch(name)]
             rel = dirpath[len(root_text) + 1 :].replace(os.sep, "/")
             for name in files:
                 if not name.startswith("."):
@@ -349,7 +397,7 @@ class LocalDirStore(StateStore):
 
     def _delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> Callable[[], None] | None:
         if (trashed := self._move_to_trash([*first, *then], folder)) is not None:
-            return partial(shutil.rmtree, trashed, ignore_errors=True)
+            return self._cleanups.wrap(partial(shutil.rmtree, trashed, ignore_errors=True))
         self._delete_files(first)
         # A `.rollback` below a `.commit` must be durably gone before the `.commit` goes.
         for key in then[:-1]:
@@ -376,7 +424,7 @@ class LocalDirStore(StateStore):
             trash = self.root / TRASH
             trash.mkdir(exist_ok=True)
             if trash.is_symlink():
-                return None  # emptied only where procstore made it: never a link to elsewhere
+                return None  # not ours to fill: it leads out of the store
             moved = trash / f"{path.name}-{uuid.uuid4().hex}"
             os.rename(path, moved)
         except OSError:
@@ -399,15 +447,22 @@ class LocalDirStore(StateStore):
         if not os.access(self.root, os.W_OK):
             raise PermissionError(f"directory is not writable: {self.root}")
         # Folders a killed process moved into the trash and did not empty: emptied after answering.
-        trash = self.root / TRASH
-        return self._empty_trash if trash.is_dir() and not trash.is_symlink() else None
+        return self._cleanups.wrap(self._empty_trash) if (self.root / TRASH).is_dir() else None
 
     def _empty_trash(self) -> None:
         """Remove what the trash holds (not the trash itself: another process may be moving a
         folder into it). Nothing there is listed or read, so it may go at any time."""
+        trash = self.root / TRASH
         with contextlib.suppress(OSError):
-            for entry in os.scandir(self.root / TRASH):
-                shutil.rmtree(entry.path, ignore_errors=True)
+            if trash.is_symlink():
+                return  # never ours: nothing was moved through it
+            for entry in os.scandir(trash):
+                if _TRASHED.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+
+    async def close(self) -> None:
+        """Wait for the trash's emptying that deletions and checks left to the workers."""
+        await run_blocking(self._cleanups.wait)
 
     async def check_access(self) -> None:
         """Create the root directory if needed; raise `StoreUnavailable` if it is unusable."""
