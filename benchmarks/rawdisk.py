@@ -17,7 +17,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from procstore.store.local import _create_exclusively, _fsync_dir
+from procstore.store.durable import create_exclusively, fsync_dir
 
 CONCURRENCIES = (1, 4, 8, 16, 32, 64)
 
@@ -30,22 +30,22 @@ def _durable_create(folder: Path, name: str, value: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    if _create_exclusively(temp, folder / name):
+    if create_exclusively(temp, folder / name):
         temp.unlink()
-    _fsync_dir(folder)
+    fsync_dir(folder)
 
 
 def _one_procedure(parent: Path, value: bytes) -> None:
     folder = parent / str(uuid.uuid4())
     folder.mkdir()
-    _fsync_dir(parent)
+    fsync_dir(parent)
     names = [f"{i:010d}.step" for i in range(5)]
     for name in names:
         _durable_create(folder, name, value)
     _durable_create(folder, "0000000005.commit", b"")
     for name in names:
         (folder / name).unlink()
-    _fsync_dir(folder)
+    fsync_dir(folder)
     (folder / "0000000005.commit").unlink()
     folder.rmdir()
 
@@ -70,7 +70,7 @@ def ceiling(parent: Path, writes: int, value: bytes, threads: int) -> float:
     """Durable creates per second with `threads` threads (each create in its own new name)."""
     folder = parent / f"ceiling-{uuid.uuid4().hex}"
     folder.mkdir(parents=True)
-    _fsync_dir(parent)
+    fsync_dir(parent)
     names = iter(range(writes))
     rate = writes / _run(threads, writes, lambda: _durable_create(folder, f"{next(names):010d}.step", value))
     for path in folder.iterdir():

@@ -177,8 +177,49 @@ class IoThreads:
                 del cleanup
 
     def after_fork_in_child(self) -> None:
-        """The parent's workers do not exist in a forked child: start new ones at first use."""
+        """The parent's workers do not exist in a forked child: start new ones at first use,
+        and forget the cleanups they would have finished."""
+        for cleanups in list(_all_cleanups):
+            cleanups.after_fork_in_child()
         self._queue = SimpleQueue()
         self._started = False
         self._start_lock = threading.Lock()
         self._deliveries = weakref.WeakKeyDictionary()
+
+
+class Cleanups:
+    """Cleanups (see `IoThreads.run_then_clean_up`) handed to the workers and not finished
+    yet: a store's `close()` waits for its own, so that nothing in its folder changes once a
+    manager has stopped. Reset in a forked child, where no thread will finish them."""
+
+    def __init__(self) -> None:
+        self._pending = 0
+        self._done = threading.Condition()
+        _all_cleanups.add(self)
+
+    def wrap(self, cleanup: Callable[[], None]) -> Callable[[], None]:
+        """Count `cleanup` as pending now (before the call that returns it is answered)."""
+        with self._done:
+            self._pending += 1
+
+        def run() -> None:
+            try:
+                cleanup()
+            finally:
+                with self._done:
+                    self._pending -= 1
+                    self._done.notify_all()
+
+        return run
+
+    def wait(self) -> None:
+        with self._done:
+            self._done.wait_for(lambda: self._pending == 0)
+
+    def after_fork_in_child(self) -> None:
+        """The threads that would finish them do not exist here."""
+        self._pending = 0
+        self._done = threading.Condition()
+
+
+_all_cleanups: weakref.WeakSet[Cleanups] = weakref.WeakSet()

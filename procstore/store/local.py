@@ -9,8 +9,6 @@ directory is fsynced: after a crash a key holds either its whole value or nothin
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import fcntl
 import os
 import re
@@ -18,7 +16,6 @@ import shutil
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -26,8 +23,9 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from procstore._aio import run_blocking
+from procstore.store.durable import create_exclusively, fsync_dir, make_dirs, write_all
 from procstore.store.errors import store_errors, unavailable
-from procstore.store.io_threads import IoThreads
+from procstore.store.io_threads import Cleanups, IoThreads
 from procstore.store.state_store import StateStore, content_version
 
 TEMP_PREFIX = ".tmp-"
@@ -64,67 +62,6 @@ class Leftovers:
     """Newer empty procedure folders: a first write may be under way. Left alone."""
 
 
-def _fsync_dir(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _load_renameat2() -> Callable[[str | Path, str | Path], int] | None:
-    """glibc's `renameat2`, if there is one: a rename that fails if the target exists."""
-    try:
-        function = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    function.restype = ctypes.c_int
-    return lambda src, dst: int(function(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE))
-
-
-_AT_FDCWD = -100
-_RENAME_NOREPLACE = 1
-_renameat2 = _load_renameat2()
-
-
-def _create_exclusively(temp: str | Path, target: str | Path) -> bool:
-    """Move `temp` to `target` only if `target` does not exist (`FileExistsError` if it does);
-    returns whether `temp` is still there.
-
-    The OS picks exactly one winner among concurrent writers. `renameat2(RENAME_NOREPLACE)`
-    does it in one step; where the kernel or filesystem lacks it, a hard link does (and the
-    temp file is then unlinked by the caller: one more metadata write).
-    """
-    global _renameat2
-    if _renameat2 is not None:
-        if _renameat2(temp, target) == 0:
-            return False
-        err = ctypes.get_errno()
-        if err == errno.EEXIST:
-            raise FileExistsError(errno.EEXIST, "exists", str(target))
-        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-            raise OSError(err, os.strerror(err), str(target))
-        _renameat2 = None  # this filesystem cannot: use links from now on
-    os.link(temp, target)
-    return True
-
-
-def _make_dirs(path: Path) -> None:
-    """Create `path` and its missing parents, fsyncing each parent so the folders survive a crash."""
-    missing: list[Path] = []
-    probe = path
-    while not probe.exists():
-        missing.append(probe)
-        probe = probe.parent
-    for folder in reversed(missing):
-        try:
-            folder.mkdir()
-        except FileExistsError:
-            continue
-        _fsync_dir(folder.parent)
-
-
 IO_THREADS = 16
 """Threads every local store's file work runs in. A durable write spends its time in fsync,
 which a disk serves several at once: on the benchmark machine (2 cores, ext4) the rate of
@@ -158,49 +95,10 @@ def _lock_file(path: Path) -> Iterator[BinaryIO]:
             lock.close()
 
 
-class _Cleanups:
-    """The cleanups of one store that a worker has not finished yet: `close()` waits for them,
-    so that nothing in the store's directory changes once a manager has stopped."""
-
-    def __init__(self) -> None:
-        self._pending = 0
-        self._done = threading.Condition()
-        _all_cleanups.add(self)
-
-    def wrap(self, cleanup: Callable[[], None]) -> Callable[[], None]:
-        """Count `cleanup` as pending now (before the call that returns it is answered)."""
-        with self._done:
-            self._pending += 1
-
-        def run() -> None:
-            try:
-                cleanup()
-            finally:
-                with self._done:
-                    self._pending -= 1
-                    self._done.notify_all()
-
-        return run
-
-    def wait(self) -> None:
-        with self._done:
-            self._done.wait_for(lambda: self._pending == 0)
-
-    def after_fork_in_child(self) -> None:
-        """The threads that would finish them do not exist here."""
-        self._pending = 0
-        self._done = threading.Condition()
-
-
-_all_cleanups: weakref.WeakSet[_Cleanups] = weakref.WeakSet()
-
-
 def _after_fork_in_child() -> None:
     """The parent's threads do not exist here, so make new ones; close the lock files."""
     global _lock_files_guard
     io_threads.after_fork_in_child()
-    for cleanups in list(_all_cleanups):
-        cleanups.after_fork_in_child()
     for fd in _lock_files:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -222,7 +120,7 @@ class LocalDirStore(StateStore):
         self.root = Path(root).absolute()
         self.url = f"{self.root}/"
         self._root_text = str(self.root)
-        self._cleanups = _Cleanups()
+        self._cleanups = Cleanups()
 
     @staticmethod
     def _in_thread(fn: Callable[..., T], *args: object) -> Awaitable[T]:
@@ -241,17 +139,17 @@ class LocalDirStore(StateStore):
         try:
             fd = os.open(temp, _TEMP_FLAGS, 0o644)
         except FileNotFoundError:
-            _make_dirs(Path(folder))
+            make_dirs(Path(folder))
             fd = os.open(temp, _TEMP_FLAGS, 0o644)
         temp_left = True
         try:
             try:
-                _write_all(fd, value)
+                write_all(fd, value)
                 os.fsync(fd)
             finally:
                 os.close(fd)
             if create_only:
-                temp_left = _create_exclusively(temp, target)
+                temp_left = create_exclusively(temp, target)
             else:
                 os.replace(temp, target)
                 temp_left = False
@@ -261,7 +159,7 @@ class LocalDirStore(StateStore):
             if temp_left:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(temp)
-        _fsync_dir(folder)
+        fsync_dir(folder)
         return True
 
     async def put(self, key: str, value: bytes) -> None:
@@ -372,7 +270,7 @@ class LocalDirStore(StateStore):
             folders.add(path.parent)
         if durable:
             for folder in folders:
-                _fsync_dir(folder)
+                fsync_dir(folder)
 
     async def batch_delete(self, keys: Sequence[str]) -> None:
         if not keys:
@@ -429,7 +327,7 @@ class LocalDirStore(StateStore):
             os.rename(path, moved)
         except OSError:
             return None  # the folder, or the trash, cannot be used: delete key by key
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return moved
 
     async def delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> None:
@@ -441,7 +339,7 @@ class LocalDirStore(StateStore):
 
     def _check(self) -> Callable[[], None] | None:
         if not self.root.exists():
-            _make_dirs(self.root)
+            make_dirs(self.root)
         if not self.root.is_dir():
             raise NotADirectoryError(f"not a directory: {self.root}")
         if not os.access(self.root, os.W_OK):
@@ -537,10 +435,3 @@ def _is_id(name: str) -> bool:
         return str(uuid.UUID(name)) == name
     except ValueError:
         return False
-
-
-def _write_all(fd: int, value: bytes) -> None:
-    view = memoryview(value)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]

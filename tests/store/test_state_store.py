@@ -235,10 +235,10 @@ async def test_compare_and_swap_has_one_winner(any_target: StoreTarget) -> None:
 async def test_local_create_only_has_one_winner(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_renameat2: bool
 ) -> None:
-    import procstore.store.local as local
+    import procstore.store.durable as durable
 
     if not with_renameat2:
-        monkeypatch.setattr(local, "_renameat2", None)  # the hard-link fallback
+        monkeypatch.setattr(durable, "_renameat2", None)  # the hard-link fallback
     store = LocalDirStore(tmp_path)
     results = await asyncio.gather(*(store.put_if_absent("procedure/a/0000000000.step", b"v%d" % i) for i in range(8)))
     assert results.count(True) == 1
