@@ -458,7 +458,7 @@ class ProcedureManager:
         # waits for it, so it can never land after stop() returned; and a caller that gives
         # up (a timeout) cannot leave a stored procedure that nothing runs. (No lambdas: their
         # cells would live in this frame, one of thousands waiting for their writes.)
-        stored = store_and_run(ctx, procedure, type_name, lock_key, data, self._leadership)
+        stored = store_and_run(ctx, procedure, type_name, lock_key, data, self._leadership, self._submitting)
         try:
             meta = await ctx.run_in_term(stored, what="submitting", on_done=partial(self._submitting.discard, pid))
         except ManagerStopped as e:

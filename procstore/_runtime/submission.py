@@ -12,6 +12,7 @@ from procstore._runtime.context import ManagerContext
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.runner import Runner
 from procstore._runtime.writes import store_submitted
+from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey
 from procstore.procedure import ProcedureWithId
 from procstore.state import ProcedureState
@@ -27,15 +28,19 @@ async def store_and_run(
     lock_key: LockKey,
     data: str,
     leadership: Leadership | None,
+    submitting: set[ProcedureId],
 ) -> ProcedureMeta | None:
     """Store a submitted procedure's first step and start its runner; None for a duplicate
     (the key holds another value). `lock_key` and `data` were computed by the caller;
-    `leadership` is the manager's as the submit began (None without a lease)."""
+    `leadership` is the manager's as the submit began (None without a lease). The id leaves
+    `submitting` (the submits in flight) as its procedure is registered, in the same step:
+    counted by both, it would count twice against `max_running_procedures`."""
     pid, proc = procedure.id, procedure.procedure
     if not await store_submitted(ctx, pid, type_name, data):
         return None
     ctx.telemetry.submitted(type_name)
     meta = ctx.new_meta(pid, type_name, None, proc, ProcedureState.running(), lock_key)
+    submitting.discard(pid)  # known now: a duplicate submit or an adoption sees it registered
     meta.wrote_every_key = True
     if not (ctx.running and (leadership is None or leadership.keeper.is_holding)):
         # Stored, but the term ended as the write landed: the next term (this manager's next

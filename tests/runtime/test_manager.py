@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -20,13 +23,16 @@ from procstore import (
     SubmissionsPaused,
     TooManyRunningProcedures,
 )
-from procstore.store import LocalDirStore
+from procstore.store import LocalDirStore, open_state_store
+from procstore.store.wrapping import WrappingStore
 from procstore.testing import FaultyStore
 from procstore.testing.pytest_plugin import free_port
 from tests.conftest import StoreTarget
 from tests.procedures import Steps, World
 from tests.runtime.helpers import blocker, eventually, manager_for, steps
 from tests.support import store_targets
+
+T = TypeVar("T")
 
 
 def written(recorder: FaultyStore, pid: ProcedureId) -> list[str]:
@@ -172,3 +178,31 @@ async def test_a_store_whose_filesystem_cannot_connect_fails_start_as_unavailabl
     with pytest.raises(StoreUnavailable, match="ConnectionRefusedError.*reachable"):
         await manager.start()
     assert not manager.is_running
+
+
+async def test_a_procedure_whose_submit_just_returned_counts_once_toward_the_limit() -> None:
+    """Between a submit's registration and the end of its task, the procedure was counted
+    twice (running, and still being submitted): a submit made then (one of many in flight)
+    was refused with `TooManyRunningProcedures` below the limit."""
+    world = World.new()
+    name, gate = blocker()
+    second = steps(world, 2, name="b", block=name)
+    late: list[asyncio.Task[object]] = []
+
+    class SubmitsAsTheFirstLands(WrappingStore):
+        async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
+            result = await call()
+            if kind == "put_if_absent" and not late:
+                # Its first step runs after the first submit registers its procedure and
+                # before that submit's task has ended.
+                late.append(asyncio.ensure_future(manager.submit(second)))
+            return result
+
+    manager = manager_for(
+        SubmitsAsTheFirstLands(open_state_store(f"mem://{uuid.uuid4().hex}/")), max_running_procedures=2
+    )
+    async with manager:
+        await manager.submit(steps(world, 2, name="a", block=name))
+        await late[0]  # not TooManyRunningProcedures: one procedure runs, the limit is 2
+        gate.set()
+        await eventually(lambda: all(i.state.is_done() for i in manager.list_procedures()))
