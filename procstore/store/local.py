@@ -36,6 +36,12 @@ TRASH = ".trash"
 """The folder, at the store's root, that a deleted procedure folder is moved into whole (out of
 every listing at once), to be emptied once its deletion has been answered."""
 
+TRASH_FROM_KEYS = 16
+"""The fewest keys a folder goes to the trash with; fewer are unlinked in order. The move
+saves an unlink per key of waiting (70 µs each, measured) but adds a listing, a rename
+and, later, the same unlinks: with every folder moved, 1,000 concurrent 5-step procedures
+ran 10 to 35% slower than with none (A/B of alternating processes); with this floor, alike."""
+
 _TRASHED = re.compile(r".+-[0-9a-f]{32}")
 """The name of a folder procstore moved into the trash (`{name}-{uuid hex}`): the only
 entries of the trash it ever removes (a `.trash` may also hold what a user put there)."""
@@ -312,10 +318,10 @@ class LocalDirStore(StateStore):
         needed, and the wait is one rename and one fsync instead of an unlink per key (70
         µs each on the benchmark machine's ext4, a tenth of a 100-step procedure's time).
         """
+        if len(keys) < TRASH_FROM_KEYS or any(key.rpartition("/")[0] != folder.rstrip("/") for key in keys):
+            return None
         names = {key.rpartition("/")[2] for key in keys}
         path = self._path(folder.rstrip("/"))
-        if not keys or any(key.rpartition("/")[0] != folder.rstrip("/") for key in keys):
-            return None
         try:
             if set(os.listdir(path)) != names:
                 return None  # something else lives there: delete only the keys, in order

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from procstore.store.local import TRASH, LocalDirStore
+from procstore.store.local import TRASH, TRASH_FROM_KEYS, LocalDirStore
 from tests.conftest import StoreTarget
 from tests.procedures import World
 from tests.runtime.helpers import manager_for, steps
 
-STEPS = [f"procedure/a/{i:010d}.step" for i in range(3)]
-COMMIT = "procedure/a/0000000003.commit"
+STEPS = [f"procedure/a/{i:010d}.step" for i in range(TRASH_FROM_KEYS)]
+COMMIT = f"procedure/a/{TRASH_FROM_KEYS:010d}.commit"
 
 
 async def _stored(tmp_path: Path, *extra: str) -> LocalDirStore:
@@ -47,6 +47,18 @@ async def test_a_folder_of_exactly_its_keys_goes_to_the_trash_whole(tmp_path: Pa
     # Never listed, even from the root, while it waits to be emptied.
     assert await store.walk("") == ["procedure/b/0000000000.step"]
     assert await _emptied(tmp_path / TRASH)
+
+
+async def test_a_folder_of_few_keys_is_deleted_key_by_key(tmp_path: Path) -> None:
+    """Under `TRASH_FROM_KEYS` keys, the unlinks cost less than the move and its emptying."""
+    store = await _stored(tmp_path)
+    few = STEPS[: TRASH_FROM_KEYS - 2]
+    for key in STEPS[TRASH_FROM_KEYS - 2 :]:
+        (tmp_path / key).unlink()
+    await store.delete_in_order(few, [COMMIT], "procedure/a/")
+    assert await store.walk("procedure/") == ["procedure/b/0000000000.step"]
+    assert not (tmp_path / "procedure" / "a").exists()
+    assert not (tmp_path / TRASH).exists()
 
 
 async def test_a_folder_holding_anything_else_is_deleted_key_by_key(tmp_path: Path) -> None:
@@ -159,7 +171,7 @@ async def test_a_manager_leaves_nothing_changing_once_stopped(tmp_path: Path, mo
     _slow_rmtree(monkeypatch, gate)
     world = World.new()
     async with manager_for(StoreTarget("local", str(tmp_path))) as manager:
-        await (await manager.submit(steps(world, 5))).wait()
+        await (await manager.submit(steps(world, TRASH_FROM_KEYS))).wait()
         threading.Timer(0.2, gate.set).start()
     assert list((tmp_path / TRASH).iterdir()) == []
 
