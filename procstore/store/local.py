@@ -337,9 +337,10 @@ class LocalDirStore(StateStore):
         return moved
 
     async def delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> None:
-        """One thread hop: a move of the folder into the trash and one fsync, the folder
-        emptied by the thread after answering; or, if the folder holds anything else, the
-        keys deleted in order, with one folder fsync: the one that orders `first` before `then`."""
+        """One thread hop. A folder of exactly these keys, `TRASH_FROM_KEYS` or more: a move
+        into the trash and one fsync, the folder emptied by the thread after answering.
+        Otherwise the keys deleted in order, with one folder fsync: the one that orders
+        `first` before `then`."""
         with store_errors("deleting", self.url, (first or then or [folder])[0]):
             await io_threads.run_then_clean_up(self._delete_in_order, first, then, folder)
 
