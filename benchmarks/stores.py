@@ -73,14 +73,19 @@ def moto_server_process() -> Iterator[str]:
         server.wait(10)
 
 
+def innermost(store: Any) -> Any:
+    """The store under every wrapper (telemetry, the lease's guard) of a manager's store."""
+    while (inner := getattr(store, "inner", None)) is not None:
+        store = inner
+    return store
+
+
 class RequestCounter:
     """Counts the HTTP requests an S3 store sends while in use (`async with`), by kind,
     from botocore's `before-send` event: every request and every retry, as the bucket sees them."""
 
     def __init__(self, store: Any) -> None:
-        while not hasattr(store, "fs") and hasattr(store, "inner"):
-            store = store.inner  # a telemetry or guard wrapper
-        self.store = store
+        self.store = innermost(store)
         self.counts: dict[str, int] = {}
         self._client: Any = None
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from benchmarks import rawdisk
 from benchmarks.harness import Goal, Report, Row, interleaved, run_child, timed
 from benchmarks.procedures import Loop, new_loop
-from benchmarks.stores import RequestCounter, Target
+from benchmarks.stores import RequestCounter, Target, innermost
 from procstore import Lease, ProcedureManager, ProcedureWithId
 from procstore.store import ProcedureMessage, StateStore
 from procstore.store.local import TRASH, LocalDirStore
@@ -73,8 +73,7 @@ async def trash_emptied(store: StateStore) -> None:
     after each deletion is answered: that work is procstore's, so a throughput timing waits
     for it, and a latency timing (`wait()`) leaves it out but must not let it run into the
     next timing, its baseline's say."""
-    while (inner := getattr(store, "inner", None)) is not None:
-        store = inner
+    store = innermost(store)
     if isinstance(store, LocalDirStore):
         trash = store.root / TRASH
         # Polled: the store's threads empty it, with no event to wait on.
