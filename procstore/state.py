@@ -59,6 +59,10 @@ class Predicate:
         return repr(self._value)
 
 
+_ANSWERS = (Predicate(False), Predicate(True))
+"""The two answers, shared: a `Predicate` never changes, and states are asked often."""
+
+
 class _KindAliases(type):
     """`ProcedureState.DONE` and the like: the kinds, once spelled on the state class.
 
@@ -112,36 +116,36 @@ class ProcedureState(metaclass=_KindAliases):
     @property
     def is_running(self) -> Predicate:
         """RUNNING or RETRYING."""
-        return Predicate(self.kind in (ProcedureStateKind.RUNNING, ProcedureStateKind.RETRYING))
+        return _ANSWERS[self.kind in (ProcedureStateKind.RUNNING, ProcedureStateKind.RETRYING)]
 
     @property
     def is_retrying(self) -> Predicate:
-        return Predicate(self.kind is ProcedureStateKind.RETRYING)
+        return _ANSWERS[self.kind is ProcedureStateKind.RETRYING]
 
     @property
     def is_done(self) -> Predicate:
-        return Predicate(self.kind is ProcedureStateKind.DONE)
+        return _ANSWERS[self.kind is ProcedureStateKind.DONE]
 
     @property
     def is_failed(self) -> Predicate:
-        return Predicate(self.kind is ProcedureStateKind.FAILED)
+        return _ANSWERS[self.kind is ProcedureStateKind.FAILED]
 
     @property
     def is_poisoned(self) -> Predicate:
-        return Predicate(self.kind is ProcedureStateKind.POISONED)
+        return _ANSWERS[self.kind is ProcedureStateKind.POISONED]
 
     @property
     def is_prepare_rollback(self) -> Predicate:
-        return Predicate(self.kind is ProcedureStateKind.PREPARE_ROLLBACK)
+        return _ANSWERS[self.kind is ProcedureStateKind.PREPARE_ROLLBACK]
 
     @property
     def is_rolling_back(self) -> Predicate:
-        return Predicate(self.kind is ProcedureStateKind.ROLLING_BACK)
+        return _ANSWERS[self.kind is ProcedureStateKind.ROLLING_BACK]
 
     @property
     def is_ended(self) -> Predicate:
         """DONE, FAILED or POISONED: nothing more will happen to the procedure here."""
-        return Predicate(self.kind in _FINAL)
+        return _ANSWERS[self.kind in _FINAL]
 
 
 _RUNNING = ProcedureState(ProcedureStateKind.RUNNING)

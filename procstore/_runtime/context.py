@@ -23,7 +23,7 @@ from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Procedure
 from procstore.state import ProcedureState
 from procstore.store.history import HistoryStore
-from procstore.store.keys import ParsedKey
+from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.requests import OperatorRequest, OperatorRequested
@@ -353,22 +353,23 @@ class ManagerContext:
         return self.load_with_lock_key(procedure_id, message, key)[0]
 
     def load_with_lock_key(
-        self, procedure_id: ProcedureId, message: ProcedureMessage, key: str | ParsedKey
+        self, procedure_id: ProcedureId, message: ProcedureMessage, key: str | ParsedKey | KeyType
     ) -> tuple[Procedure, LockKey]:
         """`load`, and the procedure's lock key, computed once: a `lock_key()` that fails on a
         second call must fail here, as a load problem, not later where nothing handles it.
-        `key` (the message's) is formatted only for a problem: recovery loads thousands."""
+        `key` is the message's, or its suffix (the key is then the one at `message.step`):
+        it is formatted only for a problem, since recovery loads thousands."""
+
+        def failed(reason: str, hint: str) -> LoadFailed:
+            text = self.store.key(procedure_id, message.step, key) if isinstance(key, KeyType) else str(key)
+            return LoadFailed(LoadProblem(text, procedure_id, reason, hint, message.type_name))
+
         loader = self.loaders.get(message.type_name)
         if loader is None:
             known = ", ".join(sorted(self.loaders)) or "none"
-            raise LoadFailed(
-                LoadProblem(
-                    str(key),
-                    procedure_id,
-                    f"no loader is registered for type {message.type_name!r} (registered: {known})",
-                    "Register its loader with `manager.register(...)` before `start()`; the keys were left untouched",
-                    message.type_name,
-                )
+            raise failed(
+                f"no loader is registered for type {message.type_name!r} (registered: {known})",
+                "Register its loader with `manager.register(...)` before `start()`; the keys were left untouched",
             )
         hint = "Fix the loader (old data must keep loading) or the stored value; the keys were left untouched"
         try:
@@ -376,8 +377,7 @@ class ManagerContext:
         except BaseException as e:
             if is_stop(e):
                 raise
-            reason = f"its loader rejected the stored data: {type(e).__name__}: {e}"
-            raise LoadFailed(LoadProblem(str(key), procedure_id, reason, hint, message.type_name)) from e
+            raise failed(f"its loader rejected the stored data: {type(e).__name__}: {e}", hint) from e
         try:
             lock_key = procedure.lock_key()  # a procedure whose lock keys cannot be computed cannot run
             if not isinstance(lock_key, LockKey):
@@ -385,8 +385,7 @@ class ManagerContext:
         except BaseException as e:
             if is_stop(e):
                 raise
-            reason = f"its lock_key() failed on the stored data: {type(e).__name__}: {e}"
-            raise LoadFailed(LoadProblem(str(key), procedure_id, reason, hint, message.type_name)) from e
+            raise failed(f"its lock_key() failed on the stored data: {type(e).__name__}: {e}", hint) from e
         return procedure, lock_key
 
     # -- tasks -----------------------------------------------------------------------

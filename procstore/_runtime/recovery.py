@@ -21,7 +21,7 @@ from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
 from procstore.state import ProcedureState, ProcedureStateKind
-from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_dir
+from procstore.store.keys import KeysByProcedure, KeyType, procedure_dir
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
 
@@ -144,7 +144,7 @@ def _stranded(loaded: ProcedureMessages, alive: set[ProcedureId]) -> dict[Proced
     parent_of.update((pid, m.parent_id) for pid, m in loaded.rollback_messages.items())
     stranded: dict[ProcedureId, str] = {}
     settled: set[ProcedureId] = set()
-    for start in parent_of:
+    for start in [pid for pid, parent in parent_of.items() if parent is not None]:  # a root is never stranded
         # Walk up from `start` until a verdict: `chain` is the path walked, `culprits` the
         # members that are themselves the problem (a cycle's members, or the orphan).
         chain: list[ProcedureId] = []
@@ -252,6 +252,8 @@ def _start_resumed(ctx: ManagerContext, runners: list[Runner]) -> None:
 
 def _take_locks_now(ctx: ManagerContext, pid: ProcedureId, keys: Sequence[StringKey]) -> bool:
     """Take every key for `pid` if none would block (else none)."""
+    if not keys:
+        return True
     if not ctx.locks.acquire_all_now(keys):
         return False
     for held in keys:
@@ -278,9 +280,9 @@ def _resume_root(
     problems: list[LoadProblem],
 ) -> list[Runner]:
     """The runner that resumes a stored root, not started; none if it cannot be loaded."""
-    key = ParsedKey(ctx.store.proc_path, pid, message.step, KeyType.ROLLBACK if rolling_back else KeyType.STEP)
+    key_type = KeyType.ROLLBACK if rolling_back else KeyType.STEP
     try:
-        procedure, lock_key = ctx.load_with_lock_key(pid, message, key)
+        procedure, lock_key = ctx.load_with_lock_key(pid, message, key_type)
     except LoadFailed as e:
         logger.error("skipping %s", e.problem, extra=e.problem.log_fields())
         problems.append(e.problem)

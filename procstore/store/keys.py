@@ -76,11 +76,15 @@ _KEY = re.compile(
 """What follows the prefix: any folders, then `{id}/{step}.{type}`, as GreptimeDB's parser reads it."""
 
 
+StepAndType = tuple[int, KeyType]
+"""A procedure key without its procedure: its step and suffix."""
+
+
 @dataclass(slots=True)
 class KeysByProcedure:
     """The keys under a prefix, grouped by procedure without building a `ParsedKey` for each."""
 
-    steps: dict[ProcedureId, list[tuple[int, KeyType]]]
+    steps: dict[ProcedureId, list[StepAndType]]
     """Each procedure's `(step, key_type)` pairs, in listing order."""
     others: list[str]
     """Keys under the prefix that are not procedure keys."""
@@ -92,43 +96,64 @@ class KeysByProcedure:
         Recovery lists every key of every procedure but needs a `ParsedKey` for only the
         latest one of each.
         """
-        steps: dict[ProcedureId, list[tuple[int, KeyType]]] = {}
-        by_text: dict[str, list[tuple[int, KeyType]]] = {}
+        steps: dict[ProcedureId, list[StepAndType]] = {}
+        by_text: dict[str, list[StepAndType]] = {}
         others: list[str] = []
         start = len(prefix)
         slash = start + _ID_LENGTH
         match_key = _KEY.fullmatch
-        key_types = _KEY_TYPES
+        # The common shape, `{prefix}{id}/{digits}.{type}`, is read without the regex: the
+        # name after the id is parsed once per distinct name (`0000000001.step` and a few
+        # others recur in every folder) and the id once per procedure. Invariant: `folder`
+        # is `{prefix}{id}/` of the last key of that shape, and `found` is that id's list;
+        # a listing is sorted, so most keys share the folder of the key before them.
+        folder = None
+        found: list[StepAndType] = []
+        names: dict[str, StepAndType | None] = {}
         for key in keys:
-            if not key.startswith(prefix):
-                others.append(key)
-                continue
-            # The common shape, `{prefix}{id}/{digits}.{type}`, without the regex (the id is
-            # checked once per procedure); any other shape gets the regex's verdict.
-            step_text, dot, type_text = key[slash + 1 :].partition(".")
-            if (
-                key[slash : slash + 1] == "/"
-                and dot
-                and step_text.isascii()
-                and step_text.isdigit()
-                and (key_type := key_types.get(type_text)) is not None
-            ):
-                id_text = key[start:slash]
-            elif (match := match_key(key, start)) is not None:
-                id_text, step_text, type_text = match.groups()
-                key_type = key_types[type_text]
-            else:
-                others.append(key)
-                continue
-            found = by_text.get(id_text)
-            if found is None:
-                procedure_id = ProcedureId.parse_canonical(id_text)
-                if procedure_id is None:  # the regex would not match either: the id ends the key
-                    others.append(key)
+            if key[slash : slash + 1] == "/" and key.startswith(prefix):
+                name = key[slash + 1 :]
+                parsed = names.get(name, _UNSEEN)
+                if parsed is _UNSEEN:
+                    parsed = names[name] = _parse_name(name)
+                if parsed is not None:
+                    if folder is None or not key.startswith(folder):
+                        id_text = key[start:slash]
+                        known = by_text.get(id_text)
+                        if known is None:
+                            procedure_id = ProcedureId.parse_canonical(id_text)
+                            if procedure_id is None:  # the regex would not match either: the id ends the key
+                                others.append(key)
+                                continue
+                            known = by_text[id_text] = steps[procedure_id] = []
+                        folder, found = key[: slash + 1], known
+                    found.append(parsed)
                     continue
-                found = by_text[id_text] = steps[procedure_id] = []
-            found.append((int(step_text), key_type))
+            # Any other shape gets the regex's verdict.
+            match = match_key(key, start) if key.startswith(prefix) else None
+            if match is None:
+                others.append(key)
+                continue
+            id_text, step_text, type_text = match.groups()
+            known = by_text.get(id_text)
+            if known is None:
+                procedure_id = ProcedureId.parse_canonical(id_text)
+                assert procedure_id is not None  # the pattern only matches canonical ids
+                known = by_text[id_text] = steps[procedure_id] = []
+            known.append((int(step_text), _KEY_TYPES[type_text]))
         return cls(steps, others)
+
+
+_UNSEEN: StepAndType | None = (-1, KeyType.STEP)
+"""A name not parsed yet (`group`'s cache holds `None` for names that are not a key's)."""
+
+
+def _parse_name(name: str) -> StepAndType | None:
+    """`(step, key_type)` of a key's last part, `{digits}.{type}`; `None` for any other."""
+    step_text, dot, type_text = name.partition(".")
+    if dot and step_text.isascii() and step_text.isdigit() and (key_type := _KEY_TYPES.get(type_text)) is not None:
+        return int(step_text), key_type
+    return None
 
 
 def procedure_dir(prefix: str, procedure_id: ProcedureId) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -18,7 +19,7 @@ from procstore._bulk import collector_paused
 from procstore._logs import get_logger, procedure_fields
 from procstore.errors import Fenced
 from procstore.ids import ProcedureId
-from procstore.store.keys import PROC_PATH, KeysByProcedure, KeyType, ParsedKey, procedure_dir
+from procstore.store.keys import PROC_PATH, KeysByProcedure, KeyType, ParsedKey, StepAndType, procedure_dir
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.requests import RESUME_PATH, RequestStore
 from procstore.store.state_store import StateStore
@@ -218,27 +219,29 @@ class ProcedureStore:
         keys = await self.store.walk(self.proc_path)
         with collector_paused():
             latest_of, to_read, stray = self._latest_keys(keys)
-            below_commit = {k.procedure_id: k for k in to_read if latest_of[k.procedure_id].key_type is KeyType.COMMIT}
-        values = await self._read_all([str(k) for k in to_read])
+            below_commit = {pid: (step, kt) for pid, step, kt in to_read if latest_of[pid][1] is KeyType.COMMIT}
+            proc_path = self.proc_path
+            texts = [f"{proc_path}{pid}/{step:010d}{_SUFFIXES[kt]}" for pid, step, kt in to_read]
+        values = await self._read_all(texts)
         if self.skip_strays:
             # Only a latest key is stepped over; a message below a `.commit` is read for its
             # parent alone, and an empty one there is an unreadable value like any other.
             torn = [
                 i
-                for i, (k, v) in enumerate(zip(to_read, values, strict=True))
-                if _is_torn(k, v) and k.procedure_id not in below_commit
+                for i, ((pid, _, kt), v) in enumerate(zip(to_read, values, strict=True))
+                if v == b"" and kt is not KeyType.COMMIT and pid not in below_commit
             ]
             if torn and await self._step_over_torn(to_read, values, torn):
                 return await self.load_messages()
-            latest_of.update((to_read[i].procedure_id, to_read[i]) for i in torn)
+            latest_of.update((to_read[i][0], to_read[i][1:]) for i in torn)
         with collector_paused():
-            read = dict(zip((k.procedure_id for k in to_read), values, strict=True))
+            read = dict(zip((pid for pid, _, _ in to_read), values, strict=True))
             result = self._classify(latest_of, below_commit, read)
         result.stray_ids = stray
         return result
 
     async def _step_over_torn(
-        self, to_read: list[ParsedKey], values: list[bytes | Exception | None], torn: list[int]
+        self, to_read: list[_Key], values: list[bytes | Exception | None], torn: list[int]
     ) -> bool:
         """Resume past empty latest keys: creates cut off by a killed writer.
 
@@ -250,19 +253,19 @@ class ProcedureStore:
         cut off before it returned) has nothing below: it is deleted, and True says to list
         again.
         """
-        unsubmitted = [str(to_read[i]) for i in torn if to_read[i].step == 0]
+        unsubmitted = [self.key(*to_read[i]) for i in torn if to_read[i][1] == 0]
         for i in torn:
-            key = to_read[i]
-            for step in range(key.step - 1, -1, -1):
-                below = await self.store.get(self.key(key.procedure_id, step, KeyType.STEP))
+            pid, torn_step, _ = to_read[i]
+            for step in range(torn_step - 1, -1, -1):
+                below = await self.store.get(self.key(pid, step, KeyType.STEP))
                 if below:
                     values[i] = below
-                    to_read[i] = dataclasses.replace(key, key_type=KeyType.STEP)
+                    to_read[i] = (pid, torn_step, KeyType.STEP)
                     break
         logger.warning(
             "%d empty latest keys left by killed writers (resuming from the step below; deleting those at step 0): %s",
             len(torn),
-            ", ".join(str(to_read[i]) for i in torn[:10]),
+            ", ".join(self.key(*to_read[i]) for i in torn[:10]),
         )
         if unsubmitted:
             await self.store.batch_delete(unsubmitted)
@@ -282,7 +285,7 @@ class ProcedureStore:
                 values[i] = value
         return values
 
-    def _latest_keys(self, keys: list[str]) -> tuple[dict[ProcedureId, ParsedKey], list[ParsedKey], list[ProcedureId]]:
+    def _latest_keys(self, keys: list[str]) -> tuple[dict[ProcedureId, StepAndType], list[_Key], list[ProcedureId]]:
         """Each procedure's latest key, the keys to read (the latest, or for a committed
         procedure its last `.step`: its parent and type), and the stray procedures.
 
@@ -291,46 +294,55 @@ class ProcedureStore:
         grouped = KeysByProcedure.group(self.proc_path, keys)
         for key in grouped.others:
             logger.warning("ignoring a key that is not a procedure key: %s", key)
-        to_read: list[ParsedKey] = []
-        latest_of: dict[ProcedureId, ParsedKey] = {}
+        to_read: list[_Key] = []
+        latest_of: dict[ProcedureId, StepAndType] = {}
         stray: list[ProcedureId] = []
         for pid, found in grouped.steps.items():
-            step, key_type = max(found, key=_latest_first)
-            if self.skip_strays and key_type is not KeyType.COMMIT and step > 0 and min(k[0] for k in found) > 0:
+            step, key_type = latest = _latest(found)
+            if self.skip_strays and key_type is not KeyType.COMMIT and step > 0 and min(found, key=_STEP)[0] > 0:
                 stray.append(pid)
                 continue
-            latest = latest_of[pid] = ParsedKey(self.proc_path, pid, step, key_type)
+            latest_of[pid] = latest
             if key_type is not KeyType.COMMIT:
-                to_read.append(latest)
+                to_read.append((pid, step, key_type))
             else:
                 # A finished procedure's parent, type and outcome are in its highest message
                 # below the commit: a `.step` (it succeeded) or a `.rollback` (it rolled back).
                 below = max((k for k in found if k[1] is not KeyType.COMMIT), key=_latest_first, default=None)
                 if below is not None:
-                    to_read.append(ParsedKey(self.proc_path, pid, below[0], below[1]))
+                    to_read.append((pid, *below))
         return latest_of, to_read, stray
 
     def _classify(
         self,
-        latest_of: dict[ProcedureId, ParsedKey],
-        below_commit: dict[ProcedureId, ParsedKey],
+        latest_of: dict[ProcedureId, StepAndType],
+        below_commit: dict[ProcedureId, StepAndType],
         read: dict[ProcedureId, bytes | Exception | None],
     ) -> ProcedureMessages:
         result = ProcedureMessages()
-        for pid, latest in latest_of.items():
-            if latest.key_type is KeyType.COMMIT:
+        decode = ProcedureMessage.decode
+        for pid, (step, key_type) in latest_of.items():
+            if key_type is KeyType.COMMIT:
                 self._classify_finished(pid, below_commit.get(pid), read.get(pid), result)
                 continue
-            if latest.step >= MAX_STEP:
+            if step >= MAX_STEP:
                 # Resuming writes at step + 1, which no message could hold: every write of
                 # the procedure would fail. A problem now, not a failure at every start.
-                reason = f"its step number {latest.step} is beyond the largest a procedure can write ({MAX_STEP})"
-                self._report(latest, reason, result.problems)
+                reason = f"its step number {step} is beyond the largest a procedure can write ({MAX_STEP})"
+                self._report((pid, step, key_type), reason, result.problems)
                 continue
-            message = self._decode(latest, read[pid], result.problems)
+            raw = read[pid]
+            try:  # the usual case, without `_decode`'s checks and call
+                message: ProcedureMessage | None = decode(raw) if type(raw) is bytes else None
+            except MessageDecodeError:
+                message = None
             if message is None:
-                continue
-            if latest.key_type is KeyType.STEP:
+                message = self._decode((pid, step, key_type), raw, result.problems)  # says why, or vanished
+                if message is None:
+                    continue
+            elif message.step != step:
+                message = dataclasses.replace(message, step=step)  # the key decides, as in `_decode`
+            if key_type is KeyType.STEP:
                 result.messages[pid] = message
             else:
                 result.rollback_messages[pid] = message
@@ -339,7 +351,7 @@ class ProcedureStore:
     def _classify_finished(
         self,
         pid: ProcedureId,
-        below: ParsedKey | None,
+        below: StepAndType | None,
         raw: bytes | Exception | None,
         result: ProcedureMessages,
     ) -> None:
@@ -353,24 +365,24 @@ class ProcedureStore:
             result.finished_ids.append(pid)
             result.finished_messages[pid] = None
             return
-        message = self._decode(below, raw, result.problems, finished=True)
+        message = self._decode((pid, *below), raw, result.problems, finished=True)
         if message is None:
             return
         result.finished_ids.append(pid)
         result.finished_messages[pid] = message
-        if below.key_type is KeyType.ROLLBACK:
+        if below[1] is KeyType.ROLLBACK:
             result.rolled_back_ids.add(pid)
 
     def _decode(
         self,
-        key: ParsedKey,
+        key: _Key,
         raw: bytes | Exception | None,
         problems: list[LoadProblem],
         *,
         finished: bool = False,
     ) -> ProcedureMessage | None:
         if raw is None:
-            logger.info("key %s vanished while loading (deleted by another manager?)", key)
+            logger.info("key %s vanished while loading (deleted by another manager?)", self.key(*key))
             return None
         if isinstance(raw, Exception):
             reason = f"cannot be read: {type(raw).__name__}: {raw}"
@@ -381,24 +393,36 @@ class ProcedureStore:
                 reason = f"is not a valid procedure message: {e}"
             else:
                 # The key decides the step: resuming writes at key step + 1, never over a key.
-                return message if message.step == key.step else dataclasses.replace(message, step=key.step)
+                return message if message.step == key[1] else dataclasses.replace(message, step=key[1])
         if finished:
             reason += " (the procedure finished, but whose subprocedure it was is unknown, so its keys are kept)"
         self._report(key, reason, problems)
         return None
 
-    @staticmethod
-    def _report(key: ParsedKey, reason: str, problems: list[LoadProblem]) -> None:
-        problem = LoadProblem(str(key), key.procedure_id, reason, UNREADABLE_HINT)
+    def _report(self, key: _Key, reason: str, problems: list[LoadProblem]) -> None:
+        problem = LoadProblem(self.key(*key), key[0], reason, UNREADABLE_HINT)
         logger.error("skipping %s", problem, extra=problem.log_fields())
         problems.append(problem)
 
 
-def _is_torn(key: ParsedKey, value: bytes | Exception | None) -> bool:
-    """An empty `.step` or `.rollback` (a `.commit` is empty by format)."""
-    return value == b"" and key.key_type is not KeyType.COMMIT
+_Key = tuple[ProcedureId, int, KeyType]
+"""A key while loading, as its parts: formatted (`ProcedureStore.key`) only to be read or reported."""
+_SUFFIXES = {kt: f".{kt.value}" for kt in KeyType}
+_STEP = operator.itemgetter(0)
 
 
-def _latest_first(key: tuple[int, KeyType]) -> tuple[int, bool]:
+def _latest(found: list[StepAndType]) -> StepAndType:
+    """The latest-step rule (`_latest_first`) over one procedure's keys, in C for the usual
+    case: the highest step, and at that step a commit or rollback over a step (the first
+    listed, if both are there)."""
+    top = max(found, key=_STEP)
+    if top[1] is KeyType.STEP and len(found) > 1:
+        ties = [found.index(t) for t in ((top[0], KeyType.COMMIT), (top[0], KeyType.ROLLBACK)) if t in found]
+        if ties:
+            return found[min(ties)]
+    return top
+
+
+def _latest_first(key: StepAndType) -> tuple[int, bool]:
     """The latest-step rule: the highest step wins, and at the same step a commit or rollback."""
     return key[0], key[1] is not KeyType.STEP
