@@ -38,8 +38,19 @@ class Predicate:
 
     __slots__ = ("_value",)
 
+    _value: bool
+
     def __init__(self, value: bool) -> None:
-        self._value = value
+        # Immutable: the two answers are shared by every state (`_ANSWERS`).
+        if hasattr(self, "_value"):
+            raise AttributeError("a Predicate is immutable")
+        object.__setattr__(self, "_value", value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("a Predicate is immutable")
+
+    def __reduce__(self) -> tuple[type[Predicate], tuple[bool]]:
+        return Predicate, (self._value,)  # copied and pickled through `__init__`
 
     def __call__(self) -> bool:
         return self._value

@@ -64,7 +64,8 @@ class ParsedKey:
         id_text, step_text, type_text = match.groups()
         procedure_id = ProcedureId.parse_canonical(id_text)
         assert procedure_id is not None  # the pattern only matches canonical ids
-        return cls(prefix, procedure_id, int(step_text), _KEY_TYPES[type_text])
+        step = _step_number(step_text)
+        return None if step is None else cls(prefix, procedure_id, step, _KEY_TYPES[type_text])
 
 
 _ID_LENGTH = 36
@@ -111,13 +112,14 @@ class KeysByProcedure:
         found: list[StepAndType] = []
         names: dict[str, StepAndType | None] = {}
         for key in keys:
-            if key[slash : slash + 1] == "/" and key.startswith(prefix):
+            same_folder = folder is not None and key.startswith(folder)
+            if same_folder or (key[slash : slash + 1] == "/" and key.startswith(prefix)):
                 name = key[slash + 1 :]
                 parsed = names.get(name, _UNSEEN)
                 if parsed is _UNSEEN:
                     parsed = names[name] = _parse_name(name)
                 if parsed is not None:
-                    if folder is None or not key.startswith(folder):
+                    if not same_folder:
                         id_text = key[start:slash]
                         known = by_text.get(id_text)
                         if known is None:
@@ -131,16 +133,17 @@ class KeysByProcedure:
                     continue
             # Any other shape gets the regex's verdict.
             match = match_key(key, start) if key.startswith(prefix) else None
-            if match is None:
+            step = None if match is None else _step_number(match[2])
+            if match is None or step is None:
                 others.append(key)
                 continue
-            id_text, step_text, type_text = match.groups()
+            id_text, _, type_text = match.groups()
             known = by_text.get(id_text)
             if known is None:
                 procedure_id = ProcedureId.parse_canonical(id_text)
                 assert procedure_id is not None  # the pattern only matches canonical ids
                 known = by_text[id_text] = steps[procedure_id] = []
-            known.append((int(step_text), _KEY_TYPES[type_text]))
+            known.append((step, _KEY_TYPES[type_text]))
         return cls(steps, others)
 
 
@@ -152,8 +155,18 @@ def _parse_name(name: str) -> StepAndType | None:
     """`(step, key_type)` of a key's last part, `{digits}.{type}`; `None` for any other."""
     step_text, dot, type_text = name.partition(".")
     if dot and step_text.isascii() and step_text.isdigit() and (key_type := _KEY_TYPES.get(type_text)) is not None:
-        return int(step_text), key_type
+        step = _step_number(step_text)
+        return None if step is None else (step, key_type)
     return None
+
+
+def _step_number(digits: str) -> int | None:
+    """The step a key's ASCII digits spell; `None` past the digits `int()` converts (4,300
+    by default): such a key is not one of ours, where an error would stop every start."""
+    try:
+        return int(digits)
+    except ValueError:
+        return None
 
 
 def procedure_dir(prefix: str, procedure_id: ProcedureId) -> str:

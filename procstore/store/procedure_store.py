@@ -218,7 +218,7 @@ class ProcedureStore:
         """Scan every procedure and classify it by its highest key (the latest-step rule)."""
         keys = await self.store.walk(self.proc_path)
         with collector_paused():
-            latest_of, to_read, stray = self._latest_keys(keys)
+            latest_of, to_read, stray, listed = self._latest_keys(keys)
             below_commit = {pid: (step, kt) for pid, step, kt in to_read if latest_of[pid][1] is KeyType.COMMIT}
             proc_path = self.proc_path
             texts = [f"{proc_path}{pid}/{step:010d}{_SUFFIXES[kt]}" for pid, step, kt in to_read]
@@ -231,7 +231,7 @@ class ProcedureStore:
                 for i, ((pid, _, kt), v) in enumerate(zip(to_read, values, strict=True))
                 if v == b"" and kt is not KeyType.COMMIT and pid not in below_commit
             ]
-            if torn and await self._step_over_torn(to_read, values, torn):
+            if torn and await self._step_over_torn(to_read, values, torn, listed):
                 return await self.load_messages()
             latest_of.update((to_read[i][0], to_read[i][1:]) for i in torn)
         with collector_paused():
@@ -241,7 +241,11 @@ class ProcedureStore:
         return result
 
     async def _step_over_torn(
-        self, to_read: list[_Key], values: list[bytes | Exception | None], torn: list[int]
+        self,
+        to_read: list[_Key],
+        values: list[bytes | Exception | None],
+        torn: list[int],
+        listed: dict[ProcedureId, list[StepAndType]],
     ) -> bool:
         """Resume past empty latest keys: creates cut off by a killed writer.
 
@@ -251,12 +255,13 @@ class ProcedureStore:
         from the nearest readable step below it: `values[i]` becomes that step's bytes, under
         the torn key's step number, so the next write goes one above. A torn step 0 (a submit
         cut off before it returned) has nothing below: it is deleted, and True says to list
-        again.
+        again. Only the `.step` keys `listed` below it are read: keys below the latest are
+        never created later, and a torn key can sit billions of step numbers above the rest.
         """
         unsubmitted = [self.key(*to_read[i]) for i in torn if to_read[i][1] == 0]
         for i in torn:
             pid, torn_step, _ = to_read[i]
-            for step in range(torn_step - 1, -1, -1):
+            for step in sorted({s for s, kt in listed[pid] if kt is KeyType.STEP and s < torn_step}, reverse=True):
                 below = await self.store.get(self.key(pid, step, KeyType.STEP))
                 if below:
                     values[i] = below
@@ -285,9 +290,12 @@ class ProcedureStore:
                 values[i] = value
         return values
 
-    def _latest_keys(self, keys: list[str]) -> tuple[dict[ProcedureId, StepAndType], list[_Key], list[ProcedureId]]:
+    def _latest_keys(
+        self, keys: list[str]
+    ) -> tuple[dict[ProcedureId, StepAndType], list[_Key], list[ProcedureId], dict[ProcedureId, list[StepAndType]]]:
         """Each procedure's latest key, the keys to read (the latest, or for a committed
-        procedure its last `.step`: its parent and type), and the stray procedures.
+        procedure its last `.step`: its parent and type), the stray procedures, and every
+        procedure's keys.
 
         Steps are numbered from 0 without gaps and only a finished procedure loses keys, so an
         unfinished one always has a key at step 0 (GreptimeDB's too)."""
@@ -311,7 +319,7 @@ class ProcedureStore:
                 below = max((k for k in found if k[1] is not KeyType.COMMIT), key=_latest_first, default=None)
                 if below is not None:
                     to_read.append((pid, *below))
-        return latest_of, to_read, stray
+        return latest_of, to_read, stray, grouped.steps
 
     def _classify(
         self,

@@ -253,6 +253,22 @@ def test_an_is_predicate_reads_the_same_called_or_not() -> None:
     assert ProcedureManager("memory://never-started/").is_running is False  # a plain bool, JSON-ready
 
 
+def test_a_predicate_answer_cannot_be_changed() -> None:
+    """The answers are shared by every state: changing one would change them all."""
+    import copy
+    import pickle
+
+    from procstore import ProcedureState
+
+    done, running = ProcedureState.done(), ProcedureState.running()
+    for change in (lambda: done.is_running.__init__(True), lambda: setattr(done.is_running, "_value", True)):
+        with pytest.raises(AttributeError):
+            change()
+    assert not running.is_done() and not running.is_done
+    for same in (copy.copy, copy.deepcopy, lambda p: pickle.loads(pickle.dumps(p))):
+        assert same(done.is_done) == done.is_done and same(done.is_running) == done.is_running
+
+
 def test_the_kinds_have_one_name_and_the_old_spelling_warns() -> None:
     from procstore import ProcedureState, ProcedureStateKind
 

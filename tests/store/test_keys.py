@@ -175,3 +175,16 @@ def test_grouping_agrees_with_parse_on_adversarial_keys(prefix: str, tails: list
             expected.setdefault(p.procedure_id, []).append((p.step, p.key_type))
     assert (grouped.steps, grouped.others) == (expected, others)
     assert list(grouped.steps) == list(expected)  # the same order too
+
+
+@pytest.mark.parametrize("id_text", [str(PID), "not-a-procedure-id-but-36-chars-long"])
+def test_a_step_number_too_long_for_int_is_no_key_and_no_error(id_text: str) -> None:
+    """`int()` refuses more than 4,300 digits: such a key is not one of ours, as any other
+    name that is not, never an error that would stop every start."""
+    key = f"{PREFIX}{id_text}/{'1' * 5000}.step"
+    ordinary = f"{PREFIX}{PID}/0000000001.step"
+    assert ParsedKey.parse(PREFIX, key) is None
+    for keys in ([key], [ordinary, key], [key, ordinary]):
+        grouped = KeysByProcedure.group(PREFIX, keys)
+        assert grouped.others == [key]
+        assert grouped.steps == ({PID: [(1, KeyType.STEP)]} if ordinary in keys else {})

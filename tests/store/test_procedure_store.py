@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from procstore import ProcedureId
 from procstore.store import KeyType, LocalDirStore, ProcedureMessage, ProcedureStore
+from procstore.store.procedure_store import _latest, _latest_first
 from procstore.testing import FaultyStore
 
 
@@ -103,3 +108,27 @@ async def test_message_step_follows_the_key(tmp_path: Path) -> None:
     (tmp_path / key).parent.mkdir(parents=True)
     (tmp_path / key).write_bytes(ProcedureMessage("T", "d", None, 3).encode())
     assert (await store.load_messages()).messages[pid].step == 5
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 4), st.sampled_from(list(KeyType))), min_size=1, max_size=8),
+)
+def test_the_latest_key_follows_the_latest_step_rule(found: list[tuple[int, KeyType]]) -> None:
+    """The highest step; at that step a commit or rollback over a step, the first listed of
+    them if both are there (the rule as `max` with its sort key states it)."""
+    assert _latest(found) is max(found, key=_latest_first)
+
+
+async def test_a_torn_latest_key_far_above_the_rest_is_stepped_over_by_the_listed_steps(tmp_path: Path) -> None:
+    """An empty latest `.step` billions of step numbers above the last real one: the load
+    reads the `.step` keys listed below it, never each step number in between."""
+    recorder = FaultyStore(LocalDirStore(tmp_path))
+    store = ProcedureStore(recorder, "data/", skip_strays=True)
+    pid = ProcedureId.random()
+    await store.store_procedure(pid, 0, "T", "d-0", None)
+    await store.store_procedure(pid, 1, "T", "d-1", None)
+    await recorder.put(store.key(pid, 4_000_000_000, KeyType.STEP), b"")
+    recorder.ops.clear()
+    loaded = await asyncio.wait_for(store.load_messages(), timeout=10)
+    assert loaded.messages == {pid: ProcedureMessage("T", "d-1", None, 4_000_000_000)}
+    assert sum(op.kind == "get" for op in recorder.ops) <= 1
