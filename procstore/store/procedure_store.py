@@ -220,7 +220,7 @@ class ProcedureStore:
         with collector_paused():
             latest_of, to_read, stray, listed = self._latest_keys(keys)
             below_commit = {pid: (step, kt) for pid, step, kt in to_read if latest_of[pid][1] is KeyType.COMMIT}
-            proc_path = self.proc_path
+            proc_path = self.proc_path  # the text `ParsedKey.__str__` gives, without a `ParsedKey` each:
             texts = [f"{proc_path}{pid}/{step:010d}{_SUFFIXES[kt]}" for pid, step, kt in to_read]
         values = await self._read_all(texts)
         if self.skip_strays:
