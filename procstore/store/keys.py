@@ -48,7 +48,7 @@ class ParsedKey:
     key_type: KeyType
 
     def __str__(self) -> str:
-        return f"{self.prefix}{self.procedure_id}/{self.step:010d}.{self.key_type.value}"
+        return key_text(self.prefix, self.procedure_id, self.step, self.key_type)
 
     @classmethod
     def parse(cls, prefix: str, key: str) -> ParsedKey | None:
@@ -149,6 +149,15 @@ class KeysByProcedure:
 
 _UNSEEN: StepAndType | None = (-1, KeyType.STEP)
 """A name not parsed yet (`group`'s cache holds `None` for names that are not a key's)."""
+
+
+def key_text(prefix: str, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
+    """The key `ParsedKey(prefix, procedure_id, step, key_type)` stands for, without making
+    one (recovery formats a key per procedure)."""
+    return f"{prefix}{procedure_id}/{step:010d}{_SUFFIXES[key_type]}"
+
+
+_SUFFIXES = {kt: f".{kt.value}" for kt in KeyType}
 
 
 def _parse_name(name: str) -> StepAndType | None:

@@ -19,7 +19,7 @@ from procstore._bulk import collector_paused
 from procstore._logs import get_logger, procedure_fields
 from procstore.errors import Fenced
 from procstore.ids import ProcedureId
-from procstore.store.keys import PROC_PATH, KeysByProcedure, KeyType, ParsedKey, StepAndType, procedure_dir
+from procstore.store.keys import PROC_PATH, KeysByProcedure, KeyType, ParsedKey, StepAndType, key_text, procedure_dir
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.requests import RESUME_PATH, RequestStore
 from procstore.store.state_store import StateStore
@@ -113,7 +113,7 @@ class ProcedureStore:
         usual (a store written by hand, say)."""
 
     def key(self, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
-        return str(ParsedKey(self.proc_path, procedure_id, step, key_type))
+        return key_text(self.proc_path, procedure_id, step, key_type)
 
     async def store_procedure(
         self,
@@ -220,8 +220,8 @@ class ProcedureStore:
         with collector_paused():
             latest_of, to_read, stray, listed = self._latest_keys(keys)
             below_commit = {pid: (step, kt) for pid, step, kt in to_read if latest_of[pid][1] is KeyType.COMMIT}
-            proc_path = self.proc_path  # the text `ParsedKey.__str__` gives, without a `ParsedKey` each:
-            texts = [f"{proc_path}{pid}/{step:010d}{_SUFFIXES[kt]}" for pid, step, kt in to_read]
+            proc_path = self.proc_path
+            texts = [key_text(proc_path, pid, step, kt) for pid, step, kt in to_read]
         values = await self._read_all(texts)
         if self.skip_strays:
             # Only a latest key is stepped over; a message below a `.commit` is read for its
@@ -328,7 +328,6 @@ class ProcedureStore:
         read: dict[ProcedureId, bytes | Exception | None],
     ) -> ProcedureMessages:
         result = ProcedureMessages()
-        decode = ProcedureMessage.decode
         for pid, (step, key_type) in latest_of.items():
             if key_type is KeyType.COMMIT:
                 self._classify_finished(pid, below_commit.get(pid), read.get(pid), result)
@@ -339,17 +338,9 @@ class ProcedureStore:
                 reason = f"its step number {step} is beyond the largest a procedure can write ({MAX_STEP})"
                 self._report((pid, step, key_type), reason, result.problems)
                 continue
-            raw = read[pid]
-            try:  # the usual case, without `_decode`'s checks and call
-                message: ProcedureMessage | None = decode(raw) if type(raw) is bytes else None
-            except MessageDecodeError:
-                message = None
+            message = self._decode((pid, step, key_type), read[pid], result.problems)
             if message is None:
-                message = self._decode((pid, step, key_type), raw, result.problems)  # says why, or vanished
-                if message is None:
-                    continue
-            elif message.step != step:
-                message = dataclasses.replace(message, step=step)  # the key decides, as in `_decode`
+                continue
             if key_type is KeyType.STEP:
                 result.messages[pid] = message
             else:
@@ -415,7 +406,6 @@ class ProcedureStore:
 
 _Key = tuple[ProcedureId, int, KeyType]
 """A key while loading, as its parts: formatted (`ProcedureStore.key`) only to be read or reported."""
-_SUFFIXES = {kt: f".{kt.value}" for kt in KeyType}
 _STEP = operator.itemgetter(0)
 
 
