@@ -378,3 +378,27 @@ names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m
 assert "procstore.step.duration" in names, names
 """
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_spans_record_once_a_provider_is_set_after_the_telemetry_was_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The look for an SDK reads the API's global, not `os.environ` on each call: a provider
+    set later is still seen at once, and one named in the environment is loaded as the API
+    would load it."""
+    from opentelemetry.util._once import Once
+
+    from procstore._runtime.otel import OtelTelemetry
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    monkeypatch.delenv("OTEL_PYTHON_TRACER_PROVIDER", raising=False)
+    telemetry = OtelTelemetry()
+    assert not telemetry._tracing()
+    trace.set_tracer_provider(TracerProvider())
+    assert telemetry._tracing()
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "sdk_tracer_provider")
+    from_environment = OtelTelemetry()
+    assert from_environment._tracing()
+    assert isinstance(trace.get_tracer_provider(), TracerProvider)
