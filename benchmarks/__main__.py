@@ -34,6 +34,8 @@ class Sizes:
     """Keys held; memory:// is measured up to 10,000 only (beyond, one run takes minutes)."""
     ceiling_writes: int
     """Durable creates per measurement of the disk's parallel-fsync ceiling."""
+    request_pairs: int
+    """PUT and GET pairs per measurement of whether the S3 server serves two requests at once."""
 
 
 QUICK = Sizes(  # CI runs this: under three minutes
@@ -46,6 +48,7 @@ QUICK = Sizes(  # CI runs this: under three minutes
     observability={"local": (100,), "s3": (25,)},
     memstore=(100, 10_000),
     ceiling_writes=400,
+    request_pairs=20,
 )
 FULL = Sizes(  # S3 stops at 1,000: the moto server here does ~150 puts/s, 10,000 would take 7 minutes
     # memory:// (fsspec's) stops at 1,000: its cost per operation grows with the keys it holds
@@ -59,6 +62,7 @@ FULL = Sizes(  # S3 stops at 1,000: the moto server here does ~150 puts/s, 10,00
     observability={"local": (100, 1000), "s3": (100,)},
     memstore=(100, 1000, 10_000, 100_000),
     ceiling_writes=2000,
+    request_pairs=100,
 )
 
 
@@ -73,6 +77,8 @@ async def run(quick: bool, only: tuple[str, ...]) -> Report:
             for target in stores:
                 for n in sizes.step[target.kind]:
                     await suites.step_overhead(report, target, n)
+                if target.kind == "s3":
+                    await suites.requests_at_once(report, target, sizes.request_pairs)
         if "throughput" in chosen:
             await suites.disk_ceiling(report, local, sizes.ceiling_writes, CEILING_THREADS)
             for target in stores:
