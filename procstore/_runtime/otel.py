@@ -102,8 +102,9 @@ class OtelTelemetry(Telemetry):
         Asked three times a step. Until a provider is set, the API's `get_tracer_provider()`
         looks in `os.environ` on every call (2 us, a tenth of a step's CPU on memory), so
         the API's global is read first: no provider set, and none named in the environment
-        when this telemetry was made, is an answer without that look. Where the global is not
-        there (another version of the API), the API is asked, as before."""
+        when the current procedure run began (`procedure_span` looks again), is an answer
+        without that look. Where the global is not there (another version of the API), the
+        API is asked, as before."""
         if not self._traced:
             if getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None and not self._provider_in_environment:
                 return False
@@ -111,6 +112,10 @@ class OtelTelemetry(Telemetry):
         return self._traced
 
     def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, **attrs: Any) -> Any:
+        if not self._traced:
+            # Once a run, not three times a step: a provider named in the environment since
+            # the last run (a test's `setenv`, say) is loaded by the API at `_tracing`'s ask.
+            self._provider_in_environment = _PROVIDER_FROM_ENVIRONMENT in os.environ
         if self._tracing():
             return self._procedure_span(procedure_id, type_name, root=root, **attrs)
         # No SDK: the API's span would record nothing, yet a procedure waiting in a step would

@@ -380,25 +380,34 @@ assert "procstore.step.duration" in names, names
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_spans_record_once_a_provider_is_set_after_the_telemetry_was_made(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_spans_record_once_a_provider_is_set_after_the_telemetry_was_made(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """The look for an SDK reads the API's global, not `os.environ` on each call: a provider
-    set later is still seen at once, and one named in the environment is loaded as the API
-    would load it."""
+    set later is still seen at once, and one named in the environment after a manager ran
+    (a test's `setenv`) is loaded, as the API would load it, by the next procedure's run."""
     from opentelemetry.util._once import Once
 
-    from procstore._runtime.otel import OtelTelemetry
+    from procstore._runtime import telemetry as shared
 
-    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
-    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    def no_provider_yet() -> None:  # a process whose first manager starts now
+        monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+        monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+        monkeypatch.setattr(shared, "_shared", None)
+
+    no_provider_yet()
     monkeypatch.delenv("OTEL_PYTHON_TRACER_PROVIDER", raising=False)
-    telemetry = OtelTelemetry()
-    assert not telemetry._tracing()
-    trace.set_tracer_provider(TracerProvider())
-    assert telemetry._tracing()
+    async with manager_for(LocalDirStore(tmp_path)) as manager:
+        await (await manager.submit(steps(World.new(), 2))).wait()
+        assert trace._TRACER_PROVIDER is None
+        monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "sdk_tracer_provider")
+        await (await manager.submit(steps(World.new(), 2))).wait()
+        assert isinstance(trace._TRACER_PROVIDER, TracerProvider)
+    assert shared.get_telemetry()._tracing()
 
-    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
-    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
-    monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "sdk_tracer_provider")
-    from_environment = OtelTelemetry()
-    assert from_environment._tracing()
-    assert isinstance(trace.get_tracer_provider(), TracerProvider)
+    no_provider_yet()
+    monkeypatch.delenv("OTEL_PYTHON_TRACER_PROVIDER")
+    later = shared.get_telemetry()
+    assert not later._tracing()
+    trace.set_tracer_provider(TracerProvider())
+    assert later._tracing()
