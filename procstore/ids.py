@@ -48,6 +48,14 @@ class ProcedureId:
         object.__setattr__(pid, "_text", text)
         return pid
 
+    @classmethod
+    def from_checked_text(cls, text: str) -> ProcedureId:
+        """The id whose canonical text `text` is, already checked by the caller (a listing
+        matched against `CANONICAL_ID_PATTERN` as a whole): `parse_canonical` without its match."""
+        pid = object.__new__(cls)
+        object.__setattr__(pid, "_text", text)
+        return pid
+
     @property
     def uuid(self) -> uuid.UUID:
         return uuid.UUID(self._text)

@@ -6,9 +6,11 @@ GreptimeDB's `common_procedure::store::ParsedKey`.
 
 from __future__ import annotations
 
+import bisect
 import enum
+import operator
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from procstore.ids import CANONICAL_ID_PATTERN, ProcedureId
@@ -181,3 +183,76 @@ def _step_number(digits: str) -> int | None:
 def procedure_dir(prefix: str, procedure_id: ProcedureId) -> str:
     """The folder holding every key of one procedure, ending in `/`."""
     return f"{prefix}{procedure_id}/"
+
+
+FolderLatest = tuple[ProcedureId, StepAndType, str, StepAndType | None, str | None, int]
+"""One procedure's keys as recovery needs them (see `latest_in_sorted`): its id; its latest
+key (the highest step, and at that step a commit or rollback) and that key's text; with a
+`.commit` latest, the highest other key (a rollback over a step at one step) and its text,
+if there is one; its lowest step."""
+
+
+def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -> list[FolderLatest] | None:
+    """Each procedure's latest key, read off a sorted listing of canonical keys only; `None`
+    for any other listing (unsorted, a key of another shape, a step of more than ten digits),
+    which `KeysByProcedure.group` then reads. The answers are `group`'s and `_latest`'s.
+    Without `lowest`, every lowest step is given as 0 (not looked for).
+
+    Recovery lists every key of every procedure but needs only each one's latest: on a
+    listing of `{prefix}{id}/{10 digits}.{type}` keys in order, a folder's keys are sorted
+    by step, then `commit` < `rollback` < `step` at one step. So the folder's last key is at
+    its highest step, a commit or rollback at that step is found by its name, and the key
+    read is the listed text itself: no tuple per key, no key formatted again.
+    """
+    cut = len(prefix) + _ID_LENGTH + 1  # `{prefix}{id}/`: a folder
+    digits_end = cut + _STEP_DIGITS
+    shape = re.compile(rf"{re.escape(prefix)}{CANONICAL_ID_PATTERN}/[0-9]{{{_STEP_DIGITS}}}\.(?:step|commit|rollback)")
+    if not all(map(shape.fullmatch, keys)) or any(map(operator.ge, keys, keys[1:])):
+        return None
+    listed = set(keys)
+    last = {key[:cut]: key for key in keys}
+    first = {key[:cut]: key for key in reversed(keys)} if lowest else {}
+    trusted = ProcedureId.from_checked_text
+    types = _SUFFIX_TYPES
+    out: list[FolderLatest] = []
+    for folder, key in last.items():
+        top = key[:digits_end]
+        # At the top step a commit is listed before a rollback, and both before a step.
+        if key[digits_end + 1] == "s":
+            if (tie := f"{top}.commit") in listed or (tie := f"{top}.rollback") in listed:
+                key = tie
+        elif key[digits_end + 1] == "r" and (tie := f"{top}.commit") in listed:
+            key = tie
+        key_type = types[key[digits_end:]]
+        below: StepAndType | None = None
+        below_key = None
+        if key_type is KeyType.COMMIT and (below_key := _highest_below_commit(keys, key, folder, listed, cut)):
+            below = (int(below_key[cut:digits_end]), types[below_key[digits_end:]])
+        low = int(first[folder][cut:digits_end]) if lowest else 0
+        procedure_id = trusted(folder[cut - 1 - _ID_LENGTH : cut - 1])
+        out.append((procedure_id, (int(key[cut:digits_end]), key_type), key, below, below_key, low))
+    return out
+
+
+def _highest_below_commit(keys: Sequence[str], commit: str, folder: str, listed: set[str], cut: int) -> str | None:
+    """The folder's highest key that is not a commit, a rollback over a step at one step
+    (`_latest_first`): walk back from the commit past any other commit."""
+    at = bisect.bisect_left(keys, commit)
+    for i in range(at + 1, len(keys)):  # above the commit, at its step: its rollback or step
+        if not keys[i].startswith(folder) or keys[i][cut : cut + _STEP_DIGITS] != commit[cut : cut + _STEP_DIGITS]:
+            break
+        return keys[i]
+    for i in range(at - 1, -1, -1):
+        key = keys[i]
+        if not key.startswith(folder):
+            return None
+        if key.endswith(".commit"):
+            continue
+        if key.endswith(".step") and (rollback := f"{key[: cut + _STEP_DIGITS]}.rollback") in listed:
+            return rollback
+        return key
+    return None
+
+
+_STEP_DIGITS = 10
+_SUFFIX_TYPES = {f".{kt.value}": kt for kt in KeyType}

@@ -19,7 +19,17 @@ from procstore._bulk import collector_paused
 from procstore._logs import get_logger, procedure_fields
 from procstore.errors import Fenced
 from procstore.ids import ProcedureId
-from procstore.store.keys import PROC_PATH, KeysByProcedure, KeyType, ParsedKey, StepAndType, key_text, procedure_dir
+from procstore.store.keys import (
+    PROC_PATH,
+    FolderLatest,
+    KeysByProcedure,
+    KeyType,
+    ParsedKey,
+    StepAndType,
+    key_text,
+    latest_in_sorted,
+    procedure_dir,
+)
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.requests import RESUME_PATH, RequestStore
 from procstore.store.state_store import StateStore
@@ -218,10 +228,8 @@ class ProcedureStore:
         """Scan every procedure and classify it by its highest key (the latest-step rule)."""
         keys = await self.store.walk(self.proc_path)
         with collector_paused():
-            latest_of, to_read, stray, listed = self._latest_keys(keys)
+            latest_of, to_read, texts, stray = self._latest_keys(keys)
             below_commit = {pid: (step, kt) for pid, step, kt in to_read if latest_of[pid][1] is KeyType.COMMIT}
-            proc_path = self.proc_path
-            texts = [key_text(proc_path, pid, step, kt) for pid, step, kt in to_read]
         values = await self._read_all(texts)
         if self.skip_strays:
             # Only a latest key is stepped over; a message below a `.commit` is read for its
@@ -231,7 +239,7 @@ class ProcedureStore:
                 for i, ((pid, _, kt), v) in enumerate(zip(to_read, values, strict=True))
                 if v == b"" and kt is not KeyType.COMMIT and pid not in below_commit
             ]
-            if torn and await self._step_over_torn(to_read, values, torn, listed):
+            if torn and await self._step_over_torn(to_read, values, torn, keys):
                 return await self.load_messages()
             latest_of.update((to_read[i][0], to_read[i][1:]) for i in torn)
         with collector_paused():
@@ -245,7 +253,7 @@ class ProcedureStore:
         to_read: list[_Key],
         values: list[bytes | Exception | None],
         torn: list[int],
-        listed: dict[ProcedureId, list[StepAndType]],
+        keys: list[str],
     ) -> bool:
         """Resume past empty latest keys: creates cut off by a killed writer.
 
@@ -255,9 +263,10 @@ class ProcedureStore:
         from the nearest readable step below it: `values[i]` becomes that step's bytes, under
         the torn key's step number, so the next write goes one above. A torn step 0 (a submit
         cut off before it returned) has nothing below: it is deleted, and True says to list
-        again. Only the `.step` keys `listed` below it are read: keys below the latest are
+        again. Only the `.step` keys listed below it are read: keys below the latest are
         never created later, and a torn key can sit billions of step numbers above the rest.
         """
+        listed = KeysByProcedure.group(self.proc_path, keys).steps
         unsubmitted = [self.key(*to_read[i]) for i in torn if to_read[i][1] == 0]
         for i in torn:
             pid, torn_step, _ = to_read[i]
@@ -292,34 +301,51 @@ class ProcedureStore:
 
     def _latest_keys(
         self, keys: list[str]
-    ) -> tuple[dict[ProcedureId, StepAndType], list[_Key], list[ProcedureId], dict[ProcedureId, list[StepAndType]]]:
+    ) -> tuple[dict[ProcedureId, StepAndType], list[_Key], list[str], list[ProcedureId]]:
         """Each procedure's latest key, the keys to read (the latest, or for a committed
-        procedure its last `.step`: its parent and type), the stray procedures, and every
-        procedure's keys.
+        procedure its last `.step`: its parent and type) with their texts, and the stray
+        procedures.
 
         Steps are numbered from 0 without gaps and only a finished procedure loses keys, so an
         unfinished one always has a key at step 0 (GreptimeDB's too)."""
-        grouped = KeysByProcedure.group(self.proc_path, keys)
-        for key in grouped.others:
-            logger.warning("ignoring a key that is not a procedure key: %s", key)
         to_read: list[_Key] = []
+        texts: list[str] = []
         latest_of: dict[ProcedureId, StepAndType] = {}
         stray: list[ProcedureId] = []
-        for pid, found in grouped.steps.items():
-            step, key_type = latest = _latest(found)
-            if self.skip_strays and key_type is not KeyType.COMMIT and step > 0 and min(found, key=_STEP)[0] > 0:
+        for pid, latest, latest_key, below, below_key, lowest in self._each_latest(keys):
+            step, key_type = latest
+            if self.skip_strays and key_type is not KeyType.COMMIT and step > 0 and lowest > 0:
                 stray.append(pid)
                 continue
             latest_of[pid] = latest
             if key_type is not KeyType.COMMIT:
                 to_read.append((pid, step, key_type))
-            else:
+                texts.append(latest_key)
+            elif below is not None:
                 # A finished procedure's parent, type and outcome are in its highest message
                 # below the commit: a `.step` (it succeeded) or a `.rollback` (it rolled back).
+                to_read.append((pid, *below))
+                texts.append(below_key or self.key(pid, *below))
+        return latest_of, to_read, texts, stray
+
+    def _each_latest(
+        self, keys: list[str]
+    ) -> Iterable[tuple[ProcedureId, StepAndType, str, StepAndType | None, str | None, int]]:
+        """Per procedure: its latest key and that key's text, the highest key below a latest
+        `.commit` (and its text, or None to format it), and its lowest step."""
+        if (fast := latest_in_sorted(self.proc_path, keys, lowest=self.skip_strays)) is not None:
+            return fast
+        grouped = KeysByProcedure.group(self.proc_path, keys)
+        for key in grouped.others:
+            logger.warning("ignoring a key that is not a procedure key: %s", key)
+        out: list[FolderLatest] = []
+        for pid, found in grouped.steps.items():
+            latest = _latest(found)
+            below = None
+            if latest[1] is KeyType.COMMIT:
                 below = max((k for k in found if k[1] is not KeyType.COMMIT), key=_latest_first, default=None)
-                if below is not None:
-                    to_read.append((pid, *below))
-        return latest_of, to_read, stray, grouped.steps
+            out.append((pid, latest, self.key(pid, *latest), below, None, min(found, key=_STEP)[0]))
+        return out
 
     def _classify(
         self,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from unittest.mock import patch
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from procstore import ProcedureId
 from procstore.store import KeyType, LocalDirStore, ProcedureMessage, ProcedureStore
+from procstore.store.keys import latest_in_sorted
 from procstore.store.procedure_store import _latest, _latest_first
 from procstore.testing import FaultyStore
 
@@ -132,3 +134,42 @@ async def test_a_torn_latest_key_far_above_the_rest_is_stepped_over_by_the_liste
     loaded = await asyncio.wait_for(store.load_messages(), timeout=10)
     assert loaded.messages == {pid: ProcedureMessage("T", "d-1", None, 4_000_000_000)}
     assert sum(op.kind == "get" for op in recorder.ops) <= 1
+
+
+_IDS = [ProcedureId.parse(f"00000000-0000-4000-8000-00000000000{i}") for i in range(4)]
+_ODD = [
+    "data/procedure/x",
+    "data/procedure/{id}/0000000001.other",
+    "data/procedure/{id}/12.step",
+    "data/procedure/{id}/sub/0000000001.step",
+    "data/procedure/{id}/00000000001.step",
+    "data/procedure/{id}/0000000001.step/x",
+]
+"""Keys under the prefix of other shapes: a listing with one is read the general way."""
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(_IDS), st.integers(0, 5), st.sampled_from(list(KeyType))), max_size=24),
+    st.lists(st.tuples(st.sampled_from(_ODD), st.sampled_from(_IDS)), max_size=2),
+    st.booleans(),
+    st.booleans(),
+)
+def test_the_load_reads_a_sorted_listing_as_it_reads_any(
+    parts: list[tuple[ProcedureId, int, KeyType]],
+    odd: list[tuple[str, ProcedureId]],
+    shuffled: bool,
+    skip_strays: bool,
+) -> None:
+    """`latest_in_sorted` (a sorted listing of canonical keys) gives exactly what the general
+    reading (`KeysByProcedure.group`, the latest-step rule) gives: the latest keys, the keys
+    read and their texts, the strays; any other listing is left to the general reading."""
+    store = ProcedureStore(LocalDirStore("/nonexistent"), "data/", skip_strays=skip_strays)
+    keys = sorted({store.key(*part) for part in parts} | {text.format(id=pid) for text, pid in odd})
+    if shuffled:
+        keys.reverse()
+    fast = store._latest_keys(keys)
+    with_fast_path = latest_in_sorted(store.proc_path, keys) is not None
+    assert with_fast_path == (not odd and not (shuffled and len(keys) > 1))
+    with patch("procstore.store.procedure_store.latest_in_sorted", lambda *_a, **_k: None):
+        general = store._latest_keys(keys)
+    assert fast == general
