@@ -49,9 +49,10 @@ class ProcedureId:
         return pid
 
     @classmethod
-    def from_checked_text(cls, text: str) -> ProcedureId:
-        """The id whose canonical text `text` is, already checked by the caller (a listing
-        matched against `CANONICAL_ID_PATTERN` as a whole): `parse_canonical` without its match."""
+    def _from_checked_text(cls, text: str) -> ProcedureId:
+        """The id whose canonical text `text` is, already checked by the caller (recovery's
+        listing, matched against `CANONICAL_ID_PATTERN` as a whole): `parse_canonical`
+        without its match. Not public: an unchecked text would make an id that is not one."""
         pid = object.__new__(cls)
         object.__setattr__(pid, "_text", text)
         return pid

@@ -212,7 +212,7 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
     listed = set(keys)
     last = {key[:cut]: key for key in keys}
     first = {key[:cut]: key for key in reversed(keys)} if lowest else {}
-    trusted = ProcedureId.from_checked_text
+    trusted = ProcedureId._from_checked_text
     types = _SUFFIX_TYPES
     out: list[FolderLatest] = []
     for folder, key in last.items():

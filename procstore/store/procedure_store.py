@@ -328,11 +328,10 @@ class ProcedureStore:
                 texts.append(below_key or self.key(pid, *below))
         return latest_of, to_read, texts, stray
 
-    def _each_latest(
-        self, keys: list[str]
-    ) -> Iterable[tuple[ProcedureId, StepAndType, str, StepAndType | None, str | None, int]]:
+    def _each_latest(self, keys: list[str]) -> list[FolderLatest]:
         """Per procedure: its latest key and that key's text, the highest key below a latest
-        `.commit` (and its text, or None to format it), and its lowest step."""
+        `.commit` (and its text, or None to format it), and its lowest step (with
+        `skip_strays` only; 0 without, on either path)."""
         if (fast := latest_in_sorted(self.proc_path, keys, lowest=self.skip_strays)) is not None:
             return fast
         grouped = KeysByProcedure.group(self.proc_path, keys)
@@ -344,7 +343,8 @@ class ProcedureStore:
             below = None
             if latest[1] is KeyType.COMMIT:
                 below = max((k for k in found if k[1] is not KeyType.COMMIT), key=_latest_first, default=None)
-            out.append((pid, latest, self.key(pid, *latest), below, None, min(found, key=_STEP)[0]))
+            lowest = min(found, key=_STEP)[0] if self.skip_strays else 0
+            out.append((pid, latest, self.key(pid, *latest), below, None, lowest))
         return out
 
     def _classify(
