@@ -14,9 +14,13 @@ from opentelemetry.metrics import Histogram
 from opentelemetry.trace import Link, Status, StatusCode
 
 from procstore import __version__
+from procstore._logs import get_logger
 from procstore._runtime.telemetry import Telemetry
+from procstore.errors import describe
 
 T = TypeVar("T")
+
+logger = get_logger("procstore.runtime")
 
 _SCOPE = "procstore"
 _NO_SDK = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
@@ -91,6 +95,8 @@ class OtelTelemetry(Telemetry):
         self._attributes: dict[tuple[str, str], tuple[dict[str, str], dict[str, str]]] = {}
         self._traced = False
         self._provider_in_environment = _PROVIDER_FROM_ENVIRONMENT in os.environ
+        self._unloadable: str | None = None
+        """A provider's name in the environment that the API failed to load (warned once)."""
         self.recovery_problems = meter.create_counter(
             "procstore.recovery.problems", "{procedure}", "Procedures a recovery could not load"
         )
@@ -108,14 +114,28 @@ class OtelTelemetry(Telemetry):
         if not self._traced:
             if getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None and not self._provider_in_environment:
                 return False
-            self._traced = not isinstance(trace.get_tracer_provider(), _NO_SDK)
+            try:
+                provider = trace.get_tracer_provider()
+            except Exception as e:  # a provider named in the environment that cannot be loaded
+                self._unloadable = os.environ.get(_PROVIDER_FROM_ENVIRONMENT)
+                self._provider_in_environment = False
+                logger.warning(
+                    "no traces: the tracer provider %s=%r cannot be loaded (%s); procedures run without spans",
+                    _PROVIDER_FROM_ENVIRONMENT,
+                    self._unloadable,
+                    describe(e),
+                )
+                return False
+            self._traced = not isinstance(provider, _NO_SDK)
         return self._traced
 
     def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, **attrs: Any) -> Any:
         if not self._traced:
             # Once a run, not three times a step: a provider named in the environment since
-            # the last run (a test's `setenv`, say) is loaded by the API at `_tracing`'s ask.
-            self._provider_in_environment = _PROVIDER_FROM_ENVIRONMENT in os.environ
+            # the last run (a test's `setenv`, say) is loaded by the API at `_tracing`'s ask;
+            # one that could not be loaded is not asked for again.
+            named = os.environ.get(_PROVIDER_FROM_ENVIRONMENT)
+            self._provider_in_environment = named is not None and named != self._unloadable
         if self._tracing():
             return self._procedure_span(procedure_id, type_name, root=root, **attrs)
         # No SDK: the API's span would record nothing, yet a procedure waiting in a step would

@@ -25,11 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from procstore._logs import ProcedureScope, Stepping, enter_scope, get_logger, leave_scope
+from procstore.errors import describe
 from procstore.store.state_store import StateStore
 from procstore.store.wrapping import WrappingStore
 
@@ -105,7 +107,18 @@ def get_telemetry() -> Telemetry:
             except ImportError as e:
                 logger.debug("telemetry off: the OpenTelemetry API cannot be imported (%s)", e)
             else:
-                _shared = OtelTelemetry()
+                try:
+                    _shared = OtelTelemetry()
+                except Exception as e:  # a provider named in OTEL_PYTHON_* that the API cannot load
+                    named = {
+                        k: v for k, v in os.environ.items() if k.startswith("OTEL_PYTHON_") and k.endswith("_PROVIDER")
+                    }
+                    logger.warning(
+                        "telemetry off: OpenTelemetry could not be set up (%s; %s); procedures run without it",
+                        describe(e),
+                        ", ".join(f"{k}={v!r}" for k, v in sorted(named.items()))
+                        or "no provider named in the environment",
+                    )
     return _shared
 
 

@@ -411,3 +411,37 @@ async def test_spans_record_once_a_provider_is_set_after_the_telemetry_was_made(
     assert not later._tracing()
     trace.set_tracer_provider(TracerProvider())
     assert later._tracing()
+
+
+async def test_a_provider_named_in_the_environment_that_cannot_be_loaded_turns_tracing_off(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`OTEL_PYTHON_TRACER_PROVIDER` naming no installed provider: `start()` failed with
+    "coroutine raised StopIteration". Procedures run without spans, and the log says why,
+    whether the name was there when the first manager started or came later."""
+    from opentelemetry.util._once import Once
+
+    from procstore._runtime import telemetry as shared
+
+    def no_provider_yet() -> None:
+        monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+        monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+        monkeypatch.setattr(shared, "_shared", None)
+
+    no_provider_yet()
+    monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "no_such_provider")
+    with caplog.at_level(logging.WARNING, logger="procstore"):
+        async with manager_for(LocalDirStore(tmp_path / "first")) as manager:
+            assert await (await manager.submit(steps(World.new(), 2))).wait() == "steps done"
+    assert "telemetry off" in caplog.text and "no_such_provider" in caplog.text
+
+    no_provider_yet()
+    monkeypatch.delenv("OTEL_PYTHON_TRACER_PROVIDER")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="procstore"):
+        async with manager_for(LocalDirStore(tmp_path / "later")) as manager:
+            await (await manager.submit(steps(World.new(), 2))).wait()
+            monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "no_such_provider")
+            for _ in range(2):
+                assert await (await manager.submit(steps(World.new(), 2))).wait() == "steps done"
+    assert caplog.text.count("cannot be loaded") == 1
