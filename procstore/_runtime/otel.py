@@ -48,6 +48,52 @@ class StepTimer:
         self._histogram.record(time.perf_counter() - self._start, {"procstore.procedure.type": self._type_name})
 
 
+class _Guarded:
+    """A span's context manager whose own failures (an SDK's span processor that raises, a
+    provider whose `get_tracer` does) are logged, never the procedure's: the run or the
+    step goes on without the span, and an exception of its body passes through unchanged.
+
+    Without it such an error failed the procedure for good, or ended its runner's task
+    with nothing but a debug line while its watchers waited forever."""
+
+    __slots__ = ("_entered", "_inner")
+
+    def __init__(self, inner: contextlib.AbstractContextManager[Any]) -> None:
+        self._inner = inner
+        self._entered = False
+
+    def __enter__(self) -> Any:
+        try:
+            span = self._inner.__enter__()
+        except Exception as e:
+            _spans_failed(e)
+            return trace.INVALID_SPAN
+        self._entered = True
+        return span
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool:
+        if not self._entered:
+            return False
+        try:
+            return bool(self._inner.__exit__(kind, error, tb))
+        except Exception as e:
+            if e is error:
+                raise  # the body's own, re-raised by the span: it goes on as it came
+            _spans_failed(e)
+            return False  # the body's exception, if any, goes on unchanged
+
+
+_span_failures: set[str] = set()
+"""What made spans fail, as described: each is logged once per process."""
+
+
+def _spans_failed(e: Exception) -> None:
+    text = describe(e)
+    if text not in _span_failures:
+        _span_failures.add(text)
+        logger.warning("a span could not be made or ended (%s); procedures go on without it", text, exc_info=e)
+
+
 @contextlib.contextmanager
 def use_context(context: otel_context.Context) -> Iterator[Any]:
     token = otel_context.attach(context)
@@ -67,7 +113,10 @@ class OtelTelemetry(Telemetry):
     enabled = True
 
     def __init__(self) -> None:
-        self.tracer = trace.get_tracer(_SCOPE, __version__)
+        # The API's proxy, not `get_tracer()`: that one loads a provider named in the
+        # environment now, and one that cannot be loaded would fail the manager's start.
+        # `_tracing` loads it instead (and warns once if it cannot); the proxy then uses it.
+        self.tracer: trace.Tracer = trace.ProxyTracer(_SCOPE, __version__)
         meter = metrics.get_meter(_SCOPE, __version__)
         self.submitted_count = meter.create_counter(
             "procstore.procedures.submitted", "{procedure}", "Procedures submitted"
@@ -114,10 +163,11 @@ class OtelTelemetry(Telemetry):
         if not self._traced:
             if getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None and not self._provider_in_environment:
                 return False
+            named = os.environ.get(_PROVIDER_FROM_ENVIRONMENT)  # before the load: what it loads
             try:
                 provider = trace.get_tracer_provider()
             except Exception as e:  # a provider named in the environment that cannot be loaded
-                self._unloadable = os.environ.get(_PROVIDER_FROM_ENVIRONMENT)
+                self._unloadable = named
                 self._provider_in_environment = False
                 logger.warning(
                     "no traces: the tracer provider %s=%r cannot be loaded (%s); procedures run without spans",
@@ -137,7 +187,7 @@ class OtelTelemetry(Telemetry):
             named = os.environ.get(_PROVIDER_FROM_ENVIRONMENT)
             self._provider_in_environment = named is not None and named != self._unloadable
         if self._tracing():
-            return self._procedure_span(procedure_id, type_name, root=root, **attrs)
+            return _Guarded(self._procedure_span(procedure_id, type_name, root=root, **attrs))
         # No SDK: the API's span would record nothing, yet a procedure waiting in a step would
         # hold it, its context, tokens and context managers while it waits. Only what it would
         # change is done: a root's run is a trace of its own (no current span inside it).
@@ -167,7 +217,7 @@ class OtelTelemetry(Telemetry):
 
     def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Any:
         if self._tracing():
-            return self._step_span(type_name, step, attempt)
+            return _Guarded(self._step_span(type_name, step, attempt))
         # No SDK: the span's parent would be the current span, which it would leave as it is.
         return StepTimer(self.step_duration, type_name)
 
@@ -192,10 +242,8 @@ class OtelTelemetry(Telemetry):
             span.end()
             self.step_duration.record(time.perf_counter() - start, {"procstore.procedure.type": type_name})
 
-    @contextlib.contextmanager
-    def span(self, name: str, *, start_ns: int | None = None, **attrs: Any) -> Iterator[Any]:
-        with self.tracer.start_as_current_span(name, attributes=attrs, start_time=start_ns) as span:
-            yield span
+    def span(self, name: str, *, start_ns: int | None = None, **attrs: Any) -> Any:
+        return _Guarded(self.tracer.start_as_current_span(name, attributes=attrs, start_time=start_ns))
 
     def retried(self, type_name: str, reason: BaseException) -> None:
         kind = type(reason).__name__
@@ -217,12 +265,15 @@ class OtelTelemetry(Telemetry):
             self.procedure_duration.record(seconds, {**attributes, "procstore.outcome": outcome})
 
     def mark(self, span: Any, outcome: str | None, error: str | None) -> None:
-        if outcome is None:
-            span.set_attribute("procstore.outcome", "stopped")  # the manager stopped or lost its lease
-            return
-        span.set_attribute("procstore.outcome", outcome)
-        if outcome != "done":
-            span.set_status(Status(StatusCode.ERROR, error or outcome))
+        try:
+            if outcome is None:
+                span.set_attribute("procstore.outcome", "stopped")  # the manager stopped or lost its lease
+                return
+            span.set_attribute("procstore.outcome", outcome)
+            if outcome != "done":
+                span.set_status(Status(StatusCode.ERROR, error or outcome))
+        except Exception as e:
+            _spans_failed(e)
 
     async def store_call(self, operation: str, backend: str, call: Callable[[], Awaitable[T]]) -> T:
         ok, failed = self._store_attributes(operation, backend)

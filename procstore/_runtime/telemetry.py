@@ -98,7 +98,7 @@ def get_telemetry() -> Telemetry:
     """OpenTelemetry hooks if its API is installed, else `OFF` (without importing anything)."""
     global _shared
     if _shared is None:
-        _shared = OFF
+        made: Telemetry = OFF  # `_shared` is set once made: a thread asking meanwhile makes its own
         if importlib.util.find_spec("opentelemetry") is not None:
             # `opentelemetry` may be only a namespace package (opentelemetry-proto installed
             # without opentelemetry-api): the API's own modules decide.
@@ -108,7 +108,7 @@ def get_telemetry() -> Telemetry:
                 logger.debug("telemetry off: the OpenTelemetry API cannot be imported (%s)", e)
             else:
                 try:
-                    _shared = OtelTelemetry()
+                    made = OtelTelemetry()
                 except Exception as e:  # a provider named in OTEL_PYTHON_* that the API cannot load
                     named = {
                         k: v for k, v in os.environ.items() if k.startswith("OTEL_PYTHON_") and k.endswith("_PROVIDER")
@@ -119,6 +119,7 @@ def get_telemetry() -> Telemetry:
                         ", ".join(f"{k}={v!r}" for k, v in sorted(named.items()))
                         or "no provider named in the environment",
                     )
+        _shared = made
     return _shared
 
 

@@ -417,8 +417,9 @@ async def test_a_provider_named_in_the_environment_that_cannot_be_loaded_turns_t
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """`OTEL_PYTHON_TRACER_PROVIDER` naming no installed provider: `start()` failed with
-    "coroutine raised StopIteration". Procedures run without spans, and the log says why,
-    whether the name was there when the first manager started or came later."""
+    "coroutine raised StopIteration". Procedures run without spans and the log says why,
+    once, whether the name was there when the first manager started or came later; a good
+    name given afterwards is loaded at the next run."""
     from opentelemetry.util._once import Once
 
     from procstore._runtime import telemetry as shared
@@ -428,20 +429,51 @@ async def test_a_provider_named_in_the_environment_that_cannot_be_loaded_turns_t
         monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
         monkeypatch.setattr(shared, "_shared", None)
 
-    no_provider_yet()
-    monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "no_such_provider")
-    with caplog.at_level(logging.WARNING, logger="procstore"):
-        async with manager_for(LocalDirStore(tmp_path / "first")) as manager:
-            assert await (await manager.submit(steps(World.new(), 2))).wait() == "steps done"
-    assert "telemetry off" in caplog.text and "no_such_provider" in caplog.text
-
-    no_provider_yet()
-    monkeypatch.delenv("OTEL_PYTHON_TRACER_PROVIDER")
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="procstore"):
-        async with manager_for(LocalDirStore(tmp_path / "later")) as manager:
-            await (await manager.submit(steps(World.new(), 2))).wait()
+    for bad_from_the_start in (True, False):
+        no_provider_yet()
+        monkeypatch.delenv("OTEL_PYTHON_TRACER_PROVIDER", raising=False)
+        if bad_from_the_start:
             monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "no_such_provider")
-            for _ in range(2):
-                assert await (await manager.submit(steps(World.new(), 2))).wait() == "steps done"
-    assert caplog.text.count("cannot be loaded") == 1
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="procstore"):
+            async with manager_for(LocalDirStore(tmp_path / str(bad_from_the_start))) as manager:
+                await (await manager.submit(steps(World.new(), 2))).wait()
+                monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "no_such_provider")
+                for _ in range(2):
+                    assert await (await manager.submit(steps(World.new(), 2))).wait() == "steps done"
+                monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "sdk_tracer_provider")
+                await (await manager.submit(steps(World.new(), 2))).wait()
+                assert isinstance(trace._TRACER_PROVIDER, TracerProvider)
+        assert caplog.text.count("'no_such_provider' cannot be loaded") == 1
+
+
+async def test_a_span_processor_that_raises_never_fails_a_procedure(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SDK's span processor raising as spans start or end: the procedure ran to its end
+    as without telemetry (it was failed for good, or its watchers waited forever), and the
+    log says why, once."""
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class Broken(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            raise RuntimeError("processor bug")
+
+    from procstore._runtime import otel
+
+    monkeypatch.setattr(otel, "_span_failures", set())  # each failure is logged once a process
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    provider.add_span_processor(Broken())
+    try:
+        with caplog.at_level(logging.WARNING, logger="procstore"):
+            async with manager_for(LocalDirStore(tmp_path)) as manager:
+                for _ in range(2):
+                    watcher = await manager.submit(steps(World.new(), 3))
+                    assert await asyncio.wait_for(watcher.wait(), 10) == "steps done"
+    finally:
+        provider._active_span_processor._span_processors = tuple(
+            p for p in provider._active_span_processor._span_processors if not isinstance(p, Broken)
+        )
+    warned = [r for r in caplog.records if "a span could not be made" in r.getMessage()]
+    assert len(warned) == 1 and "processor bug" in warned[0].getMessage()
