@@ -51,31 +51,37 @@ class StepTimer:
 class _Guarded:
     """A span's context manager whose own failures (an SDK's span processor that raises, a
     provider whose `get_tracer` does) are logged, never the procedure's: the run or the
-    step goes on without the span, and an exception of its body passes through unchanged.
+    step goes on as without an SDK (`fallback`, what `_tracing()` false would have used),
+    and an exception of its body passes through unchanged.
 
     Without it such an error failed the procedure for good, or ended its runner's task
     with nothing but a debug line while its watchers waited forever."""
 
-    __slots__ = ("_entered", "_inner")
+    __slots__ = ("_active", "_fallback", "_inner")
 
-    def __init__(self, inner: contextlib.AbstractContextManager[Any]) -> None:
+    def __init__(
+        self, inner: contextlib.AbstractContextManager[Any], fallback: contextlib.AbstractContextManager[Any]
+    ) -> None:
         self._inner = inner
-        self._entered = False
+        self._fallback = fallback
+        self._active: contextlib.AbstractContextManager[Any] | None = None
+        """The one entered: `inner`, or `fallback` if entering `inner` failed."""
 
     def __enter__(self) -> Any:
         try:
             span = self._inner.__enter__()
         except Exception as e:
             _spans_failed(e)
-            return trace.INVALID_SPAN
-        self._entered = True
+            self._active = self._fallback
+            return self._fallback.__enter__()
+        self._active = self._inner
         return span
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool:
-        if not self._entered:
+        if self._active is None:
             return False
         try:
-            return bool(self._inner.__exit__(kind, error, tb))
+            return bool(self._active.__exit__(kind, error, tb))
         except Exception as e:
             if e is error:
                 raise  # the body's own, re-raised by the span: it goes on as it came
@@ -83,15 +89,24 @@ class _Guarded:
             return False  # the body's exception, if any, goes on unchanged
 
 
-_span_failures: set[str] = set()
-"""What made spans fail, as described: each is logged once per process."""
+_span_failures: set[tuple[type[BaseException], str, int | None]] = set()
+"""Where spans failed (the error's type and the innermost line it came from): each place is
+logged once per process, however its message varies (an exporter's "dropped span 3f2a...")."""
+_SPAN_FAILURES_LOGGED = 20
 
 
 def _spans_failed(e: Exception) -> None:
-    text = describe(e)
-    if text not in _span_failures:
-        _span_failures.add(text)
-        logger.warning("a span could not be made or ended (%s); procedures go on without it", text, exc_info=e)
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = (type(e), tb.tb_frame.f_code.co_filename if tb else "", tb.tb_lineno if tb else None)
+    if where in _span_failures or len(_span_failures) > _SPAN_FAILURES_LOGGED:
+        return
+    _span_failures.add(where)
+    if len(_span_failures) > _SPAN_FAILURES_LOGGED:
+        logger.warning("spans keep failing in new places; no more such warnings in this process")
+        return
+    logger.warning("a span could not be made or ended (%s); procedures go on without it", describe(e), exc_info=e)
 
 
 @contextlib.contextmanager
@@ -187,7 +202,11 @@ class OtelTelemetry(Telemetry):
             named = os.environ.get(_PROVIDER_FROM_ENVIRONMENT)
             self._provider_in_environment = named is not None and named != self._unloadable
         if self._tracing():
-            return _Guarded(self._procedure_span(procedure_id, type_name, root=root, **attrs))
+            return _Guarded(self._procedure_span(procedure_id, type_name, root=root, **attrs), self._no_span(root))
+        return self._no_span(root)
+
+    @staticmethod
+    def _no_span(root: bool) -> Any:
         # No SDK: the API's span would record nothing, yet a procedure waiting in a step would
         # hold it, its context, tokens and context managers while it waits. Only what it would
         # change is done: a root's run is a trace of its own (no current span inside it).
@@ -217,7 +236,7 @@ class OtelTelemetry(Telemetry):
 
     def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Any:
         if self._tracing():
-            return _Guarded(self._step_span(type_name, step, attempt))
+            return _Guarded(self._step_span(type_name, step, attempt), StepTimer(self.step_duration, type_name))
         # No SDK: the span's parent would be the current span, which it would leave as it is.
         return StepTimer(self.step_duration, type_name)
 
@@ -239,11 +258,13 @@ class OtelTelemetry(Telemetry):
             raise
         finally:
             otel_context.detach(token)
-            span.end()
-            self.step_duration.record(time.perf_counter() - start, {"procstore.procedure.type": type_name})
+            try:
+                span.end()
+            finally:  # the metric, even when a span processor fails at the end
+                self.step_duration.record(time.perf_counter() - start, {"procstore.procedure.type": type_name})
 
     def span(self, name: str, *, start_ns: int | None = None, **attrs: Any) -> Any:
-        return _Guarded(self.tracer.start_as_current_span(name, attributes=attrs, start_time=start_ns))
+        return _Guarded(self.tracer.start_as_current_span(name, attributes=attrs, start_time=start_ns), _NO_SPAN)
 
     def retried(self, type_name: str, reason: BaseException) -> None:
         kind = type(reason).__name__

@@ -477,3 +477,49 @@ async def test_a_span_processor_that_raises_never_fails_a_procedure(
         )
     warned = [r for r in caplog.records if "a span could not be made" in r.getMessage()]
     assert len(warned) == 1 and "processor bug" in warned[0].getMessage()
+
+
+async def test_a_run_whose_spans_fail_stays_out_of_the_callers_trace_and_keeps_its_metrics(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Procedure spans that cannot start, step spans that cannot end, with a new message each
+    time: a root's run is still a trace of its own (not the caller's span's), each step is
+    still in `procstore.step.duration`, and each failing place is logged once."""
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    from procstore._runtime import otel
+
+    class Broken(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            if span.name.startswith("procedure "):
+                raise RuntimeError(f"no procedure spans ({span.context.span_id:x})")
+
+        def on_end(self, span: Any) -> None:
+            if span.name.startswith("step "):
+                raise RuntimeError(f"export queue full, dropped span {span.context.span_id:x}")
+
+    monkeypatch.setattr(otel, "_span_failures", set())
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    provider.add_span_processor(Broken())
+
+    def step_records() -> int:
+        return sum(p.count for p in points("procstore.step.duration"))
+
+    before = step_records()
+    try:
+        with caplog.at_level(logging.WARNING, logger="procstore"):
+            async with manager_for(LocalDirStore(tmp_path)) as manager:
+                with trace.get_tracer("app").start_as_current_span("outer"):
+                    for _ in range(3):
+                        assert await (await manager.submit(steps(World.new(), 3))).wait() == "steps done"
+    finally:
+        provider._active_span_processor._span_processors = tuple(
+            p for p in provider._active_span_processor._span_processors if not isinstance(p, Broken)
+        )
+    outer = [s for s in SPANS.get_finished_spans() if s.name == "outer"]
+    assert len(outer) == 1 and len(outer[0].events) <= 3  # the submits' writes, made in the caller's span
+    assert not [s for s in SPANS.get_finished_spans() if s.parent is not None and s.parent == outer[0].context]
+    assert step_records() - before >= 9
+    warned = [r for r in caplog.records if "a span could not be made" in r.getMessage()]
+    assert len(warned) == 2
