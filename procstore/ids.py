@@ -44,9 +44,7 @@ class ProcedureId:
         """Parse only the canonical form used in keys; `None` for anything else."""
         if _CANONICAL.fullmatch(text) is None:
             return None
-        pid = object.__new__(cls)
-        object.__setattr__(pid, "_text", text)
-        return pid
+        return cls._from_checked_text(text)
 
     @classmethod
     def _from_checked_text(cls, text: str) -> ProcedureId:

@@ -238,10 +238,9 @@ def _highest_below_commit(keys: Sequence[str], commit: str, folder: str, listed:
     """The folder's highest key that is not a commit, a rollback over a step at one step
     (`_latest_first`): walk back from the commit past any other commit."""
     at = bisect.bisect_left(keys, commit)
-    for i in range(at + 1, len(keys)):  # above the commit, at its step: its rollback or step
-        if not keys[i].startswith(folder) or keys[i][cut : cut + _STEP_DIGITS] != commit[cut : cut + _STEP_DIGITS]:
-            break
-        return keys[i]
+    step = commit[: cut + _STEP_DIGITS]
+    if at + 1 < len(keys) and keys[at + 1].startswith(step):  # its rollback or step, listed next
+        return keys[at + 1]
     for i in range(at - 1, -1, -1):
         key = keys[i]
         if not key.startswith(folder):
