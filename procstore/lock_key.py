@@ -49,6 +49,9 @@ class LockKey:
     __slots__ = ("_keys",)
 
     def __init__(self, keys: Iterable[StringKey] = ()) -> None:
+        if isinstance(keys, list | tuple) and (not keys or (len(keys) == 1 and isinstance(keys[0], StringKey))):
+            self._keys: tuple[StringKey, ...] = tuple(keys)  # none or one: nothing to merge or sort
+            return
         merged: dict[str, StringKey] = {}
         for k in keys:
             if not isinstance(k, StringKey):

@@ -46,10 +46,14 @@ class Procedure(abc.ABC):
 
     def lock_key(self) -> LockKey:
         """The keys locked before the first `execute` and held until the procedure ends."""
-        return LockKey()
+        return _NO_KEYS
 
     async def rollback(self, ctx: Context) -> None:  # noqa: B027 - optional hook
         """Undo partial work after a failure. Must be idempotent: it may run again after a restart."""
+
+
+_NO_KEYS = LockKey()
+"""What a procedure without locks returns: one shared value (a `LockKey` is immutable)."""
 
 
 class StatusKind(enum.Enum):

@@ -132,6 +132,7 @@ class ManagerContext:
         """Procedures an operator's resume or rewind is restarting now: one at a time each."""
         """A root that ends FAILED keeps its keys, for an operator to resume or rewind it."""
         self.request_looks = RequestLooks(store.requests, self.spawn)
+        self._on_end_callback = self._on_end  # one bound method for every meta, not one each
         self.operator_requests: dict[ProcedureId, OperatorRequest] = {}
         """Requests known to apply to procedures of this term: read from the store, or passed
         down from an ancestor's. A runner checks here, then the store, before every attempt."""
@@ -247,7 +248,7 @@ class ManagerContext:
         `lock_key` is the procedure's, when the caller has computed it already."""
         if lock_key is None:
             lock_key = procedure.lock_key() if procedure is not None else LockKey()
-        meta = ProcedureMeta(procedure_id, type_name, parent_id, lock_key, state, self._on_end)
+        meta = ProcedureMeta(procedure_id, type_name, parent_id, lock_key, state, self._on_end_callback)
         if procedure_id in self.metas:
             raise AssertionError(f"procedure {procedure_id} registered twice")
         self.metas[procedure_id] = meta

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from procstore.ids import ProcedureId
@@ -43,7 +43,9 @@ class ProcedureMeta:
         self.lock_key = lock_key
         self.is_root = parent_id is None
         """Whether it ends its own tree (a root, or an orphan resumed as one)."""
-        self.children: list[ProcedureId] = []
+        self.children: Sequence[ProcedureId] = ()
+        """Its subprocedures, in the order they were added: a list once it has one (most
+        procedures have none, and recovery makes thousands of these at once)."""
         self.start_time: datetime | None = None
         self.end_time: datetime | None = None
         self.ended_at: float | None = None
@@ -158,8 +160,12 @@ class ProcedureMeta:
         await self._ended.wait()
 
     def add_child(self, child_id: ProcedureId) -> None:
-        if child_id not in self.children:
+        if child_id in self.children:
+            return
+        if isinstance(self.children, list):
             self.children.append(child_id)
+        else:
+            self.children = [*self.children, child_id]
 
     def info(self) -> ProcedureInfo:
         return ProcedureInfo(

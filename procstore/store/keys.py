@@ -6,8 +6,8 @@ GreptimeDB's `common_procedure::store::ParsedKey`.
 
 from __future__ import annotations
 
-import bisect
 import enum
+import functools
 import operator
 import re
 from collections.abc import Iterable, Sequence
@@ -200,58 +200,72 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
 
     Recovery lists every key of every procedure but needs only each one's latest: on a
     listing of `{prefix}{id}/{10 digits}.{type}` keys in order, a folder's keys are sorted
-    by step, then `commit` < `rollback` < `step` at one step. So the folder's last key is at
-    its highest step, a commit or rollback at that step is found by its name, and the key
-    read is the listed text itself: no tuple per key, no key formatted again.
+    by step, then `commit` < `rollback` < `step` at one step. So a folder is a run of the
+    listing, its last key is at its highest step, and the first key listed at that step is
+    the latest (a commit over a rollback over a step); the key read is the listed text
+    itself: no tuple per key, no key formatted again.
     """
     cut = len(prefix) + _ID_LENGTH + 1  # `{prefix}{id}/`: a folder
     digits_end = cut + _STEP_DIGITS
-    shape = re.compile(rf"{re.escape(prefix)}{CANONICAL_ID_PATTERN}/[0-9]{{{_STEP_DIGITS}}}\.(?:step|commit|rollback)")
-    if not all(map(shape.fullmatch, keys)) or any(map(operator.ge, keys, keys[1:])):
+    if not _all_canonical(prefix, keys) or any(map(operator.ge, keys, keys[1:])):
         return None
-    listed = set(keys)
-    last = {key[:cut]: key for key in keys}
-    first = {key[:cut]: key for key in reversed(keys)} if lowest else {}
+    last_at = {key[:cut]: i for i, key in enumerate(keys)}  # each folder's run ends there
     trusted = ProcedureId._from_checked_text
     types = _SUFFIX_TYPES
     out: list[FolderLatest] = []
-    for folder, key in last.items():
-        top = key[:digits_end]
-        # At the top step a commit is listed before a rollback, and both before a step.
-        if key[digits_end + 1] == "s":
-            if (tie := f"{top}.commit") in listed or (tie := f"{top}.rollback") in listed:
-                key = tie
-        elif key[digits_end + 1] == "r" and (tie := f"{top}.commit") in listed:
-            key = tie
+    first = 0  # where the folder's run begins
+    for folder, end in last_at.items():
+        top = keys[end][:digits_end]
+        at = end  # at most two keys back: a commit and a rollback at the top step
+        while at > first and keys[at - 1].startswith(top):
+            at -= 1
+        key = keys[at]
         key_type = types[key[digits_end:]]
         below: StepAndType | None = None
         below_key = None
-        if key_type is KeyType.COMMIT and (below_key := _highest_below_commit(keys, key, folder, listed, cut)):
+        if key_type is KeyType.COMMIT and (below_key := _highest_below_commit(keys, at, first, digits_end)):
             below = (int(below_key[cut:digits_end]), types[below_key[digits_end:]])
-        low = int(first[folder][cut:digits_end]) if lowest else 0
+        low = 0
+        if lowest and not keys[first].startswith(_STEP_ZERO, cut):
+            low = int(keys[first][cut:digits_end])
         procedure_id = trusted(folder[cut - 1 - _ID_LENGTH : cut - 1])
         out.append((procedure_id, (int(key[cut:digits_end]), key_type), key, below, below_key, low))
+        first = end + 1
     return out
 
 
-def _highest_below_commit(keys: Sequence[str], commit: str, folder: str, listed: set[str], cut: int) -> str | None:
-    """The folder's highest key that is not a commit, a rollback over a step at one step
-    (`_latest_first`): walk back from the commit past any other commit."""
-    at = bisect.bisect_left(keys, commit)
-    step = commit[: cut + _STEP_DIGITS]
-    if at + 1 < len(keys) and keys[at + 1].startswith(step):  # its rollback or step, listed next
+def _all_canonical(prefix: str, keys: Sequence[str]) -> bool:
+    """Whether every key is `{prefix}{canonical id}/{10 digits}.{type}`: one match over the
+    keys joined by newlines rather than a call per key. No part of the pattern matches a
+    newline, and the count of newlines rules out a key with one inside."""
+    text = "\n".join(keys)
+    return not keys or (text.count("\n") == len(keys) - 1 and _listing_pattern(prefix).fullmatch(text) is not None)
+
+
+@functools.lru_cache(maxsize=8)
+def _listing_pattern(prefix: str) -> re.Pattern[str]:
+    one = rf"{re.escape(prefix)}{CANONICAL_ID_PATTERN}/[0-9]{{{_STEP_DIGITS}}}\.(?:step|commit|rollback)"
+    return re.compile(rf"{one}(?:\n{one})*")
+
+
+def _highest_below_commit(keys: Sequence[str], at: int, first: int, digits_end: int) -> str | None:
+    """The highest key that is not a commit in the folder whose run of `keys` begins at
+    `first`, a rollback over a step at one step (`_latest_first`), for the commit at `at`:
+    the key after the commit at its step, or a walk back past any other commit."""
+    if at + 1 < len(keys) and keys[at + 1].startswith(keys[at][:digits_end]):  # its rollback or step
         return keys[at + 1]
-    for i in range(at - 1, -1, -1):
+    for i in range(at - 1, first - 1, -1):
         key = keys[i]
-        if not key.startswith(folder):
-            return None
         if key.endswith(".commit"):
             continue
-        if key.endswith(".step") and (rollback := f"{key[: cut + _STEP_DIGITS]}.rollback") in listed:
-            return rollback
+        if key.endswith(".step") and i > first:
+            maybe_rollback = keys[i - 1]  # a rollback at the step is listed just before it
+            if maybe_rollback.endswith(".rollback") and maybe_rollback.startswith(key[:digits_end]):
+                return maybe_rollback
         return key
     return None
 
 
 _STEP_DIGITS = 10
+_STEP_ZERO = "0" * _STEP_DIGITS
 _SUFFIX_TYPES = {f".{kt.value}": kt for kt in KeyType}

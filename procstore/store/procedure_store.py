@@ -228,8 +228,7 @@ class ProcedureStore:
         """Scan every procedure and classify it by its highest key (the latest-step rule)."""
         keys = await self.store.walk(self.proc_path)
         with collector_paused():
-            latest_of, to_read, texts, stray = self._latest_keys(keys)
-            below_commit = {pid: (step, kt) for pid, step, kt in to_read if latest_of[pid][1] is KeyType.COMMIT}
+            latest_of, to_read, texts, stray, below_commit = self._latest_keys(keys)
         values = await self._read_all(texts)
         if self.skip_strays:
             # Only a latest key is stepped over; a message below a `.commit` is read for its
@@ -301,10 +300,12 @@ class ProcedureStore:
 
     def _latest_keys(
         self, keys: list[str]
-    ) -> tuple[dict[ProcedureId, StepAndType], list[_Key], list[str], list[ProcedureId]]:
+    ) -> tuple[
+        dict[ProcedureId, StepAndType], list[_Key], list[str], list[ProcedureId], dict[ProcedureId, StepAndType]
+    ]:
         """Each procedure's latest key, the keys to read (the latest, or for a committed
-        procedure its last `.step`: its parent and type) with their texts, and the stray
-        procedures.
+        procedure its last `.step`: its parent and type) with their texts, the stray
+        procedures, and of the keys read those below a `.commit`.
 
         Steps are numbered from 0 without gaps and only a finished procedure loses keys, so an
         unfinished one always has a key at step 0 (GreptimeDB's too)."""
@@ -312,6 +313,7 @@ class ProcedureStore:
         texts: list[str] = []
         latest_of: dict[ProcedureId, StepAndType] = {}
         stray: list[ProcedureId] = []
+        below_commit: dict[ProcedureId, StepAndType] = {}
         for pid, latest, latest_key, below, below_key, lowest in self._each_latest(keys):
             step, key_type = latest
             if self.skip_strays and key_type is not KeyType.COMMIT and step > 0 and lowest > 0:
@@ -326,7 +328,8 @@ class ProcedureStore:
                 # below the commit: a `.step` (it succeeded) or a `.rollback` (it rolled back).
                 to_read.append((pid, *below))
                 texts.append(below_key or self.key(pid, *below))
-        return latest_of, to_read, texts, stray
+                below_commit[pid] = below
+        return latest_of, to_read, texts, stray, below_commit
 
     def _each_latest(self, keys: list[str]) -> list[FolderLatest]:
         """Per procedure: its latest key and that key's text, the highest key below a latest

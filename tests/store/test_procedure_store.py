@@ -144,6 +144,7 @@ _ODD = [
     "data/procedure/{id}/sub/0000000001.step",
     "data/procedure/{id}/00000000001.step",
     "data/procedure/{id}/0000000001.step/x",
+    "data/procedure/{id}/0000000003.step\ndata/procedure/{id}/0000000004.step",  # two keys' text in one
 ]
 """Keys under the prefix of other shapes: a listing with one is read the general way."""
 
