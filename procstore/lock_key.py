@@ -39,6 +39,14 @@ class StringKey:
         return f"{self.mode.value}:{self.key}"
 
 
+def _none_or_one_checked(keys: Iterable[object]) -> bool:
+    """A plain list or tuple (not a subclass, whose `len` or `[0]` could say otherwise) of no
+    key or one `StringKey` whose name is a string, as merging several keys makes sure of."""
+    if type(keys) is not list and type(keys) is not tuple:
+        return False
+    return not keys or (len(keys) == 1 and isinstance(key := keys[0], StringKey) and type(key.key) is str)
+
+
 class LockKey:
     """The keys a procedure locks for its whole life, sorted by key and de-duplicated.
 
@@ -49,7 +57,7 @@ class LockKey:
     __slots__ = ("_keys",)
 
     def __init__(self, keys: Iterable[StringKey] = ()) -> None:
-        if isinstance(keys, list | tuple) and (not keys or (len(keys) == 1 and isinstance(keys[0], StringKey))):
+        if _none_or_one_checked(keys):
             self._keys: tuple[StringKey, ...] = tuple(keys)  # none or one: nothing to merge or sort
             return
         merged: dict[str, StringKey] = {}

@@ -7,7 +7,6 @@ GreptimeDB's `common_procedure::store::ParsedKey`.
 from __future__ import annotations
 
 import enum
-import functools
 import operator
 import re
 from collections.abc import Iterable, Sequence
@@ -207,7 +206,8 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
     """
     cut = len(prefix) + _ID_LENGTH + 1  # `{prefix}{id}/`: a folder
     digits_end = cut + _STEP_DIGITS
-    if not _all_canonical(prefix, keys) or any(map(operator.ge, keys, keys[1:])):
+    shape = re.compile(rf"{re.escape(prefix)}{CANONICAL_ID_PATTERN}/[0-9]{{{_STEP_DIGITS}}}\.(?:step|commit|rollback)")
+    if not all(map(shape.fullmatch, keys)) or any(map(operator.ge, keys, keys[1:])):
         return None
     last_at = {key[:cut]: i for i, key in enumerate(keys)}  # each folder's run ends there
     trusted = ProcedureId._from_checked_text
@@ -232,20 +232,6 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
         out.append((procedure_id, (int(key[cut:digits_end]), key_type), key, below, below_key, low))
         first = end + 1
     return out
-
-
-def _all_canonical(prefix: str, keys: Sequence[str]) -> bool:
-    """Whether every key is `{prefix}{canonical id}/{10 digits}.{type}`: one match over the
-    keys joined by newlines rather than a call per key. No part of the pattern matches a
-    newline, and the count of newlines rules out a key with one inside."""
-    text = "\n".join(keys)
-    return not keys or (text.count("\n") == len(keys) - 1 and _listing_pattern(prefix).fullmatch(text) is not None)
-
-
-@functools.lru_cache(maxsize=8)
-def _listing_pattern(prefix: str) -> re.Pattern[str]:
-    one = rf"{re.escape(prefix)}{CANONICAL_ID_PATTERN}/[0-9]{{{_STEP_DIGITS}}}\.(?:step|commit|rollback)"
-    return re.compile(rf"{one}(?:\n{one})*")
 
 
 def _highest_below_commit(keys: Sequence[str], at: int, first: int, digits_end: int) -> str | None:

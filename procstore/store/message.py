@@ -22,10 +22,12 @@ class MessageDecodeError(ValueError):
     """A stored value is not a valid `ProcedureMessage`; the text says which field and why."""
 
 
-UNDECODABLE = (msgspec.DecodeError, UnicodeDecodeError)
+UNDECODABLE = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 """What a msgspec JSON decoder raises for a value it cannot read: besides its own errors,
-invalid UTF-8 inside a JSON string comes out as `UnicodeDecodeError`. Every stored value is
-decoded catching both, so that such a value is unreadable, never an internal error."""
+invalid UTF-8 inside a JSON string comes out as `UnicodeDecodeError`, and arrays or objects
+nested about a thousand deep (in a field it keeps whole, or one it skips) as
+`RecursionError`. Every stored value is decoded catching these, so that such a value is
+unreadable, never an internal error that stops a whole `start()`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,8 @@ class ProcedureMessage:
             stored = _decoder.decode(raw)
         except msgspec.ValidationError as e:
             raise MessageDecodeError(f"the value is not a procedure message: {e}") from None
+        except RecursionError:
+            raise MessageDecodeError("the value nests arrays or objects too deeply to be read") from None
         except UNDECODABLE as e:
             raise MessageDecodeError(f"the value is not JSON ({e}); it may be truncated") from None
         parent_id = None

@@ -142,3 +142,15 @@ def test_invalid_utf8_inside_a_value_is_unreadable_not_fatal(suffix: KeyType) ->
     bad = b'{"type_name": "test::Steps", "data": "\xff\xfe", "parent_id": null, "step": 0}'
     key = str(ParsedKey(PREFIX, ProcedureId.random(), 0, suffix))
     asyncio.run(asyncio.wait_for(_check([("junk", {key: bad})]), 20))
+
+
+@pytest.mark.parametrize("field", ["parent_id", "context"])
+def test_a_value_nested_too_deeply_is_unreadable_not_fatal(field: str) -> None:
+    """A value nested deeper than the decoder goes (about a thousand arrays, 4 KB) is one
+    procedure's load problem: `start()` goes on and resumes the others."""
+    deep = b"[" * 2000 + b"]" * 2000
+    bad = b'{"type_name": "test::Steps", "data": "{}", "parent_id": null, "step": 0, "context": ' + deep + b"}"
+    if field == "parent_id":
+        bad = b'{"type_name": "test::Steps", "data": "{}", "parent_id": ' + deep + b', "step": 0}'
+    key = str(ParsedKey(PREFIX, ProcedureId.random(), 0, KeyType.STEP))
+    asyncio.run(asyncio.wait_for(_check([("junk", {key: bad})]), 20))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from procstore import Context, LockKey, ProcedureWithId, Status, StringKey
 from procstore._runtime import KeyRwLock
 from tests.conftest import StoreTarget
@@ -17,6 +19,24 @@ def test_lock_key_sorts_dedupes_and_prefers_exclusive() -> None:
     assert list(key) == [StringKey.exclusive("a"), StringKey.share("b")]
     assert LockKey([StringKey.share("x")]).conflicts_with(LockKey([StringKey.share("x")])) == []
     assert LockKey([StringKey.share("x")]).conflicts_with(LockKey([StringKey.exclusive("x")])) == ["x"]
+
+
+def test_lock_key_checks_one_key_as_it_checks_many() -> None:
+    """A single key is taken as it is given only when it is a plain `StringKey` of a string:
+    an unhashable name, or a list subclass whose `len` differs from what it iterates, is
+    checked as several keys are."""
+    with pytest.raises(TypeError, match="unhashable"):
+        LockKey([StringKey(["t"], StringKey.exclusive("t").mode)])  # type: ignore[arg-type]
+
+    class Lying(list[StringKey]):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter([StringKey.share("b"), StringKey.exclusive("a"), "junk"])
+
+    with pytest.raises(TypeError, match="junk"):
+        LockKey(Lying([StringKey.share("b")]))
+    assert LockKey(()).keys_to_lock() == () and LockKey([StringKey.share("b")]).keys_to_lock() == (
+        StringKey.share("b"),
+    )
 
 
 async def test_shared_holders_coexist_and_exclusive_waits() -> None:

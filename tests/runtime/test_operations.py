@@ -303,8 +303,9 @@ async def test_a_failed_root_whose_keys_went_is_not_restarted(tmp_path: Path) ->
             await manager.resume(procedure.id)
 
 
+@pytest.mark.parametrize("value", [b"{not json", b'{"kind":"cancel","x":' + b"[" * 2000 + b"]" * 2000 + b"}"])
 async def test_an_unreadable_request_is_logged_once_not_every_poll(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, value: bytes
 ) -> None:
     gate = asyncio.Event()
 
@@ -318,7 +319,7 @@ async def test_an_unreadable_request_is_logged_once_not_every_poll(
     async with manager_on(str(tmp_path), request_poll_interval=0.02) as manager:
         manager.register(Waits)
         watcher = await manager.submit(ProcedureWithId.new(Waits({"name": "w", "at": 0, "fail_at": 9})))
-        await manager.store.store.put(f"requests/{watcher.procedure_id}.json", b"{not json")
+        await manager.store.store.put(f"requests/{watcher.procedure_id}.json", value)
         await asyncio.sleep(0.3)
         gate.set()
         await watcher.wait()

@@ -58,6 +58,12 @@ def test_round_trip(type_name: str, data: str, parent: ProcedureId | None, step:
         (b'{"type_name":"T","data":"d","parent_id":null,"step":1,"error":3}', r"\$.error"),
         # Invalid UTF-8 inside a JSON string: msgspec raises UnicodeDecodeError for it.
         (b'{"type_name":"T","data":"\xff\xfe","parent_id":null,"step":1}', "not JSON .*utf-8"),
+        # Nested past msgspec's depth: a `RecursionError`, where the field is kept or skipped.
+        (b'{"type_name":"T","data":"d","parent_id":' + b"[" * 2000 + b"]" * 2000 + b',"step":1}', r"\$.parent_id"),
+        (
+            b'{"type_name":"T","data":"d","parent_id":null,"step":1,"context":' + b"[" * 2000 + b"]" * 2000 + b"}",
+            "too deeply",
+        ),
     ],
 )
 def test_bad_values_say_what_is_wrong(raw: bytes, fragment: str) -> None:
