@@ -28,18 +28,21 @@ from procstore.store.message import ProcedureMessage
 
 
 def flatten(value: Any, path: str = "") -> dict[str, Any]:
-    """Nested JSON as `{"a.b[0].c": leaf}`: a state machine's context and state become fields."""
-    if isinstance(value, dict) and value:
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(flatten(item, f"{path}.{key}" if path else str(key)))
-        return out
-    if isinstance(value, list) and value:
-        out = {}
-        for i, item in enumerate(value):
-            out.update(flatten(item, f"{path}[{i}]"))
-        return out
-    return {path or "(value)": value}
+    """Nested JSON as `{"a.b[0].c": leaf}`: a state machine's context and state become fields.
+
+    A loop, not a recursion: orjson reads values nested up to 1,024 deep, deeper than
+    Python's recursion goes."""
+    out: dict[str, Any] = {}
+    stack: list[tuple[str, Any]] = [(path, value)]  # the next item last: fields in document order
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, dict) and item:
+            stack += reversed([(f"{where}.{key}" if where else str(key), inner) for key, inner in item.items()])
+        elif isinstance(item, list) and item:
+            stack += reversed([(f"{where}[{i}]", inner) for i, inner in enumerate(item)])
+        else:
+            out[where or "(value)"] = item
+    return out
 
 
 def data_fields(message: ProcedureMessage) -> dict[str, Any] | None:

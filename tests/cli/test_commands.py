@@ -14,11 +14,14 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from starlette.testclient import TestClient
 
 from procstore import ProcedureId, ProcedureManager
 from procstore._cli.app import cli
 from procstore._cli.common import ExitCode
+from procstore._web.app import create_app
 from procstore.store import open_state_store
+from procstore.store.message import ProcedureMessage
 from procstore.testing.pytest_plugin import create_bucket, free_port, s3_storage_options
 from tests.cli.store_builder import MixedStore, build_mixed_store
 from tests.procedures import BLOCKERS, register_all
@@ -251,3 +254,19 @@ def test_missing_credentials_are_named(procstore_moto_endpoint: str, tmp_path: P
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, timeout=60)
     assert done.returncode == ExitCode.STORE_UNAVAILABLE
     assert "no credentials were found" in done.stderr and done.stderr.strip().count("\n") == 0
+
+
+def test_show_reads_data_nested_as_deep_as_json_goes(tmp_path: Path) -> None:
+    """`data` nested 1,000 deep (orjson reads up to 1,024) is shown as fields, by `show` and
+    by the web page, not an internal error: Python's recursion stops near 1,000."""
+    pid = ProcedureId.random()
+    folder = tmp_path / "procedure" / str(pid)
+    folder.mkdir(parents=True)
+    deep = "[" * 1000 + "]" * 1000
+    (folder / "0000000000.step").write_bytes(ProcedureMessage("x::T", deep, None, 0).encode())
+    result = CliRunner().invoke(cli, ["show", str(tmp_path), str(pid)])
+    assert result.exit_code == 0, result.output
+    assert "[0]" * 20 in result.stdout.replace("\n", "")
+    with TestClient(create_app(str(tmp_path))) as client:
+        assert client.get(f"/p/{pid}").status_code == 200
+        assert client.get(f"/api/procedures/{pid}").status_code == 200
