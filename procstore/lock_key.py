@@ -96,3 +96,8 @@ class LockKey:
 
     def __repr__(self) -> str:
         return f"LockKey({list(self._keys)!r})"
+
+
+NO_KEYS = LockKey()
+"""No lock at all: one shared value (a `LockKey` is never changed once made), for every
+procedure that locks nothing."""

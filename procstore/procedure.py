@@ -13,7 +13,7 @@ import orjson
 
 from procstore.errors import InvalidProcedureId
 from procstore.ids import ProcedureId
-from procstore.lock_key import LockKey, StringKey
+from procstore.lock_key import NO_KEYS, LockKey, StringKey
 from procstore.state import ProcedureState
 
 
@@ -46,14 +46,10 @@ class Procedure(abc.ABC):
 
     def lock_key(self) -> LockKey:
         """The keys locked before the first `execute` and held until the procedure ends."""
-        return _NO_KEYS
+        return NO_KEYS
 
     async def rollback(self, ctx: Context) -> None:  # noqa: B027 - optional hook
         """Undo partial work after a failure. Must be idempotent: it may run again after a restart."""
-
-
-_NO_KEYS = LockKey()
-"""What a procedure without locks returns: one shared value (a `LockKey` is immutable)."""
 
 
 class StatusKind(enum.Enum):

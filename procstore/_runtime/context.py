@@ -19,7 +19,7 @@ from procstore._runtime.retry import RetryPolicy
 from procstore._runtime.telemetry import OFF, Telemetry
 from procstore.errors import Fenced, ManagerStopped, ProcedureError
 from procstore.ids import ProcedureId
-from procstore.lock_key import LockKey, StringKey
+from procstore.lock_key import NO_KEYS, LockKey, StringKey
 from procstore.procedure import Procedure
 from procstore.state import ProcedureState
 from procstore.store.history import HistoryStore
@@ -247,7 +247,7 @@ class ManagerContext:
 
         `lock_key` is the procedure's, when the caller has computed it already."""
         if lock_key is None:
-            lock_key = procedure.lock_key() if procedure is not None else LockKey()
+            lock_key = procedure.lock_key() if procedure is not None else NO_KEYS
         meta = ProcedureMeta(procedure_id, type_name, parent_id, lock_key, state, self._on_end_callback)
         if procedure_id in self.metas:
             raise AssertionError(f"procedure {procedure_id} registered twice")
