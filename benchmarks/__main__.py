@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import click
 
-from benchmarks import memstore, observability, recovery, suites
+from benchmarks import memstore, observability, placement, recovery, suites
 from benchmarks.harness import Report, machine
 from benchmarks.stores import targets
 
@@ -36,6 +36,8 @@ class Sizes:
     """Durable creates per measurement of the disk's parallel-fsync ceiling."""
     request_pairs: int
     """PUT and GET pairs per measurement of whether the S3 server serves two requests at once."""
+    placement: int
+    """N of the ablation of spreading the procedure folders (`benchmarks.placement`)."""
 
 
 QUICK = Sizes(  # CI runs this: under three minutes
@@ -49,6 +51,7 @@ QUICK = Sizes(  # CI runs this: under three minutes
     memstore=(100, 10_000),
     ceiling_writes=400,
     request_pairs=20,
+    placement=100,
 )
 FULL = Sizes(  # S3 stops at 1,000: the moto server here does ~150 puts/s, 10,000 would take 7 minutes
     # memory:// (fsspec's) stops at 1,000: its cost per operation grows with the keys it holds
@@ -63,6 +66,7 @@ FULL = Sizes(  # S3 stops at 1,000: the moto server here does ~150 puts/s, 10,00
     memstore=(100, 1000, 10_000, 100_000),
     ceiling_writes=2000,
     request_pairs=100,
+    placement=1000,
 )
 
 
@@ -85,6 +89,7 @@ async def run(quick: bool, only: tuple[str, ...]) -> Report:
                 for n in sizes.throughput[target.kind]:
                     with_dbos = target.kind == "local" and n <= sizes.dbos_max
                     await suites.throughput(report, target, n, with_dbos=with_dbos)
+            await placement.ablation(report, local, sizes.placement)
         if "recovery" in chosen:
             for n in sizes.recovery:
                 await recovery.recovery(report, local, n, with_dbos=n == sizes.dbos_max)

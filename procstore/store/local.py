@@ -26,6 +26,8 @@ from procstore._aio import run_blocking
 from procstore.store.durable import create_exclusively, fsync_dir, make_dirs, write_all
 from procstore.store.errors import store_errors, unavailable
 from procstore.store.io_threads import Cleanups, IoThreads
+from procstore.store.keys import PROC_PATH
+from procstore.store.placement import gains_from_spreading, spread_subfolders
 from procstore.store.state_store import StateStore, content_version
 
 TEMP_PREFIX = ".tmp-"
@@ -127,6 +129,9 @@ class LocalDirStore(StateStore):
         self.url = f"{self.root}/"
         self._root_text = str(self.root)
         self._cleanups = Cleanups()
+        self._root_normal = os.path.normpath(self._root_text)
+        self._spreading: set[str] = set()
+        """The `procedure/` folders this store has made sure of (and marked, where that helps)."""
 
     @staticmethod
     def _in_thread(fn: Callable[..., T], *args: object) -> Awaitable[T]:
@@ -145,7 +150,7 @@ class LocalDirStore(StateStore):
         try:
             fd = os.open(temp, _TEMP_FLAGS, 0o644)
         except FileNotFoundError:
-            make_dirs(Path(folder))
+            self._make_folder(folder)
             fd = os.open(temp, _TEMP_FLAGS, 0o644)
         temp_left = True
         try:
@@ -167,6 +172,23 @@ class LocalDirStore(StateStore):
                     os.unlink(temp)
         fsync_dir(folder)
         return True
+
+    def _make_folder(self, folder: str) -> None:
+        """`make_dirs`; for a procedure's folder, its parent (`procedure/` inside the root) is
+        made first and, once per store, marked to place its subfolders apart where that
+        helps (see `placement`). No other folder is ever marked: not the root, the user's."""
+        parent = folder.rpartition("/")[0]
+        if parent not in self._spreading and self._holds_procedures(parent):
+            make_dirs(Path(parent))
+            if gains_from_spreading(parent):
+                spread_subfolders(parent)
+            self._spreading.add(parent)
+        make_dirs(Path(folder))
+
+    def _holds_procedures(self, folder: str) -> bool:
+        """Whether `folder` is a `procedure/` folder inside the root (after `..` is resolved)."""
+        normal = os.path.normpath(folder)
+        return normal.endswith(f"/{PROC_PATH.rstrip('/')}") and normal.startswith(f"{self._root_normal}/")
 
     async def put(self, key: str, value: bytes) -> None:
         with store_errors("writing", self.url, key):
