@@ -5,6 +5,7 @@ folder but a `procedure/` inside the store."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import struct
 from pathlib import Path
@@ -23,7 +24,7 @@ def _flags(path: Path) -> int | None:
         return None
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        (flags,) = struct.unpack("i", placement.fcntl.ioctl(fd, placement._GET_FLAGS, bytes(4)))
+        (flags,) = struct.unpack("i", fcntl.ioctl(fd, placement._GET_FLAGS, bytes(4)))
         return int(flags)
     except OSError:
         return None
@@ -118,7 +119,7 @@ async def test_a_refused_mark_loses_no_write(tmp_path: Path, monkeypatch: pytest
     def refuse(*_: object) -> bytes:
         raise OSError(errno.EOPNOTSUPP, "not supported")
 
-    monkeypatch.setattr(placement.fcntl, "ioctl", refuse)
+    monkeypatch.setattr(fcntl, "ioctl", refuse)
     store = LocalDirStore(tmp_path / "store")
     await store.check_access()
     assert await store.put_if_absent(KEY, b"v")
