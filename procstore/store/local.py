@@ -50,6 +50,8 @@ entries of the trash it ever removes (a `.trash` may also hold what a user put t
 
 _STALE_TEMP_SECONDS = 3600.0
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+_PROCEDURES = f"/{PROC_PATH.rstrip('/')}"
+"""How the path of a folder holding one folder per procedure ends (`_make_folder`)."""
 T = TypeVar("T")
 
 
@@ -129,7 +131,8 @@ class LocalDirStore(StateStore):
         self.url = f"{self.root}/"
         self._root_text = str(self.root)
         self._cleanups = Cleanups()
-        self._root_normal = os.path.normpath(self._root_text)
+        self._root_normal = f"{os.path.normpath(self._root_text)}/"
+        """The root, `..` resolved, ending in `/`: what a folder inside it starts with."""
         self._spreading: set[str] = set()
         """The `procedure/` folders this store has made sure of (and marked, where that helps)."""
 
@@ -177,18 +180,13 @@ class LocalDirStore(StateStore):
         """`make_dirs`; for a procedure's folder, its parent (`procedure/` inside the root) is
         made first and, once per store, marked to place its subfolders apart where that
         helps (see `placement`). No other folder is ever marked: not the root, the user's."""
-        parent = folder.rpartition("/")[0]
-        if parent not in self._spreading and self._holds_procedures(parent):
+        parent = os.path.normpath(folder.rpartition("/")[0])
+        if parent not in self._spreading and parent.startswith(self._root_normal) and parent.endswith(_PROCEDURES):
             make_dirs(Path(parent))
             if gains_from_spreading(parent):
                 spread_subfolders(parent)
             self._spreading.add(parent)
         make_dirs(Path(folder))
-
-    def _holds_procedures(self, folder: str) -> bool:
-        """Whether `folder` is a `procedure/` folder inside the root (after `..` is resolved)."""
-        normal = os.path.normpath(folder)
-        return normal.endswith(f"/{PROC_PATH.rstrip('/')}") and normal.startswith(f"{self._root_normal}/")
 
     async def put(self, key: str, value: bytes) -> None:
         with store_errors("writing", self.url, key):

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 import pytest
 
 from procstore import NotLeader, StoreError
 from procstore._runtime.lease import LEASE_KEY, Lease, LeaseKeeper, LeaseRecord
 from procstore.store import open_state_store
-from procstore.testing import Fault, FaultyStore
+from procstore.testing import Fault, FaultyStore, run_simulated
 from tests.conftest import StoreTarget
 from tests.runtime.helpers import manager_for
 
@@ -33,25 +32,30 @@ async def stored(store: FaultyStore) -> LeaseRecord:
     return LeaseRecord.decode(found[0])
 
 
-async def test_a_renewal_whose_answer_was_lost_is_recognised_and_counted_from_its_first_send(
-    memory_target: StoreTarget,
+def test_a_renewal_whose_answer_was_lost_is_recognised_and_counted_from_its_first_send(
+    mem_target: StoreTarget,
 ) -> None:
-    store = FaultyStore(open_state_store(memory_target.url))
-    keeper = keeper_on(store)
-    assert await keeper.acquire_once()
-    store.plan.faults.append(lost_answer())
-    first_sent = time.monotonic()
-    with pytest.raises(StoreError):
-        await keeper.renew_once()
-    assert (await stored(store)).renewal == 1
-    await asyncio.sleep(0.2)
-    # The retry's swap is refused (the version moved), and the record read back is ours.
-    assert await keeper.renew_once()
-    assert keeper.record is not None and keeper.record.renewal == 1
-    # A standby may have seen that record as soon as the first attempt landed: the lease
-    # runs from then (not from the retry, 0.2 s later).
-    from_first_send = first_sent + TTL - keeper.lease.stop_margin - time.monotonic()
-    assert keeper.seconds_left == pytest.approx(from_first_send, abs=0.05)
+    # In the loop's virtual time (the lease's clock there): exact, whatever the machine's load.
+    async def body() -> None:
+        store = FaultyStore(open_state_store(mem_target.url))
+        keeper = keeper_on(store)
+        assert await keeper.acquire_once()
+        store.plan.faults.append(lost_answer())
+        loop = asyncio.get_running_loop()
+        first_sent = loop.time()
+        with pytest.raises(StoreError):
+            await keeper.renew_once()
+        assert (await stored(store)).renewal == 1
+        await asyncio.sleep(0.2)
+        # The retry's swap is refused (the version moved), and the record read back is ours.
+        assert await keeper.renew_once()
+        assert keeper.record is not None and keeper.record.renewal == 1
+        # A standby may have seen that record as soon as the first attempt landed: the lease
+        # runs from then (not from the retry, 0.2 s later).
+        from_first_send = first_sent + TTL - keeper.lease.stop_margin - loop.time()
+        assert keeper.seconds_left == pytest.approx(from_first_send, abs=1e-9)
+
+    run_simulated(body())
 
 
 async def test_a_renewal_recognised_only_after_its_lease_ran_out_does_not_count(memory_target: StoreTarget) -> None:
