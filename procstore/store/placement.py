@@ -47,24 +47,16 @@ _GET_FLAGS = _linux_ioctl(2, 1)  # FS_IOC_GETFLAGS
 _SET_FLAGS = _linux_ioctl(1, 2)  # FS_IOC_SETFLAGS
 
 
-_gains: dict[int, bool] = {}
-"""`gains_from_spreading` by device: a filesystem gets or loses no journal only when remounted."""
-
-
 def gains_from_spreading(path: str) -> bool:
     """Whether the folder at `path` is on ext2/3/4 without a journal, as Linux's sysfs says
     (`/sys/fs/ext4/<device>/journal_task` reads `<none>`); False if it cannot tell."""
     try:
         device = os.stat(path).st_dev
-        if (known := _gains.get(device)) is not None:
-            return known
         name = os.path.basename(os.path.realpath(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}"))
         with open(f"/sys/fs/ext4/{name}/journal_task", encoding="ascii") as task:
-            gains = task.read().strip() == "<none>"
-    except (OSError, ValueError):
+            return task.read().strip() == "<none>"
+    except (OSError, ValueError):  # no such device or file; a value that is not text
         return False
-    _gains[device] = gains
-    return gains
 
 
 def spread_subfolders(path: str) -> bool:
