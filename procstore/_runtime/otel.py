@@ -10,12 +10,13 @@ from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import Histogram
+from opentelemetry.metrics import Histogram, NoOpMeterProvider
+from opentelemetry.metrics import _internal as _metrics_api
 from opentelemetry.trace import Link, Status, StatusCode
 
 from procstore import __version__
 from procstore._logs import get_logger
-from procstore._runtime.telemetry import Telemetry
+from procstore._runtime.telemetry import NOTHING, Telemetry
 from procstore.errors import describe
 
 T = TypeVar("T")
@@ -158,6 +159,7 @@ class OtelTelemetry(Telemetry):
         self.recovery_duration = meter.create_histogram("procstore.recovery.duration", "s", "Recoveries at start")
         self._attributes: dict[tuple[str, str], tuple[dict[str, str], dict[str, str]]] = {}
         self._traced = False
+        self._metered = False
         self._provider_in_environment = _PROVIDER_FROM_ENVIRONMENT in os.environ
         self._unloadable: str | None = None
         """A provider's name in the environment that the API failed to load (warned once)."""
@@ -193,6 +195,23 @@ class OtelTelemetry(Telemetry):
                 return False
             self._traced = not isinstance(provider, _NO_SDK)
         return self._traced
+
+    def _metering(self) -> bool:
+        """Whether instruments record: a meter provider other than the API's no-op one is set.
+        Once one is, it stays (the API sets it only once).
+
+        Until then the instruments made at `__init__` are the API's proxies, which drop
+        every record until a provider is set (`set_meter_provider`, or the API loading one
+        named in the environment, which it does only when asked for a provider): a record
+        skipped now is one nothing would have seen. Where the API's global is not there
+        (another version of the API), every record is made, as before."""
+        if not self._metered:
+            provider = getattr(_metrics_api, "_METER_PROVIDER", _UNKNOWN)
+            self._metered = provider is not None and not isinstance(provider, NoOpMeterProvider)
+        return self._metered
+
+    def records_store_calls(self) -> bool:
+        return self._metered or self._traced or self._metering() or self._tracing()
 
     def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, **attrs: Any) -> Any:
         if not self._traced:
@@ -238,7 +257,7 @@ class OtelTelemetry(Telemetry):
         if self._tracing():
             return _Guarded(self._step_span(type_name, step, attempt), StepTimer(self.step_duration, type_name))
         # No SDK: the span's parent would be the current span, which it would leave as it is.
-        return StepTimer(self.step_duration, type_name)
+        return StepTimer(self.step_duration, type_name) if self._metering() else NOTHING
 
     @contextlib.contextmanager
     def _step_span(self, type_name: str, step: int, attempt: int) -> Iterator[Any]:

@@ -27,7 +27,7 @@ import contextlib
 import importlib.util
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from procstore._logs import ProcedureScope, Stepping, enter_scope, get_logger, leave_scope
@@ -77,6 +77,10 @@ class Telemetry:
 
     async def store_call(self, operation: str, backend: str, call: Callable[[], Awaitable[T]]) -> T:
         return await call()
+
+    def records_store_calls(self) -> bool:
+        """Whether `store_call` reports anything now (False: a store call may skip it)."""
+        return False
 
     def lease_gained(self, epoch: int | None) -> None:
         pass
@@ -168,8 +172,12 @@ class TracedStore(WrappingStore):
         self.telemetry = telemetry
         self.backend = backend_of(inner.url)
 
-    async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
-        return await self.telemetry.store_call(kind, self.backend, call)
+    def around(
+        self, kind: str, key: str, call: Callable[[], Coroutine[Any, Any, T]], value: bytes | None = None
+    ) -> Coroutine[Any, Any, T]:
+        if not self.telemetry.records_store_calls():
+            return call()  # nothing would record it (no SDK): two coroutines fewer per request
+        return self.telemetry.store_call(kind, self.backend, call)
 
     async def crash_point(self, key: str) -> None:
         await self.inner.crash_point(key)  # not a store request: nothing to report
@@ -177,5 +185,4 @@ class TracedStore(WrappingStore):
     async def delete_in_order(self, first: Sequence[str], then: Sequence[str], folder: str) -> None:
         # The inner store's own: a local directory's deletes a folder with one fsync, where
         # the base class would make one request (and one fsync) per key.
-        call = lambda: self.inner.delete_in_order(first, then, folder)  # noqa: E731
-        await self.telemetry.store_call("delete_in_order", self.backend, call)
+        await self.around("delete_in_order", folder, lambda: self.inner.delete_in_order(first, then, folder))

@@ -2,28 +2,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 from procstore.errors import StoreError, StoreUnavailable, describe
 
 
-@contextmanager
-def store_errors(op: str, url: str, key: str | None = None) -> Iterator[None]:
-    """Re-raise any failure of the block as a `StoreError` that names `op`, the store and the key."""
-    try:
-        yield
-    except StoreError:
-        raise
-    except PermissionError as e:
-        where = f"{url}{key or ''}"
-        raise StoreError(
-            f"{op} {where} was denied ({describe(e)}); check the credentials and the permissions on the store",
-            key=key,
-        ) from e
-    except Exception as e:
-        where = f"{url}{key or ''}"
-        raise StoreError(f"{op} {where} failed: {describe(e)}", key=key) from e
+class store_errors:
+    """Re-raise any failure of the block as a `StoreError` that names `op`, the store and the key.
+
+    A class, not a `@contextmanager` generator: every store request goes through one, and
+    the generator's frame and wrapper cost several times what this does."""
+
+    __slots__ = ("_key", "_op", "_url")
+
+    def __init__(self, op: str, url: str, key: str | None = None) -> None:
+        self._op = op
+        self._url = url
+        self._key = key
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if error is None or isinstance(error, StoreError) or not isinstance(error, Exception):
+            return  # nothing failed, already a StoreError, or not a failure (a cancel, an exit)
+        key = self._key
+        what = f"{self._op} {self._url}{key or ''}"
+        if isinstance(error, PermissionError):
+            hint = "check the credentials and the permissions on the store"
+            raise StoreError(f"{what} was denied ({describe(error)}); {hint}", key=key) from error
+        raise StoreError(f"{what} failed: {describe(error)}", key=key) from error
 
 
 def unavailable(url: str, exc: BaseException) -> StoreUnavailable:

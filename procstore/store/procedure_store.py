@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from procstore._aio import gather_settled
 from procstore._bulk import collector_paused
@@ -125,17 +126,20 @@ class ProcedureStore:
     def key(self, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
         return key_text(self.proc_path, procedure_id, step, key_type)
 
-    async def store_procedure(
+    def store_procedure(
         self,
         procedure_id: ProcedureId,
         step: int,
         type_name: str,
         data: str,
         parent_id: ProcedureId | None,
-    ) -> None:
-        """Create `{step}.step` holding one persisted state; `Fenced` if another writer got there first."""
+    ) -> Coroutine[Any, Any, None]:
+        """Create `{step}.step` holding one persisted state; `Fenced` if another writer got there first.
+
+        Not a coroutine of its own (one frame fewer in every step's write): the key and the
+        bytes are made at the call, the write when the coroutine it returns is awaited."""
         message = ProcedureMessage(type_name, data, parent_id, step)
-        await self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.STEP), message.encode())
+        return self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.STEP), message.encode())
 
     async def _create(self, key: str, value: bytes) -> bool:
         """Create `key`, never overwriting it; False if it holds another writer's bytes.
@@ -164,9 +168,10 @@ class ProcedureStore:
         value = ProcedureMessage(type_name, data, parent_id, 0).encode()
         return await self._create(self.key(procedure_id, 0, KeyType.STEP), value)
 
-    async def commit_procedure(self, procedure_id: ProcedureId, step: int) -> None:
-        """Mark the procedure finished: an empty `{step}.commit` (create-only, as every step key)."""
-        await self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.COMMIT), b"")
+    def commit_procedure(self, procedure_id: ProcedureId, step: int) -> Coroutine[Any, Any, None]:
+        """Mark the procedure finished: an empty `{step}.commit` (create-only, as every step
+        key). As `store_procedure`, the coroutine that writes it."""
+        return self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.COMMIT), b"")
 
     async def rollback_procedure(self, procedure_id: ProcedureId, message: ProcedureMessage) -> None:
         """Mark the procedure failed: `{message.step}.rollback` holding `message` (with `error`)."""

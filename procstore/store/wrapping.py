@@ -5,8 +5,8 @@ injection) are both this, with a different `around`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from procstore.store.state_store import StateStore
 
@@ -36,46 +36,53 @@ class WrappingStore(StateStore):
         self.supports_compare_and_swap = inner.supports_compare_and_swap
         self.round_trips = inner.round_trips
 
-    async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
-        """Run `call`; override to act before or after it."""
-        return await call()
+    def around(
+        self, kind: str, key: str, call: Callable[[], Coroutine[Any, Any, T]], value: bytes | None = None
+    ) -> Coroutine[Any, Any, T]:
+        """Run `call`; override (an `async def` will do) to act before or after it.
 
-    async def put(self, key: str, value: bytes) -> None:
-        await self.around("put", key, lambda: self.inner.put(key, value), value)
+        Neither this nor the operations below are coroutines themselves: each hands back the
+        coroutine that does the work, so a wrapper adds no coroutine of its own to every
+        procedure's chain of awaits (each one a frame to make, resume and trace for the
+        garbage collector, per request), and one with nothing to do this time adds nothing."""
+        return call()
 
-    async def put_if_absent(self, key: str, value: bytes) -> bool:
-        return await self.around("put_if_absent", key, lambda: self.inner.put_if_absent(key, value), value)
+    def put(self, key: str, value: bytes) -> Coroutine[Any, Any, None]:
+        return self.around("put", key, lambda: self.inner.put(key, value), value)
 
-    async def put_if_version(self, key: str, value: bytes, version: str | None) -> bool:
-        return await self.around("put_if_version", key, lambda: self.inner.put_if_version(key, value, version), value)
+    def put_if_absent(self, key: str, value: bytes) -> Coroutine[Any, Any, bool]:
+        return self.around("put_if_absent", key, lambda: self.inner.put_if_absent(key, value), value)
 
-    async def get(self, key: str) -> bytes | None:
-        return await self.around("get", key, lambda: self.inner.get(key))
+    def put_if_version(self, key: str, value: bytes, version: str | None) -> Coroutine[Any, Any, bool]:
+        return self.around("put_if_version", key, lambda: self.inner.put_if_version(key, value, version), value)
 
-    async def get_versioned(self, key: str) -> tuple[bytes, str] | None:
-        return await self.around("get_versioned", key, lambda: self.inner.get_versioned(key))
+    def get(self, key: str) -> Coroutine[Any, Any, bytes | None]:
+        return self.around("get", key, lambda: self.inner.get(key))
 
-    async def get_many(self, keys: Sequence[str]) -> list[bytes | Exception | None]:
-        return await self.around("get_many", ",".join(keys[:1]), lambda: self.inner.get_many(keys))
+    def get_versioned(self, key: str) -> Coroutine[Any, Any, tuple[bytes, str] | None]:
+        return self.around("get_versioned", key, lambda: self.inner.get_versioned(key))
 
-    async def walk(self, prefix: str) -> list[str]:
-        return await self.around("walk", prefix, lambda: self.inner.walk(prefix))
+    def get_many(self, keys: Sequence[str]) -> Coroutine[Any, Any, list[bytes | Exception | None]]:
+        return self.around("get_many", ",".join(keys[:1]), lambda: self.inner.get_many(keys))
 
-    async def walk_modified(self, prefix: str) -> dict[str, float | None]:
-        return await self.around("walk", prefix, lambda: self.inner.walk_modified(prefix))
+    def walk(self, prefix: str) -> Coroutine[Any, Any, list[str]]:
+        return self.around("walk", prefix, lambda: self.inner.walk(prefix))
+
+    def walk_modified(self, prefix: str) -> Coroutine[Any, Any, dict[str, float | None]]:
+        return self.around("walk", prefix, lambda: self.inner.walk_modified(prefix))
 
     async def batch_delete(self, keys: Sequence[str]) -> None:
         if keys:
             await self.around("batch_delete", ",".join(keys), lambda: self.inner.batch_delete(keys))
 
-    async def delete(self, key: str) -> None:
-        await self.around("delete", key, lambda: self.inner.delete(key))
+    def delete(self, key: str) -> Coroutine[Any, Any, None]:
+        return self.around("delete", key, lambda: self.inner.delete(key))
 
-    async def crash_point(self, key: str) -> None:
-        await self.around("crash_point", key, lambda: self.inner.crash_point(key))
+    def crash_point(self, key: str) -> Coroutine[Any, Any, None]:
+        return self.around("crash_point", key, lambda: self.inner.crash_point(key))
 
-    async def check_access(self) -> None:
-        await self.around("check_access", "", self.inner.check_access)
+    def check_access(self) -> Coroutine[Any, Any, None]:
+        return self.around("check_access", "", self.inner.check_access)
 
     async def close(self) -> None:
         await self.inner.close()

@@ -380,6 +380,49 @@ assert "procstore.step.duration" in names, names
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_metrics_record_once_a_meter_provider_is_set_after_a_manager_started() -> None:
+    """Without a meter provider a store request and a step skip their metrics (the API's
+    proxies would drop them); once the application sets one, even with the manager
+    running, the next ones are recorded. In a process of its own: this module sets the SDK."""
+    import subprocess
+    import sys
+
+    code = """
+import asyncio
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from procstore import Procedure, ProcedureManager, ProcedureWithId, Status
+from procstore._runtime.telemetry import get_telemetry
+
+class P(Procedure):
+    type_name = "t::P"
+    def dump(self) -> str:
+        return ""
+    async def execute(self, ctx):
+        return Status.done()
+
+def names(reader):
+    data = reader.get_metrics_data()
+    return {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics} if data else set()
+
+async def main() -> None:
+    async with ProcedureManager("memory://meter-set-later/") as manager:
+        manager.register(P)
+        await (await manager.submit(ProcedureWithId.new(P()))).wait()
+        assert not get_telemetry().records_store_calls()
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        assert get_telemetry().records_store_calls()
+        await (await manager.submit(ProcedureWithId.new(P()))).wait()
+    found = names(reader)
+    assert {"procstore.store.duration", "procstore.step.duration", "procstore.procedures.ended"} <= found, found
+
+asyncio.run(main())
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 async def test_spans_record_once_a_provider_is_set_after_the_telemetry_was_made(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
