@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from procstore.ids import ProcedureId
@@ -48,13 +48,18 @@ class RequestLooks:
         self._last_turn = 0
         """Looks asked for in the last turn that had any."""
 
-    async def get(self, procedure_id: ProcedureId) -> OperatorRequest | None:
+    def get(self, procedure_id: ProcedureId) -> Awaitable[OperatorRequest | None]:
         """The procedure's request, from a look begun after this call or, if there is one,
-        after the procedure's last `look_ahead`."""
+        after the procedure's last `look_ahead`: await what it returns at once.
+
+        Not a coroutine itself (one frame fewer in every attempt's chain): the look is
+        chosen at the call, and the answer is the awaitable returned."""
         answer = self._ahead.pop(procedure_id, None)
-        if answer is None and not self._crowded():
-            return await self._requests.get(procedure_id)
-        return await (answer if answer is not None else self._ask(procedure_id))
+        if answer is not None:
+            return answer
+        if not self._crowded():
+            return self._requests.get(procedure_id)
+        return self._ask(procedure_id)
 
     def _crowded(self) -> bool:
         """Count this look in its turn of the loop; whether looks are batched now: a batch is
