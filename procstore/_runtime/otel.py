@@ -10,13 +10,13 @@ from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import Histogram, NoOpMeterProvider
+from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.metrics import _internal as _metrics_api
 from opentelemetry.trace import Link, Status, StatusCode
 
 from procstore import __version__
 from procstore._logs import get_logger
-from procstore._runtime.telemetry import NOTHING, Telemetry
+from procstore._runtime.telemetry import Telemetry
 from procstore.errors import describe
 
 T = TypeVar("T")
@@ -33,12 +33,14 @@ _NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)
 
 
 class StepTimer:
-    """A step's duration metric without its span (no SDK): all a waiting step holds."""
+    """A step's duration metric without its span (no tracer provider): all a waiting step
+    holds. Recorded at the step's end if a meter provider is set by then, as the API's
+    proxy instrument would: one set while the step ran gets it."""
 
-    __slots__ = ("_histogram", "_start", "_type_name")
+    __slots__ = ("_start", "_telemetry", "_type_name")
 
-    def __init__(self, histogram: Histogram, type_name: str) -> None:
-        self._histogram = histogram
+    def __init__(self, telemetry: OtelTelemetry, type_name: str) -> None:
+        self._telemetry = telemetry
         self._type_name = type_name
         self._start = 0.0
 
@@ -46,7 +48,9 @@ class StepTimer:
         self._start = time.perf_counter()
 
     def __exit__(self, *_exc: object) -> None:
-        self._histogram.record(time.perf_counter() - self._start, {"procstore.procedure.type": self._type_name})
+        if self._telemetry.metering():
+            elapsed = time.perf_counter() - self._start
+            self._telemetry.step_duration.record(elapsed, {"procstore.procedure.type": self._type_name})
 
 
 class _Guarded:
@@ -196,7 +200,7 @@ class OtelTelemetry(Telemetry):
             self._traced = not isinstance(provider, _NO_SDK)
         return self._traced
 
-    def _metering(self) -> bool:
+    def metering(self) -> bool:
         """Whether instruments record: a meter provider other than the API's no-op one is set.
         Once one is, it stays (the API sets it only once).
 
@@ -211,7 +215,7 @@ class OtelTelemetry(Telemetry):
         return self._metered
 
     def records_store_calls(self) -> bool:
-        return self._metered or self._traced or self._metering() or self._tracing()
+        return self._metered or self._traced or self.metering() or self._tracing()
 
     def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, **attrs: Any) -> Any:
         if not self._traced:
@@ -255,9 +259,9 @@ class OtelTelemetry(Telemetry):
 
     def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Any:
         if self._tracing():
-            return _Guarded(self._step_span(type_name, step, attempt), StepTimer(self.step_duration, type_name))
+            return _Guarded(self._step_span(type_name, step, attempt), StepTimer(self, type_name))
         # No SDK: the span's parent would be the current span, which it would leave as it is.
-        return StepTimer(self.step_duration, type_name) if self._metering() else NOTHING
+        return StepTimer(self, type_name)
 
     @contextlib.contextmanager
     def _step_span(self, type_name: str, step: int, attempt: int) -> Iterator[Any]:

@@ -383,7 +383,9 @@ assert "procstore.step.duration" in names, names
 def test_metrics_record_once_a_meter_provider_is_set_after_a_manager_started() -> None:
     """Without a meter provider a store request and a step skip their metrics (the API's
     proxies would drop them); once the application sets one, even with the manager
-    running, the next ones are recorded. In a process of its own: this module sets the SDK."""
+    running, the next ones are recorded, and so is the step during which it was set (its
+    timer began before: the proxy would have forwarded its record). In a process of its
+    own: this module sets the SDK."""
     import subprocess
     import sys
 
@@ -395,28 +397,41 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from procstore import Procedure, ProcedureManager, ProcedureWithId, Status
 from procstore._runtime.telemetry import get_telemetry
 
+reader = InMemoryMetricReader()
+
 class P(Procedure):
     type_name = "t::P"
+    def __init__(self, set_provider: bool = False) -> None:
+        self.set_provider = set_provider
     def dump(self) -> str:
         return ""
     async def execute(self, ctx):
+        if self.set_provider:
+            metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
         return Status.done()
 
-def names(reader):
+def counts():
     data = reader.get_metrics_data()
-    return {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics} if data else set()
+    found = {}
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                points = m.data.data_points
+                found[m.name] = sum(getattr(p, "count", getattr(p, "value", 0)) for p in points)
+    return found
 
 async def main() -> None:
     async with ProcedureManager("memory://meter-set-later/") as manager:
         manager.register(P)
         await (await manager.submit(ProcedureWithId.new(P()))).wait()
         assert not get_telemetry().records_store_calls()
-        reader = InMemoryMetricReader()
-        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        await (await manager.submit(ProcedureWithId.new(P(set_provider=True)))).wait()
         assert get_telemetry().records_store_calls()
+        assert counts()["procstore.step.duration"] == 1, counts()
         await (await manager.submit(ProcedureWithId.new(P()))).wait()
-    found = names(reader)
-    assert {"procstore.store.duration", "procstore.step.duration", "procstore.procedures.ended"} <= found, found
+    found = counts()
+    assert found["procstore.step.duration"] == 2, found
+    assert found["procstore.store.duration"] > 0 and found["procstore.procedures.ended"] >= 2, found
 
 asyncio.run(main())
 """
