@@ -35,7 +35,8 @@ from tests.runtime.helpers import FAST
 
 RUNS: Counter[str] = Counter()
 """`name/step` -> how many times that step's execute() ran (across managers)."""
-RAN_AT: list[tuple[float, str]] = []
+RAN_IN_ORDER: list[str] = []
+"""The names of the procedures whose steps ran, in the order they ran."""
 
 
 class Counted(Procedure):
@@ -53,7 +54,7 @@ class Counted(Procedure):
         await asyncio.sleep(self.data.get("sleep", 0))
         at = self.data.get("at", 0)
         RUNS[f"{self.data['name']}/{at}"] += 1
-        RAN_AT.append((time.monotonic(), self.data["name"]))
+        RAN_IN_ORDER.append(self.data["name"])
         self.data["at"] = at + 1
         return Status.done() if self.data["at"] >= self.data["n"] else Status.executing()
 
@@ -63,12 +64,12 @@ def counted(name: str, n: int, sleep: float = 0.0) -> ProcedureWithId:
 
 
 class Recording(LocalDirStore):
-    """The real local store, recording when each write landed; `slow` writes and walks wait."""
+    """The real local store, recording the order writes landed in; `slow` writes and walks wait."""
 
     def __init__(self, root: Path, slow_write: str = "", slow_walk: float = 0.0) -> None:
         super().__init__(str(root))
         self.slow_write, self.slow_walk = slow_write, slow_walk
-        self.landed: list[tuple[float, str]] = []
+        self.landed: list[str] = []
         self._lock = threading.Lock()
 
     def _write(self, key: str, value: bytes, create_only: bool) -> bool:
@@ -76,15 +77,21 @@ class Recording(LocalDirStore):
             time.sleep(0.3)
         ok = super()._write(key, value, create_only)
         with self._lock:
-            self.landed.append((time.monotonic(), key))
+            self.landed.append(key)
         return ok
 
     def _walk(self, prefix: str) -> list[str]:
         time.sleep(self.slow_walk)
         return super()._walk(prefix)
 
-    def landed_after(self, moment: float) -> list[str]:
-        return [key for at, key in self.landed if at > moment]
+    def mark(self) -> int:
+        """Where the record stands now: `landed_after` gives the writes recorded since."""
+        with self._lock:
+            return len(self.landed)
+
+    def landed_after(self, mark: int) -> list[str]:
+        with self._lock:
+            return self.landed[mark:]
 
 
 def manager(url: Any, *procedures: type[Procedure], **options: Any) -> ProcedureManager:
@@ -109,10 +116,10 @@ async def test_a_cancelled_stop_still_stops_everything(tmp_path: Path, lease: fl
     with pytest.raises(asyncio.CancelledError):
         await stopping
     await asyncio.wait_for(m.stop(), 10)  # the caller tries again: returns once all is over
-    stopped = time.monotonic()
+    stopped, ran = store.mark(), len(RAN_IN_ORDER)
     await asyncio.sleep(0.3)
     assert store.landed_after(stopped) == []
-    assert [name for at, name in RAN_AT if at > stopped] == []
+    assert RAN_IN_ORDER[ran:] == []
     if lease is not None:
         assert json.loads((tmp_path / "lease" / "procedures.json").read_bytes())["released"] is True
 
@@ -337,7 +344,7 @@ async def test_a_standby_cancel_never_lands_after_stop(tmp_path: Path) -> None:
         cancelling = asyncio.ensure_future(standby.cancel(watcher.procedure_id, "no longer needed"))
         await asyncio.sleep(0.05)
         await standby.stop()
-        stopped = time.monotonic()
+        stopped = store.mark()
         with pytest.raises(ManagerStopped):
             await cancelling
         await asyncio.sleep(0.5)
@@ -460,7 +467,7 @@ async def test_stop_start_stop_leaves_the_manager_stopped(tmp_path: Path) -> Non
     starting = asyncio.ensure_future(m.start())
     await asyncio.sleep(0.01)
     await asyncio.wait_for(m.stop(), 10)  # the last call wins, as in a plain sequence
-    stopped = time.monotonic()
+    stopped = store.mark()
     await asyncio.wait_for(asyncio.gather(stopping, starting), 10)
     await asyncio.sleep(0.5)
     assert not m.is_running
