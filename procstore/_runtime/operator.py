@@ -42,7 +42,10 @@ async def watch_operator_requests(ctx: ManagerContext, interval: float) -> None:
 
 
 async def _look_once(ctx: ManagerContext) -> None:
-    found = await ctx.store.requests.list_all()
+    # One listing for requests and resume nudges alike: `requests/resume/` is inside
+    # `requests/`, and each look is a request to an object store for as long as the term lasts.
+    listed = await ctx.store.store.walk(ctx.store.requests.prefix)
+    found = await ctx.store.requests.list_all(listed)
     stale: list[ProcedureId] = []
     for pid, request in found.items():
         meta = ctx.metas.get(pid)
@@ -60,7 +63,7 @@ async def _look_once(ctx: ManagerContext) -> None:
     if stale:
         logger.info("deleting %d operator requests for procedures the store no longer holds", len(stale))
         await ctx.store.requests.delete(stale)
-    for pid, nudge in (await ctx.store.resumes.list_all()).items():
+    for pid, nudge in (await ctx.store.resumes.list_all(listed)).items():
         await _load_again(ctx, pid, nudge)
 
 

@@ -153,9 +153,15 @@ class RequestStore:
         raw = await self.store.get(key)
         return None if raw is None else decode_request(raw, key, procedure_id)
 
-    async def list_all(self) -> dict[ProcedureId, OperatorRequest]:
-        """Every readable request in the store, by procedure id."""
-        keys = [k for k in await self.store.walk(self.prefix) if k.endswith(".json")]
+    async def list_all(self, listed: Collection[str] | None = None) -> dict[ProcedureId, OperatorRequest]:
+        """Every readable request in the store, by procedure id.
+
+        `listed`: the keys of a listing of this folder or of a folder above it, begun after
+        the caller's own starting point (a watch lists `requests/` once for both its request
+        stores); None lists this folder now."""
+        if listed is None:
+            listed = await self.store.walk(self.prefix)
+        keys = [k for k in listed if k.startswith(self.prefix) and k.endswith(".json")]
         ids = {k: ProcedureId.parse_canonical(k[len(self.prefix) : -len(".json")]) for k in keys}
         wanted = [k for k, pid in ids.items() if pid is not None]
         found: dict[ProcedureId, OperatorRequest] = {}

@@ -367,3 +367,31 @@ async def test_resuming_an_unloadable_root_through_the_api_drops_its_old_request
         second.register_loader("tests::Stuck", Fixed.load)
         assert await asyncio.wait_for((await second.resume(procedure.id)).wait(), 10) == name
     assert Flaky.effects[name] == [0, 1, 2, 3]
+
+
+async def test_a_look_for_requests_and_resume_nudges_is_one_listing(tmp_path: Path) -> None:
+    """The watch runs for a manager's whole life: on an object store each listing is a
+    request about once a second. `requests/resume/` is inside `requests/`, so one listing
+    serves both, and a nudge found by it is still acted on."""
+    listed: list[str] = []
+
+    class Counted(LocalDirStore):
+        def walk(self, prefix: str) -> Any:
+            listed.append(prefix)
+            return super().walk(prefix)
+
+    async with manager_on(str(tmp_path), keep_failed=True) as manager:
+        pid, name = await failed_and_kept(manager)
+    Flaky.broken.discard(name)
+    async with manager_on(Counted(tmp_path), keep_failed=True, request_poll_interval=0.02) as manager:
+        listed.clear()  # recovery's own listings (once, at the start) are another matter
+        await asyncio.sleep(0.2)
+        looks = [prefix for prefix in listed if prefix.startswith("requests/")]
+        assert looks and set(looks) == {"requests/"}, listed
+        await ProcedureStore(LocalDirStore(tmp_path)).resumes.put(pid, OperatorRequest.new("resume", "resume"))
+        for _ in range(200):
+            if (watcher := manager.procedure_watcher(pid)) is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert watcher is not None
+        assert await watcher.wait() == name

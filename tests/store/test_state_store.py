@@ -110,25 +110,74 @@ async def test_listing_sees_keys_written_by_another_client(s3_target: StoreTarge
         await other.close()
 
 
-async def test_a_key_written_during_a_listing_does_not_list_its_folder(
+async def test_an_s3_listing_is_listobjects_pages_and_nothing_else(
     s3_target: StoreTarget, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """s3fs answers an empty listing by asking for the prefix itself; if a key appeared in
-    between, that answer is the folder, which is not a key (seen with three managers)."""
+    """s3fs's `find` answers an empty prefix with a HeadObject and a second listing (three
+    requests where one does, and the answer could name a folder if a key appeared in
+    between). A walk is ListObjectsV2 pages only, keys with any character come back as
+    written, and a folder's placeholder object is not a key."""
     store = open_state_store(s3_target.url, s3_target.storage_options)
+    assert isinstance(store, S3Store)
     try:
-        await store.put("procedure/a/0000000000.step", b"a")
-        fs = store.fs  # type: ignore[attr-defined]
-        real_lsdir = fs._lsdir
+        await store.check_access()
+        odd = ["requests/a b+c%20d.json", "requests/ü/é.json", "requests/x&y=z?.json"]
+        for key in [*odd, "requests/resume/1.json", "requests2/no.json"]:
+            await store.put(key, b"v")
+        await store.fs._call_s3("put_object", Bucket=store.bucket, Key="cp/requests/folder/", Body=b"")
+        sent: list[str] = []
+        real_call = store.fs._call_s3
 
-        async def listing_before_the_write(path: str, *args: object, **kwargs: object) -> object:
-            if kwargs.get("delimiter") == "":
-                return []  # the listing ran before the key was written
-            return await real_lsdir(path, *args, **kwargs)
+        async def counted(method: str, *args: object, **kwargs: object) -> object:
+            sent.append(method)
+            return await real_call(method, *args, **kwargs)
 
-        monkeypatch.setattr(fs, "_lsdir", listing_before_the_write)
-        assert await store.walk("procedure/") == []
-        assert await store.walk_modified("procedure/") == {}
+        monkeypatch.setattr(store.fs, "_call_s3", counted)
+        monkeypatch.setattr(store, "list_page_size", 2)
+        expected = sorted([*odd, "requests/resume/1.json"])
+        assert await store.walk("requests/") == expected
+        assert sent == ["list_objects_v2"] * 3  # four keys and the placeholder, two a page
+        assert list(await store.walk_modified("requests/")) == expected
+        assert all(isinstance(t, float) for t in (await store.walk_modified("requests/")).values())
+        sent.clear()
+        assert await store.walk("nothing/") == []
+        assert sent == ["list_objects_v2"]
+    finally:
+        await store.close()
+
+
+async def test_an_s3_listing_cut_short_raises(s3_target: StoreTarget, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page that says more keys follow but gives no token to ask for them (a server that
+    only speaks ListObjects v1, a proxy) is an error, never the whole listing: recovery
+    would silently leave the procedures of the later pages unresumed."""
+    store = open_state_store(s3_target.url, s3_target.storage_options)
+    assert isinstance(store, S3Store)
+    try:
+        for i in range(3):
+            await store.put(f"procedure/a/{i:010d}.step", b"v")
+        real_call = store.fs._call_s3
+
+        async def no_token(method: str, *args: object, **kwargs: object) -> object:
+            out = await real_call(method, *args, **kwargs)
+            if method == "list_objects_v2":
+                out.pop("NextContinuationToken", None)
+            return out
+
+        monkeypatch.setattr(store.fs, "_call_s3", no_token)
+        monkeypatch.setattr(store, "list_page_size", 2)
+        with pytest.raises(StoreError, match="truncated page without a continuation token after 2 keys"):
+            await store.walk("procedure/")
+    finally:
+        await store.close()
+
+
+async def test_an_s3_listing_of_a_missing_bucket_raises(s3_target: StoreTarget) -> None:
+    """Never an empty answer: that would read as "nothing stored" (recovery, a deletion's check)."""
+    url = s3_target.url.replace("s3://", "s3://procstore-no-such-bucket-", 1)
+    store = open_state_store(url, s3_target.storage_options)
+    try:
+        with pytest.raises(StoreError, match="listing"):
+            await store.walk("procedure/")
     finally:
         await store.close()
 
