@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from procstore._aio import run_blocking
+from procstore._logs import get_logger
 from procstore.store.durable import create_exclusively, fsync_dir, make_dirs, write_all
 from procstore.store.errors import store_errors, unavailable
 from procstore.store.io_threads import Cleanups, IoThreads
@@ -53,6 +54,8 @@ _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 _PROCEDURES = f"/{PROC_PATH.rstrip('/')}"
 """How the path of a folder holding one folder per procedure ends (`_make_folder`)."""
 T = TypeVar("T")
+
+logger = get_logger("procstore.store")
 
 
 @dataclass(slots=True)
@@ -258,7 +261,7 @@ class LocalDirStore(StateStore):
         keys: list[str] = []
         root_text = str(self.root)
         trash_text = f"{root_text}/{TRASH}"
-        for dirpath, dirs, files in os.walk(base):
+        for dirpath, dirs, files in os.walk(base, onerror=partial(_unlisted, str(base))):
             if dirpath == trash_text:  # what was moved there; any other folder is listed
                 dirs[:] = [name for name in dirs if not _TRASHED.fullmatch(name)]
             rel = dirpath[len(root_text) + 1 :].replace(os.sep, "/")
@@ -451,6 +454,20 @@ class LocalDirStore(StateStore):
         Only files older than `older_than` seconds go, so a live writer's temp is never taken.
         """
         return await self._in_thread("cleaning temp files in", prefix, self._remove_stale_temps, prefix, older_than)
+
+
+def _unlisted(base: str, error: OSError) -> None:
+    """`os.walk`'s error handler (it skips what it cannot list unless told otherwise).
+
+    The folder asked for must be listed, or the walk raises: an empty answer would read as
+    "nothing stored" (recovery resuming nothing, with no error). A folder below it that
+    vanished was deleted during the walk; one that cannot be read is left out with a
+    warning naming it, so that one bad folder does not stop every other procedure."""
+    if isinstance(error, FileNotFoundError):
+        return
+    if os.path.normpath(str(error.filename)) == os.path.normpath(base):
+        raise error
+    logger.warning("cannot list %s, left out of the listing: %s; fix its permissions", error.filename, error)
 
 
 def _errors_named(op: str, url: str, key: str, fn: Callable[..., T], args: tuple[object, ...]) -> T:

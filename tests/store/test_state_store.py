@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -331,6 +332,39 @@ async def test_a_local_read_that_is_denied_is_an_error_not_a_missing_key(
     with pytest.raises(StoreError, match="requests/x.json"):
         await store.get("requests/x.json")
     assert await store.get("requests/missing.json") is None
+
+
+async def test_a_local_listing_that_is_denied_is_an_error_not_an_empty_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`os.walk` skips what it cannot list: recovery would have resumed nothing, with no
+    error. The folder asked for raises (naming it); a folder below it that cannot be read is
+    left out with a warning naming it (the others go on); one deleted meanwhile is nothing."""
+    store = LocalDirStore(str(tmp_path))
+    for key in ("procedure/a/0000000000.step", "procedure/b/0000000000.step", "procedure/c/0000000000.step"):
+        await store.put(key, b"x")
+    real = os.scandir
+    denied: set[str] = set()
+    vanished: set[str] = set()
+
+    def scandir(path: str) -> Any:
+        if path in denied:
+            raise PermissionError(13, "Permission denied", path)
+        if path in vanished:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    denied.add(str(tmp_path / "procedure"))
+    with pytest.raises(StoreError, match="listing .*procedure/.*Permission denied"):
+        await store.walk("procedure/")
+    assert await store.walk("") == []  # below the folder asked for: left out, with a warning
+    denied.clear()
+    denied.add(str(tmp_path / "procedure" / "b"))
+    vanished.add(str(tmp_path / "procedure" / "c"))
+    assert await store.walk("procedure/") == ["procedure/a/0000000000.step"]
+    warned = [r.getMessage() for r in caplog.records if "cannot list" in r.getMessage()]
+    assert len(warned) == 2 and str(tmp_path / "procedure" / "b") in warned[1], warned
 
 
 async def test_an_s3_read_in_a_missing_bucket_is_an_error_not_a_missing_key(moto_endpoint: str) -> None:
