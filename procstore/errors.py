@@ -182,6 +182,21 @@ class StoreError(ProcedureError):
         super().__init__(message)
 
 
+class ListingIncomplete(StoreError):
+    """A listing found folders below the one asked for that it could not read.
+
+    `listed` holds every key it could list (with its last-modified time where the listing
+    knows it), `unlisted` each folder it could not read (as a key prefix ending in `/`) and
+    why. Callers that can go on without those folders (recovery, `procstore ls`) take the
+    procedures in them as unreadable: kept, reported, and never the reason to delete another
+    procedure; every other caller fails with the message, which names the folder."""
+
+    def __init__(self, message: str, *, key: str | None, listed: dict[str, float | None], unlisted: dict[str, str]):
+        super().__init__(message, key=key)
+        self.listed = listed
+        self.unlisted = unlisted
+
+
 class StoreUnavailable(StoreError):
     """The store cannot be used at all: bad URL, missing bucket or directory, no access."""
 

@@ -21,6 +21,7 @@ from procstore._cli.output import FORMATS
 from procstore.errors import StoreError
 from procstore.ids import ProcedureId
 from procstore.store import LocalDirStore, ProcedureStore, open_state_store
+from procstore.store.keys import KeysByProcedure
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -140,8 +141,14 @@ async def closing(store: ProcedureStore, body: Awaitable[T]) -> T:
         await store.store.close()
 
 
-def resolve_id(known: Collection[ProcedureId], text: str) -> ProcedureId:
-    """A full id, or a unique prefix of one (as with git's short hashes), among `known`."""
+def resolve_id(known: Collection[ProcedureId], text: str, unlisted: Collection[ProcedureId] = ()) -> ProcedureId:
+    """A full id, or a unique prefix of one (as with git's short hashes), among `known`;
+    refused, naming it, if it is one of `unlisted` (procedures whose folder could not be listed)."""
+    for pid in unlisted:
+        if str(pid).startswith(text.lower()):
+            raise CommandError(
+                f"the folder of procedure {pid} cannot be listed: fix its permissions", ExitCode.STORE_UNAVAILABLE
+            )
     try:
         pid = ProcedureId.parse(text)
     except ValueError:
@@ -159,6 +166,14 @@ def resolve_id(known: Collection[ProcedureId], text: str) -> ProcedureId:
     if pid not in known:
         raise CommandError(f"no procedure {pid} in this store (`procstore ls URL` lists them)", ExitCode.NOT_FOUND)
     return pid
+
+
+async def listed_procedures(store: ProcedureStore) -> tuple[KeysByProcedure, set[ProcedureId]]:
+    """The keys under `procedure/` by procedure, and the procedures whose folder could not be
+    listed (for `resolve_id`: a folder of another procedure does not stop the command)."""
+    keys, problems = await store.list_keys()
+    unlisted = {p.procedure_id for p in problems if p.procedure_id is not None}
+    return KeysByProcedure.group(store.proc_path, keys), unlisted
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d|w)")

@@ -39,6 +39,7 @@ from procstore._cli.output import (
     table_time,
     time_option,
 )
+from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore
 from procstore.store.inventory import Inventory, StoredProcedure, StoredStatus, read_inventory
@@ -205,16 +206,22 @@ def select(
 
 
 def inventory_warnings(inventory: Inventory) -> list[str]:
-    return [f"not a procedure key, ignored: {key}" for key in inventory.other_keys]
+    unlisted = [
+        f"cannot list {folder} ({why}): what it holds is not shown; fix its permissions"
+        for folder, why in sorted(inventory.unlisted.items())
+    ]
+    return [*unlisted, *(f"not a procedure key, ignored: {key}" for key in inventory.other_keys)]
 
 
 async def check_not_misplaced(store: ProcedureStore, inventory: Inventory) -> None:
     """An empty listing of a folder that holds other things is most likely a wrong prefix."""
-    if inventory.procedures or inventory.other_keys:
+    if inventory.procedures or inventory.other_keys or inventory.unlisted:
         return
-    around = [
-        k for k in await store.store.walk(store.parent_path) if not k[len(store.parent_path) :].startswith(OUR_FOLDERS)
-    ]
+    try:
+        listed = await store.store.walk(store.parent_path)
+    except ListingIncomplete as e:  # a folder of the user's beside ours (`lost+found`, say)
+        listed = list(e.listed)
+    around = [k for k in listed if not k[len(store.parent_path) :].startswith(OUR_FOLDERS)]
     if around:
         raise CommandError(
             f"no {store.proc_path} in {store.store.url} but {plural(len(around), 'other key')} "
@@ -367,7 +374,7 @@ async def tree(
     inventory = await closing(store, load_inventory(store, Console(stderr=True)))
     ancestors: list[StoredProcedure] = []
     if procedure_id is not None:
-        chosen = inventory.procedures[resolve_id(inventory.procedures, procedure_id)]
+        chosen = inventory.procedures[resolve_id(inventory.procedures, procedure_id, inventory.unlisted_ids)]
         roots = [chosen]
         ancestors = list(reversed(_ancestors(inventory, chosen)))
     else:

@@ -19,6 +19,7 @@ import click
 from procstore._cli.common import (
     CommandError,
     ExitCode,
+    listed_procedures,
     open_existing_store,
     parse_storage_options,
     resolve_id,
@@ -31,15 +32,14 @@ from procstore._cli.output import output_console, plural
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore
-from procstore.store.keys import KeysByProcedure
 from procstore.store.message import ProcedureMessage
 from procstore.store.requests import OperatorRequest
 from procstore.store.restart import RestartedMeanwhile, RestartPlan, apply_restart, check_restart, plan_restart
 
 
 async def _plan(store: ProcedureStore, procedure_id: str, to_step: int | None) -> RestartPlan:
-    listed = KeysByProcedure.group(store.proc_path, await store.store.walk(store.proc_path))
-    pid = resolve_id(set(listed.steps), procedure_id)
+    listed, unlisted = await listed_procedures(store)
+    pid = resolve_id(set(listed.steps), procedure_id, unlisted)
     try:
         return await plan_restart(store, pid, to_step)
     except ProcedureError as e:

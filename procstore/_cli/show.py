@@ -14,6 +14,7 @@ from procstore._cli.common import (
     CommandError,
     ExitCode,
     closing,
+    listed_procedures,
     open_existing_store,
     resolve_id,
     run_command,
@@ -23,7 +24,6 @@ from procstore._cli.history import show_ended
 from procstore._cli.listing import STATUS_STYLE
 from procstore._cli.output import chosen_format, emit, iso_time, output_options, plural
 from procstore.store.inventory import ENDINGS, ending, read_history
-from procstore.store.keys import KeysByProcedure
 from procstore.store.message import ProcedureMessage
 
 
@@ -135,12 +135,12 @@ async def show(
 
     async def read() -> tuple[Any, Any] | None:
         # A listing is enough to resolve the id; reading every procedure would not be.
-        listed = KeysByProcedure.group(store.proc_path, await store.store.walk(store.proc_path))
-        if not any(str(p).startswith(procedure_id.lower()) for p in listed.steps):
+        listed, unlisted = await listed_procedures(store)
+        if not any(str(p).startswith(procedure_id.lower()) for p in [*listed.steps, *unlisted]):
             # Ended and deleted: its history record, if managers keep history.
             await show_ended(store, procedure_id, fmt != "table")
             return None
-        pid = resolve_id(listed.steps, procedure_id)
+        pid = resolve_id(listed.steps, procedure_id, unlisted)
         return pid, await read_history(store, pid)
 
     found = await closing(store, read())

@@ -19,6 +19,7 @@ from procstore.errors import ProcedureError, StoreError
 from procstore.ids import ProcedureId
 from procstore.store.keys import KeyType, ParsedKey, procedure_dir
 from procstore.store.requests import OperatorRequest, RequestKind
+from procstore.store.state_store import walk_readable
 
 logger = get_logger("procstore.runtime")
 
@@ -44,7 +45,7 @@ async def watch_operator_requests(ctx: ManagerContext, interval: float) -> None:
 async def _look_once(ctx: ManagerContext) -> None:
     # One listing for requests and resume nudges alike: `requests/resume/` is inside
     # `requests/`, and each look is a request to an object store for as long as the term lasts.
-    listed = await ctx.store.store.walk(ctx.store.requests.prefix)
+    listed = await walk_readable(ctx.store.store, ctx.store.requests.prefix)
     found = await ctx.store.requests.list_all(listed)
     stale: list[ProcedureId] = []
     for pid, request in found.items():
@@ -56,7 +57,7 @@ async def _look_once(ctx: ManagerContext) -> None:
         elif (
             not ctx.is_known(pid)
             and time.time() - request.requested_at > STALE_REQUEST_AGE
-            and not await ctx.store.store.walk(procedure_dir(ctx.store.proc_path, pid))
+            and not await _has_keys(ctx, pid)
         ):
             # Its procedure ended (and its keys went) before the request was seen, or never existed.
             stale.append(pid)
@@ -64,7 +65,19 @@ async def _look_once(ctx: ManagerContext) -> None:
         logger.info("deleting %d operator requests for procedures the store no longer holds", len(stale))
         await ctx.store.requests.delete(stale)
     for pid, nudge in (await ctx.store.resumes.list_all(listed)).items():
-        await _load_again(ctx, pid, nudge)
+        try:
+            await _load_again(ctx, pid, nudge)
+        except StoreError as e:  # this procedure's folder, say: the other nudges go on
+            logger.warning("procedure %s: acting on its resume nudge failed (%s); trying again", pid, e)
+
+
+async def _has_keys(ctx: ManagerContext, procedure_id: ProcedureId) -> bool:
+    """Whether the store holds keys of the procedure; True if its folder cannot be listed
+    (its request is kept, and the other requests of the look go on)."""
+    try:
+        return bool(await ctx.store.store.walk(procedure_dir(ctx.store.proc_path, procedure_id)))
+    except StoreError:
+        return True
 
 
 async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorRequest) -> None:

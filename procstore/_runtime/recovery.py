@@ -9,6 +9,7 @@ and committed children whose parent is gone, have their keys deleted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 
@@ -17,7 +18,7 @@ from procstore._logs import get_logger
 from procstore._runtime.context import LoadFailed, ManagerContext
 from procstore._runtime.history import record_recovered
 from procstore._runtime.runner import Runner
-from procstore.errors import ProcedureError
+from procstore.errors import ProcedureError, StoreError
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
 from procstore.state import ProcedureState, ProcedureStateKind
@@ -97,8 +98,9 @@ async def _forget_requests(
     try:
         gone = [pid for pid in requested if pid in done]
         for pid in requested - done - held:  # no keys when listed: make sure none came since
-            if not await ctx.store.store.walk(procedure_dir(ctx.store.proc_path, pid)):
-                gone.append(pid)
+            with contextlib.suppress(StoreError):  # its folder cannot be listed: its request stays
+                if not await ctx.store.store.walk(procedure_dir(ctx.store.proc_path, pid)):
+                    gone.append(pid)
         await ctx.store.requests.delete(gone)
     except ProcedureError as e:
         logger.warning("could not delete operator requests of ended procedures (%s); the next start tries again", e)
@@ -316,10 +318,17 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
     Returns the unknown procedures seen this time, for the next look.
     """
     # Listing is cheap; reading every value is not: read only when someone is unknown.
-    listed = KeysByProcedure.group(ctx.store.proc_path, await ctx.store.store.walk(ctx.store.proc_path))
+    # Folders that cannot be listed are the next load's problems; the others are looked at.
+    listed = KeysByProcedure.group(ctx.store.proc_path, (await ctx.store.list_keys())[0])
     if all(ctx.is_known(pid) or pid in busy for pid in listed.steps):
         return set()
     loaded = await ctx.store.load_messages()
+    for problem in loaded.problems:
+        # Known from now on, as recovery's are: a parent adopted below that claims it fails
+        # instead of writing it anew from step 0 (which would run it twice).
+        if problem.procedure_id is not None and not ctx.is_known(problem.procedure_id):
+            logger.warning("skipping %s", problem, extra=problem.log_fields())
+            ctx.stored.unreadable[problem.procedure_id] = problem
     unknown_now: set[ProcedureId] = set()
     leftovers = [
         pid for pid in _leftovers(loaded, keep_failed=ctx.keep_failed) if not ctx.is_known(pid) and pid not in busy

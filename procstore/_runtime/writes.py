@@ -60,9 +60,12 @@ async def delete_tree(ctx: ManagerContext, root: ProcedureMeta, ids: list[Proced
     Kept: unreadable procedures and those whose keys must survive (`keep_keys`). A failure
     is logged, not raised: the next start deletes (and records) what is left.
     """
-    doomed = [
-        pid for pid in ids if pid not in ctx.stored.unreadable and not ((m := ctx.metas.get(pid)) and m.keep_keys)
-    ]
+    # An unreadable procedure is kept, and so is every descendant of it: a procedure whose
+    # parent cannot be read is not known to be finished with (its parent may still need it).
+    kept = {pid for pid in ids if pid in ctx.stored.unreadable}
+    for pid in list(kept):
+        kept.update(ctx.stored.descendants(pid))
+    doomed = [pid for pid in ids if pid not in kept and not ((m := ctx.metas.get(pid)) and m.keep_keys)]
     if not doomed and ctx.history is None:
         return
     children = [pid for pid in doomed if pid != root.id]

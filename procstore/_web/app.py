@@ -192,6 +192,7 @@ async def _overview(store: ProcedureStore, request: Request) -> dict[str, Any]:
         "filters": {"status": wanted_status, "type": wanted_type},
         "procedures": [_row(p, inventory, ids, now) for p in chosen],
         "other_keys": inventory.other_keys[:20],
+        "unlisted": sorted(inventory.unlisted.items())[:20],
         "lease": await _lease(store, now),
         "read_at": iso_time(now),
     }

@@ -17,10 +17,14 @@ from typing import Any, TypeVar
 from fsspec.spec import AbstractFileSystem
 
 from procstore._aio import run_blocking
+from procstore.errors import StoreError
 from procstore.store.errors import store_errors, unavailable
 from procstore.store.state_store import StateStore
 
 T = TypeVar("T")
+
+ListPage = tuple[list[tuple[str, float | None]], str | None, bool]
+"""`BucketStore._list_page`'s answer: (object name, modified) pairs, the next token, truncated."""
 
 _CREATE_ONLY_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "memory"})
 _DELETE_CHUNK = 1000
@@ -115,7 +119,7 @@ class FsspecStore(StateStore):
 
     async def walk_modified(self, prefix: str) -> dict[str, float | None]:
         found: dict[str, dict[str, Any]] = await self._find(prefix, detail=True)
-        return {self._key(path): _modified(info) for path, info in sorted(found.items())}
+        return {self._key(path): modified_time(info) for path, info in sorted(found.items())}
 
     async def _find(self, prefix: str, *, detail: bool) -> Any:
         """fsspec's `find` under `prefix` (paths, or path -> info), fresh; empty if nothing is there."""
@@ -183,6 +187,58 @@ class BucketStore(FsspecStore):
     """A prefix of an object store's bucket, through an async filesystem (s3fs, gcsfs)."""
 
     round_trips = True
+    list_page_size = 1000
+    """Keys per page of a listing (the largest both S3 and GCS answer)."""
+
+    async def walk(self, prefix: str) -> list[str]:
+        return sorted(await self._listed(prefix))
+
+    async def walk_modified(self, prefix: str) -> dict[str, float | None]:
+        return dict(sorted((await self._listed(prefix)).items()))
+
+    async def _listed(self, prefix: str) -> dict[str, float | None]:
+        """Every key under the folder `prefix`, with its last-modified time: the service's
+        listing pages and nothing else. s3fs's and gcsfs's `find` answer an empty prefix
+        with more requests (to tell a file or a folder of that name), and the watch of
+        `requests/` lists an empty folder about once a second for a manager's life.
+
+        A missing bucket raises, and so does a page that says more keys follow without
+        saying how to ask for them: a listing cut short would read as "nothing more stored"
+        (recovery leaving procedures unresumed, with no error)."""
+        with store_errors("listing", self.url, prefix):
+            root = self._full(prefix).partition("/")[2].rstrip("/")
+            wanted = f"{root}/" if root else ""
+            found: dict[str, float | None] = {}
+            token: str | None = None
+            asked: set[str] = set()
+            while True:
+                keys, token, truncated = await self._list_page(wanted, token)
+                if token in asked:
+                    raise StoreError(
+                        f"listing {self.url}{prefix}: the server gave the same continuation token twice; "
+                        "check the endpoint",
+                        key=prefix,
+                    )
+                if token is not None:
+                    asked.add(token)
+                for name, modified in keys:
+                    if not name.endswith("/"):  # a folder's placeholder object is not a key
+                        found[self._key(f"{self.bucket}/{name}")] = modified
+                if token is None:
+                    if truncated:
+                        raise StoreError(
+                            f"listing {self.url}{prefix}: the server answered a truncated page without a "
+                            f"continuation token after {len(found)} keys; check the endpoint (it must support "
+                            "the service's current listing API)",
+                            key=prefix,
+                        )
+                    return found
+
+    async def _list_page(self, prefix: str, token: str | None) -> ListPage:
+        """One page of the objects whose names start with `prefix`, from `token` (None: the
+        first): their names and last-modified times, the next page's token (None: none),
+        and whether the server said more follow."""
+        raise NotImplementedError
 
     @property
     def bucket(self) -> str:
@@ -194,7 +250,7 @@ class BucketStore(FsspecStore):
         await self._call("ls", self.bucket)
 
 
-def _modified(info: dict[str, Any]) -> float | None:
+def modified_time(info: dict[str, Any]) -> float | None:
     """The last-modified time in an fsspec `info` dict; each filesystem names it differently."""
     for field in ("LastModified", "updated", "mtime", "created"):  # s3, gcs, local, memory
         value = info.get(field)

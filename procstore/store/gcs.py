@@ -4,6 +4,7 @@
   answers 412 (which gcsfs raises as `FileExistsError`);
 - compare-and-swap: a media GET returns the object's generation in `X-Goog-Generation`,
   which is the version; the swap is an upload with `ifGenerationMatch=<generation>`;
+- a listing is one objects.list request per 1,000 keys, whatever gcsfs's `find` would add;
 - each write request asks the write's `SEND_GUARD` again right before it is sent, through
   an aiohttp trace hook on gcsfs's session (`send_guard_trace_config`), gcsfs's own retries
   included.
@@ -19,7 +20,7 @@ from urllib.parse import quote
 
 from procstore.errors import StoreError
 from procstore.store.errors import store_errors
-from procstore.store.fsspec_store import BucketStore
+from procstore.store.fsspec_store import BucketStore, ListPage, modified_time
 from procstore.store.guarded import guard_request
 
 
@@ -69,6 +70,20 @@ class GcsStore(BucketStore):
         except FileExistsError:  # gcsfs's name for 412 Precondition Failed
             return False
         return True
+
+    async def _list_page(self, prefix: str, token: str | None) -> ListPage:
+        page = await self.fs._call(
+            "GET",
+            "b/{}/o",
+            self.bucket,
+            json_out=True,
+            prefix=prefix,
+            maxResults=self.list_page_size,
+            pageToken=token,
+        )
+        keys = [(str(item["name"]), modified_time(item)) for item in page.get("items") or []]
+        token = page.get("nextPageToken") or None
+        return keys, token, False  # GCS says more follow by the token alone
 
     async def close(self) -> None:
         session = getattr(self.fs, "_session", None)

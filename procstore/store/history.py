@@ -27,7 +27,7 @@ import msgspec
 from procstore._logs import get_logger
 from procstore.ids import ProcedureId
 from procstore.store.message import UNDECODABLE
-from procstore.store.state_store import StateStore
+from procstore.store.state_store import StateStore, walk_readable
 
 logger = get_logger("procstore.store")
 
@@ -101,7 +101,7 @@ class HistoryStore:
     async def keys(self) -> list[str]:
         """Every record's key, oldest first. Keys of another shape are not ours: never listed
         (or swept)."""
-        return sorted(k for k in await self.store.walk(self.prefix) if _is_record_key(k))
+        return sorted(k for k in await walk_readable(self.store, self.prefix) if _is_record_key(k))
 
     async def recorded_ids(self) -> set[str]:
         return {_id_of(key) for key in await self.keys()}

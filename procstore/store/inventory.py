@@ -11,8 +11,9 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
-from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey
+from procstore.store.keys import PROC_PATH, KeysByProcedure, KeyType, ParsedKey
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
 
@@ -117,11 +118,24 @@ class Inventory:
 
     procedures: dict[ProcedureId, StoredProcedure]
     other_keys: list[str]
+    unlisted: dict[str, str] = field(default_factory=dict)
+    """Folders under `procedure/` that could not be listed, and why: what they hold is not
+    shown, and no procedure whose parent may be in one is taken for an orphan or collected."""
+
+    @property
+    def unlisted_ids(self) -> set[ProcedureId]:
+        """The procedures whose folder could not be listed."""
+        return {pid for folder in self.unlisted if (pid := _folder_id(folder)) is not None}
 
     def is_orphan(self, p: StoredProcedure) -> bool:
         """Unfinished, with a parent that is not in the store: nothing will run it (a
         manager reports it as an orphaned subprocedure and keeps its keys)."""
-        return p.is_alive and p.parent_id is not None and p.parent_id not in self.procedures
+        return (
+            p.is_alive
+            and p.parent_id is not None
+            and p.parent_id not in self.procedures
+            and p.parent_id not in self.unlisted_ids
+        )
 
     def roots(self) -> list[StoredProcedure]:
         """Procedures without a parent, whose parent is no longer stored, or in a parent cycle
@@ -150,9 +164,10 @@ class Inventory:
     def collectable(self) -> list[StoredProcedure]:
         """Committed procedures a manager would delete: those without a live parent."""
         out = []
+        unlisted = self.unlisted_ids
         for p in self.procedures.values():
             parent = self.procedures.get(p.parent_id) if p.parent_id is not None else None
-            if p.is_finished and (parent is None or not parent.is_alive):
+            if p.is_finished and (parent is None or not parent.is_alive) and p.parent_id not in unlisted:
                 out.append(p)
         return out
 
@@ -160,7 +175,11 @@ class Inventory:
 async def read_inventory(store: ProcedureStore, progress: Progress | None = None) -> Inventory:
     """List the store and read each procedure's latest message. Raises `StoreError` only if
     the listing itself fails; unreadable values are reported per procedure."""
-    modified = await store.store.walk_modified(store.proc_path)
+    unlisted: dict[str, str] = {}
+    try:
+        modified = await store.store.walk_modified(store.proc_path)
+    except ListingIncomplete as e:
+        modified, unlisted = e.listed, e.unlisted
     grouped = KeysByProcedure.group(store.proc_path, modified)
     procedures: dict[ProcedureId, StoredProcedure] = {}
     to_read: list[tuple[StoredProcedure, ParsedKey]] = []
@@ -184,7 +203,13 @@ async def read_inventory(store: ProcedureStore, progress: Progress | None = None
         if parent is not None:
             parent.children.append(procedure.procedure_id)
     _flag_parent_cycles(procedures)
-    return Inventory(procedures, grouped.others)
+    return Inventory(procedures, grouped.others, unlisted)
+
+
+def _folder_id(folder: str) -> ProcedureId | None:
+    """The procedure whose folder `folder` (`.../procedure/{id}/`) is, if it is one."""
+    parts = folder.rstrip("/").rsplit("/", 2)
+    return ProcedureId.parse_canonical(parts[-1]) if len(parts) >= 2 and f"{parts[-2]}/" == PROC_PATH else None
 
 
 def _flag_parent_cycles(procedures: dict[ProcedureId, StoredProcedure]) -> None:

@@ -9,6 +9,7 @@ directory is fsynced: after a crash a key holds either its whole value or nothin
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from procstore._aio import run_blocking
-from procstore._logs import get_logger
+from procstore.errors import ListingIncomplete, describe
 from procstore.store.durable import create_exclusively, fsync_dir, make_dirs, write_all
 from procstore.store.errors import store_errors, unavailable
 from procstore.store.io_threads import Cleanups, IoThreads
@@ -54,8 +55,6 @@ _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 _PROCEDURES = f"/{PROC_PATH.rstrip('/')}"
 """How the path of a folder holding one folder per procedure ends (`_make_folder`)."""
 T = TypeVar("T")
-
-logger = get_logger("procstore.store")
 
 
 @dataclass(slots=True)
@@ -253,15 +252,36 @@ class LocalDirStore(StateStore):
         return await io_threads.run(self._read_many, keys)
 
     def _walk(self, prefix: str) -> list[str]:
+        """Every key under the folder `prefix`, sorted.
+
+        The folder asked for is listed or the walk raises: an empty answer would read as
+        "nothing stored" (recovery resuming nothing, with no error). Nothing there at all
+        is an empty folder. A folder below it that vanished was deleted during the walk;
+        any other that cannot be read makes it raise `ListingIncomplete`, which carries
+        every key it could list."""
         base = self._path(prefix) if prefix else self.root
-        if not base.is_dir():
+        base_text = str(base)
+        if not os.path.isdir(base_text):
+            if os.path.lexists(base_text):  # a file, a dangling link, a loop: not a folder to list
+                raise NotADirectoryError(errno.ENOTDIR, "not a folder", base_text)
             if not self.root.is_dir():
                 raise FileNotFoundError(f"no such directory: {self.root}")
             return []
         keys: list[str] = []
         root_text = str(self.root)
         trash_text = f"{root_text}/{TRASH}"
-        for dirpath, dirs, files in os.walk(base, onerror=partial(_unlisted, str(base))):
+        unlisted: dict[str, str] = {}
+
+        def failed(error: OSError) -> None:  # `os.walk` skips what it cannot list unless told
+            if isinstance(error, FileNotFoundError):
+                return  # deleted during the walk
+            folder = str(error.filename)
+            if os.path.normpath(folder) == os.path.normpath(base_text):
+                raise error
+            rel = os.path.relpath(folder, root_text).replace(os.sep, "/")
+            unlisted[f"{rel}/"] = describe(error)
+
+        for dirpath, dirs, files in os.walk(base_text, onerror=failed):
             if dirpath == trash_text:  # what was moved there; any other folder is listed
                 dirs[:] = [name for name in dirs if not _TRASHED.fullmatch(name)]
             rel = dirpath[len(root_text) + 1 :].replace(os.sep, "/")
@@ -269,11 +289,27 @@ class LocalDirStore(StateStore):
                 if not name.startswith("."):
                     keys.append(f"{rel}/{name}" if rel else name)
         keys.sort()
+        if unlisted:
+            folders = ", ".join(f"{self.url}{folder} ({why})" for folder, why in sorted(unlisted.items())[:3])
+            raise ListingIncomplete(
+                f"listing {self.url}{prefix}: {len(unlisted)} folder(s) in it cannot be read: {folders}; "
+                "fix their permissions (nothing in them was read or deleted)",
+                key=prefix,
+                listed=dict.fromkeys(keys),
+                unlisted=unlisted,
+            )
         return keys
 
     def _walk_modified(self, prefix: str) -> dict[str, float | None]:
+        try:
+            return self._modified(self._walk(prefix))
+        except ListingIncomplete as e:
+            e.listed = self._modified(list(e.listed))
+            raise
+
+    def _modified(self, keys: list[str]) -> dict[str, float | None]:
         out: dict[str, float | None] = {}
-        for key in self._walk(prefix):
+        for key in keys:
             try:
                 out[key] = self._path(key).stat().st_mtime
             except FileNotFoundError:
@@ -432,7 +468,7 @@ class LocalDirStore(StateStore):
                     elif name.startswith(LOCK_PREFIX) and not (here / name[len(LOCK_PREFIX) :]).exists():
                         found.stray_locks.append(key)
         for directory, modified in sorted(ages.items()):
-            if _is_id(directory.name) and directory.is_dir() and not any(directory.iterdir()):
+            if _is_id(directory.name) and directory.is_dir() and _is_empty(directory):
                 key = f"{directory.relative_to(self.root).as_posix()}/"
                 (found.old_empty_folders if modified < cutoff else found.young_empty_folders).append(key)
                 if modified < cutoff and remove:
@@ -456,18 +492,12 @@ class LocalDirStore(StateStore):
         return await self._in_thread("cleaning temp files in", prefix, self._remove_stale_temps, prefix, older_than)
 
 
-def _unlisted(base: str, error: OSError) -> None:
-    """`os.walk`'s error handler (it skips what it cannot list unless told otherwise).
-
-    The folder asked for must be listed, or the walk raises: an empty answer would read as
-    "nothing stored" (recovery resuming nothing, with no error). A folder below it that
-    vanished was deleted during the walk; one that cannot be read is left out with a
-    warning naming it, so that one bad folder does not stop every other procedure."""
-    if isinstance(error, FileNotFoundError):
-        return
-    if os.path.normpath(str(error.filename)) == os.path.normpath(base):
-        raise error
-    logger.warning("cannot list %s, left out of the listing: %s; fix its permissions", error.filename, error)
+def _is_empty(folder: Path) -> bool:
+    """Whether `folder` holds nothing; False if it cannot be read (then it is left alone)."""
+    try:
+        return not any(folder.iterdir())
+    except OSError:
+        return False
 
 
 def _errors_named(op: str, url: str, key: str, fn: Callable[..., T], args: tuple[object, ...]) -> T:

@@ -18,7 +18,7 @@ from typing import Any
 from procstore._aio import gather_settled
 from procstore._bulk import collector_paused
 from procstore._logs import get_logger, procedure_fields
-from procstore.errors import Fenced
+from procstore.errors import Fenced, ListingIncomplete
 from procstore.ids import ProcedureId
 from procstore.store.keys import (
     PROC_PATH,
@@ -72,6 +72,12 @@ class LoadProblem:
 UNREADABLE_HINT = (
     "It was skipped and left untouched: inspect the key, then restore a good value or delete "
     "the procedure's folder, and restart"
+)
+
+
+UNLISTED_HINT = (
+    "Nothing in it was read, run or deleted, nor any descendant of it; a parent that claims it "
+    "fails, as for an unreadable value: fix the folder's permissions, and restart"
 )
 
 
@@ -229,9 +235,23 @@ class ProcedureStore:
 
         await gather_settled(*(one(pid) for pid in procedure_ids))
 
+    async def list_keys(self) -> tuple[list[str], list[LoadProblem]]:
+        """Every key under `procedure/`, sorted, and a problem for each folder in it that
+        could not be listed (`ListingIncomplete`): a procedure whose folder cannot be read
+        is unreadable, kept and reported like one whose value cannot be read."""
+        try:
+            return await self.store.walk(self.proc_path), []
+        except ListingIncomplete as e:
+            return sorted(e.listed), [self._unlisted(folder, why) for folder, why in sorted(e.unlisted.items())]
+
+    def _unlisted(self, folder: str, why: str) -> LoadProblem:
+        name = folder[len(self.proc_path) :].rstrip("/") if folder.startswith(self.proc_path) else ""
+        pid = ProcedureId.parse_canonical(name)
+        return LoadProblem(folder, pid, f"its folder cannot be listed ({why})", UNLISTED_HINT)
+
     async def load_messages(self) -> ProcedureMessages:
         """Scan every procedure and classify it by its highest key (the latest-step rule)."""
-        keys = await self.store.walk(self.proc_path)
+        keys, unlisted = await self.list_keys()
         with collector_paused():
             latest_of, to_read, texts, stray, below_commit = self._latest_keys(keys)
         values = await self._read_all(texts)
@@ -250,6 +270,7 @@ class ProcedureStore:
             read = dict(zip((pid for pid, _, _ in to_read), values, strict=True))
             result = self._classify(latest_of, below_commit, read)
         result.stray_ids = stray
+        result.problems.extend(unlisted)
         return result
 
     async def _step_over_torn(

@@ -38,7 +38,7 @@ from procstore._logs import get_logger, procedure_fields
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.message import UNDECODABLE
-from procstore.store.state_store import StateStore
+from procstore.store.state_store import StateStore, walk_readable
 
 logger = get_logger("procstore.store")
 
@@ -160,7 +160,7 @@ class RequestStore:
         the caller's own starting point (a watch lists `requests/` once for both its request
         stores); None lists this folder now."""
         if listed is None:
-            listed = await self.store.walk(self.prefix)
+            listed = await walk_readable(self.store, self.prefix)
         keys = [k for k in listed if k.startswith(self.prefix) and k.endswith(".json")]
         ids = {k: ProcedureId.parse_canonical(k[len(self.prefix) : -len(".json")]) for k in keys}
         wanted = [k for k, pid in ids.items() if pid is not None]
@@ -179,7 +179,8 @@ class RequestStore:
     async def stored_ids(self) -> set[ProcedureId]:
         """The procedures with a request key, readable or not (one listing, no reads)."""
         ids = (
-            ProcedureId.parse_canonical(k[len(self.prefix) : -len(".json")]) for k in await self.store.walk(self.prefix)
+            ProcedureId.parse_canonical(k[len(self.prefix) : -len(".json")])
+            for k in await walk_readable(self.store, self.prefix)
         )
         return {pid for pid in ids if pid is not None}
 
@@ -187,7 +188,7 @@ class RequestStore:
         """`delete` for those of `procedure_ids` that have a request (readable or not), found by
         one listing: for many procedures, most without a request (recovery's deletions)."""
         wanted = {self.key(pid) for pid in procedure_ids}
-        present = [key for key in await self.store.walk(self.prefix) if key in wanted] if wanted else []
+        present = [key for key in await walk_readable(self.store, self.prefix) if key in wanted] if wanted else []
         if present:
             await self.store.batch_delete(present)
 

@@ -16,14 +16,12 @@ from typing import Any
 
 from procstore.errors import StoreError
 from procstore.store.errors import store_errors
-from procstore.store.fsspec_store import BucketStore, chunks
+from procstore.store.fsspec_store import BucketStore, ListPage, chunks
 from procstore.store.guarded import guard_request
 
 
 class S3Store(BucketStore):
     supports_compare_and_swap = True
-    list_page_size = 1000
-    """Keys per ListObjectsV2 answer (S3's largest)."""
 
     async def get(self, key: str) -> bytes | None:
         """One GetObject. s3fs's `cat_file` first asks the size (a HeadObject, and for a
@@ -47,43 +45,18 @@ class S3Store(BucketStore):
                 response["Body"].close()
             return body, str(response["ETag"])
 
-    async def walk(self, prefix: str) -> list[str]:
-        return sorted(await self._listed(prefix))
-
-    async def walk_modified(self, prefix: str) -> dict[str, float | None]:
-        return dict(sorted((await self._listed(prefix)).items()))
-
-    async def _listed(self, prefix: str) -> dict[str, float | None]:
-        """Every key under the folder `prefix`, with its last-modified time: ListObjectsV2
-        pages and nothing else. s3fs's `find` answers an empty prefix with two more requests
-        (a HeadObject and a second listing, to tell a file or a folder of that name), and the
-        watch of `requests/` lists an empty folder about once a second for a manager's life.
-
-        A missing bucket raises: an empty answer would read as "nothing stored"."""
-        with store_errors("listing", self.url, prefix):
-            bucket, root = self.bucket, self._full(prefix).partition("/")[2].rstrip("/")
-            wanted = f"{root}/" if root else ""
-            found: dict[str, float | None] = {}
-            page: dict[str, Any] = {"Bucket": bucket, "Prefix": wanted, "MaxKeys": self.list_page_size}
-            while True:
-                out = await self.fs._call_s3("list_objects_v2", **page)
-                for item in out.get("Contents") or []:
-                    name = str(item["Key"])
-                    if not name.endswith("/"):  # a folder's placeholder is not a key
-                        modified = item.get("LastModified")
-                        found[self._key(f"{bucket}/{name}")] = modified.timestamp() if modified else None
-                if not out.get("IsTruncated"):
-                    return found
-                if not out.get("NextContinuationToken"):
-                    # A page that says more follow and not how to ask: a listing cut short
-                    # would read as "nothing more stored" (procedures never resumed).
-                    raise StoreError(
-                        f"listing {self.url}{prefix}: S3 answered a truncated page without a "
-                        f"continuation token after {len(found)} keys; check the S3 endpoint "
-                        "(it must support ListObjectsV2)",
-                        key=prefix,
-                    )
-                page["ContinuationToken"] = out["NextContinuationToken"]
+    async def _list_page(self, prefix: str, token: str | None) -> ListPage:
+        page: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": self.list_page_size}
+        if token is not None:
+            page["ContinuationToken"] = token
+        out = await self.fs._call_s3("list_objects_v2", **page)
+        keys = []
+        for item in out.get("Contents") or []:
+            modified = item.get("LastModified")
+            keys.append((str(item["Key"]), modified.timestamp() if modified else None))
+        if not out.get("IsTruncated"):
+            return keys, None, False  # the last page, whatever else it carries
+        return keys, (str(out["NextContinuationToken"]) if out.get("NextContinuationToken") else None), True
 
     async def put_if_version(self, key: str, value: bytes, version: str | None) -> bool:
         """`If-Match: <etag>` (`If-None-Match: *` for `None`): atomic for every writer."""

@@ -15,6 +15,13 @@ import weakref
 from collections.abc import Sequence
 
 from procstore._aio import gather_settled
+from procstore._logs import get_logger
+from procstore.errors import ListingIncomplete
+
+logger = get_logger("procstore.store")
+
+_reported_unlisted: set[tuple[str, str]] = set()
+"""Folders `walk_readable` has warned about (store URL and folder), once per process."""
 
 
 class StateStore(abc.ABC):
@@ -144,3 +151,18 @@ def content_version(value: bytes) -> str:
 def _cas_lock(store: StateStore, key: str) -> asyncio.Lock:
     locks = _CAS_LOCKS.setdefault(store, {})
     return locks.setdefault(key, asyncio.Lock())
+
+
+async def walk_readable(store: StateStore, prefix: str) -> list[str]:
+    """`store.walk(prefix)`; for folders below `prefix` it could not read
+    (`ListingIncomplete`), the keys it did list, with one warning per folder for the life of
+    the process. For folders looked at again and again (operator requests, history records),
+    where a folder that cannot be read must not stop every look at the others."""
+    try:
+        return await store.walk(prefix)
+    except ListingIncomplete as e:
+        for folder, why in sorted(e.unlisted.items()):
+            if (store.url, folder) not in _reported_unlisted:
+                _reported_unlisted.add((store.url, folder))
+                logger.warning("cannot list %s%s (%s), left out: fix its permissions", store.url, folder, why)
+        return sorted(e.listed)

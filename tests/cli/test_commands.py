@@ -270,3 +270,48 @@ def test_show_reads_data_nested_as_deep_as_json_goes(tmp_path: Path) -> None:
     with TestClient(create_app(str(tmp_path))) as client:
         assert client.get(f"/p/{pid}").status_code == 200
         assert client.get(f"/api/procedures/{pid}").status_code == 200
+
+
+def test_a_procedure_folder_that_cannot_be_listed_is_named_and_its_tree_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ls`, `gc` and the web page name a folder they cannot read and show the rest; `gc`
+    keeps a committed child whose parent may be in it, and no child is called an orphan."""
+    parent, child = ProcedureId.random(), ProcedureId.random()
+    for pid, key, message in (
+        (parent, "0000000000.step", ProcedureMessage("x::T", "{}", None, 0)),
+        (child, "0000000000.step", ProcedureMessage("x::T", "{}", parent, 0)),
+    ):
+        (tmp_path / "procedure" / str(pid)).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "procedure" / str(pid) / key).write_bytes(message.encode())
+    (tmp_path / "procedure" / str(child) / "0000000001.commit").write_bytes(b"")
+    os.utime(tmp_path / "procedure" / str(child) / "0000000001.commit", (0, 0))
+    real, denied = os.scandir, str(tmp_path / "procedure" / str(parent))
+
+    def scandir(path: str) -> Any:
+        if path == denied:
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    listed = CliRunner().invoke(cli, ["ls", str(tmp_path), "--json"])
+    assert listed.exit_code == 0, listed.output
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [row["id"] for row in rows] == [str(child)] and not rows[0]["orphan"]
+    assert f"cannot list procedure/{parent}/" in listed.stderr and "Permission denied" in listed.stderr
+    collected = CliRunner().invoke(cli, ["gc", str(tmp_path)])
+    assert collected.exit_code == 0, collected.output
+    assert "deleted 0 finished procedures" in collected.stdout
+    assert f"cannot list procedure/{parent}/" in collected.output
+    assert (tmp_path / "procedure" / str(child) / "0000000001.commit").exists()
+    with TestClient(create_app(str(tmp_path))) as client:
+        page = client.get("/")
+        assert page.status_code == 200 and f"procedure/{parent}/" in page.text
+    shown = CliRunner().invoke(cli, ["show", str(tmp_path), str(parent)])
+    assert shown.exit_code == ExitCode.STORE_UNAVAILABLE and f"{parent} cannot be listed" in shown.output, shown.output
+    assert CliRunner().invoke(cli, ["show", str(tmp_path), str(child)[:8]]).exit_code == 0
+    for command in (["cancel", "-y"], ["fail", "-y"], ["resume"], ["delete", "-y"]):
+        refused = CliRunner().invoke(cli, [command[0], str(tmp_path), str(parent), *command[1:]])
+        assert refused.exit_code == ExitCode.STORE_UNAVAILABLE, (command, refused.output)
+        assert f"{parent} cannot be listed" in refused.output, (command, refused.output)
+    assert not (tmp_path / "requests").exists()

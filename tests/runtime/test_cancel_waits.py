@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from procstore import (
     LockKey,
     Procedure,
     ProcedureFailed,
+    ProcedureId,
     ProcedureManager,
     ProcedureWithId,
     RetryLater,
@@ -106,3 +109,65 @@ async def test_acquire_unless_gives_back_a_lock_granted_with_the_event() -> None
     event.set()  # ...in the same tick as the event
     assert await waiting is False
     assert not locks.would_block(key)
+
+
+async def test_a_folder_that_cannot_be_listed_does_not_stop_the_watch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch checks an old request of a procedure it does not know by listing that
+    procedure's folder: one that cannot be read made every look fail before it reached the
+    requests after it (a cancel written by `procstore cancel`, here), for good."""
+    from procstore.store import ProcedureStore
+    from procstore.store.requests import OperatorRequest
+
+    stranger = "00000000-2222-4000-8000-000000000001"  # listed before any other request
+    (tmp_path / "procedure" / stranger).mkdir(parents=True)
+    real = os.scandir
+
+    def scandir(path: str) -> Any:
+        if path.endswith(stranger):
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    m = ProcedureManager(tmp_path, max_retry_times=50, retry_delay=60, max_retry_delay=60, request_poll_interval=0.05)
+    m.register(Waits)
+    async with m:
+        monkeypatch.setattr(os, "scandir", scandir)
+        store = ProcedureStore(m.store.store)
+        old = OperatorRequest(kind="cancel", reason="old", requested_at=time.time() - 3600)
+        await store.requests.put(ProcedureId.parse(stranger), old)
+        waiting = ProcedureWithId.new(Waits({"how": "retry"}))
+        watcher = await m.submit(waiting)
+        await asyncio.sleep(0.2)
+        await store.requests.put(waiting.id, OperatorRequest.new("cancel", "from the command line"))
+        with pytest.raises(ProcedureFailed, match="from the command line"):
+            await asyncio.wait_for(watcher.wait(), 5)
+        assert await store.requests.get(ProcedureId.parse(stranger)) == old  # its folder may hold keys: kept
+
+
+async def test_a_request_folder_that_cannot_be_read_does_not_stop_the_watch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`requests/resume/` unreadable: every look failed, and a cancel written by the CLI
+    never reached a procedure in its backoff."""
+    from procstore.store import ProcedureStore
+    from procstore.store.requests import OperatorRequest
+
+    (tmp_path / "requests" / "resume").mkdir(parents=True)
+    real, denied = os.scandir, str(tmp_path / "requests" / "resume")
+
+    def scandir(path: str) -> Any:
+        if path == denied:
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    m = ProcedureManager(tmp_path, max_retry_times=50, retry_delay=60, max_retry_delay=60, request_poll_interval=0.05)
+    m.register(Waits)
+    async with m:
+        monkeypatch.setattr(os, "scandir", scandir)  # after recovery, which fails, naming it
+        waiting = ProcedureWithId.new(Waits({"how": "retry"}))
+        watcher = await m.submit(waiting)
+        await asyncio.sleep(0.2)
+        await ProcedureStore(m.store.store).requests.put(waiting.id, OperatorRequest.new("cancel", "from the CLI"))
+        with pytest.raises(ProcedureFailed, match="from the CLI"):
+            await asyncio.wait_for(watcher.wait(), 5)

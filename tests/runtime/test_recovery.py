@@ -6,11 +6,12 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
-from procstore import Lease, ProcedureId, ProcedureManager, ProcedureWithId
+from procstore import Lease, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId
 from procstore.store import LocalDirStore
 from procstore.store.requests import OperatorRequest
 from procstore.testing import FaultyStore
@@ -246,3 +247,142 @@ async def test_requests_of_trees_ended_at_or_before_start_are_deleted_after_thei
     deletes = [op.key for op in recorder.ops if "delete" in op.kind]
     last_key = max(i for i, key in enumerate(deletes) if f"procedure/{finished}/" in key)
     assert min(i for i, key in enumerate(deletes) if f"requests/{finished}.json" in key) > last_key
+
+
+async def test_a_procedure_folder_that_cannot_be_listed_is_a_load_problem_and_nothing_of_its_tree_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parent whose folder cannot be read was left out of the listing: recovery then took
+    its committed child for a finished root's and deleted it, and reported nothing. It is a
+    load problem now, like an unreadable value: kept, its children kept, the others run;
+    once the folder can be read, the next start resumes it."""
+    world = World.new()
+    parent, child = "aaaaaaaa-1111-4000-8000-000000000001", "aaaaaaaa-1111-4000-8000-000000000002"
+    data = json.dumps({"world": world.name, "steps": 2, "at": 1})
+    write_raw(tmp_path, f"procedure/{parent}/0000000000.step", greptime_step("test::Steps", data, 0))
+    child_step = greptime_step("test::Steps", data, 0).replace(b'"parent_id":null', f'"parent_id":"{parent}"'.encode())
+    write_raw(tmp_path, f"procedure/{child}/0000000000.step", child_step)
+    write_raw(tmp_path, f"procedure/{child}/0000000001.commit", b"")
+    real = os.scandir
+    denied = str(tmp_path / "procedure" / parent)
+
+    def scandir(path: str) -> Any:
+        if path == denied:
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    async with manager_for(StoreTarget("local", str(tmp_path))) as manager:
+        problems = {str(p.procedure_id): p for p in manager.recovery_problems}
+        assert set(problems) == {parent}, manager.recovery_problems
+        assert problems[parent].key == f"procedure/{parent}/" and "cannot be listed" in problems[parent].reason, (
+            problems
+        )
+        assert "permissions" in problems[parent].hint
+        assert await (await manager.submit(steps(world, 2))).wait() == "steps done"  # the others go on
+    assert (tmp_path / "procedure" / child / "0000000001.commit").exists()
+    monkeypatch.setattr(os, "scandir", real)
+    async with manager_for(StoreTarget("local", str(tmp_path))) as manager:
+        assert manager.recovery_problems == []
+        watcher = manager.procedure_watcher(ProcedureId.parse(parent))
+        assert watcher is not None and await watcher.wait() == "steps done"
+
+
+def deny_listing(monkeypatch: pytest.MonkeyPatch, *folders: Path) -> None:
+    """Listing `folders` fails as a folder without read permission does (tests run as root)."""
+    real, denied = os.scandir, {str(f) for f in folders}
+
+    def scandir(path: str) -> Any:
+        if str(path) in denied:
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+
+
+@pytest.mark.parametrize("grandchild_committed", [True, False])
+async def test_the_descendants_of_a_procedure_that_cannot_be_read_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, grandchild_committed: bool
+) -> None:
+    """P -> C -> G with C's folder unreadable: P claims C, which cannot run, and fails; its
+    tree's deletion deleted G, known only as C's child. Whatever cannot be read keeps its
+    descendants: their parent may still need them."""
+    world = World.new()
+    p, c, g = (str(ProcedureId.random()) for _ in range(3))
+    join = {"world": world.name, "stage": "join"}
+    write_raw(
+        tmp_path,
+        f"procedure/{p}/0000000000.step",
+        greptime_step("test::Parent", json.dumps({**join, "children": {"c": c}}), 0),
+    )
+    write_raw(
+        tmp_path,
+        f"procedure/{c}/0000000000.step",
+        greptime_step("test::Parent", json.dumps({**join, "children": {"g": g}}), 0, p),
+    )
+    write_raw(
+        tmp_path,
+        f"procedure/{g}/0000000000.step",
+        greptime_step("test::Child", json.dumps({"world": world.name, "name": "g", "stage": 1}), 0, c),
+    )
+    if grandchild_committed:
+        write_raw(tmp_path, f"procedure/{g}/0000000001.commit", b"")
+    deny_listing(monkeypatch, tmp_path / "procedure" / c)
+    async with manager_for(StoreTarget("local", str(tmp_path))) as manager:
+        assert [str(problem.procedure_id) for problem in manager.recovery_problems] == [c]
+        watcher = manager.procedure_watcher(ProcedureId.parse(p))
+        assert watcher is not None
+        with pytest.raises(ProcedureFailed, match="children failed"):
+            await asyncio.wait_for(watcher.wait(), 5)
+    assert (tmp_path / "procedure" / g / "0000000000.step").exists()
+    assert (tmp_path / "procedure" / c / "0000000000.step").exists()
+
+
+async def test_a_leader_does_not_run_again_a_child_whose_folder_cannot_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root stored after the leader's recovery is adopted; its child's folder cannot be
+    listed. The child was unknown when the root claimed it: the root wrote its step 0 again
+    (the same bytes, taken for its own lost write) and ran it from there, twice."""
+    from procstore.store import ProcedureMessage
+    from procstore.store.keys import KeyType
+
+    world = World.new()
+    root, child = ProcedureId.random(), ProcedureId.random()
+    manager = manager_for(StoreTarget("local", str(tmp_path)), lease=Lease(ttl=2.0, holder="cp", adopt_interval=0.1))
+    async with manager:
+        world.apply("child/c/0")
+        for step, data in enumerate(
+            ({"name": "c", "world": world.name}, {"name": "c", "stage": 1, "world": world.name})
+        ):
+            message = ProcedureMessage("test::Child", json.dumps(data, sort_keys=True), root, step)
+            await manager.store.store.put_if_absent(manager.store.key(child, step, KeyType.STEP), message.encode())
+        deny_listing(monkeypatch, tmp_path / "procedure" / str(child))
+        data = json.dumps({"world": world.name, "stage": "join", "children": {"c": str(child)}})
+        await manager.store.create_procedure(root, "test::Parent", data, None)
+        await eventually(
+            lambda: manager.procedure_state(root) is not None and manager.procedure_state(root).is_failed()
+        )  # type: ignore[union-attr]
+    assert world.counts["child/c/0"] == 1
+
+
+async def test_a_folder_of_ours_that_cannot_be_read_does_not_stop_recovery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A folder below `requests/` or `history/` that cannot be read made `start()` fail, or
+    recovery's deletions fail at every start: it is left out, with one warning for the
+    process's life. (`requests/resume/` itself unreadable fails `start()`, naming it: without
+    the resume nudges, recovery could delete a failed root an operator asked to resume.)"""
+    world = World.new()
+    done = "cccccccc-3333-4000-8000-000000000001"
+    write_raw(tmp_path, f"procedure/{done}/0000000000.step", greptime_step("test::Steps", "{}", 0))
+    write_raw(tmp_path, f"procedure/{done}/0000000001.commit", b"")
+    for folder in ("requests/someone", "history/someone"):
+        (tmp_path / folder).mkdir(parents=True)
+    deny_listing(monkeypatch, tmp_path / "requests" / "someone", tmp_path / "history" / "someone")
+    async with manager_for(StoreTarget("local", str(tmp_path)), history=True, request_poll_interval=0.02) as manager:
+        assert not (tmp_path / "procedure" / done).exists()  # recovery's deletion went on
+        assert await (await manager.submit(steps(world, 2))).wait() == "steps done"
+        await asyncio.sleep(0.2)  # ten looks of the watch
+    warned = [r.getMessage() for r in caplog.records if "cannot list" in r.getMessage()]
+    assert len(warned) == 2, warned  # once per folder, not once per look

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from procstore import StoreError, StoreUnavailable
+from procstore import ListingIncomplete, StoreError, StoreUnavailable
 from procstore.store import FsspecStore, GcsStore, LocalDirStore, S3Store, open_state_store
+from procstore.store.fsspec_store import BucketStore
 from procstore.store.state_store import StateStore
 from tests.conftest import StoreTarget, s3_options
 from tests.support import store_targets
@@ -111,38 +112,75 @@ async def test_listing_sees_keys_written_by_another_client(s3_target: StoreTarge
         await other.close()
 
 
-async def test_an_s3_listing_is_listobjects_pages_and_nothing_else(
-    s3_target: StoreTarget, monkeypatch: pytest.MonkeyPatch
+bucket_target = store_targets("s3", "gcs")
+
+
+def count_requests(store: BucketStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The requests `store` sends from now on, "list" for a page of a listing."""
+    sent: list[str] = []
+    name = "_call_s3" if isinstance(store, S3Store) else "_call"
+    real = getattr(store.fs, name)
+
+    async def counted(method: str, *args: object, **kwargs: object) -> object:
+        listing = method == "list_objects_v2" or (method == "GET" and args[:1] == ("b/{}/o",))
+        sent.append("list" if listing else method)
+        return await real(method, *args, **kwargs)
+
+    monkeypatch.setattr(store.fs, name, counted)
+    return sent
+
+
+async def test_a_bucket_listing_is_the_services_pages_and_nothing_else(
+    bucket_target: StoreTarget, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """s3fs's `find` answers an empty prefix with a HeadObject and a second listing (three
-    requests where one does, and the answer could name a folder if a key appeared in
-    between). A walk is ListObjectsV2 pages only, keys with any character come back as
-    written, and a folder's placeholder object is not a key."""
-    store = open_state_store(s3_target.url, s3_target.storage_options)
-    assert isinstance(store, S3Store)
+    """s3fs's and gcsfs's `find` answer an empty prefix with more requests (a HeadObject and
+    a second listing on S3; a second listing on GCS), and on S3 the answer could name a
+    folder if a key appeared in between. A walk is listing pages only, keys with any
+    character come back as written, and a folder's placeholder object is not a key."""
+    store = open_state_store(bucket_target.url, bucket_target.storage_options)
+    assert isinstance(store, BucketStore)
     try:
         await store.check_access()
         odd = ["requests/a b+c%20d.json", "requests/ü/é.json", "requests/x&y=z?.json"]
-        for key in [*odd, "requests/resume/1.json", "requests2/no.json"]:
+        for key in [*odd, "requests/resume/1.json", "requests2/no.json", "requests/folder/"]:
             await store.put(key, b"v")
-        await store.fs._call_s3("put_object", Bucket=store.bucket, Key="cp/requests/folder/", Body=b"")
-        sent: list[str] = []
-        real_call = store.fs._call_s3
-
-        async def counted(method: str, *args: object, **kwargs: object) -> object:
-            sent.append(method)
-            return await real_call(method, *args, **kwargs)
-
-        monkeypatch.setattr(store.fs, "_call_s3", counted)
+        sent = count_requests(store, monkeypatch)
         monkeypatch.setattr(store, "list_page_size", 2)
         expected = sorted([*odd, "requests/resume/1.json"])
         assert await store.walk("requests/") == expected
-        assert sent == ["list_objects_v2"] * 3  # four keys and the placeholder, two a page
+        # Four keys and the placeholder, two a page (the GCS emulator answers in one page).
+        assert sent == ["list"] * (3 if isinstance(store, S3Store) else 1), sent
         assert list(await store.walk_modified("requests/")) == expected
         assert all(isinstance(t, float) for t in (await store.walk_modified("requests/")).values())
         sent.clear()
         assert await store.walk("nothing/") == []
-        assert sent == ["list_objects_v2"]
+        assert sent == ["list"]
+    finally:
+        await store.close()
+
+
+async def test_a_gcs_listing_follows_its_page_tokens(gcs_target: StoreTarget, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The emulator answers in one page whatever the size asked; GCS pages by `nextPageToken`."""
+    store = open_state_store(gcs_target.url, gcs_target.storage_options)
+    assert isinstance(store, GcsStore)
+    pages = {
+        None: {"items": [{"name": "cp/procedure/a/0000000000.step", "updated": "2026-01-02T03:04:05.5Z"}],
+               "nextPageToken": "t1"},
+        "t1": {"items": [{"name": "cp/procedure/b/0000000000.step"}]},
+    }  # fmt: skip
+    asked: list[tuple[object, object]] = []
+
+    async def paged(method: str, path: str, *args: object, **kwargs: object) -> object:
+        asked.append((kwargs.get("prefix"), kwargs.get("pageToken")))
+        return pages[kwargs.get("pageToken")]  # type: ignore[index]
+
+    monkeypatch.setattr(store.fs, "_call", paged)
+    try:
+        assert await store.walk_modified("procedure/") == {
+            "procedure/a/0000000000.step": 1767323045.5,
+            "procedure/b/0000000000.step": None,
+        }
+        assert asked == [("cp/procedure/", None), ("cp/procedure/", "t1")]
     finally:
         await store.close()
 
@@ -172,10 +210,40 @@ async def test_an_s3_listing_cut_short_raises(s3_target: StoreTarget, monkeypatc
         await store.close()
 
 
-async def test_an_s3_listing_of_a_missing_bucket_raises(s3_target: StoreTarget) -> None:
+@pytest.mark.parametrize("answer", ["a token on the last page", "the same token again"])
+async def test_an_s3_listing_ends_at_the_last_page_and_never_loops(
+    s3_target: StoreTarget, monkeypatch: pytest.MonkeyPatch, answer: str
+) -> None:
+    store = open_state_store(s3_target.url, s3_target.storage_options)
+    assert isinstance(store, S3Store)
+    sent: list[object] = []
+
+    async def pages(method: str, **kwargs: object) -> object:
+        sent.append(kwargs.get("ContinuationToken"))
+        last = answer == "a token on the last page"
+        return {
+            "Contents": [{"Key": "cp/procedure/a/0000000000.step"}],
+            "IsTruncated": not last,
+            "NextContinuationToken": "t",
+        }
+
+    monkeypatch.setattr(store.fs, "_call_s3", pages)
+    try:
+        if answer == "a token on the last page":
+            assert await store.walk("procedure/") == ["procedure/a/0000000000.step"]
+            assert sent == [None]
+        else:
+            with pytest.raises(StoreError, match="the same continuation token twice"):
+                await store.walk("procedure/")
+            assert sent == [None, "t"]
+    finally:
+        await store.close()
+
+
+async def test_a_bucket_listing_of_a_missing_bucket_raises(bucket_target: StoreTarget) -> None:
     """Never an empty answer: that would read as "nothing stored" (recovery, a deletion's check)."""
-    url = s3_target.url.replace("s3://", "s3://procstore-no-such-bucket-", 1)
-    store = open_state_store(url, s3_target.storage_options)
+    scheme, rest = bucket_target.url.split("://", 1)
+    store = open_state_store(f"{scheme}://procstore-no-such-bucket-{rest}", bucket_target.storage_options)
     try:
         with pytest.raises(StoreError, match="listing"):
             await store.walk("procedure/")
@@ -334,12 +402,13 @@ async def test_a_local_read_that_is_denied_is_an_error_not_a_missing_key(
     assert await store.get("requests/missing.json") is None
 
 
-async def test_a_local_listing_that_is_denied_is_an_error_not_an_empty_store(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+async def test_a_local_listing_that_cannot_be_read_is_an_error_not_an_empty_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`os.walk` skips what it cannot list: recovery would have resumed nothing, with no
-    error. The folder asked for raises (naming it); a folder below it that cannot be read is
-    left out with a warning naming it (the others go on); one deleted meanwhile is nothing."""
+    """`os.walk` skips what it cannot list: recovery would have resumed nothing, or left a
+    parent out and deleted its committed child, with no error. The folder asked for raises
+    naming it (anything there that is not a folder too); a folder below it that cannot be
+    read raises `ListingIncomplete`, which carries the rest; one deleted meanwhile is nothing."""
     store = LocalDirStore(str(tmp_path))
     for key in ("procedure/a/0000000000.step", "procedure/b/0000000000.step", "procedure/c/0000000000.step"):
         await store.put(key, b"x")
@@ -356,15 +425,43 @@ async def test_a_local_listing_that_is_denied_is_an_error_not_an_empty_store(
 
     monkeypatch.setattr(os, "scandir", scandir)
     denied.add(str(tmp_path / "procedure"))
-    with pytest.raises(StoreError, match="listing .*procedure/.*Permission denied"):
+    with pytest.raises(StoreError, match="listing .*procedure/.*Permission denied") as raised:
         await store.walk("procedure/")
-    assert await store.walk("") == []  # below the folder asked for: left out, with a warning
+    assert not isinstance(raised.value, ListingIncomplete)
+    with pytest.raises(ListingIncomplete) as incomplete:
+        await store.walk("")
+    assert incomplete.value.unlisted == {
+        "procedure/": "PermissionError: [Errno 13] Permission denied: " + repr(str(tmp_path / "procedure"))
+    }
     denied.clear()
     denied.add(str(tmp_path / "procedure" / "b"))
     vanished.add(str(tmp_path / "procedure" / "c"))
-    assert await store.walk("procedure/") == ["procedure/a/0000000000.step"]
-    warned = [r.getMessage() for r in caplog.records if "cannot list" in r.getMessage()]
-    assert len(warned) == 2 and str(tmp_path / "procedure" / "b") in warned[1], warned
+    with pytest.raises(ListingIncomplete, match="procedure/b/.*fix their permissions") as incomplete:
+        await store.walk("procedure/")
+    assert list(incomplete.value.listed) == ["procedure/a/0000000000.step"]
+    assert list(incomplete.value.unlisted) == ["procedure/b/"]
+    with pytest.raises(ListingIncomplete) as incomplete:
+        await store.walk_modified("procedure/")
+    assert isinstance(incomplete.value.listed["procedure/a/0000000000.step"], float)
+    vanished.add(str(tmp_path / "procedure"))  # deleted between the look and the listing
+    assert await store.walk("procedure/") == []
+
+
+@pytest.mark.parametrize("what", ["file", "dangling link", "link loop"])
+async def test_a_local_listing_of_something_that_is_not_a_folder_raises(tmp_path: Path, what: str) -> None:
+    """An unmounted disk's dangling link at `procedure/` must not list as an empty store."""
+    store = LocalDirStore(str(tmp_path))
+    await store.check_access()
+    target = tmp_path / "procedure"
+    if what == "file":
+        target.write_bytes(b"")
+    elif what == "dangling link":
+        target.symlink_to(tmp_path / "unmounted")
+    else:
+        target.symlink_to(target)
+    with pytest.raises(StoreError, match="listing .*procedure/.*not a folder"):
+        await store.walk("procedure/")
+    assert await store.walk("nothing/") == []
 
 
 async def test_an_s3_read_in_a_missing_bucket_is_an_error_not_a_missing_key(moto_endpoint: str) -> None:
