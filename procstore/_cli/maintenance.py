@@ -246,6 +246,7 @@ async def delete(url: str, storage_options: tuple[str, ...], parent_path: str, p
     for folder, why in sorted(inventory.unlisted.items()):
         # Its subprocedures there, if any, were not seen: they are left, as orphans.
         Console(stderr=True).print(
-            f"warning: cannot list {folder} ({why}): a subprocedure in it was not deleted; fix its permissions",
+            f"warning: cannot list {folder} ({why}): if it holds a subprocedure of this one, that was not "
+            "deleted; fix its permissions",
             markup=False,
         )

@@ -15,7 +15,7 @@ import time
 from procstore._logs import get_logger, procedure_fields
 from procstore._runtime.context import ManagerContext
 from procstore._runtime.restart import restart, runs_here
-from procstore.errors import ProcedureError, StoreError
+from procstore.errors import ProcedureError, StoreError, describe
 from procstore.ids import ProcedureId
 from procstore.store.keys import KeyType, ParsedKey, procedure_dir
 from procstore.store.requests import OperatorRequest, RequestKind
@@ -30,16 +30,25 @@ STALE_REQUEST_AGE = 600.0
 async def watch_operator_requests(ctx: ManagerContext, interval: float) -> None:
     """Every `interval` seconds, apply new requests to the procedures of this term.
 
-    Survives any error (logged): a store outage must not end the watch for the whole term.
+    Survives any error: a store outage must not end the watch for the whole term. A failure
+    is logged when it begins or changes, not at every look (one a second, for as long as it
+    lasts), and its end is logged too.
     """
+    failing: str | None = None
     while True:
         await asyncio.sleep(interval)
         try:
             await _look_once(ctx)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            logger.exception("looking for operator requests failed; trying again in %.1fs", interval)
+        except Exception as e:
+            if describe(e) != failing:
+                logger.exception("looking for operator requests failed; trying again every %.1fs", interval)
+            failing = describe(e)
+        else:
+            if failing is not None:
+                logger.warning("looking for operator requests works again (it failed with %s)", failing)
+            failing = None
 
 
 async def _look_once(ctx: ManagerContext) -> None:

@@ -327,8 +327,7 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
         # Known from now on, as recovery's are: a parent adopted below that claims it fails
         # instead of writing it anew from step 0 (which would run it twice).
         if problem.procedure_id is not None and not ctx.is_known(problem.procedure_id):
-            logger.warning("skipping %s", problem, extra=problem.log_fields())
-            ctx.stored.unreadable[problem.procedure_id] = problem
+            ctx.stored.unreadable[problem.procedure_id] = problem  # logged by the load
     unknown_now: set[ProcedureId] = set()
     leftovers = [
         pid for pid in _leftovers(loaded, keep_failed=ctx.keep_failed) if not ctx.is_known(pid) and pid not in busy

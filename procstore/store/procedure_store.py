@@ -76,8 +76,8 @@ UNREADABLE_HINT = (
 
 
 UNLISTED_HINT = (
-    "Nothing in it was read, run or deleted, nor any descendant of it; a parent that claims it "
-    "fails, as for an unreadable value: fix the folder's permissions, and restart"
+    "Nothing in it, nor any descendant of it, was read, run or deleted, but a parent that waits "
+    "for it fails, as for an unreadable value: fix the folder's permissions, then restart"
 )
 
 
@@ -242,12 +242,20 @@ class ProcedureStore:
         try:
             return await self.store.walk(self.proc_path), []
         except ListingIncomplete as e:
-            return sorted(e.listed), [self._unlisted(folder, why) for folder, why in sorted(e.unlisted.items())]
+            problems = [self._unlisted(folder, why) for folder, why in sorted(e.unlisted.items())]
+            return sorted(e.listed), [p for p in problems if p is not None]
 
-    def _unlisted(self, folder: str, why: str) -> LoadProblem:
+    def _unlisted(self, folder: str, why: str) -> LoadProblem | None:
+        """The problem of a procedure whose folder could not be listed; None (a warning) for
+        a folder that is no procedure's: keys in it would not be a procedure's either."""
         name = folder[len(self.proc_path) :].rstrip("/") if folder.startswith(self.proc_path) else ""
         pid = ProcedureId.parse_canonical(name)
-        return LoadProblem(folder, pid, f"its folder cannot be listed ({why})", UNLISTED_HINT)
+        if pid is None:
+            logger.warning("cannot list %s (%s), left out: not a procedure's folder", folder, why)
+            return None
+        problem = LoadProblem(folder, pid, f"its folder cannot be listed ({why})", UNLISTED_HINT)
+        logger.error("skipping %s", problem, extra=problem.log_fields())
+        return problem
 
     async def load_messages(self) -> ProcedureMessages:
         """Scan every procedure and classify it by its highest key (the latest-step rule)."""

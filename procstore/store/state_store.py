@@ -20,8 +20,9 @@ from procstore.errors import ListingIncomplete
 
 logger = get_logger("procstore.store")
 
-_reported_unlisted: set[tuple[str, str]] = set()
-"""Folders `walk_readable` has warned about (store URL and folder), once per process."""
+_unlisted_now: dict[tuple[str, str], set[str]] = {}
+"""The folders each `walk_readable` (store URL, prefix) could not list last time: warned
+about once while they stay so, and again if they come back after being listed."""
 
 
 class StateStore(abc.ABC):
@@ -155,14 +156,22 @@ def _cas_lock(store: StateStore, key: str) -> asyncio.Lock:
 
 async def walk_readable(store: StateStore, prefix: str) -> list[str]:
     """`store.walk(prefix)`; for folders below `prefix` it could not read
-    (`ListingIncomplete`), the keys it did list, with one warning per folder for the life of
-    the process. For folders looked at again and again (operator requests, history records),
+    (`ListingIncomplete`), the keys it did list, with one warning per folder while it stays
+    unreadable. For folders looked at again and again (operator requests, history records),
     where a folder that cannot be read must not stop every look at the others."""
     try:
-        return await store.walk(prefix)
+        keys, unlisted = await store.walk(prefix), {}
     except ListingIncomplete as e:
-        for folder, why in sorted(e.unlisted.items()):
-            if (store.url, folder) not in _reported_unlisted:
-                _reported_unlisted.add((store.url, folder))
-                logger.warning("cannot list %s%s (%s), left out: fix its permissions", store.url, folder, why)
-        return sorted(e.listed)
+        keys, unlisted = sorted(e.listed), e.unlisted
+    warned = _unlisted_now.get((store.url, prefix), set())
+    for folder, why in sorted(unlisted.items()):
+        if folder not in warned:
+            logger.warning(
+                "cannot list %s%s (%s): what it holds is left out until it can be read; fix its permissions",
+                store.url,
+                folder,
+                why,
+            )
+    if unlisted or warned:
+        _unlisted_now[(store.url, prefix)] = set(unlisted)
+    return keys

@@ -171,3 +171,27 @@ async def test_a_request_folder_that_cannot_be_read_does_not_stop_the_watch(
         await ProcedureStore(m.store.store).requests.put(waiting.id, OperatorRequest.new("cancel", "from the CLI"))
         with pytest.raises(ProcedureFailed, match="from the CLI"):
             await asyncio.wait_for(watcher.wait(), 5)
+
+
+async def test_a_watch_that_keeps_failing_says_so_once_and_says_when_it_works_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`requests/` unreadable: an error with its traceback at every look (each second, for as
+    long as it lasts) drowned everything else in the log."""
+    (tmp_path / "requests").mkdir()
+    real, denied = os.scandir, {str(tmp_path / "requests")}
+
+    def scandir(path: str) -> Any:
+        if path in denied:
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    m = ProcedureManager(tmp_path, request_poll_interval=0.02)
+    async with m:
+        monkeypatch.setattr(os, "scandir", scandir)
+        await asyncio.sleep(0.3)
+        denied.clear()
+        await asyncio.sleep(0.1)
+    failed = [r for r in caplog.records if "looking for operator requests failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is not None, failed
+    assert any("works again" in r.getMessage() for r in caplog.records)

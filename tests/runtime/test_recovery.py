@@ -250,7 +250,7 @@ async def test_requests_of_trees_ended_at_or_before_start_are_deleted_after_thei
 
 
 async def test_a_procedure_folder_that_cannot_be_listed_is_a_load_problem_and_nothing_of_its_tree_goes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A parent whose folder cannot be read was left out of the listing: recovery then took
     its committed child for a finished root's and deleted it, and reported nothing. It is a
@@ -279,6 +279,7 @@ async def test_a_procedure_folder_that_cannot_be_listed_is_a_load_problem_and_no
             problems
         )
         assert "permissions" in problems[parent].hint
+        assert any(f"procedure/{parent}/" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
         assert await (await manager.submit(steps(world, 2))).wait() == "steps done"  # the others go on
     assert (tmp_path / "procedure" / child / "0000000001.commit").exists()
     monkeypatch.setattr(os, "scandir", real)

@@ -522,3 +522,35 @@ def test_a_child_forked_while_a_compare_and_swap_holds_its_lock_can_swap_too(tmp
         os.waitpid(pid, 0)
         raise AssertionError("the child's compare-and-swap waited for a lock nobody would release")
     assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
+async def test_a_folder_left_out_is_warned_about_once_while_it_stays_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The watch lists `requests/` every second: one warning per folder, and a new one if the
+    folder comes back unreadable after it was read again (a second episode, not silence)."""
+    from procstore.store.state_store import walk_readable
+
+    store = LocalDirStore(str(tmp_path))
+    await store.put("requests/resume/x.json", b"{}")
+    await store.put("requests/y.json", b"{}")
+    real, denied = os.scandir, {str(tmp_path / "requests" / "resume")}
+
+    def scandir(path: str) -> Any:
+        if path in denied:
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+
+    def warned() -> int:
+        return sum("cannot list" in r.getMessage() and "requests/resume/" in r.getMessage() for r in caplog.records)
+
+    for _ in range(3):
+        assert await walk_readable(store, "requests/") == ["requests/y.json"]
+    assert warned() == 1
+    denied.clear()
+    assert await walk_readable(store, "requests/") == ["requests/resume/x.json", "requests/y.json"]
+    denied.add(str(tmp_path / "requests" / "resume"))
+    assert await walk_readable(store, "requests/") == ["requests/y.json"]
+    assert warned() == 2
