@@ -317,7 +317,12 @@ async def test_a_request_stored_while_a_write_backs_off_stops_the_next_step(s3_t
     inner = open_state_store(s3_target.url, s3_target.storage_options)
     lost = Fault("transient", kinds=frozenset({"put_if_absent", "put"}), key="*/0000000001.step", times=1)
     manager = ProcedureManager(
-        FaultyStore(inner, faults=[lost]), retry_delay=0.5, max_retry_delay=0.5, request_poll_interval=60
+        # Two seconds of backoff: time for the CLI's write to land even when a loaded machine
+        # slows the moto server down to hundreds of milliseconds a request.
+        FaultyStore(inner, faults=[lost]),
+        retry_delay=2.0,
+        max_retry_delay=2.0,
+        request_poll_interval=60,
     )
     manager.register(Counted)
     other = open_state_store(s3_target.url, s3_target.storage_options)  # the CLI's view
