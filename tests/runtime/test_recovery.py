@@ -361,9 +361,8 @@ async def test_a_leader_does_not_run_again_a_child_whose_folder_cannot_be_read(
         deny_listing(monkeypatch, tmp_path / "procedure" / str(child))
         data = json.dumps({"world": world.name, "stage": "join", "children": {"c": str(child)}})
         await manager.store.create_procedure(root, "test::Parent", data, None)
-        await eventually(
-            lambda: manager.procedure_state(root) is not None and manager.procedure_state(root).is_failed()
-        )  # type: ignore[union-attr]
+        state = await wait_for_state(manager, root)
+        assert state.is_failed(), state
     assert world.counts["child/c/0"] == 1
 
 
