@@ -39,10 +39,10 @@ from procstore._cli.output import (
     table_time,
     time_option,
 )
-from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore
 from procstore.store.inventory import Inventory, StoredProcedure, StoredStatus, read_inventory
+from procstore.store.state_store import walk_readable
 
 STATUS_STYLE = {
     StoredStatus.UNFINISHED: "yellow",
@@ -217,10 +217,8 @@ async def check_not_misplaced(store: ProcedureStore, inventory: Inventory) -> No
     """An empty listing of a folder that holds other things is most likely a wrong prefix."""
     if inventory.procedures or inventory.other_keys or inventory.unlisted:
         return
-    try:
-        listed = await store.store.walk(store.parent_path)
-    except ListingIncomplete as e:  # a folder of the user's beside ours (`lost+found`, say)
-        listed = list(e.listed)
+    # A folder of the user's beside ours that cannot be read (`lost+found`, say) is left out.
+    listed = await walk_readable(store.store, store.parent_path)
     around = [k for k in listed if not k[len(store.parent_path) :].startswith(OUR_FOLDERS)]
     if around:
         raise CommandError(

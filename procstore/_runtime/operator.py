@@ -17,7 +17,7 @@ from procstore._runtime.context import ManagerContext
 from procstore._runtime.restart import restart, runs_here
 from procstore.errors import ProcedureError, StoreError, describe
 from procstore.ids import ProcedureId
-from procstore.store.keys import KeyType, ParsedKey, procedure_dir
+from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.requests import OperatorRequest, RequestKind
 from procstore.store.state_store import walk_readable
 
@@ -66,7 +66,7 @@ async def _look_once(ctx: ManagerContext) -> None:
         elif (
             not ctx.is_known(pid)
             and time.time() - request.requested_at > STALE_REQUEST_AGE
-            and not await _has_keys(ctx, pid)
+            and not await ctx.store.holds_keys(pid)
         ):
             # Its procedure ended (and its keys went) before the request was seen, or never existed.
             stale.append(pid)
@@ -78,15 +78,6 @@ async def _look_once(ctx: ManagerContext) -> None:
             await _load_again(ctx, pid, nudge)
         except StoreError as e:  # this procedure's folder, say: the other nudges go on
             logger.warning("procedure %s: acting on its resume nudge failed (%s); trying again", pid, e)
-
-
-async def _has_keys(ctx: ManagerContext, procedure_id: ProcedureId) -> bool:
-    """Whether the store holds keys of the procedure; True if its folder cannot be listed
-    (its request is kept, and the other requests of the look go on)."""
-    try:
-        return bool(await ctx.store.store.walk(procedure_dir(ctx.store.proc_path, procedure_id)))
-    except StoreError:
-        return True
 
 
 async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorRequest) -> None:

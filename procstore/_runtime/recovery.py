@@ -9,7 +9,6 @@ and committed children whose parent is gone, have their keys deleted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Sequence
 
@@ -18,11 +17,11 @@ from procstore._logs import get_logger
 from procstore._runtime.context import LoadFailed, ManagerContext
 from procstore._runtime.history import record_recovered
 from procstore._runtime.runner import Runner
-from procstore.errors import ProcedureError, StoreError
+from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
 from procstore.state import ProcedureState, ProcedureStateKind
-from procstore.store.keys import KeysByProcedure, KeyType, procedure_dir
+from procstore.store.keys import KeysByProcedure, KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
 
@@ -98,9 +97,8 @@ async def _forget_requests(
     try:
         gone = [pid for pid in requested if pid in done]
         for pid in requested - done - held:  # no keys when listed: make sure none came since
-            with contextlib.suppress(StoreError):  # its folder cannot be listed: its request stays
-                if not await ctx.store.store.walk(procedure_dir(ctx.store.proc_path, pid)):
-                    gone.append(pid)
+            if not await ctx.store.holds_keys(pid):
+                gone.append(pid)
         await ctx.store.requests.delete(gone)
     except ProcedureError as e:
         logger.warning("could not delete operator requests of ended procedures (%s); the next start tries again", e)

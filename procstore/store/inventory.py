@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
-from procstore.store.keys import PROC_PATH, KeysByProcedure, KeyType, ParsedKey
+from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_of_dir
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
 
@@ -121,11 +121,8 @@ class Inventory:
     unlisted: dict[str, str] = field(default_factory=dict)
     """Folders under `procedure/` that could not be listed, and why: what they hold is not
     shown, and no procedure whose parent may be in one is taken for an orphan or collected."""
-
-    @property
-    def unlisted_ids(self) -> set[ProcedureId]:
-        """The procedures whose folder could not be listed."""
-        return {pid for folder in self.unlisted if (pid := _folder_id(folder)) is not None}
+    unlisted_ids: set[ProcedureId] = field(default_factory=set)
+    """The procedures whose folder is one of `unlisted`."""
 
     def is_orphan(self, p: StoredProcedure) -> bool:
         """Unfinished, with a parent that is not in the store: nothing will run it (a
@@ -164,10 +161,9 @@ class Inventory:
     def collectable(self) -> list[StoredProcedure]:
         """Committed procedures a manager would delete: those without a live parent."""
         out = []
-        unlisted = self.unlisted_ids
         for p in self.procedures.values():
             parent = self.procedures.get(p.parent_id) if p.parent_id is not None else None
-            if p.is_finished and (parent is None or not parent.is_alive) and p.parent_id not in unlisted:
+            if p.is_finished and (parent is None or not parent.is_alive) and p.parent_id not in self.unlisted_ids:
                 out.append(p)
         return out
 
@@ -203,13 +199,8 @@ async def read_inventory(store: ProcedureStore, progress: Progress | None = None
         if parent is not None:
             parent.children.append(procedure.procedure_id)
     _flag_parent_cycles(procedures)
-    return Inventory(procedures, grouped.others, unlisted)
-
-
-def _folder_id(folder: str) -> ProcedureId | None:
-    """The procedure whose folder `folder` (`.../procedure/{id}/`) is, if it is one."""
-    parts = folder.rstrip("/").rsplit("/", 2)
-    return ProcedureId.parse_canonical(parts[-1]) if len(parts) >= 2 and f"{parts[-2]}/" == PROC_PATH else None
+    ids = {folder_of for folder in unlisted if (folder_of := procedure_of_dir(store.proc_path, folder)) is not None}
+    return Inventory(procedures, grouped.others, unlisted, ids)
 
 
 def _flag_parent_cycles(procedures: dict[ProcedureId, StoredProcedure]) -> None:

@@ -184,6 +184,13 @@ def procedure_dir(prefix: str, procedure_id: ProcedureId) -> str:
     return f"{prefix}{procedure_id}/"
 
 
+def procedure_of_dir(prefix: str, folder: str) -> ProcedureId | None:
+    """The procedure whose folder (`procedure_dir`) `folder` is; None for any other folder."""
+    if not folder.startswith(prefix):
+        return None
+    return ProcedureId.parse_canonical(folder[len(prefix) :].rstrip("/"))
+
+
 FolderLatest = tuple[ProcedureId, StepAndType, str, StepAndType | None, str | None, int]
 """One procedure's keys as recovery needs them (see `latest_in_sorted`): its id; its latest
 key (the highest step, and at that step a commit or rollback) and that key's text; with a

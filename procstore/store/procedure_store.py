@@ -18,7 +18,7 @@ from typing import Any
 from procstore._aio import gather_settled
 from procstore._bulk import collector_paused
 from procstore._logs import get_logger, procedure_fields
-from procstore.errors import Fenced, ListingIncomplete
+from procstore.errors import Fenced, ListingIncomplete, StoreError
 from procstore.ids import ProcedureId
 from procstore.store.keys import (
     PROC_PATH,
@@ -30,6 +30,7 @@ from procstore.store.keys import (
     key_text,
     latest_in_sorted,
     procedure_dir,
+    procedure_of_dir,
 )
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.requests import RESUME_PATH, RequestStore
@@ -184,6 +185,14 @@ class ProcedureStore:
         key = self.key(procedure_id, message.step, KeyType.ROLLBACK)
         await self._create_or_fence(procedure_id, key, message.encode())
 
+    async def holds_keys(self, procedure_id: ProcedureId) -> bool:
+        """Whether the store holds any key of the procedure; True if its folder cannot be
+        listed (what may be there is kept as if it were: its request, say)."""
+        try:
+            return bool(await self.store.walk(procedure_dir(self.proc_path, procedure_id)))
+        except StoreError:
+            return True
+
     async def procedure_keys(self, procedure_id: ProcedureId) -> list[ParsedKey]:
         """Every key of one procedure, by step."""
         keys = await self.store.walk(procedure_dir(self.proc_path, procedure_id))
@@ -248,8 +257,7 @@ class ProcedureStore:
     def _unlisted(self, folder: str, why: str) -> LoadProblem | None:
         """The problem of a procedure whose folder could not be listed; None (a warning) for
         a folder that is no procedure's: keys in it would not be a procedure's either."""
-        name = folder[len(self.proc_path) :].rstrip("/") if folder.startswith(self.proc_path) else ""
-        pid = ProcedureId.parse_canonical(name)
+        pid = procedure_of_dir(self.proc_path, folder)
         if pid is None:
             logger.warning("cannot list %s (%s), left out: not a procedure's folder", folder, why)
             return None

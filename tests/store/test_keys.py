@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from procstore import ProcedureId
-from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey
+from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_dir, procedure_of_dir
 
 PREFIX = "data/procedure/"
 PID = ProcedureId.parse("9f805a1f-05f7-490c-9f91-bd56e3cc54c1")
@@ -188,3 +188,11 @@ def test_a_step_number_too_long_for_int_is_no_key_and_no_error(id_text: str) -> 
         grouped = KeysByProcedure.group(PREFIX, keys)
         assert grouped.others == [key]
         assert grouped.steps == ({PID: [(1, KeyType.STEP)]} if ordinary in keys else {})
+
+
+def test_a_procedure_folder_round_trips_to_its_id() -> None:
+    pid = ProcedureId.random()
+    for prefix in ("procedure/", "region-a/procedure/"):
+        assert procedure_of_dir(prefix, procedure_dir(prefix, pid)) == pid
+        for other in (f"{prefix}{pid}/junk/", f"{prefix}not-an-id/", f"other/{pid}/", prefix):
+            assert procedure_of_dir(prefix, other) is None
