@@ -23,8 +23,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from procstore import ManagerStopped, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId, Watcher
+from procstore import (
+    DuplicateProcedure,
+    ManagerStopped,
+    ProcedureFailed,
+    ProcedureId,
+    ProcedureManager,
+    ProcedureWithId,
+    Watcher,
+)
 from procstore.store import StateStore, open_state_store
+from procstore.store.history import HistoryStore
 from procstore.testing import FaultyStore, SimulatedCrash
 from procstore_machines.create_table import CreateTable, new_create_table
 from procstore_machines.create_table import register as register_create_table
@@ -109,6 +118,13 @@ def inject_mailbox_faults(cluster: SimCluster, rng: random.Random, plan: Plan, h
     return f"datanode {node} cut off"
 
 
+async def _recorded_outcome(store: FaultyStore, procedure_id: ProcedureId) -> str:
+    record = await HistoryStore(store).find(procedure_id)
+    if record is None:
+        return "pending"
+    return "done" if record.outcome == "done" else f"failed: {record.error}"
+
+
 async def _wait(watcher: Watcher) -> str | None:
     """The procedure's outcome; None if the manager stopped (was killed) before it ended."""
     try:
@@ -141,7 +157,11 @@ async def run_round(
                 # failed: a rollback that could not finish runs again after a restart.
                 watcher = manager.procedure_watcher(job.procedure_id)
                 if watcher is None and job.outcome == "pending":
-                    watcher = await manager.submit(ProcedureWithId(job.procedure_id, build(job, cluster)))
+                    try:
+                        watcher = await manager.submit(ProcedureWithId(job.procedure_id, build(job, cluster)))
+                    except DuplicateProcedure:
+                        # It ran to its end before the crash: its history record says how.
+                        job.outcome = await _recorded_outcome(faulty, job.procedure_id)
                 if watcher is not None:
                     waits[job.procedure_id] = asyncio.ensure_future(_wait(watcher))
             crashed: asyncio.Future[Any] = asyncio.ensure_future(faulty.crashed.wait())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 
 import click
 from rich.console import Console
@@ -27,6 +28,7 @@ from procstore._cli.common import (
 from procstore._cli.listing import OUR_FOLDERS, load_inventory, procedures_table, row_json
 from procstore._cli.output import chosen_format, emit, output_console, output_options, plural
 from procstore.store import LocalDirStore, ProcedureStore
+from procstore.store.history import HistoryStore, iso, record_from_keys
 from procstore.store.inventory import StoredProcedure, StoredStatus
 from procstore.store.local import TEMP_PREFIX, Leftovers
 from procstore.store.requests import OperatorRequest, RequestKind
@@ -138,7 +140,21 @@ async def gc(
     )
 
 
+async def record_ends(store: ProcedureStore, procedures: list[StoredProcedure]) -> None:
+    """Write the end record of each finished run about to be deleted (create-only: the
+    record its manager wrote stands), as a manager's deletion does: without it, a late
+    write could re-create and run it again (docs/guarantees.md, "Runs and end records")."""
+    ended_at = iso(datetime.now(UTC)) or ""
+    records = [
+        record_from_keys(p.procedure_id, p.message, rolled_back=p.status is StoredStatus.FAILED, ended_at=ended_at)
+        for p in procedures
+        if p.message is not None and p.status in (StoredStatus.COMMITTED, StoredStatus.FAILED)
+    ]
+    await HistoryStore(store.store, store.parent_path).put_many(records)
+
+
 async def _delete_all(store: ProcedureStore, procedures: list[StoredProcedure], console: Console) -> int:
+    await record_ends(store, procedures)
     limit = asyncio.Semaphore(_GC_CONCURRENCY)
     progress = Progress(TextColumn("deleting"), BarColumn(), MofNCompleteColumn(), console=console, transient=True)
     with progress:
@@ -237,6 +253,7 @@ async def delete(url: str, storage_options: tuple[str, ...], parent_path: str, p
         doomed = [*inventory.descendants(p.procedure_id), p]
         children = f" and its {plural(len(doomed) - 1, 'subprocedure')}" if len(doomed) > 1 else ""
         _confirm(f"Delete {p.type_name or 'unreadable procedure'} {p.procedure_id} ({p.status.value}){children}?", yes)
+        await record_ends(store, doomed)
         for each in doomed:
             await store.delete_procedure(each.procedure_id)
     finally:

@@ -33,7 +33,8 @@ def claim_stored_child(
         name = stored.committed.pop(child_id)
         error = stored.rolled_back.pop(child_id, None)
         final = ProcedureState.done() if error is None else rolled_back(error)
-        ctx.new_meta(child_id, name, parent_id, None, final)
+        meta = ctx.new_meta(child_id, name, parent_id, None, final, run=stored.committed_runs.pop(child_id, 1))
+        meta.end_stored = True
         return True
     if child_id in stored.unreadable:
         problem = stored.unreadable[child_id]
@@ -59,7 +60,7 @@ def claim_stored_child(
         )
     else:
         state = ProcedureState.running()
-    meta = ctx.new_meta(child_id, message.type_name, parent_id, procedure, state, lock_key)
+    meta = ctx.new_meta(child_id, message.type_name, parent_id, procedure, state, lock_key, message.run)
     start(meta, procedure, message.step + 1, message.data)
     return True
 

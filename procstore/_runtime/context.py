@@ -54,6 +54,8 @@ class StoredProcedures:
     """Unfinished children: their latest message and whether they were rolling back."""
     committed: dict[ProcedureId, str] = field(default_factory=dict)
     """Finished children of unfinished parents, with their type names ("" if unknown)."""
+    committed_runs: dict[ProcedureId, int] = field(default_factory=dict)
+    """The run of each finished child in `committed` (its history record's)."""
     rolled_back: dict[ProcedureId, str] = field(default_factory=dict)
     """The finished children in `committed` that failed and rolled back, with their errors:
     the parent sees them FAILED, and their rollback never runs again."""
@@ -91,7 +93,7 @@ class ManagerContext:
         lease_check: Callable[[str], None] | None = None,
         fencing_token: int | None = None,
         inherited_deletes_after: float = 0.0,
-        history: HistoryStore | None = None,
+        history: HistoryStore,
         keep_failed: bool = False,
         telemetry: Telemetry = OFF,
         span_attributes: dict[str, Any] | None = None,
@@ -117,13 +119,15 @@ class ManagerContext:
         """The lease epoch of this term (None without a lease): `Context.fencing_token`."""
         self.lease_check = lease_check
         """Raises `LeaseExpired` once this term may no longer write: `Context.check_lease`."""
-        self._finished_trees: deque[tuple[float, list[ProcedureId]]] = deque()
+        self._finished_trees: deque[tuple[float, list[ProcedureMeta]]] = deque()
+        """Finished trees' metadata, by end time, for the TTL: each entry names the runs that
+        ended, so forgetting one never removes a later run of the same id."""
         self.lock_holders: dict[str, set[ProcedureId]] = {}
         """Who holds each lock key (of `locks`), for finding cycles of waits."""
         self.lock_waits: dict[ProcedureId, str] = {}
         """The lock key each procedure is waiting for, if it is waiting for one."""
         self.history = history
-        """Where ended procedures are recorded (None: history is off)."""
+        """Where each ended run's end record (its history record) is written."""
         self.keep_failed = keep_failed
         self.telemetry = telemetry
         self.span_attributes = span_attributes or {}
@@ -242,13 +246,15 @@ class ManagerContext:
         procedure: Procedure | None,
         state: ProcedureState,
         lock_key: LockKey | None = None,
+        run: int = 1,
     ) -> ProcedureMeta:
-        """Create and register the metadata of a procedure (the id must be new).
+        """Create and register the metadata of run `run` of a procedure (the id must be new
+        to this term, or forgotten).
 
         `lock_key` is the procedure's, when the caller has computed it already."""
         if lock_key is None:
             lock_key = procedure.lock_key() if procedure is not None else NO_KEYS
-        meta = ProcedureMeta(procedure_id, type_name, parent_id, lock_key, state, self._on_end_callback)
+        meta = ProcedureMeta(procedure_id, type_name, parent_id, lock_key, state, self._on_end_callback, run)
         if procedure_id in self.metas:
             raise AssertionError(f"procedure {procedure_id} registered twice")
         self.metas[procedure_id] = meta
@@ -317,33 +323,45 @@ class ManagerContext:
             queue.extend(self.stored.children_of.get(pid, ()))
         return ids
 
-    def on_tree_finished(self, ids: list[ProcedureId]) -> None:
-        """Start the metadata TTL of a finished tree; forget the stored children it claimed."""
+    def tree_metas(self, ids: list[ProcedureId]) -> list[ProcedureMeta]:
+        """The metadata of the runs `ids` name now (captured when a tree ends: a later run of
+        one of these ids gets metadata of its own)."""
+        return [meta for pid in ids if (meta := self.metas.get(pid)) is not None]
+
+    def on_tree_finished(self, ids: list[ProcedureId], metas: list[ProcedureMeta]) -> None:
+        """Start the metadata TTL of a finished tree's runs (`metas`); forget the stored
+        children and the operator requests it claimed, unless a later run of the id owns them."""
         for pid in ids:
+            current = self.metas.get(pid)
+            if current is not None and current not in metas:
+                continue  # restarted meanwhile: what is known of it now is the new run's
             self.stored.messages.pop(pid, None)
             self.stored.committed.pop(pid, None)
+            self.stored.committed_runs.pop(pid, None)
             self.stored.rolled_back.pop(pid, None)
             self.stored.children_of.pop(pid, None)
-        self._finished_trees.append((time.monotonic(), ids))
+            self.operator_requests.pop(pid, None)
+        self._finished_trees.append((time.monotonic(), metas))
 
     def forget(self, procedure_id: ProcedureId) -> None:
         """Drop what this term knows of an ended procedure: it is about to run again (resumed
-        or rewound) under the same id, and its old metadata's TTL must not remove the new."""
+        or rewound) under the same id. Its old metadata stays in its tree's TTL entry, which
+        then removes nothing (it is no longer the id's)."""
         self.metas.pop(procedure_id, None)
-        for _, ids in self._finished_trees:
-            if procedure_id in ids:
-                ids.remove(procedure_id)
+        self.operator_requests.pop(procedure_id, None)  # the ended run's, or inherited by it
         for table in (self.stored.unreadable, self.stored.committed, self.stored.rolled_back):
             table.pop(procedure_id, None)
+        self.stored.committed_runs.pop(procedure_id, None)
 
     def remove_outdated_metadata(self, ttl: float, now: float | None = None) -> int:
-        """Forget finished trees that ended more than `ttl` seconds ago; returns how many procedures."""
+        """Forget finished runs that ended more than `ttl` seconds ago; returns how many."""
         now = time.monotonic() if now is None else now
         removed = 0
         while self._finished_trees and now - self._finished_trees[0][0] > ttl:
-            _, ids = self._finished_trees.popleft()
-            for pid in ids:
-                if self.metas.pop(pid, None) is not None:
+            _, metas = self._finished_trees.popleft()
+            for meta in metas:
+                if self.metas.get(meta.id) is meta:
+                    del self.metas[meta.id]
                     removed += 1
         return removed
 

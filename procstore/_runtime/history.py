@@ -9,7 +9,7 @@ from procstore._runtime.context import ManagerContext
 from procstore._runtime.meta import ProcedureMeta
 from procstore.ids import ProcedureId
 from procstore.state import ProcedureState
-from procstore.store.history import HistoryRecord, iso
+from procstore.store.history import HistoryRecord, iso, record_from_keys
 from procstore.store.procedure_store import ProcedureMessages
 
 logger = get_logger("procstore.runtime")
@@ -26,25 +26,25 @@ def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime) -> Hist
         ended_at=iso(meta.end_time or ended) or "",
         steps=meta.steps,
         retries=meta.retries,
+        run=meta.run,
     )
 
 
 async def record_tree(
     ctx: ManagerContext, ids: list[ProcedureId], root: ProcedureMeta, root_state: ProcedureState, ended: datetime
 ) -> None:
-    """Write a record for each ended procedure of a finished tree (before its keys go).
+    """Write the end record of each run of a finished tree whose end is stored (its
+    `.commit`), before its keys go; a run whose end is not stored gets none (it runs again).
 
     Raises the store's error: the caller then keeps the keys, and the next start records
     and deletes them.
     """
-    if ctx.history is None:
-        return
     records: list[HistoryRecord] = []
     for pid in ids:
         meta = ctx.metas.get(pid)
         if meta is not None:
             state = root_state if meta is root else meta.state
-            if state.is_ended():
+            if meta.end_stored and state.is_ended():
                 records.append(_record(meta, state, ended))
         elif (type_name := ctx.stored.committed.get(pid)) is not None:
             # A child that ended in an earlier term: the store kept only its last message, which
@@ -58,35 +58,26 @@ async def record_tree(
                     outcome="done" if error is None else "failed",
                     error=error,
                     ended_at=iso(ended) or "",
+                    run=ctx.stored.committed_runs.get(pid, 1),
                 )
             )
     await ctx.history.put_many(records)
 
 
 async def record_recovered(ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId]) -> None:
-    """Records for finished procedures recovery is about to delete, unless one exists.
+    """End records for the finished runs recovery is about to delete, unless their run has
+    one (a record of another run of the same id says nothing of this one).
 
     What the store keeps of them is their last message: no start time, no retry count.
     """
-    if ctx.history is None or not ids:
+    if not ids:
         return
-    recorded = await ctx.history.recorded_ids()
+    recorded = await ctx.history.ended_runs()
     now = iso(datetime.now(UTC)) or ""
     records: list[HistoryRecord] = []
     for pid in ids:
         message = loaded.finished_messages.get(pid)
-        if str(pid) in recorded or message is None:
+        if message is None or (str(pid), message.run) in recorded:
             continue
-        rolled_back = pid in loaded.rolled_back_ids
-        records.append(
-            HistoryRecord(
-                id=str(pid),
-                type_name=message.type_name,
-                parent_id=None if message.parent_id is None else str(message.parent_id),
-                outcome="failed" if rolled_back else "done",
-                error=message.error if rolled_back else None,
-                ended_at=now,
-                steps=message.step,
-            )
-        )
+        records.append(record_from_keys(pid, message, rolled_back=pid in loaded.rolled_back_ids, ended_at=now))
     await ctx.history.put_many(records)

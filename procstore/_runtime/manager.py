@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import warnings
 from functools import partial
 from types import TracebackType
 from typing import Any, Self
@@ -36,7 +37,7 @@ from procstore.errors import (
 from procstore.ids import ProcedureId
 from procstore.procedure import Procedure, ProcedureWithId
 from procstore.state import ProcedureInfo, ProcedureState
-from procstore.store.history import History
+from procstore.store.history import History, HistoryStore
 from procstore.store.keys import KeyType
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
@@ -80,9 +81,11 @@ class ProcedureManager:
         request_poll_interval: seconds between looks for operator requests (`cancel`,
             `procstore fail`) that must reach procedures waiting for children or a retry.
             A procedure about to attempt a step always reads its own request first.
-        history: keep a record of each ended procedure under `history/` (a `History`, or
-            True for `History()`): `procstore ls --history`, `procstore show`. Off by default,
-            as in GreptimeDB, which keeps nothing of an ended procedure.
+        history: how long the record of each ended run is kept under `history/` (a
+            `History`; None or True for `History()`, 7 days): `procstore ls --history`,
+            `procstore show`. Always kept: each record is its run's end record, which stops
+            a finished procedure from ever running again (docs/guarantees.md). False is
+            taken as the default, with a `DeprecationWarning`.
         keep_failed: a root that ends FAILED keeps its keys (children's go as usual), so that
             an operator can `resume` or `rewind` it; `procstore delete` removes them.
         telemetry: report traces and metrics to OpenTelemetry's global providers when its
@@ -118,7 +121,14 @@ class ProcedureManager:
         self.gc_interval = gc_interval
         self.parent_path = parent_path
         self.request_poll_interval = request_poll_interval
-        self.history = History() if history is True else (history or None)
+        if history is False:
+            warnings.warn(
+                "history=False no longer turns history off: each ended run's record is its end record, "
+                "always written (docs/guarantees.md); set its retention with History(retention=...)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        self.history = history if isinstance(history, History) else History()
         self.keep_failed = keep_failed
         self.telemetry = telemetry
         self.recovery_problems: list[LoadProblem] = []
@@ -357,7 +367,10 @@ class ProcedureManager:
         # A standby: the leader's look at `requests/` (or its next step) finds the request.
         # The write belongs to no term, so stop() cancels and waits for it by itself.
         assert self._state_store is not None
-        standby = ManagerContext(ProcedureStore(self._state_store, self.parent_path), self.policy, self._loaders)
+        store = ProcedureStore(self._state_store, self.parent_path)
+        standby = ManagerContext(
+            store, self.policy, self._loaders, history=HistoryStore(self._state_store, self.parent_path, self.history)
+        )
         task = asyncio.get_running_loop().create_task(
             request_stop(standby, procedure_id, "cancel", reason), name="procstore:cancelling"
         )

@@ -23,9 +23,9 @@ class ProcedureMeta:
 
     # Slots: one is kept per procedure, for as long as it runs and for the metadata TTL.
     __slots__ = (
-        "_changed", "_ended", "_on_end", "_requested", "_state", "abandoned", "cancelled", "children", "end_time",
-        "ended_at", "id", "inherited", "is_root", "keep_keys", "lock_key", "parent_id", "retries", "rolled_back",
-        "start_time", "steps", "terminal_keys", "type_name", "wrote_every_key",
+        "_changed", "_ended", "_on_end", "_requested", "_state", "abandoned", "cancelled", "children", "end_stored",
+        "end_time", "ended_at", "id", "inherited", "is_root", "keep_keys", "lock_key", "parent_id", "retries",
+        "rolled_back", "run", "start_time", "steps", "terminal_keys", "type_name", "wrote_every_key",
     )  # fmt: skip
 
     def __init__(
@@ -36,8 +36,13 @@ class ProcedureMeta:
         lock_key: LockKey,
         state: ProcedureState,
         on_end: Callable[[ProcedureMeta], None] | None = None,
+        run: int = 1,
     ) -> None:
         self.id = procedure_id
+        self.run = run
+        """Which run of the id this is (`ProcedureMessage.run`): every key it writes carries
+        it, and whatever is remembered or postponed for it acts on this run only. A resume or
+        rewind makes a new meta with the next run; this one stays as it ended."""
         self.type_name = type_name
         self.parent_id = parent_id
         self.lock_key = lock_key
@@ -71,6 +76,10 @@ class ProcedureMeta:
         Cleared by any write whose outcome is unknown."""
         self.terminal_keys: tuple[tuple[int, KeyType], ...] = ()
         """The `.rollback` and `.commit` keys its runner wrote, by step."""
+        self.end_stored = False
+        """Its run's `.commit` is stored: the run has ended for good, and only then is its end
+        record written (an end not stored, such as a rollback to run again at the next
+        start, must never be taken for one)."""
 
         self._state = state
         # Events are made on first wait: most procedures are never watched, and recovery

@@ -21,6 +21,7 @@ from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
 from procstore.state import ProcedureState, ProcedureStateKind
+from procstore.store.history import RunKey
 from procstore.store.keys import KeysByProcedure, KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
@@ -37,6 +38,16 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     """Resume what the store holds; returns the procedures that could not be resumed."""
     requested = await ctx.store.requests.stored_ids()  # before the procedures: see `_forget_requests`
     loaded = await ctx.store.load_messages()
+    ended = await ctx.history.ended_runs()
+    finished_runs = _runs_that_ended(loaded, ended)
+    if finished_runs:
+        logger.warning(
+            "deleting %d procedure folders of runs that ended already (keys re-created by a late write of a paused "
+            "former leader after the run had finished and was deleted): %s",
+            len(finished_runs),
+            ", ".join(map(str, finished_runs[:10])),
+        )
+        _set_apart(loaded, finished_runs)
     problems = list(loaded.problems)
     for problem in loaded.problems:
         if problem.procedure_id is not None:
@@ -53,7 +64,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
         )
     with collector_paused():
         stranded = _stranded(loaded, alive)
-        to_delete = _plan_finished(ctx, loaded, alive, nudged) + loaded.stray_ids
+        to_delete = _plan_finished(ctx, loaded, alive, nudged) + loaded.stray_ids + finished_runs
         rolling_back_roots = _plan_unfinished(
             ctx, loaded.rollback_messages, stranded, alive, rolling_back=True, problems=problems
         )
@@ -85,6 +96,37 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     return problems
 
 
+def _runs_that_ended(loaded: ProcedureMessages, ended: set[RunKey]) -> list[ProcedureId]:
+    """Unfinished-looking procedures whose run has ended already: nothing may run them.
+
+    Deleting a finished run makes a create-only write succeed again, so a paused former
+    leader's `0.step` that lands late (a submit's retry, a child it was creating) re-creates
+    a procedure that ran to its end. Such a folder is that run's, by its end record (`run`
+    in the message, the id's record in history); a child created late is its parent's
+    run's, so a child at its step 0 whose parent is gone and whose parent's run (the
+    child's run number) has an end record is a leftover too.
+    """
+    live = {*loaded.messages, *loaded.rollback_messages, *loaded.unreadable_ids}
+    out: list[ProcedureId] = []
+    for messages in (loaded.messages, loaded.rollback_messages):
+        for pid, message in messages.items():
+            if (str(pid), message.run) in ended or (
+                message.step == 0
+                and (parent := message.parent_id) is not None
+                and parent not in live
+                and (str(parent), message.run) in ended
+            ):
+                out.append(pid)
+    return out
+
+
+def _set_apart(loaded: ProcedureMessages, pids: list[ProcedureId]) -> None:
+    """Take `pids` out of what is to be resumed (they are deleted instead)."""
+    for pid in pids:
+        loaded.messages.pop(pid, None)
+        loaded.rollback_messages.pop(pid, None)
+
+
 async def _forget_requests(
     ctx: ManagerContext, requested: set[ProcedureId], loaded: ProcedureMessages, deleted: list[ProcedureId]
 ) -> None:
@@ -114,6 +156,7 @@ def _plan_finished(
         parent = message.parent_id if message is not None else None
         if message is not None and parent is not None and parent in alive:
             ctx.stored.committed[pid] = message.type_name
+            ctx.stored.committed_runs[pid] = message.run
             if pid in loaded.rolled_back_ids:
                 ctx.stored.rolled_back[pid] = message.error or "rolled back"
             ctx.stored.add_child(parent, pid)
@@ -125,6 +168,7 @@ def _plan_finished(
         ):
             # A failed root kept for an operator (`keep_failed`): known, so never adopted or swept.
             ctx.stored.committed[pid] = message.type_name
+            ctx.stored.committed_runs[pid] = message.run
             ctx.stored.rolled_back[pid] = message.error or "failed"
         else:
             to_delete.append(pid)
@@ -292,7 +336,7 @@ def _resume_root(
         state = ProcedureState.with_error(ProcedureStateKind.ROLLING_BACK, message.error or "unknown error")
     else:
         state = ProcedureState.running()
-    meta = ctx.new_meta(pid, message.type_name, message.parent_id, procedure, state, lock_key)
+    meta = ctx.new_meta(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)
     meta.is_root = True
     meta.inherited = True
     # A root past its step 0 (or rolling back) held its locks when its process died, and
@@ -321,6 +365,8 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
     if all(ctx.is_known(pid) or pid in busy for pid in listed.steps):
         return set()
     loaded = await ctx.store.load_messages()
+    finished_runs = _runs_that_ended(loaded, await ctx.history.ended_runs())
+    _set_apart(loaded, finished_runs)
     for problem in loaded.problems:
         # Known from now on, as recovery's are: a parent adopted below that claims it fails
         # instead of writing it anew from step 0 (which would run it twice).
@@ -328,7 +374,9 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
             ctx.stored.unreadable[problem.procedure_id] = problem  # logged by the load
     unknown_now: set[ProcedureId] = set()
     leftovers = [
-        pid for pid in _leftovers(loaded, keep_failed=ctx.keep_failed) if not ctx.is_known(pid) and pid not in busy
+        pid
+        for pid in [*_leftovers(loaded, keep_failed=ctx.keep_failed), *finished_runs]
+        if not ctx.is_known(pid) and pid not in busy
     ]
     unknown_now.update(leftovers)
     # Not during the grace: an inherited procedure's keys wait it out even if forgotten.

@@ -39,7 +39,7 @@ from procstore._runtime.outcome import (
 )
 from procstore._runtime.retry import is_rollback_retryable, is_transient
 from procstore._runtime.telemetry import run_traced
-from procstore._runtime.writes import delete_tree, delete_tree_later
+from procstore._runtime.writes import delete_tree, delete_tree_later, record_now
 from procstore.errors import Fenced, LeaseExpired, LockCycle, ProcedureError, StoreError, describe
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
@@ -261,13 +261,15 @@ class Runner:
         return True
 
     async def _persist(self, data: str) -> None:
-        await self.ctx.store.store_procedure(self.meta.id, self.step, self.meta.type_name, data, self.meta.parent_id)
+        meta = self.meta
+        await self.ctx.store.store_procedure(meta.id, self.step, meta.type_name, data, meta.parent_id, meta.run)
         self.step += 1
         self._stored_data = data
 
     async def _commit(self) -> None:
         await self.ctx.store.commit_procedure(self.meta.id, self.step)
         self.meta.terminal_keys += ((self.step, KeyType.COMMIT),)
+        self.meta.end_stored = True
         self.step += 1
 
     async def _write_commit(self) -> bool | None:
@@ -282,6 +284,7 @@ class Runner:
             raise
         except Exception as e:
             logger.warning("procedure %s: cannot write its commit key: %s", self.meta.id, describe(e))
+            self.meta.wrote_every_key = False  # it may land later: the deletion lists the folder
         else:
             return True
         key = self.ctx.store.key(self.meta.id, self.step, KeyType.COMMIT)
@@ -293,6 +296,7 @@ class Runner:
         if stored is None:
             return False
         self.meta.terminal_keys += ((self.step, KeyType.COMMIT),)
+        self.meta.end_stored = True
         self.step += 1
         return True
 
@@ -323,20 +327,29 @@ class Runner:
     ) -> None:
         """Start each child that is not known yet; a known id is never started twice."""
         new: dict[ProcedureId, tuple[ProcedureWithId, Child]] = {}
+        run = self.meta.run
         for sub in subprocedures:
             self.meta.add_child(sub.id)
-            if sub.id not in new and sub.id not in self.ctx.metas and not self._claim_stored(sub.id):
+            known = self.ctx.metas.get(sub.id)
+            if known is not None and known.run < run and known.state.is_ended():
+                # Its outcome is an earlier run's (this one was resumed or rewound): this run
+                # creates it anew, as a manager that never knew the old one would.
+                self.ctx.forget(sub.id)
+                known = None
+            if sub.id not in new and known is None and not self._claim_stored(sub.id):
                 new[sub.id] = (sub, children[sub.id])
         created = await gather_settled(
             *(
-                self.ctx.store.create_procedure(sub.id, child.type_name, child.data, self.meta.id)
+                self.ctx.store.create_procedure(sub.id, child.type_name, child.data, self.meta.id, run)
                 for sub, child in new.values()
             )
         )
         for (sub, child), ok in zip(new.values(), created, strict=True):
             if ok:
                 state = ProcedureState.running()
-                meta = self.ctx.new_meta(sub.id, child.type_name, self.meta.id, sub.procedure, state, child.lock_key)
+                meta = self.ctx.new_meta(
+                    sub.id, child.type_name, self.meta.id, sub.procedure, state, child.lock_key, run
+                )
                 meta.wrote_every_key = True
                 self.ctx.telemetry.submitted(child.type_name)
                 Runner(self.ctx, meta, sub.procedure, 1, child.data).start()
@@ -436,7 +449,7 @@ class Runner:
             if is_stop(e):
                 raise
             data = self._stored_data
-        message = ProcedureMessage(self.meta.type_name, data, self.meta.parent_id, self.step, error)
+        message = ProcedureMessage(self.meta.type_name, data, self.meta.parent_id, self.step, error, self.meta.run)
 
         async def write(_attempt: int) -> None:
             await self.ctx.store.rollback_procedure(self.meta.id, message)
@@ -449,6 +462,7 @@ class Runner:
             raise
         except Exception as e:
             logger.error("procedure %s: cannot write its rollback key: %s", self.meta.id, describe(e))
+            self.meta.wrote_every_key = False  # it may land later: the deletion lists the folder
             return False
         return True
 
@@ -505,13 +519,16 @@ class Runner:
         self.meta.steps = max(self.step - 1, 0)
         if self.meta.is_root:
             ids = self.ctx.tree_ids(self.meta)
+            metas = self.ctx.tree_metas(ids)
             wait = self.ctx.inherited_deletes_after - time.monotonic() if self.meta.inherited else 0.0
             if wait > 0:
-                # A paused former leader's late write could re-create a key deleted now.
+                # A paused former leader's late write could re-create a key deleted now: the
+                # end is recorded now, the keys go after the grace.
+                await record_now(self.ctx, self.meta, ids, state)
                 self.meta.set_state(state)
-                later = delete_tree_later(self.ctx, self.meta, ids, wait)
+                later = delete_tree_later(self.ctx, self.meta, ids, metas, wait)
                 self.ctx.spawn(later, name=f"procstore:delete-later:{self.meta.id}")
                 return
-            await delete_tree(self.ctx, self.meta, ids, state)
-            self.ctx.on_tree_finished(ids)
+            await delete_tree(self.ctx, self.meta, ids, metas, state)
+            self.ctx.on_tree_finished(ids, metas)
         self.meta.set_state(state)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from procstore._logs import get_logger
@@ -75,7 +75,7 @@ class TermSettings:
     request_poll_interval: float
     submitting: set[ProcedureId]
     """The ids of the manager's submits under way (shared): never taken for strangers."""
-    history: History | None = None
+    history: History = field(default_factory=History)
     keep_failed: bool = False
     telemetry: Telemetry = OFF
 
@@ -100,9 +100,7 @@ class Term:
             lease_check=lease.check_writable if lease else None,
             fencing_token=lease.fencing_token if lease else None,
             inherited_deletes_after=time.monotonic() + lease.late_write_grace if lease else 0.0,
-            history=None
-            if settings.history is None
-            else HistoryStore(state_store, settings.parent_path, settings.history),
+            history=HistoryStore(state_store, settings.parent_path, settings.history),
             keep_failed=settings.keep_failed,
             telemetry=settings.telemetry,
             span_attributes=_span_attributes(settings.state_store.url, lease),
@@ -181,7 +179,7 @@ class Term:
                 try:
                     if removed := self.forget_finished():
                         logger.debug("forgot %d finished procedures", removed)
-                    if self.ctx.history is not None and (swept := await self.ctx.history.sweep()):
+                    if swept := await self.ctx.history.sweep():
                         logger.info("deleted %d history records past their retention", swept)
                 except Exception:
                     logger.exception("forgetting finished procedures failed; trying again")

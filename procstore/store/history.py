@@ -1,17 +1,21 @@
-"""History: a small record of every procedure that ended, kept after its keys are deleted.
+"""History: one record of every run of a procedure that ended, kept after its keys go.
 
-Opt-in (`ProcedureManager(history=History())`): GreptimeDB keeps nothing once a procedure
-has ended, and a store without `history/` reads as before. Layout, outside `procedure/` so
-that GreptimeDB's loader never sees it:
+A record is also the run's *end record* (a tombstone): it is written, create-only, before
+any key of the run is deleted, and recovery never runs a run that has one. Deleting a
+finished procedure's keys makes a create-only write succeed again (a paused former
+leader's retried `0.step` landing late, say); the end record says that such a key belongs
+to a run that ended, so it is removed instead of run a second time. History is therefore
+always kept; `History` sets how long. Layout, outside `procedure/` so that GreptimeDB's
+loader never sees it:
 
-    {parent_path}history/{ended_at_ms:013d}-{procedure_id}.json    a HistoryRecord
+    {parent_path}history/{procedure_id}.{run:010d}.json        a HistoryRecord (the end record)
+    {parent_path}history/{ended_at_ms:013d}-{procedure_id}.json a record of an earlier release
 
-The end time leads the name, so the oldest records come first in a listing and a sweep
-deletes them without reading any value. A record is written before the procedure's keys
-are deleted; a crash in between leaves finished keys that the next start deletes, writing
-the record first if none exists. A record may therefore be written twice (same id, two
-end times) but never be missing for a procedure whose keys were deleted by a manager
-with history on.
+The name is the run's, not the end time's: whoever records an end (the manager that ran
+it, a paused former leader whose write lands late, the next start after a crash between
+the record and the deletion) writes the same key, and only the first write counts. So
+there is exactly one record per ended run. Records of an earlier release are read, listed
+and swept as before, but are no end records (their run is not known).
 """
 
 from __future__ import annotations
@@ -24,15 +28,20 @@ from typing import Literal
 
 import msgspec
 
+from procstore._aio import gather_settled
 from procstore._logs import get_logger
+from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
-from procstore.store.message import UNDECODABLE
+from procstore.store.message import UNDECODABLE, ProcedureMessage
 from procstore.store.state_store import StateStore, walk_readable
 
 logger = get_logger("procstore.store")
 
 HISTORY_PATH = "history/"
 """The folder under a store's root that holds history records."""
+
+RunKey = tuple[str, int]
+"""A run of a procedure: its id (as text) and its run number."""
 
 Outcome = Literal["done", "failed", "rolled back", "cancelled", "poisoned"]
 """How a procedure ended; `cancelled`: an operator cancelled it or an ancestor (after its
@@ -41,7 +50,9 @@ rollback, if it has one), where a `fail` request gives `failed` or `rolled back`
 
 @dataclass(frozen=True, slots=True)
 class History:
-    """Keep a record of each ended procedure: `ProcedureManager(history=History())`.
+    """How long the records of ended runs are kept: `ProcedureManager(history=History(...))`.
+
+    History is always kept (each record is its run's end record); this sets its size.
 
     Args:
         retention: seconds a record is kept after its procedure ended (7 days by default).
@@ -72,6 +83,27 @@ class HistoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     """The highest step number stored for it."""
     retries: int = 0
     """Retries of its steps (and rollback) in the run that ended it."""
+    run: int = 1
+    """Which run of the id ended: 1 for a submit, one more for each resume or rewind."""
+
+
+def record_from_keys(
+    procedure_id: ProcedureId, message: ProcedureMessage, *, rolled_back: bool, ended_at: str
+) -> HistoryRecord:
+    """The end record of a finished run known only from its keys (`message`: its highest
+    message below the `.commit`): written by whoever deletes such a run (recovery, `procstore
+    gc` and `delete`), unless the manager that ran it wrote a fuller one first. The keys do
+    not say whether it rolled back or had no rollback: either is `failed`."""
+    return HistoryRecord(
+        id=str(procedure_id),
+        type_name=message.type_name,
+        parent_id=None if message.parent_id is None else str(message.parent_id),
+        outcome="failed" if rolled_back else "done",
+        error=message.error if rolled_back else None,
+        ended_at=ended_at,
+        steps=message.step,
+        run=message.run,
+    )
 
 
 _decoder = msgspec.json.Decoder(HistoryRecord)
@@ -90,75 +122,137 @@ class HistoryStore:
         self.settings = settings or History()
 
     def key(self, record: HistoryRecord) -> str:
-        ended = datetime.fromisoformat(record.ended_at)
-        return f"{self.prefix}{int(ended.timestamp() * 1000):013d}-{record.id}.json"
+        """The run's end-record key: the same whoever writes it."""
+        return self.run_key(record.id, record.run)
 
-    async def put_many(self, records: list[HistoryRecord]) -> None:
-        """Write `records` (plain puts: a record written twice is the same record)."""
-        for record in records:
-            await self.store.put(self.key(record), msgspec.json.encode(record))
+    def run_key(self, procedure_id: ProcedureId | str, run: int) -> str:
+        return f"{self.prefix}{procedure_id}.{run:010d}.json"
+
+    async def put_many(self, records: Sequence[HistoryRecord]) -> None:
+        """Write each record unless its run has one (create-only): the first record of a run
+        is its record, a later writer's (a late or repeated end) changes nothing."""
+        await gather_settled(*(self.store.put_if_absent(self.key(r), msgspec.json.encode(r)) for r in records))
+
+    async def _listed(self) -> dict[str, float | None]:
+        """Every record key with its last-modified time where the store gives one. Keys of
+        another shape are not ours: never listed (or swept)."""
+        try:
+            found = await self.store.walk_modified(self.prefix)
+        except ListingIncomplete as e:
+            found = e.listed
+            await walk_readable(self.store, self.prefix)  # the warning, once per folder
+        return {k: t for k, t in found.items() if _shape(k) is not None}
+
+    async def _by_end(self) -> list[tuple[int, str]]:
+        """`(ended_at_ms, key)` of every record, oldest first. A record of this release has
+        its end in its value: the listing's modified time stands in where the store gives
+        one (written at the end, within a retry's backoff), else the value is read."""
+        listed = await self._listed()
+        out: list[tuple[int, str]] = []
+        unknown: list[str] = []
+        for key, modified in listed.items():
+            shape = _shape(key)
+            if isinstance(shape, int):
+                out.append((shape, key))
+            elif modified is not None:
+                out.append((int(modified * 1000), key))
+            else:
+                unknown.append(key)
+        for key, record in zip(unknown, await self._decode_many(unknown), strict=True):
+            out.append((_ms(record.ended_at) if record is not None else 0, key))
+        out.sort()
+        return out
 
     async def keys(self) -> list[str]:
-        """Every record's key, oldest first. Keys of another shape are not ours: never listed
-        (or swept)."""
-        return sorted(k for k in await walk_readable(self.store, self.prefix) if _is_record_key(k))
+        """Every record's key, oldest first."""
+        return [key for _, key in await self._by_end()]
 
     async def recorded_ids(self) -> set[str]:
-        return {_id_of(key) for key in await self.keys()}
+        """The ids with a record (of any run, or of an earlier release)."""
+        return {_id_of(key) for key in await self._listed()}
+
+    async def ended_runs(self) -> set[RunKey]:
+        """The runs with an end record: none of them may run again."""
+        return {shape for key in await self._listed() if isinstance(shape := _shape(key), tuple)}
+
+    async def has_ended(self, procedure_id: ProcedureId | str, run: int) -> bool:
+        """Whether run `run` of the procedure has its end record (one read)."""
+        return await self.store.get(self.run_key(procedure_id, run)) is not None
+
+    async def _decode_many(self, keys: Sequence[str]) -> list[HistoryRecord | None]:
+        out: list[HistoryRecord | None] = []
+        for key, raw in zip(keys, await self.store.get_many([*keys]), strict=True):
+            record = None
+            if isinstance(raw, bytes):
+                try:
+                    record = _decoder.decode(raw)
+                except UNDECODABLE as e:
+                    logger.warning("skipping the history record at %s: %s; delete the key", key, e)
+            out.append(record)
+        return out
 
     async def read(self, keys: Sequence[str]) -> list[HistoryRecord]:
         """The readable records under `keys` (from `keys()`), in their order; a value that
         is not a record is logged and skipped, a key deleted since is skipped."""
-        records: list[HistoryRecord] = []
-        for key, raw in zip(keys, await self.store.get_many([*keys]), strict=True):
-            if isinstance(raw, bytes):
-                try:
-                    records.append(_decoder.decode(raw))
-                except UNDECODABLE as e:
-                    logger.warning("skipping the history record at %s: %s; delete the key", key, e)
-        return records
+        return [r for r in await self._decode_many(keys) if r is not None]
 
     async def list(self) -> list[HistoryRecord]:
         """Every readable record, oldest first; a value that is not a record is logged and skipped."""
         return await self.read(await self.keys())
 
     async def find(self, procedure_id: ProcedureId | str) -> HistoryRecord | None:
-        """The newest record of `procedure_id`, or None."""
+        """The record of the procedure's latest ended run, or None."""
         wanted = str(procedure_id)
-        for key in reversed(await self.keys()):
-            if _id_of(key) == wanted and (raw := await self.store.get(key)) is not None:
-                try:
-                    return _decoder.decode(raw)
-                except UNDECODABLE as e:
-                    logger.warning("skipping the history record at %s: %s; delete the key", key, e)
+        mine = [key for key in await self.keys() if _id_of(key) == wanted]
+        # The highest run is the latest; a record of an earlier release comes before any run's.
+        mine.sort(key=lambda k: run[1] if isinstance(run := _shape(k), tuple) else 0)
+        for record in reversed(await self._decode_many(mine)):
+            if record is not None:
+                return record
         return None
 
     async def sweep(self, now: float | None = None) -> int:
         """Delete records past the retention, then the oldest beyond `max_records`; returns how many."""
         now = time.time() if now is None else now
-        keys = await self.keys()
+        by_end = await self._by_end()
         cutoff_ms = int((now - self.settings.retention) * 1000)
-        doomed = [k for k in keys if _ended_ms(k) < cutoff_ms]
-        kept = keys[len(doomed) :]
+        doomed = [k for ended, k in by_end if ended < cutoff_ms]
+        kept = by_end[len(doomed) :]
         if len(kept) > self.settings.max_records:
-            doomed += kept[: len(kept) - self.settings.max_records]
+            doomed += [k for _, k in kept[: len(kept) - self.settings.max_records]]
         if doomed:
             await self.store.batch_delete(doomed)
         return len(doomed)
+
+
+def _ms(text: str) -> int:
+    try:
+        return int(datetime.fromisoformat(text).timestamp() * 1000)
+    except ValueError:
+        return 0
 
 
 def _name(key: str) -> str:
     return key.rsplit("/", 1)[-1].removesuffix(".json")
 
 
+def _shape(key: str) -> int | tuple[str, int] | None:
+    """A record key's shape: `(id, run)` for an end record, the end time in ms for a record
+    of an earlier release, None for a key that is not a record."""
+    if not key.endswith(".json"):
+        return None
+    name = _name(key)
+    pid, dot, run = name.rpartition(".")
+    if dot and len(run) == 10 and run.isdigit() and pid and ProcedureId.parse_canonical(pid) is not None:
+        return (pid, int(run))
+    head, dash, old_id = name.partition("-")
+    if len(head) == 13 and head.isdigit() and dash and old_id:
+        return int(head)
+    return None
+
+
 def _id_of(key: str) -> str:
+    shape = _shape(key)
+    if isinstance(shape, tuple):
+        return shape[0]
     return _name(key).partition("-")[2]
-
-
-def _ended_ms(key: str) -> int:
-    return int(_name(key).partition("-")[0])
-
-
-def _is_record_key(key: str) -> bool:
-    head, dash, pid = _name(key).partition("-")
-    return key.endswith(".json") and len(head) == 13 and head.isdigit() and bool(dash) and bool(pid)

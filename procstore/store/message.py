@@ -1,8 +1,13 @@
 """`ProcedureMessage`: the JSON value of a `.step` or `.rollback` key.
 
 Byte-compatible with GreptimeDB's serde encoding: fields in the order
-`type_name, data, parent_id, step[, error]`, compact separators, `error` left out when
-there is none. Readers accept unknown extra fields and a missing `error`.
+`type_name, data, parent_id, step[, error][, run]`, compact separators, `error` left out
+when there is none. Readers accept unknown extra fields and a missing `error`.
+
+`run` is procstore's: which run of the procedure id wrote the message (a submit is run 1,
+each resume or rewind starts the next). It is left out for run 1, so a procedure that was
+never restarted is stored byte for byte as GreptimeDB would store it, and GreptimeDB's
+loader (serde, unknown fields ignored) reads the others.
 """
 
 from __future__ import annotations
@@ -44,6 +49,10 @@ class ProcedureMessage:
     """The step number, the same as in the key."""
     error: str | None = None
     """Why the procedure failed, on a `.rollback` value."""
+    run: int = 1
+    """The run that wrote it: 1 for a submit (and for a message without the field, written
+    before runs were stored), one more for each resume or rewind. A child is created in its
+    parent's run, so a run number never repeats for one id."""
 
     def encode(self) -> bytes:
         """The exact bytes GreptimeDB would write for this message."""
@@ -55,6 +64,8 @@ class ProcedureMessage:
         }
         if self.error is not None:
             obj["error"] = self.error
+        if self.run != 1:
+            obj["run"] = self.run
         # orjson hands back its whole output buffer (4 KiB at the least) as the bytes object:
         # a store that keeps the value (memory://, mem://) held 4 KiB per key, most of the
         # memory of a procedure waiting in its step. A copy is exactly as long as the value.
@@ -73,7 +84,7 @@ class ProcedureMessage:
         except (msgspec.ValidationError, *UNDECODABLE):
             pass
         else:
-            if 0 <= message.step <= _U32_MAX and cls is ProcedureMessage:
+            if 0 <= message.step <= _U32_MAX and 1 <= message.run <= _U32_MAX and cls is ProcedureMessage:
                 return message
         try:
             stored = _decoder.decode(raw)
@@ -89,7 +100,7 @@ class ProcedureMessage:
                 parent_id = ProcedureId.parse(stored.parent_id)
             except ValueError as e:
                 raise MessageDecodeError(f"the value is not a procedure message: {e} - at `$.parent_id`") from None
-        return cls(stored.type_name, stored.data, parent_id, stored.step, stored.error)
+        return cls(stored.type_name, stored.data, parent_id, stored.step, stored.error, stored.run)
 
 
 class _StoredMessage(msgspec.Struct, kw_only=True):
@@ -101,6 +112,7 @@ class _StoredMessage(msgspec.Struct, kw_only=True):
     parent_id: str | None = None
     step: Annotated[int, msgspec.Meta(ge=0, le=_U32_MAX)]
     error: str | None = None
+    run: Annotated[int, msgspec.Meta(ge=1, le=_U32_MAX)] = 1
 
 
 _decoder = msgspec.json.Decoder(_StoredMessage)

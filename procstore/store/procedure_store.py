@@ -140,12 +140,13 @@ class ProcedureStore:
         type_name: str,
         data: str,
         parent_id: ProcedureId | None,
+        run: int = 1,
     ) -> Coroutine[Any, Any, None]:
-        """Create `{step}.step` holding one persisted state; `Fenced` if another writer got there first.
+        """Create `{step}.step` holding one persisted state of `run`; `Fenced` if another writer got there first.
 
         Not a coroutine of its own (one frame fewer in every step's write): the key and the
         bytes are made at the call, the write when the coroutine it returns is awaited."""
-        message = ProcedureMessage(type_name, data, parent_id, step)
+        message = ProcedureMessage(type_name, data, parent_id, step, None, run)
         return self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.STEP), message.encode())
 
     async def _create(self, key: str, value: bytes) -> bool:
@@ -166,13 +167,15 @@ class ProcedureStore:
         type_name: str,
         data: str,
         parent_id: ProcedureId | None,
+        run: int = 1,
     ) -> bool:
-        """Write a new procedure's submitted state as `0.step`, only if it does not exist.
+        """Write a new procedure's submitted state as `0.step` (of `run`: a child's is its
+        parent's), only if it does not exist.
 
         Returns `False` if that key already holds something else. A value equal to ours
         counts as written: it is our own earlier write whose answer was lost.
         """
-        value = ProcedureMessage(type_name, data, parent_id, 0).encode()
+        value = ProcedureMessage(type_name, data, parent_id, 0, None, run).encode()
         return await self._create(self.key(procedure_id, 0, KeyType.STEP), value)
 
     def commit_procedure(self, procedure_id: ProcedureId, step: int) -> Coroutine[Any, Any, None]:
@@ -199,7 +202,9 @@ class ProcedureStore:
         parsed = [ParsedKey.parse(self.proc_path, k) for k in keys]
         return sorted((p for p in parsed if p is not None), key=lambda p: p.step)
 
-    async def delete_procedure(self, procedure_id: ProcedureId, keys: Sequence[ParsedKey] | None = None) -> None:
+    async def delete_procedure(
+        self, procedure_id: ProcedureId, keys: Sequence[ParsedKey] | None = None, *, through_step: int | None = None
+    ) -> None:
         """Delete a procedure's keys: every `.step`, then its terminal keys from the lowest to
         the highest (a `.rollback` before the `.commit` above it), then the folder.
 
@@ -209,6 +214,10 @@ class ProcedureStore:
         `keys`, when the caller knows every key the procedure has (it wrote them all), saves
         the listing; a key it does not name would be left behind, so only a writer sure of
         every write passes them.
+
+        `through_step`: the highest step of the run that ended. A key above it belongs to a
+        later run of the same id (an operator's resume or rewind writes its copy above every
+        key): it is never deleted, and neither is the folder then.
         """
         folder = procedure_dir(self.proc_path, procedure_id)
         if keys is not None:
@@ -224,6 +233,8 @@ class ProcedureStore:
             if parsed is None:
                 about = procedure_fields(procedure_id)
                 logger.warning("unknown key while deleting procedure %s: %s", procedure_id, key, extra=about)
+            elif through_step is not None and parsed.step > through_step:
+                continue  # a later run's: see the docstring
             elif parsed.key_type is KeyType.STEP:
                 step_keys.append(key)
             else:
@@ -231,16 +242,20 @@ class ProcedureStore:
         await self.store.delete_in_order(step_keys, [key for _, key in sorted(finish_keys)], folder)
 
     async def delete_procedures(
-        self, procedure_ids: Iterable[ProcedureId], known: Mapping[ProcedureId, Sequence[ParsedKey]] | None = None
+        self,
+        procedure_ids: Iterable[ProcedureId],
+        known: Mapping[ProcedureId, Sequence[ParsedKey]] | None = None,
+        through: Mapping[ProcedureId, int] | None = None,
     ) -> None:
         """`delete_procedure` for each id, several at a time, in no particular order (with
-        the keys of those in `known`)."""
+        the keys of those in `known`, and no key above the step `through` gives)."""
         limit = asyncio.Semaphore(_DELETE_CONCURRENCY)
         known = known or {}
+        through = through or {}
 
         async def one(pid: ProcedureId) -> None:
             async with limit:
-                await self.delete_procedure(pid, known.get(pid))
+                await self.delete_procedure(pid, known.get(pid), through_step=through.get(pid))
 
         await gather_settled(*(one(pid) for pid in procedure_ids))
 

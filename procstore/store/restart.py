@@ -1,7 +1,8 @@
 """Resume and rewind, as writes to the store: what an operator's restart changes.
 
 Step keys are never overwritten, so a restart adds one key: the state to run from, copied
-from an earlier `.step` key to `{latest + 1}.step`. The copy makes that state the latest
+from an earlier `.step` key to `{latest + 1}.step`, as a new run (`ProcedureMessage.run`,
+one above the last run's). The copy makes that state the latest
 again; every earlier key stays for audit. What may be restarted, by the latest key:
 
 - `.step` or `.rollback` (unfinished): resumed as stored, nothing written. A manager may
@@ -61,6 +62,8 @@ class RestartPlan:
     """Its latest key is a `.commit` above a `.rollback`: it ended FAILED and was kept."""
     copy_pending: bool = False
     """Its latest key is a `.step` right above a `.commit`: a restart's copy, not run past yet."""
+    newest_message: ParsedKey | None = None
+    """Its highest `.step` or `.rollback`: the last run's (whose number the copy's run follows)."""
 
     @property
     def rolling_back(self) -> bool:
@@ -94,13 +97,17 @@ async def plan_restart(store: ProcedureStore, procedure_id: ProcedureId, to_step
         source = steps[max(steps)] if ended and steps else None
         if ended and source is None:
             raise ProcedureError(f"procedure {procedure_id} has no stored step to resume from (keys: {_listed(keys)})")
-        return RestartPlan(procedure_id, latest, source, ended, pending)
+        return RestartPlan(procedure_id, latest, source, ended, pending, _newest_message(ordered))
     if to_step not in steps:
         raise ProcedureError(
             f"procedure {procedure_id} has no step {to_step} to rewind to; its stored steps: "
             f"{', '.join(map(str, sorted(steps))) or 'none'}"
         )
-    return RestartPlan(procedure_id, latest, steps[to_step], ended, pending)
+    return RestartPlan(procedure_id, latest, steps[to_step], ended, pending, _newest_message(ordered))
+
+
+def _newest_message(ordered: list[ParsedKey]) -> ParsedKey | None:
+    return next((k for k in reversed(ordered) if k.key_type is not KeyType.COMMIT), None)
 
 
 async def check_restart(store: ProcedureStore, plan: RestartPlan) -> ProcedureMessage:
@@ -123,13 +130,20 @@ async def apply_restart(store: ProcedureStore, plan: RestartPlan, message: Proce
     if plan.source is None:
         return message
     step = plan.latest.step + 1
+    # A new run: one above the last run's (a rewind's source may be an older run's step).
+    last = (
+        message
+        if plan.newest_message in (None, plan.source)
+        else await _read(store, plan.newest_message, plan.procedure_id)
+    )
+    run = max(message.run, last.run) + 1
     try:
-        await store.store_procedure(plan.procedure_id, step, message.type_name, message.data, None)
+        await store.store_procedure(plan.procedure_id, step, message.type_name, message.data, None, run)
     except LeaseExpired:
         raise
     except Fenced as e:
         raise RestartedMeanwhile(plan.procedure_id, e.key or store.key(plan.procedure_id, step, KeyType.STEP)) from e
-    return ProcedureMessage(message.type_name, message.data, None, step)
+    return ProcedureMessage(message.type_name, message.data, None, step, None, run)
 
 
 async def _read(store: ProcedureStore, key: ParsedKey, procedure_id: ProcedureId) -> ProcedureMessage:

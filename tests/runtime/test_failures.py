@@ -79,7 +79,7 @@ async def test_failure_without_rollback_goes_straight_to_failed(tmp_path: Path) 
         assert await kinds == [ProcedureStateKind.RUNNING, ProcedureStateKind.FAILED]
         assert isinstance(info.value.cause, ValueError)
         assert world.effects == {"steps/0"}
-    names = [op.key.rsplit("/", 1)[1] for op in recorder.ops if op.kind.startswith("put")]
+    names = [op.key.rsplit("/", 1)[1] for op in recorder.ops if op.kind.startswith("put") and "procedure/" in op.key]
     # The failure is recorded, then its end: a `.commit` above the `.rollback`.
     assert names == ["0000000000.step", "0000000001.step", "0000000002.rollback", "0000000003.commit"]
     assert await LocalDirStore(tmp_path).walk("procedure/") == []

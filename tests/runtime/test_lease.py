@@ -310,7 +310,9 @@ async def test_a_leader_resumes_past_an_empty_latest_key_without_writing_it_agai
     await eventually(lambda: (s := manager.procedure_state(submitted.id)) is not None and s.is_done(), timeout=10)
     assert [world.counts[f"steps/{at}"] for at in range(3)] == [1, 1, 1]
     written = [
-        op.key.rsplit("/", 1)[1] for op in store.ops if op.kind == "put_if_absent" and str(submitted.id) in op.key
+        op.key.rsplit("/", 1)[1]
+        for op in store.ops
+        if op.kind == "put_if_absent" and f"procedure/{submitted.id}" in op.key
     ]
     assert written == ["0000000002.step", "0000000003.step", "0000000004.commit"]  # never 1 again
     await manager.stop()

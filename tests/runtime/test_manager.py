@@ -37,7 +37,9 @@ T = TypeVar("T")
 
 def written(recorder: FaultyStore, pid: ProcedureId) -> list[str]:
     """The names of the keys written for `pid`, in order."""
-    return [op.key.rsplit("/", 1)[1] for op in recorder.ops if op.kind.startswith("put") and str(pid) in op.key]
+    return [
+        op.key.rsplit("/", 1)[1] for op in recorder.ops if op.kind.startswith("put") and f"procedure/{pid}" in op.key
+    ]
 
 
 every_target = store_targets("memory", "mem", "local", "s3", "gcs", "wrapped")

@@ -48,7 +48,7 @@ async def test_recovers_a_greptimedb_written_store(tmp_path: Path) -> None:
         assert await watcher.wait() == "steps done"
     # Resumed from the latest step (at=2): steps 2 and 3 ran, not 0 or 1.
     assert world.log == ["steps/2", "steps/3"]
-    puts = [op.key for op in recorder.ops if op.kind.startswith("put")]
+    puts = [op.key for op in recorder.ops if op.kind.startswith("put") and op.key.startswith("procedure/")]
     # The next state goes at latest step + 1; nothing is overwritten.
     assert puts == [f"{folder}/0000000002.step", f"{folder}/0000000003.commit"]
     # The committed one was deleted at start; the finished one after it ended.
@@ -168,7 +168,7 @@ async def test_recovered_procedure_keeps_step_numbers(tmp_path: Path, persist: b
     recorder = FaultyStore(LocalDirStore(tmp_path))
     async with manager_for(recorder) as manager:
         await wait_for_state(manager, pid)
-    names = [op.key.rsplit("/", 1)[1] for op in recorder.ops if op.kind.startswith("put")]
+    names = [op.key.rsplit("/", 1)[1] for op in recorder.ops if op.kind.startswith("put") and "procedure/" in op.key]
     assert names == (["0000000005.step", "0000000006.commit"] if persist else ["0000000005.commit"])
 
 

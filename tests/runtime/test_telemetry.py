@@ -584,7 +584,9 @@ async def test_a_run_whose_spans_fail_stays_out_of_the_callers_trace_and_keeps_i
             p for p in provider._active_span_processor._span_processors if not isinstance(p, Broken)
         )
     outer = [s for s in SPANS.get_finished_spans() if s.name == "outer"]
-    assert len(outer) == 1 and len(outer[0].events) <= 3  # the submits' writes, made in the caller's span
+    assert (
+        len(outer) == 1 and len(outer[0].events) <= 6
+    )  # the submits' writes and end-record looks, in the caller's span
     assert not [s for s in SPANS.get_finished_spans() if s.parent is not None and s.parent == outer[0].context]
     assert step_records() - before >= 9
     warned = [r for r in caplog.records if "a span could not be made" in r.getMessage()]

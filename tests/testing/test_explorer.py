@@ -66,7 +66,7 @@ def memory_url(n: int) -> str:
 async def test_finds_the_step_that_is_not_idempotent() -> None:
     report = await CrashExplorer(Deposits(idempotent=False), memory_url).explore()
     assert not report.ok
-    assert report.operations == 6 and report.explored == 12  # 3 writes, then 3 deletions
+    assert report.operations == 7 and report.explored == 14  # 3 writes, the end record, then 3 deletions
     [failure] = report.failures
     assert (failure.point.index, failure.point.when) == (1, "before")  # deposited, then killed before storing it
     assert "a: 20 instead of 10" in failure.problem
@@ -78,7 +78,7 @@ async def test_finds_the_step_that_is_not_idempotent() -> None:
 async def test_passes_the_idempotent_version_in_both_modes() -> None:
     report = await CrashExplorer(Deposits(idempotent=True), memory_url).explore(double_execution=True)
     report.assert_ok()
-    assert report.explored == 13
+    assert report.explored == 15
 
 
 async def test_double_execution_finds_it_too() -> None:

@@ -14,7 +14,7 @@ async def test_explorer_fixture_on_every_store(
 ) -> None:
     report = await procstore_explorer(Deposits(idempotent=True)).explore()
     report.assert_ok()
-    assert report.explored == 12
+    assert report.explored == 14
 
 
 async def test_store_fixture_is_usable(procstore_store: StoreUnderTest) -> None:
