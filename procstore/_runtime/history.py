@@ -9,7 +9,7 @@ from procstore._runtime.context import ManagerContext
 from procstore._runtime.meta import ProcedureMeta
 from procstore.ids import ProcedureId
 from procstore.state import ProcedureState
-from procstore.store.history import HistoryRecord, iso, record_from_keys
+from procstore.store.history import HistoryRecord, RunKey, iso, record_from_keys
 from procstore.store.procedure_store import ProcedureMessages
 
 logger = get_logger("procstore.runtime")
@@ -64,15 +64,16 @@ async def record_tree(
     await ctx.history.put_many(records)
 
 
-async def record_recovered(ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId]) -> None:
+async def record_recovered(
+    ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId], recorded: set[RunKey]
+) -> None:
     """End records for the finished runs recovery is about to delete, unless their run has
-    one (a record of another run of the same id says nothing of this one).
+    one in `recorded` (a record of another run of the same id says nothing of this one).
 
     What the store keeps of them is their last message: no start time, no retry count.
     """
     if not ids:
         return
-    recorded = await ctx.history.ended_runs()
     now = iso(datetime.now(UTC)) or ""
     records: list[HistoryRecord] = []
     for pid in ids:

@@ -38,7 +38,9 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     """Resume what the store holds; returns the procedures that could not be resumed."""
     requested = await ctx.store.requests.stored_ids()  # before the procedures: see `_forget_requests`
     loaded = await ctx.store.load_messages()
-    ended = await ctx.history.ended_runs()
+    # One listing of history/, and only for a store that holds procedures.
+    anything = loaded.messages or loaded.rollback_messages or loaded.finished_ids
+    ended = await ctx.history.ended_runs() if anything else set()
     finished_runs = _runs_that_ended(loaded, ended)
     if finished_runs:
         logger.warning(
@@ -73,7 +75,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     if to_delete:
         logger.info("deleting %d finished procedures left by an interrupted cleanup", len(to_delete))
         try:
-            await record_recovered(ctx, loaded, to_delete)
+            await record_recovered(ctx, loaded, to_delete, ended)
             await ctx.store.delete_procedures(to_delete)
         except ProcedureError as e:
             logger.warning("could not delete finished procedures (%s); the next start tries again", e)
