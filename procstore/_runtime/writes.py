@@ -109,6 +109,9 @@ async def delete_tree(
     kept = {pid for pid in ids if pid in ctx.stored.unreadable}
     for pid in list(kept):
         kept.update(ctx.stored.descendants(pid))
+    # A root restarted meanwhile is the new run's: its folder (the earlier steps too, which a
+    # rewind may copy) stays. Its ended run's children go, as the new run creates its own.
+    kept.update(restarted & {root.id})
     doomed = [pid for pid in ids if pid not in kept and not ((m := ended_runs.get(pid)) and m.keep_keys)]
     children = [pid for pid in doomed if pid != root.id]
     # The keys of procedures this term wrote from step 0: deleted without listing their folder.

@@ -109,6 +109,7 @@ async def test_a_postponed_deletion_never_deletes_a_resumed_run(target: StoreTar
         await asyncio.sleep(1.5)  # past the grace: the first run's postponed deletion has run
         keys = await manager.store.store.walk(folder)
         assert any(k.endswith(".step") and int(k.rsplit("/", 1)[1][:10]) > 3 for k in keys), keys
+        assert f"{folder}0000000000.step" in keys  # the folder is the new run's: its audit trail stays
         gate.set()
         assert await resumed.wait() == "f"
     assert world.counts["f/1"] == 1
