@@ -14,7 +14,7 @@ from procstore._runtime.leadership import Leadership, Terms, check_lease_support
 from procstore._runtime.lease import LEASE_FOLDER, Lease
 from procstore._runtime.lifecycle import Lifecycle
 from procstore._runtime.operator import request as request_stop
-from procstore._runtime.outcome import type_name_of
+from procstore._runtime.outcome import dumped, type_name_of
 from procstore._runtime.restart import restart
 from procstore._runtime.retry import RetryBudget, RetryPolicy
 from procstore._runtime.submission import store_and_run
@@ -40,6 +40,7 @@ from procstore.store.history import History
 from procstore.store.keys import KeyType
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
+from procstore.store.requests import checked_reason
 from procstore.store.state_store import StateStore
 
 logger = get_logger("procstore.manager")
@@ -335,7 +336,7 @@ class ProcedureManager:
 
     # -- operators -------------------------------------------------------------------
 
-    async def cancel(self, procedure_id: ProcedureId, reason: str = "") -> None:
+    async def cancel(self, procedure_id: ProcedureId, reason: str | None = "") -> None:
         """Ask a procedure to stop, durably, wherever it runs.
 
         Writes a request to the store (see `procstore cancel`) that the manager running the
@@ -343,11 +344,14 @@ class ProcedureManager:
         the latest: it rolls back if it supports rollback, else fails, and so do its
         unfinished descendants; its watchers raise `ProcedureFailed` naming the cancel and
         `reason`. Returns once the request is stored, not once the procedure has ended.
-        Raises `ProcedureError` for a procedure that has ended or that the store does not
-        hold, `InvalidProcedureId`, or `ManagerNotStarted`.
+        `reason` is text; None means no reason given (stored as ""). Raises `ProcedureError`
+        for a procedure that has ended or that the store does not hold, `InvalidProcedureId`,
+        `TypeError` for a reason that is not text, or `ManagerNotStarted`; nothing is
+        written then.
         """
         if not isinstance(procedure_id, ProcedureId):
             raise InvalidProcedureId(procedure_id)
+        reason = checked_reason(reason)
         self._started_or_standby("cancel")
         ctx = self._ctx
         if ctx is not None and ctx.running:
@@ -452,7 +456,7 @@ class ProcedureManager:
             logger.warning("procedure type %r has no loader: it cannot be resumed after a restart", type_name)
         # Both before the write: an error here reaches the caller with nothing stored.
         lock_key = proc.lock_key()
-        data = proc.dump()
+        data = dumped(proc)
         self._submitting.add(pid)
         # The write and the runner's start are one task of the term: stop() cancels it and
         # waits for it, so it can never land after stop() returned; and a caller that gives

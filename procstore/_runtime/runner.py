@@ -29,6 +29,7 @@ from procstore._runtime.outcome import (
     IN_ROLLBACK,
     Child,
     as_failure,
+    dumped,
     failed_state,
     format_tb,
     is_stop,
@@ -232,7 +233,7 @@ class Runner:
             # Dumped once: every retry of the write sends these same bytes, so a retry that
             # finds its own earlier write (answer lost) recognises it, whatever dump() does.
             try:
-                data = self.procedure.dump()
+                data = dumped(self.procedure)
             except Exception as e:
                 await self._fail(e)
                 return
@@ -431,7 +432,7 @@ class Runner:
         """Write `{step}.rollback` with the failure; False if the store refused every retry."""
 
         try:
-            data = self.procedure.dump()
+            data = dumped(self.procedure)
         except BaseException as e:
             if is_stop(e):
                 raise

@@ -64,13 +64,25 @@ class OperatorRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A resume nudge's latest step key when written (None: a nudge of an older release)."""
 
     @classmethod
-    def new(cls, kind: RequestKind, reason: str, step: int | None = None) -> OperatorRequest:
-        return cls(kind=kind, reason=reason, requested_at=time.time(), requested_by=_who(), step=step)
+    def new(cls, kind: RequestKind, reason: str | None, step: int | None = None) -> OperatorRequest:
+        """Raises `TypeError` for a reason that is neither text nor None (see `checked_reason`)."""
+        return cls(kind=kind, reason=checked_reason(reason), requested_at=time.time(), requested_by=_who(), step=step)
 
     def describe(self) -> str:
         verb = {"cancel": "cancelled", "fail": "failed", "resume": "resumed"}[self.kind]
         by = f" ({self.requested_by})" if self.requested_by else ""
         return f"{verb} by an operator{by}: {self.reason or 'no reason given'}"
+
+
+def checked_reason(reason: object) -> str:
+    """An operator's reason as stored: text, with None meaning "no reason given" (""). Any
+    other value raises `TypeError` before anything is written: every reader refuses a
+    request whose reason is not text, so it would be lost at the next start."""
+    if reason is None:
+        return ""
+    if not isinstance(reason, str):
+        raise TypeError(f"the reason of an operator request must be a str (or None for none), not {reason!r}")
+    return reason
 
 
 class OperatorRequested(ProcedureError):
