@@ -4,6 +4,7 @@ The public surface is re-exported here; see `api.md` for the contract.
 """
 
 from procstore._runtime.lease import Lease
+from procstore._runtime.lease_clock import LeaseClock
 from procstore._runtime.manager import ProcedureManager
 from procstore._runtime.retry import RetryBudget
 from procstore._runtime.watcher import Watcher
@@ -45,6 +46,7 @@ __all__ = [
     "HistoryRecord",
     "InvalidProcedureId",
     "Lease",
+    "LeaseClock",
     "LeaseExpired",
     "ListingIncomplete",
     "LoadProblem",
