@@ -10,9 +10,10 @@ from typing import Any, Self
 
 from procstore._logs import get_logger
 from procstore._runtime.context import Loader, ManagerContext, await_term_task
-from procstore._runtime.leadership import Leadership, Terms, check_lease_support
+from procstore._runtime.leadership import Leadership, Terms, check_lease_support, lease_key
 from procstore._runtime.lease import LEASE_FOLDER, Lease
 from procstore._runtime.lifecycle import Lifecycle
+from procstore._runtime.live_lease import refuse_if_lease_is_live
 from procstore._runtime.operator import request as request_stop
 from procstore._runtime.outcome import dumped, type_name_of
 from procstore._runtime.restart import restart
@@ -248,6 +249,9 @@ class ProcedureManager:
     async def _check_lease_support(self, state_store: StateStore) -> None:
         if self.lease is not None:
             await check_lease_support(state_store, f"{self.parent_path}{LEASE_FOLDER}")
+        else:
+            # Without a lease this manager runs everything the store holds: not beside a leader.
+            await refuse_if_lease_is_live(state_store, lease_key(self.parent_path))
 
     # Terms (see runtime/term.py): with a lease, each leadership is a term, begun when the
     # lease is won and ended when it is lost; without one, a single term runs from start()
