@@ -147,7 +147,9 @@ def resolve_id(known: Collection[ProcedureId], text: str, unlisted: Collection[P
     for pid in unlisted:
         if str(pid).startswith(text.lower()):
             raise CommandError(
-                f"the folder of procedure {pid} cannot be listed: fix its permissions", ExitCode.STORE_UNAVAILABLE
+                f"the folder of procedure {pid} cannot be listed: fix its permissions, or replace a link with "
+                "the folder it points to",
+                ExitCode.STORE_UNAVAILABLE,
             )
     try:
         pid = ProcedureId.parse(text)
