@@ -96,6 +96,18 @@ class OperatorRequested(ProcedureError):
 _decoder = msgspec.json.Decoder(OperatorRequest)
 
 
+def _decode(raw: bytes) -> OperatorRequest:
+    """Raises one of `UNDECODABLE` for a value that is not a request."""
+    try:
+        return _decoder.decode(raw)
+    except msgspec.ValidationError:
+        # `cancel(id, None)` of earlier releases stored `"reason": null`: no reason given.
+        fields = msgspec.json.decode(raw)
+        if not (isinstance(fields, dict) and "reason" in fields and fields["reason"] is None):
+            raise
+        return msgspec.convert({**fields, "reason": ""}, OperatorRequest)
+
+
 _reported: set[tuple[str, bytes]] = set()
 """Unreadable requests already logged: polls read them every second, the log says it once."""
 
@@ -104,7 +116,7 @@ def decode_request(raw: bytes, key: str, procedure_id: ProcedureId) -> OperatorR
     """The request for `procedure_id` under `key`, or None (logged once, key kept) for a
     value that is not one."""
     try:
-        return _decoder.decode(raw)
+        return _decode(raw)
     except UNDECODABLE as e:
         if (key, raw) in _reported:
             return None
@@ -151,7 +163,7 @@ class RequestStore:
             if raw == value:
                 return True  # ours, its answer lost
             try:
-                _decoder.decode(raw)
+                _decode(raw)
                 return False
             except UNDECODABLE as e:
                 if await self.store.put_if_version(key, value, version):

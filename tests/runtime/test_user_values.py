@@ -87,6 +87,20 @@ async def test_a_cancel_with_no_reason_is_stored_as_text_and_honoured_after_a_re
             await asyncio.wait_for(watcher.wait(), 10)
 
 
+async def test_a_cancel_stored_with_a_null_reason_by_an_earlier_release_is_honoured(tmp_path: Path) -> None:
+    async with manager(tmp_path) as first:
+        pid = await parked_until_stored(first)
+    # What `cancel(id, None)` of the previous release wrote.
+    stored = b'{"kind":"cancel","reason":null,"requested_at":1700000000.0,"requested_by":"ops@cp-1"}'
+    (tmp_path / "requests").mkdir()
+    (tmp_path / "requests" / f"{pid}.json").write_bytes(stored)
+    async with manager(tmp_path) as second:
+        watcher = second.procedure_watcher(pid)
+        assert watcher is not None
+        with pytest.raises(ProcedureFailed, match="cancelled by an operator"):
+            await asyncio.wait_for(watcher.wait(), 10)
+
+
 async def test_a_cancel_whose_reason_is_not_text_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
     async with manager(tmp_path) as m:
         pid = await parked_until_stored(m)
