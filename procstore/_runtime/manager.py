@@ -203,7 +203,9 @@ class ProcedureManager:
         returns as a standby and a background task (`procstore:lease`) takes over when that
         lease expires; `wait_until_leading()` waits for it.
         Raises `StoreUnavailable` if the store cannot be used (or, with a lease, cannot
-        compare-and-swap); procedures that cannot be loaded are skipped and listed in
+        compare-and-swap); without a lease, `LeaseHeld` (a `StoreUnavailable`) if the store's
+        lease has a live holder, seen renewing it within its TTL (a lease left unreleased is
+        watched for up to that long); procedures that cannot be loaded are skipped and listed in
         `recovery_problems`. Safe to call concurrently with itself and with `stop()`:
         calls are serialised, and a second `start()` is a no-op.
         """
