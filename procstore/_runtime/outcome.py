@@ -32,14 +32,23 @@ def type_name_of(procedure: Procedure) -> str:
 
 
 def dumped(procedure: Procedure) -> str:
-    """`procedure.dump()`, checked: the stored message's `data` is a string, and any other
-    value (a dict, bytes, None) would be stored as something no reader can load again."""
+    """`procedure.dump()`, checked: the stored message's `data` is text, and any other value
+    (a dict, bytes, None) would be stored as something no reader can load again; so would
+    text that is not valid Unicode (a lone surrogate), which no store can even write."""
     data = procedure.dump()
     if not isinstance(data, str):
         raise TypeError(
             f"{type(procedure).__qualname__}.dump() returned {type(data).__name__} {_short(data)}, not a str: "
             "return the state as text (json.dumps(...), say); load() receives that same text"
         )
+    if not data.isascii():  # the common case costs one scan, not an encoding
+        try:
+            data.encode()
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"{type(procedure).__qualname__}.dump() returned text that is not valid Unicode ({e.reason} at "
+                f"index {e.start}): it cannot be stored"
+            ) from None
     return data
 
 

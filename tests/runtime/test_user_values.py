@@ -43,6 +43,22 @@ class Parked(Procedure):
         return Status.done()
 
 
+class SurrogateDump(Procedure):
+    """Its `dump()` returns text with a lone surrogate once it has run a step."""
+
+    type_name = "values::SurrogateDump"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return "\ud800" if self.data.get("ran") else json.dumps(self.data)
+
+    async def execute(self, ctx: Context) -> Status:
+        self.data["ran"] = True
+        return Status.executing()
+
+
 class DictDump(Procedure):
     """Its `dump()` returns a dict (not text) once it has run a step."""
 
@@ -63,6 +79,7 @@ def manager(path: Path, **options: Any) -> ProcedureManager:
     m = ProcedureManager(path, **{**FAST, **options})
     m.register(Parked)
     m.register(DictDump)
+    m.register(SurrogateDump)
     return m
 
 
@@ -109,10 +126,16 @@ async def test_a_cancel_whose_reason_is_not_text_is_refused_and_nothing_is_writt
         assert not (tmp_path / "requests" / f"{pid}.json").exists()
 
 
-async def test_dump_returning_a_dict_fails_the_procedure_at_once_and_it_stays_loadable(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("procedure", "error"),
+    [(DictDump, r"dump\(\) returned dict"), (SurrogateDump, r"dump\(\) returned text that is not valid Unicode")],
+)
+async def test_dump_returning_what_cannot_be_stored_fails_the_procedure_at_once_and_it_stays_loadable(
+    tmp_path: Path, procedure: type[Procedure], error: str
+) -> None:
     async with manager(tmp_path, keep_failed=True) as m:
-        watcher = await m.submit(ProcedureWithId.new(DictDump({})))
-        with pytest.raises(ProcedureFailed, match=r"dump\(\) returned dict"):
+        watcher = await m.submit(ProcedureWithId.new(procedure({})))  # type: ignore[call-arg]
+        with pytest.raises(ProcedureFailed, match=error):
             await asyncio.wait_for(watcher.wait(), 10)
         pid = watcher.procedure_id
     async with manager(tmp_path, keep_failed=True) as again:
