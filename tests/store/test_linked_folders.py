@@ -35,7 +35,7 @@ class Parked(Procedure):
 
 
 def manager(store: Path) -> ProcedureManager:
-    m = ProcedureManager(store, **FAST)
+    m = ProcedureManager(store, retry_delay=FAST["retry_delay"], max_retry_delay=FAST["max_retry_delay"])
     m.register(Parked)
     return m
 
