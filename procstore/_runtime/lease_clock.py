@@ -24,6 +24,9 @@ _BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
 SUSPEND_TOLERANCE = 0.1
 """Seconds the gap between the clocks may grow without being a suspend: two reads of the
 pair are not one instant (the process can be preempted between them)."""
+_PRECISE = 0.005
+"""A read of the pair whose monotonic reads are further apart than this is taken again."""
+_TRIES = 3
 
 
 class LeaseClock:
@@ -42,11 +45,15 @@ class LeaseClock:
     def suspended(self) -> float:
         if _BOOTTIME is None or _virtual_loop() is not None:
             return 0.0
-        # Monotonic read on both sides of the boot-time read: their midpoint is close to
-        # the same instant, whatever preempts the process in between.
-        before = time.monotonic()
-        boot = time.clock_gettime(_BOOTTIME)
-        after = time.monotonic()
+        # Monotonic reads on both sides of the boot-time read: their midpoint is within half
+        # their distance of the same instant. A preempted read (a loaded machine) is taken
+        # again, so that a slow read is never mistaken for a suspend.
+        for _ in range(_TRIES):
+            before = time.monotonic()
+            boot = time.clock_gettime(_BOOTTIME)
+            after = time.monotonic()
+            if after - before < _PRECISE:
+                break
         return boot - (before + after) / 2
 
 
