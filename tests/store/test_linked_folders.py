@@ -88,3 +88,6 @@ def test_the_commands_name_a_linked_procedure_folder_and_delete_nothing_through_
     assert deleted.exit_code != 0 and str(linked) in deleted.output, deleted.output
     assert sorted(p.name for p in outside.iterdir()) == files
     assert (store / "procedure" / str(linked)).is_symlink()
+    # Only that id (in any form, or 4 characters of it or more) is refused for its folder.
+    assert "cannot be listed" in runner.invoke(cli, ["show", str(store), str(linked).upper()]).output
+    assert "cannot be listed" not in runner.invoke(cli, ["show", str(store), str(linked)[:2]]).output
