@@ -70,3 +70,13 @@ async def test_a_manager_without_a_lease_starts_after_a_killed_leaders_lease_exp
         assert watcher is not None
         await asyncio.wait_for(watcher.wait(), 10)
     await first.stop()
+
+
+async def test_the_lease_looked_at_is_the_one_under_the_managers_parent_path(mem_target: StoreTarget) -> None:
+    async with leader(mem_target, parent_path="region-a/") as first:
+        await first.wait_until_leading()
+        with pytest.raises(LeaseHeld) as refused:
+            await manager_for(mem_target, parent_path="region-a/").start()
+        assert refused.value.key == "region-a/lease/procedures.json"
+        async with manager_for(mem_target, parent_path="region-b/") as other:  # another region's store
+            assert other.is_running
