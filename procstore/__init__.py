@@ -4,6 +4,7 @@ The public surface is re-exported here; see `api.md` for the contract.
 """
 
 from procstore._runtime.lease import Lease
+from procstore._runtime.lease_clock import LeaseClock
 from procstore._runtime.manager import ProcedureManager
 from procstore._runtime.retry import RetryBudget
 from procstore._runtime.watcher import Watcher
@@ -12,6 +13,7 @@ from procstore.errors import (
     Fenced,
     InvalidProcedureId,
     LeaseExpired,
+    LeaseHeld,
     ListingIncomplete,
     LoaderConflict,
     LockConflict,
@@ -45,7 +47,9 @@ __all__ = [
     "HistoryRecord",
     "InvalidProcedureId",
     "Lease",
+    "LeaseClock",
     "LeaseExpired",
+    "LeaseHeld",
     "ListingIncomplete",
     "LoadProblem",
     "LoaderConflict",

@@ -201,6 +201,19 @@ class StoreUnavailable(StoreError):
     """The store cannot be used at all: bad URL, missing bucket or directory, no access."""
 
 
+class LeaseHeld(StoreUnavailable):
+    """A manager without `lease=` would share its store with a leader whose lease is live.
+
+    `key` is the lease's key, `holder` the leader's name as stored. Raised by `start()`,
+    before anything is run: start it with the same `lease=` as that leader (it then stands
+    by), or once that lease is released or has expired.
+    """
+
+    def __init__(self, message: str, *, key: str, holder: str) -> None:
+        self.holder = holder
+        super().__init__(message, key=key)
+
+
 class Fenced(StoreError):
     """A step key this manager was about to create holds another writer's value.
 

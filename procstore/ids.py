@@ -6,6 +6,8 @@ import re
 import uuid
 from collections.abc import Callable
 
+from procstore.errors import InvalidProcedureId
+
 CANONICAL_ID_PATTERN = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 """`str(uuid.UUID(...))`: lower-case hex, hyphenated 8-4-4-4-12."""
 _CANONICAL = re.compile(CANONICAL_ID_PATTERN)
@@ -24,6 +26,10 @@ class ProcedureId:
     _text: str
 
     def __init__(self, value: uuid.UUID) -> None:
+        # Only a UUID, or the canonical text itself: any other text (a path, upper case)
+        # would name a key outside the store, or one recovery never recognises.
+        if not isinstance(value, uuid.UUID) and not (isinstance(value, str) and _CANONICAL.fullmatch(value)):
+            raise InvalidProcedureId(value)
         object.__setattr__(self, "_text", str(value))
 
     @classmethod

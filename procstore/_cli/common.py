@@ -144,10 +144,14 @@ async def closing(store: ProcedureStore, body: Awaitable[T]) -> T:
 def resolve_id(known: Collection[ProcedureId], text: str, unlisted: Collection[ProcedureId] = ()) -> ProcedureId:
     """A full id, or a unique prefix of one (as with git's short hashes), among `known`;
     refused, naming it, if it is one of `unlisted` (procedures whose folder could not be listed)."""
+    # The same rule as for `known` below: the id in any form, or a prefix of 4 or more.
+    prefix = text.lower() if len(text) >= 4 else None
     for pid in unlisted:
-        if str(pid).startswith(text.lower()):
+        if (prefix is not None and str(pid).startswith(prefix)) or _same_id(pid, text):
             raise CommandError(
-                f"the folder of procedure {pid} cannot be listed: fix its permissions", ExitCode.STORE_UNAVAILABLE
+                f"the folder of procedure {pid} cannot be listed: fix its permissions, or replace a link with "
+                "the folder it points to",
+                ExitCode.STORE_UNAVAILABLE,
             )
     try:
         pid = ProcedureId.parse(text)
@@ -166,6 +170,13 @@ def resolve_id(known: Collection[ProcedureId], text: str, unlisted: Collection[P
     if pid not in known:
         raise CommandError(f"no procedure {pid} in this store (`procstore ls URL` lists them)", ExitCode.NOT_FOUND)
     return pid
+
+
+def _same_id(pid: ProcedureId, text: str) -> bool:
+    try:
+        return ProcedureId.parse(text) == pid
+    except ValueError:
+        return False
 
 
 async def listed_procedures(store: ProcedureStore) -> tuple[KeysByProcedure, set[ProcedureId]]:

@@ -140,6 +140,9 @@ class ManagerContext:
         self.operator_requests: dict[ProcedureId, OperatorRequest] = {}
         """Requests known to apply to procedures of this term: read from the store, or passed
         down from an ancestor's. A runner checks here, then the store, before every attempt."""
+        self.submit_wakes: dict[ProcedureId, asyncio.Event] = {}
+        """For each submit whose first write is under way: set by a request for its id, which
+        ends that write's backoff (see `request_wakes`)."""
 
     async def raise_if_requested(self, procedure_id: ProcedureId) -> None:
         """Before every attempt: an operator's request (`cancel`, `fail`) ends the execution;
@@ -193,6 +196,8 @@ class ManagerContext:
         self.operator_requests.setdefault(procedure_id, request)
         if (meta := self.metas.get(procedure_id)) is not None:
             meta.requested().set()
+        elif (submitting := self.submit_wakes.get(procedure_id)) is not None:
+            submitting.set()
         inherited = OperatorRequest(
             kind=request.kind,
             reason=f"its ancestor {procedure_id} was {'cancelled' if request.kind == 'cancel' else 'failed'}: "

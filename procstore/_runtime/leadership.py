@@ -51,11 +51,9 @@ class Leadership:
     def __init__(
         self, terms: Terms, store: StateStore, lease: Lease, parent_path: str = "", telemetry: Telemetry = OFF
     ) -> None:
-        if parent_path and not parent_path.endswith("/"):
-            parent_path += "/"
         self.terms = terms
         self.telemetry = telemetry
-        self.keeper = LeaseKeeper(store, f"{parent_path}{LEASE_KEY}", lease)
+        self.keeper = LeaseKeeper(store, lease_key(parent_path), lease)
         self.is_leading = False
         """Between `begin_term` and `end_term` (the lease itself may lapse first)."""
         self._task: asyncio.Task[None] | None = None
@@ -232,6 +230,13 @@ class Leadership:
             for task in attempts:
                 task.cancel()
             await asyncio.gather(*attempts, return_exceptions=True)
+
+
+def lease_key(parent_path: str) -> str:
+    """The lease's key under a manager's `parent_path`."""
+    if parent_path and not parent_path.endswith("/"):
+        parent_path += "/"
+    return f"{parent_path}{LEASE_KEY}"
 
 
 async def check_lease_support(state_store: StateStore, lease_folder: str) -> None:

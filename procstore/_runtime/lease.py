@@ -7,7 +7,7 @@ locally); a standby that sees the same version for longer than the TTL replaces 
 by compare-and-swap, so exactly one standby wins.
 
 Clocks. No two machines' wall clocks are compared. Each side measures on its own
-`time.monotonic()`:
+`LeaseClock`, which counts the time its machine spends suspended (`CLOCK_BOOTTIME`):
 
 - the holder counts its lease from the moment it *sent* the renewal that succeeded, and
   stops writing `stop_margin` before `ttl` has passed since then;
@@ -19,17 +19,16 @@ writer sent it, so the holder's window closes first provided the two clocks' *ra
 differ by less than `drift` (5% by default; quartz clocks differ by about 0.01%) and a
 write reaches the store within `stop_margin` of being sent. A holder that is paused
 (SIGSTOP, a long GC, a frozen VM) past its lease learns it on waking: every write first
-checks the lease and is refused with `LeaseExpired`. A write already past that check when
-the pause began can still land late; step keys are create-only, so it cannot replace
+checks the lease and is refused with `LeaseExpired`. A holder whose machine was suspended
+since its last renewal, however briefly, takes its lease as lapsed (see `lease_clock`). A
+write already past that check when the pause began can still land late; step keys are create-only, so it cannot replace
 anything the new leader wrote (see README, "Many managers").
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
-import time
 import uuid
 import warnings
 from dataclasses import dataclass, field, replace
@@ -39,6 +38,7 @@ import msgspec
 import orjson
 
 from procstore._logs import get_logger
+from procstore._runtime.lease_clock import SUSPEND_TOLERANCE, LeaseClock
 from procstore.errors import LeaseExpired, StoreError
 from procstore.store.message import UNDECODABLE
 from procstore.store.state_store import StateStore
@@ -81,6 +81,8 @@ class Lease:
         adopt_interval: seconds between a leader's looks for procedures stored after its
             recovery (by a submit that lost the lease while writing, or a late write); each
             look lists the store. Defaults to three TTLs.
+        clock: how this manager measures the lease's time (a `LeaseClock`: by default one
+            that counts suspend, `CLOCK_BOOTTIME` on Linux); tests inject their own.
     """
 
     ttl: float = 10.0
@@ -91,6 +93,7 @@ class Lease:
     stop_margin: float = None  # type: ignore[assignment]
     late_write_grace: float = None  # type: ignore[assignment]
     adopt_interval: float = None  # type: ignore[assignment]
+    clock: LeaseClock = field(default_factory=LeaseClock, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("ttl", "drift", "stop_margin", "late_write_grace", "adopt_interval"):
@@ -101,6 +104,8 @@ class Lease:
             raise ValueError(f"lease ttl must be between {_MIN_TTL} s and a year ({_MAX_TTL:.0f} s), got {self.ttl}")
         if not 0 <= self.drift < 1:
             raise ValueError(f"lease drift must be in [0, 1), got {self.drift}")
+        if not isinstance(self.clock, LeaseClock):
+            raise ValueError(f"lease clock must be a LeaseClock, got {self.clock!r}")
         if not isinstance(self.holder, str) or not self.holder:
             raise ValueError(f"lease holder must be a non-empty string, got {self.holder!r}")
         try:
@@ -234,12 +239,17 @@ class LeaseKeeper:
         Invariant: never decreases, so neither do this manager's fencing tokens."""
         self._version: str | None = None
         self._seen_at = 0.0
+        self.clock = lease.clock
         self._writable_until = 0.0
-        """`_now()` after which this manager must not write (0 if not holding)."""
+        """`clock.now()` after which this manager must not write (0 if not holding)."""
         self._renewed_at = 0.0
-        """`_now()` when the last successful write of the lease was sent."""
-        self._sending: tuple[LeaseRecord, float] | None = None
-        """The record last sent and when it was first sent (attempts can be abandoned)."""
+        """`clock.now()` when the last successful write of the lease was sent."""
+        self._suspended_at_renewal = 0.0
+        """`clock.suspended()` when that write was sent: once it has grown, the lease lapsed."""
+        self._lapsed_by_suspend = 0.0
+        """Seconds the machine was found suspended during the last term (0: it was not)."""
+        self._sending: tuple[LeaseRecord, float, float] | None = None
+        """The record last sent, and the clocks when it was first sent (attempts can be abandoned)."""
 
     @property
     def holder(self) -> str:
@@ -253,17 +263,27 @@ class LeaseKeeper:
     @property
     def is_holding(self) -> bool:
         """Whether this manager holds the lease and may still write."""
-        return _now() < self._writable_until
+        return self.seconds_left > 0
 
     @property
     def seconds_left(self) -> float:
-        """Seconds until this manager must have stopped writing (<= 0: not holding)."""
-        return self._writable_until - _now()
+        """Seconds until this manager must have stopped writing (<= 0: not holding).
+
+        A suspend of the machine since the last renewal ends the lease at once: the
+        standbys kept counting, and a write sent before it may arrive late."""
+        if self._writable_until == 0.0:
+            return 0.0
+        suspended = self.clock.suspended() - self._suspended_at_renewal
+        if suspended > SUSPEND_TOLERANCE:
+            self._lapsed_by_suspend = suspended
+            self.give_up()
+            return 0.0
+        return self._writable_until - self.clock.now()
 
     @property
     def seconds_to_renewal(self) -> float:
         """Seconds until the next renewal is due (<= 0: now, e.g. after a failed attempt)."""
-        return self._renewed_at + self.lease.renew_interval - _now()
+        return self._renewed_at + self.lease.renew_interval - self.clock.now()
 
     @property
     def leader(self) -> str | None:
@@ -281,13 +301,18 @@ class LeaseKeeper:
 
     def check_writable(self, key: str) -> None:
         """Raise `LeaseExpired` unless this manager may still write (called before each write)."""
-        if _now() >= self._writable_until:
+        if self.seconds_left <= 0:
             raise LeaseExpired(key, self.holder, self._why_not_holding())
 
     def _why_not_holding(self) -> str:
+        if self._lapsed_by_suspend:
+            return (
+                f"the machine was suspended for {self._lapsed_by_suspend:.2f}s since its last renewal, so its lease "
+                "may have passed to another manager"
+            )
         if self._writable_until == 0.0:
             return "it does not hold it"
-        return f"its lease ran out {_now() - self._writable_until:.2f}s ago without a renewal"
+        return f"its lease ran out {self.clock.now() - self._writable_until:.2f}s ago without a renewal"
 
     def give_up(self) -> None:
         """Stop writing at once (the manager lost the lease or is stopping)."""
@@ -332,15 +357,15 @@ class LeaseKeeper:
         earlier, abandoned attempt at the same record landed: the lease then runs from that
         attempt's send, the earliest moment a standby can have seen it.
         """
-        sent_at = _now()
+        sent_at, suspended_at = self.clock.now(), self.clock.suspended()
         if self._sending is not None and self._sending[0] == record:
-            sent_at = self._sending[1]
-        self._sending = (record, sent_at)
+            _, sent_at, suspended_at = self._sending
+        self._sending = (record, sent_at, suspended_at)
         await self.store.put_if_version(self.key, record.encode(), version)
         # Read back whatever the swap answered: it gives the version for the next swap, and
         # a refused swap may be our own earlier attempt whose answer was lost.
         found = await self._read()
-        self._seen_at = _now()
+        self._seen_at = self.clock.now()
         if found is None:
             self.record, self._version = None, None
             return False
@@ -349,6 +374,9 @@ class LeaseKeeper:
         if found[0] != record:
             return False
         self._renewed_at = sent_at
+        if self._writable_until == 0.0:
+            self._lapsed_by_suspend = 0.0  # a new term
+        self._suspended_at_renewal = suspended_at
         self._writable_until = sent_at + self.lease.ttl - self.lease.stop_margin
         # False if the attempt that landed was sent so long ago that the lease has run out.
         return self.is_holding
@@ -359,7 +387,7 @@ class LeaseKeeper:
         Raises `StoreError` if the store cannot be read or written.
         """
         found = await self._read()
-        now = _now()
+        now = self.clock.now()
         if found is None:
             # No lease object (a new store, or one deleted by hand): epochs go on from the
             # highest this manager has seen, so its fencing tokens never go backwards.
@@ -432,13 +460,3 @@ class LeaseKeeper:
             )
         except StoreError as e:
             logger.warning("could not release the lease (%s); it expires in %.0fs", e, record.ttl)
-
-
-def _now() -> float:
-    """The lease's clock: `time.monotonic()`; in tests on a loop with virtual time
-    (`procstore.testing.SimulatedLoop`), that loop's clock, so that TTLs pass in no real time."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # a send guard called from a client's thread
-        return time.monotonic()
-    return loop.time() if getattr(loop, "virtual_time", False) else time.monotonic()

@@ -11,11 +11,12 @@ from typing import Any, Self
 
 from procstore._logs import get_logger
 from procstore._runtime.context import Loader, ManagerContext, await_term_task
-from procstore._runtime.leadership import Leadership, Terms, check_lease_support
+from procstore._runtime.leadership import Leadership, Terms, check_lease_support, lease_key
 from procstore._runtime.lease import LEASE_FOLDER, Lease
 from procstore._runtime.lifecycle import Lifecycle
+from procstore._runtime.live_lease import refuse_if_lease_is_live
 from procstore._runtime.operator import request as request_stop
-from procstore._runtime.outcome import type_name_of
+from procstore._runtime.outcome import dumped, type_name_of
 from procstore._runtime.restart import restart
 from procstore._runtime.retry import RetryBudget, RetryPolicy
 from procstore._runtime.submission import store_and_run
@@ -41,6 +42,7 @@ from procstore.store.history import History, HistoryStore
 from procstore.store.keys import KeyType
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
+from procstore.store.requests import checked_reason
 from procstore.store.state_store import StateStore
 
 logger = get_logger("procstore.manager")
@@ -211,7 +213,9 @@ class ProcedureManager:
         returns as a standby and a background task (`procstore:lease`) takes over when that
         lease expires; `wait_until_leading()` waits for it.
         Raises `StoreUnavailable` if the store cannot be used (or, with a lease, cannot
-        compare-and-swap); procedures that cannot be loaded are skipped and listed in
+        compare-and-swap); without a lease, `LeaseHeld` (a `StoreUnavailable`) if the store's
+        lease has a live holder, seen renewing it within its TTL (a lease left unreleased is
+        watched for up to that long); procedures that cannot be loaded are skipped and listed in
         `recovery_problems`. Safe to call concurrently with itself and with `stop()`:
         calls are serialised, and a second `start()` is a no-op.
         """
@@ -257,6 +261,9 @@ class ProcedureManager:
     async def _check_lease_support(self, state_store: StateStore) -> None:
         if self.lease is not None:
             await check_lease_support(state_store, f"{self.parent_path}{LEASE_FOLDER}")
+        else:
+            # Without a lease this manager runs everything the store holds: not beside a leader.
+            await refuse_if_lease_is_live(state_store, lease_key(self.parent_path))
 
     # Terms (see runtime/term.py): with a lease, each leadership is a term, begun when the
     # lease is won and ended when it is lost; without one, a single term runs from start()
@@ -345,7 +352,7 @@ class ProcedureManager:
 
     # -- operators -------------------------------------------------------------------
 
-    async def cancel(self, procedure_id: ProcedureId, reason: str = "") -> None:
+    async def cancel(self, procedure_id: ProcedureId, reason: str | None = "") -> None:
         """Ask a procedure to stop, durably, wherever it runs.
 
         Writes a request to the store (see `procstore cancel`) that the manager running the
@@ -353,11 +360,14 @@ class ProcedureManager:
         the latest: it rolls back if it supports rollback, else fails, and so do its
         unfinished descendants; its watchers raise `ProcedureFailed` naming the cancel and
         `reason`. Returns once the request is stored, not once the procedure has ended.
-        Raises `ProcedureError` for a procedure that has ended or that the store does not
-        hold, `InvalidProcedureId`, or `ManagerNotStarted`.
+        `reason` is text; None means no reason given (stored as ""). Raises `ProcedureError`
+        for a procedure that has ended or that the store does not hold, `InvalidProcedureId`,
+        `TypeError` for a reason that is not text, or `ManagerNotStarted`; nothing is
+        written then.
         """
         if not isinstance(procedure_id, ProcedureId):
             raise InvalidProcedureId(procedure_id)
+        reason = checked_reason(reason)
         self._started_or_standby("cancel")
         ctx = self._ctx
         if ctx is not None and ctx.running:
@@ -465,7 +475,7 @@ class ProcedureManager:
             logger.warning("procedure type %r has no loader: it cannot be resumed after a restart", type_name)
         # Both before the write: an error here reaches the caller with nothing stored.
         lock_key = proc.lock_key()
-        data = proc.dump()
+        data = dumped(proc)
         self._submitting.add(pid)
         # The write and the runner's start are one task of the term: stop() cancels it and
         # waits for it, so it can never land after stop() returned; and a caller that gives

@@ -59,7 +59,9 @@ async def _look_once(ctx: ManagerContext) -> None:
     stale: list[ProcedureId] = []
     for pid, request in found.items():
         meta = ctx.metas.get(pid)
-        if meta is not None:
+        if meta is None and pid in ctx.submit_wakes and pid not in ctx.operator_requests:
+            ctx.note_request(pid, request)  # a submit whose write backs off: it wakes
+        elif meta is not None:
             if not meta.state.is_ended() and pid not in ctx.operator_requests:
                 logger.warning("procedure %s: %s", pid, request.describe(), extra=procedure_fields(pid, meta.type_name))
                 ctx.note_request(pid, request)

@@ -31,6 +31,32 @@ def type_name_of(procedure: Procedure) -> str:
     return name
 
 
+def dumped(procedure: Procedure) -> str:
+    """`procedure.dump()`, checked: the stored message's `data` is text, and any other value
+    (a dict, bytes, None) would be stored as something no reader can load again; so would
+    text that is not valid Unicode (a lone surrogate), which no store can even write."""
+    data = procedure.dump()
+    if not isinstance(data, str):
+        raise TypeError(
+            f"{type(procedure).__qualname__}.dump() returned {type(data).__name__} {_short(data)}, not a str: "
+            "return the state as text (json.dumps(...), say); load() receives that same text"
+        )
+    if not data.isascii():  # the common case costs one scan, not an encoding
+        try:
+            data.encode()
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"{type(procedure).__qualname__}.dump() returned text that is not valid Unicode ({e.reason} at "
+                f"index {e.start}): it cannot be stored"
+            ) from None
+    return data
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
 @dataclass(frozen=True, slots=True)
 class Child:
     """What a parent computes for a subprocedure before it is written."""
@@ -41,7 +67,7 @@ class Child:
 
     @classmethod
     def of(cls, sub: ProcedureWithId) -> Child:
-        return cls(type_name_of(sub.procedure), sub.procedure.dump(), sub.procedure.lock_key())
+        return cls(type_name_of(sub.procedure), dumped(sub.procedure), sub.procedure.lock_key())
 
 
 def lock_conflict(

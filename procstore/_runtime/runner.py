@@ -29,6 +29,7 @@ from procstore._runtime.outcome import (
     IN_ROLLBACK,
     Child,
     as_failure,
+    dumped,
     failed_state,
     format_tb,
     is_stop,
@@ -37,6 +38,7 @@ from procstore._runtime.outcome import (
     with_error,
     with_kind,
 )
+from procstore._runtime.request_wakes import first_request_wakes, unless_requested
 from procstore._runtime.retry import is_rollback_retryable, is_transient
 from procstore._runtime.telemetry import run_traced
 from procstore._runtime.writes import delete_tree, delete_tree_later, record_now
@@ -232,7 +234,7 @@ class Runner:
             # Dumped once: every retry of the write sends these same bytes, so a retry that
             # finds its own earlier write (answer lost) recognises it, whatever dump() does.
             try:
-                data = self.procedure.dump()
+                data = dumped(self.procedure)
             except Exception as e:
                 await self._fail(e)
                 return
@@ -251,7 +253,8 @@ class Runner:
     async def _with_store_retries(self, write: Callable[[], Awaitable[None]]) -> bool:
         """Run a store write with retries; on final failure fail the procedure and return False."""
         try:
-            await self.ctx.policy.call(lambda _n: write(), on_retry=self._on_retry)
+            attempt = unless_requested(self.ctx, self.meta, lambda _n: write())
+            await self.ctx.policy.call(attempt, on_retry=self._on_retry, wake=self.meta.requested)
         except Fenced:
             raise
         except Exception as e:
@@ -272,14 +275,23 @@ class Runner:
         self.meta.end_stored = True
         self.step += 1
 
-    async def _write_commit(self) -> bool | None:
+    async def _commit_attempt(self, _attempt: int) -> None:
+        await self._commit()
+
+    async def _write_commit(self, *, ends_failure: bool = False) -> bool | None:
         """Write `{step}.commit`: True once stored, False if the store surely lacks it, None if unknown.
 
         After the retries fail, the commit may still have landed with its answer lost, so the
         store is asked before anything else is written: two terminal keys must never coexist.
+        An operator's request stops the retries of a success's commit (`ends_failure` False).
         """
+        attempt: Callable[[int], Awaitable[None]]
+        if ends_failure:
+            attempt, wake = self._commit_attempt, first_request_wakes(self.ctx, self.meta.id, self.meta.requested)
+        else:
+            attempt, wake = unless_requested(self.ctx, self.meta, self._commit_attempt), self.meta.requested
         try:
-            await self.ctx.policy.call(lambda _n: self._commit(), on_retry=self._on_retry)
+            await self.ctx.policy.call(attempt, on_retry=self._on_retry, wake=wake)
         except Fenced:
             raise
         except Exception as e:
@@ -310,7 +322,9 @@ class Runner:
             # Not stored now, but a delayed request could still land at this step: the
             # failure goes one step above it, so the two can never share a step.
             self.step += 1
-            await self._fail(StoreError("the commit could not be written", key=key))
+            request = self.ctx.operator_requests.get(self.meta.id)
+            why = OperatorRequested(request) if request else StoreError("the commit could not be written", key=key)
+            await self._fail(why)
         else:
             self._stop_unrecorded(f"its end could not be recorded and the store cannot say whether {key} was written")
 
@@ -444,7 +458,7 @@ class Runner:
         """Write `{step}.rollback` with the failure; False if the store refused every retry."""
 
         try:
-            data = self.procedure.dump()
+            data = dumped(self.procedure)
         except BaseException as e:
             if is_stop(e):
                 raise
@@ -457,7 +471,7 @@ class Runner:
             self.step += 1
 
         try:
-            await self.ctx.policy.call(write)
+            await self.ctx.policy.call(write, wake=first_request_wakes(self.ctx, self.meta.id, self.meta.requested))
         except Fenced:
             raise
         except Exception as e:
@@ -486,7 +500,8 @@ class Runner:
                 await self.procedure.rollback(self._context(n))
 
         try:
-            await self.ctx.policy.call(attempt, retry_on=is_rollback_retryable, on_retry=on_retry)
+            wake = first_request_wakes(self.ctx, self.meta.id, self.meta.requested)
+            await self.ctx.policy.call(attempt, retry_on=is_rollback_retryable, on_retry=on_retry, wake=wake)
         except Fenced:
             raise
         except Exception as e:
@@ -502,7 +517,7 @@ class Runner:
         """The failure is recorded (and rolled back, if supported): write `.commit` above the
         `.rollback`, so that no restart, whatever its crash point and whoever the parent, runs
         the rollback again. Readers tell this end from success by the `.rollback` below it."""
-        if await self._write_commit():
+        if await self._write_commit(ends_failure=True):
             # Kept (if asked) for an operator to resume or rewind; its children go as usual.
             self.meta.keep_keys = self.meta.keep_keys or (self.ctx.keep_failed and self.meta.is_root)
             await self._finish(failed)

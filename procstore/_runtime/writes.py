@@ -10,6 +10,7 @@ from procstore._logs import get_logger, procedure_fields
 from procstore._runtime.context import ManagerContext
 from procstore._runtime.history import record_tree
 from procstore._runtime.meta import ProcedureMeta
+from procstore._runtime.request_wakes import first_request_wakes
 from procstore.errors import DuplicateProcedure, LeaseExpired, ProcedureError, StoreError, describe
 from procstore.ids import ProcedureId
 from procstore.state import ProcedureState
@@ -48,8 +49,11 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
         about = procedure_fields(pid, type_name, 0)  # key 0: the submitted state
         logger.info("procedure %s: submit retry %d in %.3fs after %s", pid, retry, delay, describe(exc), extra=about)
 
+    # A request for this id (a cancel written once an attempt landed) ends a backoff: the
+    # procedure then runs at once, and fails before its first step as the request asks.
+    ctx.submit_wakes[pid] = woken = asyncio.Event()
     try:
-        return await ctx.policy.call(create, on_retry=on_retry)
+        return await ctx.policy.call(create, on_retry=on_retry, wake=first_request_wakes(ctx, pid, lambda: woken))
     except LeaseExpired as e:
         if not retried:
             raise  # refused before anything was sent: nothing is stored
@@ -59,6 +63,8 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
             "Submit it again on the leader: DuplicateProcedure then means it is stored and runs there",
             key=e.key,
         ) from e
+    finally:
+        del ctx.submit_wakes[pid]
 
 
 async def record_now(ctx: ManagerContext, root: ProcedureMeta, ids: list[ProcedureId], state: ProcedureState) -> None:

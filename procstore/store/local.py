@@ -258,7 +258,11 @@ class LocalDirStore(StateStore):
         "nothing stored" (recovery resuming nothing, with no error). Nothing there at all
         is an empty folder. A folder below it that vanished was deleted during the walk;
         any other that cannot be read makes it raise `ListingIncomplete`, which carries
-        every key it could list."""
+        every key it could list. So does a symbolic link to a folder inside one of the
+        store's own folders (a procedure's folder, say; and the folder asked for, if it is
+        one): never walked through, since a deletion through it would delete outside the
+        store, nor skipped in silence. The store's own folders (`procedure/`, ...) may be
+        links, placed for a whole folder; hidden folders are not the store's."""
         base = self._path(prefix) if prefix else self.root
         base_text = str(base)
         if not os.path.isdir(base_text):
@@ -271,6 +275,10 @@ class LocalDirStore(StateStore):
         root_text = str(self.root)
         trash_text = f"{root_text}/{TRASH}"
         unlisted: dict[str, str] = {}
+        if _linked_inside_a_folder(root_text, base_text):
+            raise ListingIncomplete(
+                f"listing {self.url}{prefix}: {_LINKED}", key=prefix, listed={}, unlisted={prefix: _LINKED}
+            )
 
         def failed(error: OSError) -> None:  # `os.walk` skips what it cannot list unless told
             if isinstance(error, FileNotFoundError):
@@ -281,9 +289,18 @@ class LocalDirStore(StateStore):
             rel = os.path.relpath(folder, root_text).replace(os.sep, "/")
             unlisted[f"{rel}/"] = describe(error)
 
-        for dirpath, dirs, files in os.walk(base_text, onerror=failed):
+        # Links are pruned here, one lstat per folder, as `os.walk` itself would do without
+        # `followlinks`; unlike it, this names them.
+        for dirpath, dirs, files in os.walk(base_text, onerror=failed, followlinks=True):
             if dirpath == trash_text:  # what was moved there; any other folder is listed
                 dirs[:] = [name for name in dirs if not _TRASHED.fullmatch(name)]
+            linked = [name for name in dirs if dirpath != root_text and os.path.islink(os.path.join(dirpath, name))]
+            if linked:
+                dirs[:] = [name for name in dirs if name not in linked]
+                for name in linked:
+                    if not name.startswith("."):
+                        rel_link = os.path.relpath(os.path.join(dirpath, name), root_text).replace(os.sep, "/")
+                        unlisted[f"{rel_link}/"] = _LINKED
             rel = dirpath[len(root_text) + 1 :].replace(os.sep, "/")
             for name in files:
                 if not name.startswith("."):
@@ -293,7 +310,8 @@ class LocalDirStore(StateStore):
             folders = ", ".join(f"{self.url}{folder} ({why})" for folder, why in sorted(unlisted.items())[:3])
             raise ListingIncomplete(
                 f"listing {self.url}{prefix}: {len(unlisted)} folder(s) in it cannot be read: {folders}; "
-                "fix their permissions (nothing in them was read or deleted)",
+                "fix their permissions, or replace a link with the folder it points to (nothing in them was read "
+                "or deleted)",
                 key=prefix,
                 listed=dict.fromkeys(keys),
                 unlisted=unlisted,
@@ -490,6 +508,19 @@ class LocalDirStore(StateStore):
         Only files older than `older_than` seconds go, so a live writer's temp is never taken.
         """
         return await self._in_thread("cleaning temp files in", prefix, self._remove_stale_temps, prefix, older_than)
+
+
+_LINKED = (
+    "a symbolic link to a folder: procstore never walks through links (a deletion through one would delete "
+    "outside the store); move the folder it points to here in its place"
+)
+
+
+def _linked_inside_a_folder(root: str, folder: str) -> bool:
+    """Whether `folder`, or a folder between it and the store's own folder above it, is a
+    symbolic link."""
+    parts = os.path.relpath(folder, root).split(os.sep)
+    return any(os.path.islink(os.path.join(root, *parts[:depth])) for depth in range(2, len(parts) + 1))
 
 
 def _is_empty(folder: Path) -> bool:

@@ -64,13 +64,25 @@ class OperatorRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A resume nudge's latest step key when written (None: a nudge of an older release)."""
 
     @classmethod
-    def new(cls, kind: RequestKind, reason: str, step: int | None = None) -> OperatorRequest:
-        return cls(kind=kind, reason=reason, requested_at=time.time(), requested_by=_who(), step=step)
+    def new(cls, kind: RequestKind, reason: str | None, step: int | None = None) -> OperatorRequest:
+        """Raises `TypeError` for a reason that is neither text nor None (see `checked_reason`)."""
+        return cls(kind=kind, reason=checked_reason(reason), requested_at=time.time(), requested_by=_who(), step=step)
 
     def describe(self) -> str:
         verb = {"cancel": "cancelled", "fail": "failed", "resume": "resumed"}[self.kind]
         by = f" ({self.requested_by})" if self.requested_by else ""
         return f"{verb} by an operator{by}: {self.reason or 'no reason given'}"
+
+
+def checked_reason(reason: object) -> str:
+    """An operator's reason as stored: text, with None meaning "no reason given" (""). Any
+    other value raises `TypeError` before anything is written: every reader refuses a
+    request whose reason is not text, so it would be lost at the next start."""
+    if reason is None:
+        return ""
+    if not isinstance(reason, str):
+        raise TypeError(f"the reason of an operator request must be a str (or None for none), not {reason!r}")
+    return reason
 
 
 class OperatorRequested(ProcedureError):
@@ -84,6 +96,18 @@ class OperatorRequested(ProcedureError):
 _decoder = msgspec.json.Decoder(OperatorRequest)
 
 
+def _decode(raw: bytes) -> OperatorRequest:
+    """Raises one of `UNDECODABLE` for a value that is not a request."""
+    try:
+        return _decoder.decode(raw)
+    except msgspec.ValidationError:
+        # `cancel(id, None)` of earlier releases stored `"reason": null`: no reason given.
+        fields = msgspec.json.decode(raw)
+        if not (isinstance(fields, dict) and "reason" in fields and fields["reason"] is None):
+            raise
+        return msgspec.convert({**fields, "reason": ""}, OperatorRequest)
+
+
 _reported: set[tuple[str, bytes]] = set()
 """Unreadable requests already logged: polls read them every second, the log says it once."""
 
@@ -92,7 +116,7 @@ def decode_request(raw: bytes, key: str, procedure_id: ProcedureId) -> OperatorR
     """The request for `procedure_id` under `key`, or None (logged once, key kept) for a
     value that is not one."""
     try:
-        return _decoder.decode(raw)
+        return _decode(raw)
     except UNDECODABLE as e:
         if (key, raw) in _reported:
             return None
@@ -139,7 +163,7 @@ class RequestStore:
             if raw == value:
                 return True  # ours, its answer lost
             try:
-                _decoder.decode(raw)
+                _decode(raw)
                 return False
             except UNDECODABLE as e:
                 if await self.store.put_if_version(key, value, version):

@@ -3,6 +3,7 @@ explorer that kills a scenario before and after every store operation and checks
 nothing was lost or done twice."""
 
 from procstore.store.memory import MemoryStore
+from procstore.testing.clock import SuspendableClock
 from procstore.testing.endpoints import gcs_storage_options, s3_storage_options
 from procstore.testing.explorer import CrashExplorer, CrashPoint, ExplorationReport, Scenario
 from procstore.testing.faults import FaultyStore
@@ -27,6 +28,7 @@ __all__ = [
     "SimulatedCrash",
     "SimulatedLoop",
     "StoreOp",
+    "SuspendableClock",
     "crash_at",
     "export_snapshot",
     "gcs_storage_options",

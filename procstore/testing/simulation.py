@@ -6,7 +6,7 @@ deterministic simulation, in the small).
 - **Virtual time.** Its clock starts at 0 and, whenever nothing is ready to run, jumps to
   the next timer instead of waiting for it: retry backoffs, the retry budget and a test's
   own `asyncio.sleep` take no real time, and their order is kept; so do leases (their
-  clock is this loop's here, `time.monotonic()` everywhere else).
+  clock is this loop's here, the machine's boot-time clock everywhere else).
 - **A seeded schedule.** Given a seed, the callbacks ready at each turn of the loop run in
   an order drawn from it, and some are held back a turn, as if their task were slower
   (asyncio promises no order between independent tasks); and

@@ -224,8 +224,9 @@ async def test_an_operators_request_stops_a_running_procedure_before_its_next_st
         watcher = await manager.submit(pwid)
         while world.counts["steps/0"] == 0:
             await asyncio.sleep(0.01)
-        # Another process's view of the store, as the CLI writes it.
-        other = ProcedureManager(store_target.url, store_target.storage_options)
+        # Another process's view of the store, as the CLI writes it: beside a leader, a
+        # manager without the lease would refuse to start (it would run the leader's work).
+        other = ProcedureManager(store_target.url, store_target.storage_options, lease=lease)
         await other.start()
         try:
             await other.cancel(pwid.id, "stuck since 3am")

@@ -1,0 +1,93 @@
+"""A procedure folder that is a symbolic link to a folder, on a local directory (issue 32,
+item 13): reported as a load problem, by recovery and by the commands, never silently
+skipped, and never walked through, so that nothing outside the store is deleted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from procstore import Context, Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Status
+from procstore._cli.app import cli
+from tests.runtime.helpers import FAST
+
+
+class Parked(Procedure):
+    """Persists one step, then waits until its manager stops."""
+
+    type_name = "links::Parked"
+
+    def __init__(self, data: dict[str, bool]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    async def execute(self, ctx: Context) -> Status:
+        if not self.data.get("persisted"):
+            self.data["persisted"] = True
+            return Status.executing()
+        await asyncio.Event().wait()
+        return Status.done()
+
+
+def manager(store: Path) -> ProcedureManager:
+    m = ProcedureManager(store, retry_delay=FAST["retry_delay"], max_retry_delay=FAST["max_retry_delay"])
+    m.register(Parked)
+    return m
+
+
+async def two_parked(store: Path) -> tuple[ProcedureId, ProcedureId]:
+    ids = (ProcedureId.random(), ProcedureId.random())
+    async with manager(store) as m:
+        for pid in ids:
+            await m.submit(ProcedureWithId(pid, Parked({})))
+        for pid in ids:
+            while len(await m.store.procedure_keys(pid)) < 2:
+                await asyncio.sleep(0.005)
+    return ids
+
+
+def link_out(store: Path, elsewhere: Path, pid: ProcedureId) -> Path:
+    """Move the procedure's folder out of the store and link it back in; the files outside."""
+    folder = store / "procedure" / str(pid)
+    moved = elsewhere / str(pid)
+    folder.rename(moved)
+    folder.symlink_to(moved, target_is_directory=True)
+    return moved
+
+
+async def test_recovery_reports_a_linked_procedure_folder_keeps_it_and_resumes_the_others(tmp_path: Path) -> None:
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked, plain = await two_parked(store)
+    outside = link_out(store, elsewhere, linked)
+    files = sorted(p.name for p in outside.iterdir())
+    async with manager(store) as m:
+        assert [problem.procedure_id for problem in m.recovery_problems] == [linked]
+        assert "symbolic link" in m.recovery_problems[0].reason
+        assert m.procedure_watcher(plain) is not None  # the other one runs again
+        assert m.procedure_watcher(linked) is None
+    assert sorted(p.name for p in outside.iterdir()) == files
+
+
+def test_the_commands_name_a_linked_procedure_folder_and_delete_nothing_through_it(tmp_path: Path) -> None:
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked, _ = asyncio.run(two_parked(store))
+    outside = link_out(store, elsewhere, linked)
+    files = sorted(p.name for p in outside.iterdir())
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["ls", str(store)])
+    assert f"procedure/{linked}/" in listed.output and "symbolic link" in listed.output, listed.output
+    runner.invoke(cli, ["gc", str(store)])
+    deleted = runner.invoke(cli, ["delete", str(store), str(linked), "--yes"])
+    assert deleted.exit_code != 0 and str(linked) in deleted.output, deleted.output
+    assert sorted(p.name for p in outside.iterdir()) == files
+    assert (store / "procedure" / str(linked)).is_symlink()
+    # Only that id (in any form, or 4 characters of it or more) is refused for its folder.
+    assert "cannot be listed" in runner.invoke(cli, ["show", str(store), str(linked).upper()]).output
+    assert "cannot be listed" not in runner.invoke(cli, ["show", str(store), str(linked)[:2]]).output
