@@ -342,3 +342,21 @@ async def test_a_store_written_before_runs_is_read_and_run_as_before(tmp_path: P
         records = await history.list()
     assert [(r.id[-1], r.outcome) for r in records][:3] == [("1", "done"), ("2", "failed"), ("2", "failed")]
     assert [(r.id[-1], r.run) for r in records][3:] == [("3", 1), ("2", 2)]
+
+
+async def test_metadata_expiry_forgets_the_run_that_ended_never_the_one_resumed(memory_target: StoreTarget) -> None:
+    """Item 5: forgetting a finished run (`metadata_ttl`) leaves a later run of the id known,
+    so that no leader takes it for a stranger and runs it twice."""
+    world = World.new()
+    name, gate = blocker()
+    flaky = ProcedureWithId.new(Flaky({"world": world.name, "name": "f", "fail_times": 1, "block": name}))
+    async with runs_manager(memory_target, keep_failed=True, max_retry_times=0, metadata_ttl=0.0) as manager:
+        with pytest.raises(ProcedureFailed):
+            await (await manager.submit(flaky)).wait()
+        resumed = await manager.resume(flaky.id)
+        await asyncio.sleep(0.01)
+        manager.remove_outdated_metadata()
+        state = manager.procedure_state(flaky.id)
+        assert state is not None and state.is_running()
+        gate.set()
+        assert await resumed.wait() == "f"
