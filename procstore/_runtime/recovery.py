@@ -72,6 +72,14 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
         )
         running_roots = _plan_unfinished(ctx, loaded.messages, stranded, alive, rolling_back=False, problems=problems)
 
+    # A failed root kept for an operator ended too: a crash between its `.commit` and its
+    # record left it without one, which nothing else would write.
+    kept_roots = [pid for pid in ctx.stored.rolled_back if (m := loaded.finished_messages.get(pid)) and not m.parent_id]
+    if kept_roots:
+        try:
+            await record_recovered(ctx, loaded, kept_roots, ended)
+        except ProcedureError as e:
+            logger.warning("could not record the end of failed procedures kept for an operator (%s)", e)
     if to_delete:
         logger.info("deleting %d finished procedures left by an interrupted cleanup", len(to_delete))
         try:
