@@ -518,8 +518,9 @@ class Runner:
         `.rollback`, so that no restart, whatever its crash point and whoever the parent, runs
         the rollback again. Readers tell this end from success by the `.rollback` below it."""
         if await self._write_commit(ends_failure=True):
-            # Kept (if asked) for an operator to resume or rewind; its children go as usual.
-            self.meta.keep_keys = self.meta.keep_keys or (self.ctx.keep_failed and self.meta.is_root)
+            # Kept (if asked) for an operator to resume or rewind; its children go as usual. A
+            # subprocedure resumed as a root (its parent gone) cannot be restarted: it goes too.
+            self.meta.keep_keys = self.meta.keep_keys or (self.ctx.keep_failed and self.meta.parent_id is None)
             await self._finish(failed)
             return
         note = "its end could not be recorded, so its rollback runs again at the next start"
