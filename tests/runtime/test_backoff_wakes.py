@@ -13,16 +13,26 @@ from procstore import ProcedureFailed, ProcedureManager, ProcedureStateKind, Pro
 from procstore.store import open_state_store
 from procstore.store.requests import OperatorRequest
 from procstore.testing import Fault, FaultyStore, run_simulated
+from tests.conftest import StoreTarget
 from tests.procedures import Steps, Undoable, World, register_all
+from tests.support import store_targets
 
 BACKOFF = 1000.0
 POLL = 1.0
 HONOURED_WITHIN = 3 * POLL
 
+real_store = store_targets("local", "s3")
+
 
 def manager_on(store: FaultyStore, **options: Any) -> ProcedureManager:
-    backoff: dict[str, Any] = {"retry_delay": BACKOFF, "max_retry_delay": BACKOFF, **options}
-    return register_all(ProcedureManager(store, max_retry_times=5, request_poll_interval=POLL, **backoff))
+    settings: dict[str, Any] = {
+        "retry_delay": BACKOFF,
+        "max_retry_delay": BACKOFF,
+        "max_retry_times": 5,
+        "request_poll_interval": POLL,
+        **options,
+    }
+    return register_all(ProcedureManager(store, **settings))
 
 
 async def cancel_during_backoff(
@@ -172,3 +182,24 @@ def test_stop_ends_a_writes_backoff_at_once() -> None:
         return loop.time() - stopping_at
 
     assert run_simulated(main()) < HONOURED_WITHIN
+
+
+async def test_a_cancel_while_a_step_write_backs_off_on_a_real_store_ends_the_procedure(
+    real_store: StoreTarget,
+) -> None:
+    """The same on the stores' own clocks and threads: the procedure ends long before the
+    first of its 1,000 s backoffs would."""
+    world = World.new()
+    procedure = ProcedureWithId.new(Steps({"world": world.name, "steps": 3}))
+    store = FaultyStore(open_state_store(real_store.url, real_store.storage_options))
+    store.plan.faults.append(Fault("transient", key="*procedure/*/0000000001.step"))
+    try:
+        async with manager_on(store, request_poll_interval=0.05) as manager:
+            watcher = await manager.submit(procedure)
+            while store.plan.faults[0].fired == 0:
+                await asyncio.sleep(0.01)
+            await manager.cancel(procedure.id, "operator")
+            with pytest.raises(ProcedureFailed, match="cancelled by an operator"):
+                await asyncio.wait_for(watcher.wait(), 30)
+    finally:
+        await store.inner.close()
