@@ -16,7 +16,7 @@ from procstore._runtime.lease import LEASE_FOLDER, Lease
 from procstore._runtime.lifecycle import Lifecycle
 from procstore._runtime.live_lease import refuse_if_lease_is_live
 from procstore._runtime.operator import request as request_stop
-from procstore._runtime.outcome import dumped, type_name_of
+from procstore._runtime.outcome import checked_lock_key, dumped, type_name_of
 from procstore._runtime.restart import restart
 from procstore._runtime.retry import RetryBudget, RetryPolicy
 from procstore._runtime.submission import store_and_run
@@ -474,7 +474,7 @@ class ProcedureManager:
         if type_name not in self._loaders:
             logger.warning("procedure type %r has no loader: it cannot be resumed after a restart", type_name)
         # Both before the write: an error here reaches the caller with nothing stored.
-        lock_key = proc.lock_key()
+        lock_key = checked_lock_key(proc)
         data = dumped(proc)
         self._submitting.add(pid)
         # The write and the runner's start are one task of the term: stop() cancels it and

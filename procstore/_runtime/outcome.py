@@ -52,6 +52,18 @@ def dumped(procedure: Procedure) -> str:
     return data
 
 
+def checked_lock_key(procedure: Procedure) -> LockKey:
+    """`procedure.lock_key()`, checked before anything is written: any other value would
+    fail the procedure only once stored, with an error far from its cause."""
+    lock_key = procedure.lock_key()
+    if not isinstance(lock_key, LockKey):
+        raise TypeError(
+            f"{type(procedure).__qualname__}.lock_key() returned {type(lock_key).__name__} {_short(lock_key)}, "
+            'not a LockKey: return LockKey([StringKey.exclusive("table/42"), ...]), or LockKey() for none'
+        )
+    return lock_key
+
+
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:77]}..."
@@ -67,7 +79,7 @@ class Child:
 
     @classmethod
     def of(cls, sub: ProcedureWithId) -> Child:
-        return cls(type_name_of(sub.procedure), dumped(sub.procedure), sub.procedure.lock_key())
+        return cls(type_name_of(sub.procedure), dumped(sub.procedure), checked_lock_key(sub.procedure))
 
 
 def lock_conflict(

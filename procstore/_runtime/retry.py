@@ -89,6 +89,21 @@ class RetryBudget:
             self.retries += 1
 
 
+async def _unless_set(waiting: Awaitable[None], event: asyncio.Event) -> bool:
+    """Await `waiting` unless `event` is set first (then it is cancelled): True if it ended."""
+    if event.is_set():
+        return False
+    task = asyncio.ensure_future(waiting)
+    woken = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((task, woken), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, woken):
+            pending.cancel()
+        await asyncio.gather(task, woken, return_exceptions=True)
+    return task.done() and not task.cancelled() and task.exception() is None
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     max_retry_times: int = 3
@@ -98,13 +113,17 @@ class RetryPolicy:
     """Shared by every procedure of a manager; None: no limit on the rate of retries."""
 
     async def _sleep(self, delay: float, wake: Callable[[], asyncio.Event] | None = None) -> None:
-        if self.budget is not None:
-            await self.budget.take()
         if wake is None:
+            if self.budget is not None:
+                await self.budget.take()
             await asyncio.sleep(delay)
             return
+        woken = wake()
+        # The wait for a token is part of the backoff: in an outage it can be the longest part.
+        if self.budget is not None and not await _unless_set(self.budget.take(), woken):
+            return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake().wait(), delay)
+            await asyncio.wait_for(woken.wait(), delay)
 
     def __post_init__(self) -> None:
         if self.max_retry_times < 0:

@@ -9,23 +9,30 @@ from typing import Any
 
 import pytest
 
-from procstore import ProcedureFailed, ProcedureManager, ProcedureStateKind, ProcedureWithId
+from procstore import ProcedureFailed, ProcedureManager, ProcedureStateKind, ProcedureWithId, RetryBudget
 from procstore.store import open_state_store
 from procstore.store.requests import OperatorRequest
 from procstore.testing import Fault, FaultyStore, run_simulated
+from tests.conftest import StoreTarget
 from tests.procedures import Steps, Undoable, World, register_all
+from tests.support import store_targets
 
 BACKOFF = 1000.0
 POLL = 1.0
 HONOURED_WITHIN = 3 * POLL
 
+real_store = store_targets("local", "s3")
 
-def manager_on(store: FaultyStore) -> ProcedureManager:
-    return register_all(
-        ProcedureManager(
-            store, retry_delay=BACKOFF, max_retry_delay=BACKOFF, max_retry_times=5, request_poll_interval=POLL
-        )
-    )
+
+def manager_on(store: FaultyStore, **options: Any) -> ProcedureManager:
+    settings: dict[str, Any] = {
+        "retry_delay": BACKOFF,
+        "max_retry_delay": BACKOFF,
+        "max_retry_times": 5,
+        "request_poll_interval": POLL,
+        **options,
+    }
+    return register_all(ProcedureManager(store, **settings))
 
 
 async def cancel_during_backoff(
@@ -35,13 +42,14 @@ async def cancel_during_backoff(
     from_another_process: bool,
     until: ProcedureStateKind,
     failures: int | None = None,
+    **options: Any,
 ) -> float:
     """Fail the writes of `failing_key` (`failures` times; None: every one), cancel once the
     procedure waits out a backoff; return the virtual seconds from the cancel to its end."""
     store = FaultyStore(open_state_store(f"mem://{procedure.id}/"))
     store.plan.faults.append(Fault("transient", key=f"procedure/*/{failing_key}", times=failures))
     loop = asyncio.get_running_loop()
-    async with manager_on(store) as manager:
+    async with manager_on(store, **options) as manager:
         watcher = await manager.submit(procedure)
         pid = procedure.id
 
@@ -137,6 +145,27 @@ def test_a_cancel_stored_while_a_submits_write_backs_off_ends_the_backoff(from_a
     assert run_simulated(main()) < HONOURED_WITHIN
 
 
+def test_a_cancel_ends_a_wait_for_the_retry_budget_too() -> None:
+    """In an outage the retry budget's queue is the longest part of a backoff: here the
+    second retry waits about 1,000 s for its token."""
+    world = World.new()
+    procedure = ProcedureWithId.new(Steps({"world": world.name, "steps": 3}))
+    budget = RetryBudget(rate=0.001, burst=1)
+    took = run_simulated(
+        cancel_during_backoff(
+            "0000000001.step",
+            procedure,
+            from_another_process=True,
+            until=ProcedureStateKind.RETRYING,
+            retry_delay=0.01,
+            max_retry_delay=0.01,
+            retry_budget=budget,
+        )
+    )
+    assert budget.waited > BACKOFF / 2  # the cancel came while a retry waited for a token
+    assert took < HONOURED_WITHIN
+
+
 def test_stop_ends_a_writes_backoff_at_once() -> None:
     async def main() -> float:
         world = World.new()
@@ -153,3 +182,24 @@ def test_stop_ends_a_writes_backoff_at_once() -> None:
         return loop.time() - stopping_at
 
     assert run_simulated(main()) < HONOURED_WITHIN
+
+
+async def test_a_cancel_while_a_step_write_backs_off_on_a_real_store_ends_the_procedure(
+    real_store: StoreTarget,
+) -> None:
+    """The same on the stores' own clocks and threads: the procedure ends long before the
+    first of its 1,000 s backoffs would."""
+    world = World.new()
+    procedure = ProcedureWithId.new(Steps({"world": world.name, "steps": 3}))
+    store = FaultyStore(open_state_store(real_store.url, real_store.storage_options))
+    store.plan.faults.append(Fault("transient", key="*procedure/*/0000000001.step"))
+    try:
+        async with manager_on(store, request_poll_interval=0.05) as manager:
+            watcher = await manager.submit(procedure)
+            while store.plan.faults[0].fired == 0:
+                await asyncio.sleep(0.01)
+            await manager.cancel(procedure.id, "operator")
+            with pytest.raises(ProcedureFailed, match="cancelled by an operator"):
+                await asyncio.wait_for(watcher.wait(), 30)
+    finally:
+        await store.inner.close()

@@ -59,6 +59,24 @@ class SurrogateDump(Procedure):
         return Status.executing()
 
 
+class ListLockKey(Procedure):
+    """Its `lock_key()` returns a list, not a `LockKey`."""
+
+    type_name = "values::ListLockKey"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    def lock_key(self) -> Any:
+        return ["table/42"]
+
+    async def execute(self, ctx: Context) -> Status:
+        return Status.done()
+
+
 class DictDump(Procedure):
     """Its `dump()` returns a dict (not text) once it has run a step."""
 
@@ -80,6 +98,7 @@ def manager(path: Path, **options: Any) -> ProcedureManager:
     m.register(Parked)
     m.register(DictDump)
     m.register(SurrogateDump)
+    m.register(ListLockKey)
     return m
 
 
@@ -148,6 +167,14 @@ async def test_a_submit_whose_dump_is_not_text_is_refused_and_nothing_is_written
         pid = ProcedureId.random()
         with pytest.raises(TypeError, match=r"dump\(\) returned dict"):
             await m.submit(ProcedureWithId(pid, DictDump({"ran": True})))
+        assert await m.store.procedure_keys(pid) == []
+
+
+async def test_a_submit_whose_lock_key_is_not_a_lock_key_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    async with manager(tmp_path) as m:
+        pid = ProcedureId.random()
+        with pytest.raises(TypeError, match=r"lock_key\(\) returned list"):
+            await m.submit(ProcedureWithId(pid, ListLockKey({})))
         assert await m.store.procedure_keys(pid) == []
 
 
