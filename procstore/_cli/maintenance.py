@@ -25,7 +25,8 @@ from procstore._cli.common import (
     store_options,
 )
 from procstore._cli.listing import OUR_FOLDERS, load_inventory, procedures_table, row_json
-from procstore._cli.output import chosen_format, emit, output_console, output_options, plural
+from procstore._cli.output import chosen_format, emit, error_console, output_console, output_options, plain, plural
+from procstore._text import terminal_text
 from procstore.store import LocalDirStore, ProcedureStore
 from procstore.store.inventory import StoredProcedure, StoredStatus
 from procstore.store.local import TEMP_PREFIX, Leftovers
@@ -35,7 +36,8 @@ _GC_CONCURRENCY = 16
 
 
 def _confirm(question: str, yes: bool) -> None:
-    if not yes and not click.confirm(question, default=False, err=True):
+    # The question names stored values (a type name): no control character reaches the terminal.
+    if not yes and not click.confirm(terminal_text(question), default=False, err=True):
         raise CommandError(DECLINED, ExitCode.REFUSED)
 
 
@@ -72,7 +74,7 @@ async def gc(
     """
     fmt = chosen_format(storage_options, output, as_json)
     store = await open_existing_store(url, storage_options, parent_path)
-    console = Console(stderr=True)
+    console = error_console()
     leftovers = Leftovers()
     try:
         inventory = await load_inventory(store, console)
@@ -164,7 +166,7 @@ async def _request(
 ) -> None:
     store = await open_existing_store(url, storage_options, parent_path)
     try:
-        inventory = await load_inventory(store, Console(stderr=True))
+        inventory = await load_inventory(store, error_console())
         p = inventory.procedures[resolve_id(inventory.procedures, procedure_id, inventory.unlisted_ids)]
         if p.status is not StoredStatus.UNFINISHED or p.message is None:
             raise CommandError(
@@ -172,7 +174,7 @@ async def _request(
                 f"latest step can be asked to {kind}",
                 ExitCode.REFUSED,
             )
-        _confirm(f"{kind.capitalize()} {p.type_name} {p.procedure_id} (step {p.latest.step})?", yes)
+        _confirm(f"{kind.capitalize()} {plain(p.type_name)} {p.procedure_id} (step {p.latest.step})?", yes)
         request = OperatorRequest.new(kind, reason)
         if not await store.requests.put(p.procedure_id, request):
             existing = await store.requests.get(p.procedure_id)
@@ -232,11 +234,12 @@ async def delete(url: str, storage_options: tuple[str, ...], parent_path: str, p
     """
     store = await open_existing_store(url, storage_options, parent_path)
     try:
-        inventory = await load_inventory(store, Console(stderr=True))
+        inventory = await load_inventory(store, error_console())
         p = inventory.procedures[resolve_id(inventory.procedures, procedure_id, inventory.unlisted_ids)]
         doomed = [*inventory.descendants(p.procedure_id), p]
         children = f" and its {plural(len(doomed) - 1, 'subprocedure')}" if len(doomed) > 1 else ""
-        _confirm(f"Delete {p.type_name or 'unreadable procedure'} {p.procedure_id} ({p.status.value}){children}?", yes)
+        what = plain(p.type_name or "unreadable procedure")
+        _confirm(f"Delete {what} {p.procedure_id} ({p.status.value}){children}?", yes)
         for each in doomed:
             await store.delete_procedure(each.procedure_id)
     finally:
@@ -245,7 +248,7 @@ async def delete(url: str, storage_options: tuple[str, ...], parent_path: str, p
     output_console().print(f"deleted {plural(len(doomed), 'procedure')}: {ids}")
     for folder, why in sorted(inventory.unlisted.items()):
         # Its subprocedures there, if any, were not seen: they are left, as orphans.
-        Console(stderr=True).print(
+        error_console().print(
             f"warning: cannot list {folder} ({why}): if it holds a subprocedure of this one, that was not "
             "deleted; fix its permissions",
             markup=False,

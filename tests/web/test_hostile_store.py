@@ -1,0 +1,151 @@
+"""`procstore serve` over a store written by an attacker (`procstore.testing.hostile`):
+links only to its own pages, no script from the store runs, headers that forbid it."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+import uvicorn
+from starlette.testclient import TestClient
+
+from procstore._web.app import create_app
+from procstore.store import open_state_store
+from procstore.testing.hostile import SCRIPT_URL, HostileStore, write_hostile_store
+from procstore.testing.pytest_plugin import free_port
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+_CANONICAL = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+OWN_HREF = re.compile(rf"(\.\./)?(p/{_CANONICAL}|history|static/[a-z]+\.(js|css)|\./|\?.*)?")
+
+
+@pytest.fixture
+def hostile(tmp_path: Path) -> tuple[str, HostileStore]:
+    url = str(tmp_path / "store")
+    Path(url).mkdir()
+
+    async def write() -> HostileStore:
+        store = open_state_store(url)
+        try:
+            return await write_hostile_store(store)
+        finally:
+            await store.close()
+
+    return url, asyncio.run(write())
+
+
+def _pages(written: HostileStore) -> list[str]:
+    ids = [str(pid) for pid in written.procedures]
+    ended = [f"/p/{quote(hid, safe='')}" for hid in written.history_ids]
+    return ["/", "/history", *(f"/p/{pid}" for pid in ids), *ended]
+
+
+def test_every_link_is_to_a_page_of_the_app_built_from_a_procedure_id(hostile: tuple[str, HostileStore]) -> None:
+    url, written = hostile
+    with TestClient(create_app(url)) as client:
+        ended = client.get(f"/p/{SCRIPT_URL}")
+        assert ended.status_code == 200 and "its keys are gone" in ended.text  # the record is shown, as text
+        for path in _pages(written):
+            page = client.get(path)
+            assert page.status_code in (200, 404), (path, page.status_code)
+            for href in re.findall(r'(?:href|src|action)="([^"]*)"', page.text):
+                assert OWN_HREF.fullmatch(href), (path, href)
+            assert not re.search(r"<script(?![^>]*\bsrc=)", page.text), path  # no inline script
+
+
+def test_every_answer_forbids_script_from_elsewhere_framing_and_sniffing(hostile: tuple[str, HostileStore]) -> None:
+    url, _ = hostile
+    with TestClient(create_app(url, allowed_hosts=["testserver"])) as client:
+        answers = [client.get(p) for p in ("/", "/api/procedures", "/static/live.js", "/p/ffffffff", "/static/x")]
+        answers.append(client.get("/", headers={"Host": "attacker.example"}))
+        assert [a.status_code for a in answers] == [200, 200, 200, 404, 404, 400]
+        for answer in answers:
+            policy = answer.headers["content-security-policy"]
+            assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+            assert "unsafe-inline" not in policy and "default-src 'none'" in policy
+            assert answer.headers["x-frame-options"] == "DENY"
+            assert answer.headers["x-content-type-options"] == "nosniff"
+
+
+def test_a_key_name_that_is_not_utf8_is_shown_escaped(hostile: tuple[str, HostileStore]) -> None:
+    url, _ = hostile
+    with TestClient(create_app(url)) as client:
+        page, api = client.get("/"), client.get("/api/procedures")
+        assert page.status_code == 200 and api.status_code == 200
+        assert "procedure/bad\\xff.txt" in page.text
+        assert "procedure/bad\\xff.txt" in api.json()["other_keys"]
+
+
+def test_a_large_value_makes_a_bounded_page(hostile: tuple[str, HostileStore]) -> None:
+    url, written = hostile
+    with TestClient(create_app(url)) as client:
+        page = client.get(f"/p/{written.large}")
+        assert page.status_code == 200 and len(page.content) < 200_000, len(page.content)
+        assert "more" in page.text
+
+
+@pytest.fixture
+def served(hostile: tuple[str, HostileStore]) -> Iterator[tuple[str, HostileStore]]:
+    url, written = hostile
+    port = free_port()
+    config = uvicorn.Config(create_app(url, refresh=0.3), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(base + "/api/procedures", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    yield base, written
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (.ci/run installs it)")
+def test_no_script_from_the_store_runs_in_a_browser(served: tuple[str, HostileStore]) -> None:
+    """Every page, clicked through as a person would: no dialog opens, no `javascript:` or
+    foreign link is on the page, and the live refresh (the app's own script) still runs."""
+    from playwright.sync_api import Dialog, sync_playwright
+
+    base, written = served
+    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
+        try:
+            page = browser.new_page()
+            dialogs: list[str] = []
+
+            def opened(dialog: Dialog) -> None:  # what alert() from the store would open
+                dialogs.append(dialog.message)
+                dialog.dismiss()
+
+            page.on("dialog", opened)
+            for path in _pages(written):
+                page.goto(base + path)
+                foreign = page.eval_on_selector_all(
+                    "a[href]", "links => links.map(a => a.href).filter(h => !h.startsWith(location.origin + '/'))"
+                )
+                assert foreign == [], (path, foreign)
+            # Click every link of the record whose parent id is a script URL: none runs.
+            page.goto(base + f"/p/{SCRIPT_URL}")
+            for link in page.locator("#record a").all():
+                link.click()
+                page.go_back()
+            page.goto(base + "/")
+            said = page.locator("#updated").inner_text()
+            page.wait_for_function("said => document.querySelector('#updated').innerText !== said", arg=said)
+            assert page.evaluate("typeof window.alert") == "function" and dialogs == []
+        finally:
+            browser.close()
