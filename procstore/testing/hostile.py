@@ -94,7 +94,7 @@ async def write_hostile_store(store: StateStore, parent_path: str = "") -> Hosti
     for n, hid in enumerate(history_ids):
         record = {
             "id": hid,
-            "type_name": HOSTILE_TEXTS[n],
+            "type_name": HOSTILE_TEXTS[n + 4],
             "parent_id": SCRIPT_URL,
             "outcome": "failed",
             "error": HOSTILE_TEXTS[-n - 1],

@@ -4,6 +4,7 @@ links only to its own pages, no script from the store runs, headers that forbid 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import threading
@@ -21,6 +22,7 @@ from procstore._web.app import create_app
 from procstore.store import open_state_store
 from procstore.testing.hostile import SCRIPT_URL, HostileStore, write_hostile_store
 from procstore.testing.pytest_plugin import free_port
+from tests.support import put_now as put
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 _CANONICAL = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
@@ -149,3 +151,28 @@ def test_no_script_from_the_store_runs_in_a_browser(served: tuple[str, HostileSt
             assert page.evaluate("typeof window.alert") == "function" and dialogs == []
         finally:
             browser.close()
+
+
+def test_a_script_url_as_a_recorded_parent_id_is_not_a_link(tmp_path: Path) -> None:
+    """Finding 1 alone: a history record (and a key naming it) whose id is `javascript:...`."""
+    record = {
+        "id": SCRIPT_URL,
+        "type_name": "t",
+        "parent_id": SCRIPT_URL,
+        "outcome": "failed",
+        "ended_at": "2026-01-01T00:00:00+00:00",
+    }
+    put(str(tmp_path), f"history/1767225600000-{SCRIPT_URL}.json", json.dumps(record).encode())
+    with TestClient(create_app(str(tmp_path))) as client:
+        for path in ("/history", f"/p/{quote(SCRIPT_URL, safe='')}"):
+            page = client.get(path)
+            assert page.status_code == 200 and SCRIPT_URL in page.text
+            assert not [h for h in re.findall(r'href="([^"]*)"', page.text) if not OWN_HREF.fullmatch(h)], path
+
+
+def test_an_empty_store_is_served_with_the_headers(tmp_path: Path) -> None:
+    with TestClient(create_app(str(tmp_path))) as client:
+        answer = client.get("/")
+        assert answer.status_code == 200 and "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+        assert answer.headers["x-frame-options"] == "DENY" and answer.headers["x-content-type-options"] == "nosniff"
+        assert "<script>" not in answer.text and client.get("/static/live.js").status_code == 200
