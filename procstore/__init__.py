@@ -9,6 +9,7 @@ from procstore._runtime.retry import RetryBudget
 from procstore._runtime.watcher import Watcher
 from procstore.errors import (
     DuplicateProcedure,
+    EndNotRecorded,
     Fenced,
     InvalidProcedureId,
     LeaseExpired,
@@ -40,6 +41,7 @@ __all__ = [
     "Context",
     "ContextProvider",
     "DuplicateProcedure",
+    "EndNotRecorded",
     "Fenced",
     "History",
     "HistoryRecord",
