@@ -23,7 +23,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from procstore import ManagerStopped, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId, Watcher
+from procstore import (
+    EndNotRecorded,
+    ManagerStopped,
+    ProcedureFailed,
+    ProcedureId,
+    ProcedureManager,
+    ProcedureWithId,
+    Watcher,
+)
 from procstore.store import StateStore, open_state_store
 from procstore.testing import FaultyStore, SimulatedCrash
 from procstore_machines.create_table import CreateTable, new_create_table
@@ -110,12 +118,13 @@ def inject_mailbox_faults(cluster: SimCluster, rng: random.Random, plan: Plan, h
 
 
 async def _wait(watcher: Watcher) -> str | None:
-    """The procedure's outcome; None if the manager stopped (was killed) before it ended."""
+    """The procedure's outcome; None (still pending) if the manager stopped (was killed)
+    before it ended, or its end could not be written: the next round resumes it."""
     try:
         await watcher.wait()
     except ProcedureFailed as e:
         return f"failed: {e.error}"
-    except ManagerStopped:
+    except (ManagerStopped, EndNotRecorded):
         return None
     return "done"
 

@@ -204,6 +204,7 @@ def test_serve_on_a_loopback_address_answers_only_its_own_host_names(
     monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
     result = CliRunner().invoke(cli, ["serve", str(tmp_path), "--host", listen])
     assert result.exit_code == 0, result.output
+    assert ("not a loopback address" in result.output) == (foreign == 200)  # exposed: said so
     with TestClient(apps[0]) as client:
         assert client.get("/api/procedures", headers={"Host": "attacker.example:8600"}).status_code == foreign
         for own in ("127.0.0.1:8600", "localhost:8600", "[::1]:8600"):
