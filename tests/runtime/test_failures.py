@@ -278,5 +278,6 @@ async def test_an_end_that_could_not_be_written_is_not_reported_as_a_failure(tmp
     assert "rollback" not in "".join(await LocalDirStore(tmp_path).walk("procedure/"))
     async with manager_for(LocalDirStore(tmp_path)) as manager:  # the credentials are back
         again = manager.procedure_watcher(procedure.id)
+        assert again is not None  # recovered: it had not ended
         await again.wait()
         assert again.state.is_done()
