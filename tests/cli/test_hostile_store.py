@@ -123,3 +123,15 @@ def test_one_key_name_that_is_not_utf8(tmp_path: Path) -> None:
     for fmt in ("json", "yaml"):
         result = run("ls", str(tmp_path), "-o", fmt)
         assert result.exit_code == 0 and "bad\\xff.txt" in result.output.replace("\\\\", "\\"), result.output
+
+
+def test_a_key_of_another_shape_is_listed_as_such_never_acted_on(tmp_path: Path) -> None:
+    """`procedure/x/{id}/0000000001.step` named a procedure whose reads and deletes went to
+    `procedure/{id}/...`: `delete` said it deleted it and the key stayed."""
+    pid = str(uuid.uuid4())
+    message = {"type_name": "t", "data": "{}", "parent_id": None, "step": 1}
+    for key in (f"procedure/x/{pid}/0000000001.step", f"procedure/{pid}/1.step"):
+        put(str(tmp_path), key, json.dumps(message).encode())
+    listed = json.loads(run("ls", str(tmp_path), "-o", "json").output)
+    assert listed["procedures"] == [] and len(listed["warnings"]) == 2
+    assert run("delete", str(tmp_path), pid, "-y").exit_code == ExitCode.NOT_FOUND
