@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -19,6 +20,7 @@ import uvicorn
 from starlette.testclient import TestClient
 
 from procstore._web.app import create_app
+from procstore.ids import ProcedureId
 from procstore.store import open_state_store
 from procstore.testing.hostile import SCRIPT_URL, HostileStore, write_hostile_store
 from procstore.testing.pytest_plugin import free_port
@@ -176,3 +178,43 @@ def test_an_empty_store_is_served_with_the_headers(tmp_path: Path) -> None:
         assert answer.status_code == 200 and "frame-ancestors 'none'" in answer.headers["content-security-policy"]
         assert answer.headers["x-frame-options"] == "DENY" and answer.headers["x-content-type-options"] == "nosniff"
         assert "<script>" not in answer.text and client.get("/static/live.js").status_code == 200
+
+
+async def test_a_page_being_computed_does_not_hold_up_another(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listing's computation runs off the event loop: while one `/` is held inside it,
+    `/api/history` answers. (Held on the loop, the second answer would come only after the
+    release, which a timer gives after a while so that the test ends either way.)"""
+    import procstore._web.app as web_app
+
+    inside, release = threading.Event(), threading.Event()
+    events: list[str] = []
+    real_row = web_app._row
+
+    def held_row(*args: Any) -> dict[str, Any]:  # one row of `/`: `/api/history` has none
+        inside.set()
+        release.wait()
+        return real_row(*args)
+
+    def release_later() -> None:
+        events.append("released")
+        release.set()
+
+    monkeypatch.setattr(web_app, "_row", held_row)
+    message = {"type_name": "t", "data": "{}", "parent_id": None, "step": 0}
+    folder = tmp_path / "procedure" / str(ProcedureId.random())
+    folder.mkdir(parents=True)
+    (folder / "0000000000.step").write_text(json.dumps(message))
+    timer = threading.Timer(5.0, release_later)
+    app = create_app(str(tmp_path))
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        timer.start()  # before: held on the loop, nothing after this line would run until then
+        slow = asyncio.ensure_future(client.get("/"))
+        while not inside.is_set():
+            await asyncio.sleep(0.01)
+        assert (await client.get("/api/history")).status_code == 200
+        events.append("other page answered")
+        release.set()
+        assert (await slow).status_code == 200
+    timer.cancel()
+    assert events[0] == "other page answered", events
