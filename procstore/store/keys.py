@@ -73,13 +73,15 @@ _ID_LENGTH = 36
 """The length of a canonical id."""
 _STEP_DIGITS = 10
 """A step in a key: zero-padded to ten digits (a `u32` has at most ten)."""
-_KEY = re.compile(rf"({CANONICAL_ID_PATTERN})/([0-9]{{{_STEP_DIGITS}}})\.({'|'.join(_KEY_TYPES)})")
+_KEY = re.compile(
+    rf"({CANONICAL_ID_PATTERN})/([0-9]{{{_STEP_DIGITS}}}|[1-9][0-9]{{{_STEP_DIGITS},}})\.({'|'.join(_KEY_TYPES)})"
+)
 """What follows the prefix: `{id}/{step:010}.{type}`, exactly as `key_text` writes it (and
-GreptimeDB). A key of another shape that GreptimeDB's parser (which reads from the right)
-would take, `{prefix}x/{id}/1.step`, is not one of ours: every read and delete formats the
-key from its parts, so it would act on another key than the one listed, and a stray
-`.commit` of that shape, which anyone who can write the bucket can add, would end a
-procedure that has not."""
+GreptimeDB; a step beyond ten digits, which recovery reports, has no leading zero). A key
+of another shape that GreptimeDB's parser (which reads from the right) would take,
+`{prefix}x/{id}/1.step`, is not one of ours: every read and delete formats the key from its
+parts, so it would act on another key than the one listed, and a stray `.commit` of that
+shape, which anyone who can write the bucket can add, would end a procedure that has not."""
 
 
 StepAndType = tuple[int, KeyType]
@@ -170,7 +172,7 @@ def _parse_name(name: str) -> StepAndType | None:
     step_text, dot, type_text = name.partition(".")
     if (
         dot
-        and len(step_text) == _STEP_DIGITS
+        and _padded_as_written(step_text)
         and step_text.isascii()
         and step_text.isdigit()
         and (key_type := _KEY_TYPES.get(type_text)) is not None
@@ -178,6 +180,11 @@ def _parse_name(name: str) -> StepAndType | None:
         step = _step_number(step_text)
         return None if step is None else (step, key_type)
     return None
+
+
+def _padded_as_written(digits: str) -> bool:
+    """Whether `{step:010d}` of the step these digits spell gives them back."""
+    return len(digits) == _STEP_DIGITS or (len(digits) > _STEP_DIGITS and digits[:1] != "0")
 
 
 def _step_number(digits: str) -> int | None:
