@@ -135,3 +135,23 @@ def test_a_key_of_another_shape_is_listed_as_such_never_acted_on(tmp_path: Path)
     listed = json.loads(run("ls", str(tmp_path), "-o", "json").output)
     assert listed["procedures"] == [] and len(listed["warnings"]) == 2
     assert run("delete", str(tmp_path), pid, "-y").exit_code == ExitCode.NOT_FOUND
+
+
+def test_a_lease_holder_and_a_request_reason_are_shown_as_text(tmp_path: Path) -> None:
+    """The lease (`procstore lease`) and an operator request (a `cancel`'s refusal names the
+    one already written) are stored values too."""
+    holder = "\x1b]0;pwned\x07[/oops]"
+    lease = {"holder": holder, "epoch": 1, "renewal": 1, "ttl": 10.0, "released": False}
+    put(str(tmp_path), "lease/procedures.json", json.dumps(lease).encode())
+    pid = str(uuid.uuid4())
+    put(
+        str(tmp_path),
+        f"procedure/{pid}/0000000000.step",
+        json.dumps({"type_name": "t", "data": "{}", "parent_id": None, "step": 0}).encode(),
+    )
+    request = {"kind": "cancel", "reason": "\x1b[2J[/oops]", "requested_at": 1.0}
+    put(str(tmp_path), f"requests/{pid}.json", json.dumps(request).encode())
+    shown = run("lease", str(tmp_path))
+    assert shown.exit_code == 0 and "[/oops]" in inert(shown)
+    refused = run("cancel", str(tmp_path), pid, "-y")
+    assert refused.exit_code == ExitCode.REFUSED and "[/oops]" in inert(refused)
