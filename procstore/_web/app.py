@@ -68,6 +68,7 @@ _TEMPLATES = Environment(
     finalize=lambda value: bounded(value) if isinstance(value, str) and not isinstance(value, Markup) else value,
 )
 _TEMPLATES.filters["procedure_link"] = procedure_link
+_TEMPLATES.globals["tree_shown"] = 200  # ancestors and descendants a page lists (a chain may be thousands)
 _STATIC_DIR = Path(__file__).parent / "static"
 _STATIC_TYPES = {"live.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 UNREADABLE_HINT = (

@@ -218,3 +218,18 @@ async def test_a_page_being_computed_does_not_hold_up_another(tmp_path: Path, mo
         assert (await slow).status_code == 200
     timer.cancel()
     assert events[0] == "other page answered", events
+
+
+def test_a_long_parent_chain_makes_bounded_pages(tmp_path: Path) -> None:
+    """A chain of 300: each end's page lists 200 of the others and counts the rest; the
+    parent-cycle check, the ancestors and the descendants walk it without recursion."""
+    ids = [ProcedureId.random() for _ in range(300)]
+    for n, pid in enumerate(ids):
+        message = {"type_name": "chain", "data": "{}", "parent_id": str(ids[n - 1]) if n else None, "step": 0}
+        folder = tmp_path / "procedure" / str(pid)
+        folder.mkdir(parents=True)
+        (folder / "0000000000.step").write_text(json.dumps(message))
+    with TestClient(create_app(str(tmp_path))) as client:
+        assert "99 more descendants" in client.get(f"/p/{ids[0]}").text
+        assert "99 more ancestors" in client.get(f"/p/{ids[-1]}").text
+        assert len(client.get(f"/api/procedures/{ids[0]}").json()["descendants"]) == 299
