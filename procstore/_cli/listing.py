@@ -329,7 +329,7 @@ async def ls(
     emit(fmt, document, table, rows="procedures", warnings=inventory_warnings(inventory), wide=wide)
 
 
-TREE_DEPTH = 50
+TREE_DEPTH = 20
 """Levels `tree` nests (in a table and in JSON); below, it says how many descendants it left
 out, and `procstore tree URL ID` of the last one shown goes on from there. A chain thousands
 deep (a corrupt or hostile store) stays one screen, and inside JSON's nesting limits."""

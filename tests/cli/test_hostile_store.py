@@ -155,3 +155,22 @@ def test_a_lease_holder_and_a_request_reason_are_shown_as_text(tmp_path: Path) -
     assert shown.exit_code == 0 and "[/oops]" in inert(shown)
     refused = run("cancel", str(tmp_path), pid, "-y")
     assert refused.exit_code == ExitCode.REFUSED and "[/oops]" in inert(refused)
+
+
+def test_a_parent_chain_deeper_than_recursion_goes_is_listed(tmp_path: Path) -> None:
+    """A chain of 1,100 (finding 3): `tree` failed (RecursionError), and `ls` walked every
+    chain from every procedure; now each parent link is walked once, `tree` nests 20 levels
+    and counts the rest, and `delete` of the root finds all 1,099 descendants."""
+    ids = [str(uuid.uuid4()) for _ in range(1100)]
+    for n, pid in enumerate(ids):
+        message = {"type_name": "chain", "data": "{}", "parent_id": ids[n - 1] if n else None, "step": 0}
+        folder = tmp_path / "procedure" / pid
+        folder.mkdir(parents=True)
+        (folder / "0000000000.step").write_text(json.dumps(message))
+    assert run("ls", str(tmp_path)).exit_code == 0
+    whole = run("tree", str(tmp_path))
+    assert whole.exit_code == 0 and "1079 more descendants" in whole.output, whole.output[-300:]
+    assert run("tree", str(tmp_path), ids[-1]).exit_code == 0
+    assert run("tree", str(tmp_path), "-o", "json").exit_code == 0
+    declined = run("delete", str(tmp_path), ids[0], input="n\n")
+    assert declined.exit_code == ExitCode.REFUSED and "1099 subprocedures" in inert(declined)
