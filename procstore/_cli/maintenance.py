@@ -81,8 +81,11 @@ async def gc(
         now = time.time()
         collectable = inventory.collectable()
         failed = [p for p in collectable if p.status is StoredStatus.FAILED and p.parent_id is None]
+        failed_ids = {p.procedure_id for p in failed}  # a set: linear in the store, however many failed
         chosen = [
-            p for p in collectable if p not in failed and p.modified is not None and now - p.modified >= older_than
+            p
+            for p in collectable
+            if p.procedure_id not in failed_ids and p.modified is not None and now - p.modified >= older_than
         ]
         kept = sum(p.status is StoredStatus.COMMITTED for p in inventory.procedures.values()) - len(
             [p for p in chosen if p.status is StoredStatus.COMMITTED]
