@@ -10,6 +10,7 @@ from procstore._runtime.retry import RetryBudget
 from procstore._runtime.watcher import Watcher
 from procstore.errors import (
     DuplicateProcedure,
+    EndNotRecorded,
     Fenced,
     InvalidProcedureId,
     LeaseExpired,
@@ -42,6 +43,7 @@ __all__ = [
     "Context",
     "ContextProvider",
     "DuplicateProcedure",
+    "EndNotRecorded",
     "Fenced",
     "History",
     "HistoryRecord",

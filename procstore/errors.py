@@ -62,6 +62,27 @@ class ProcedureFailed(ProcedureError):
         self.__cause__ = state.cause
 
 
+class EndNotRecorded(ProcedureError):
+    """Raised by `Watcher.wait()` when the procedure's run ended but its end could not be
+    written to the store (credentials expired, access revoked, the store down for every
+    retry): no `.commit` or `.rollback` key says it ended.
+
+    It did not fail, as far as the store knows: the next `start()` resumes it from its last
+    stored step, and it may well end `done` then. So this is deliberately not a
+    `ProcedureFailed`: do not compensate or resubmit on it; wait for the procedure at the
+    next start (`procedure_watcher(id)`), or look at the store (`procstore show`).
+    `error` says what went wrong; `state` is the in-memory state (FAILED, `recorded` false).
+    """
+
+    def __init__(self, procedure_id: ProcedureId, state: ProcedureState) -> None:
+        self.procedure_id = procedure_id
+        self.state = state
+        self.error = state.error or "unknown error"
+        self.cause = state.cause
+        super().__init__(f"procedure {procedure_id}: its end could not be recorded in the store: {self.error}")
+        self.__cause__ = state.cause
+
+
 class InvalidProcedureId(ProcedureError, ValueError):
     """An id that is not a canonical `ProcedureId`: refused before anything is written.
 

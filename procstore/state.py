@@ -105,6 +105,9 @@ class ProcedureState(metaclass=_KindAliases):
     output: object = None
     cause: BaseException | None = None
     traceback: str | None = None
+    recorded: bool = True
+    """False for an end (FAILED) this process could not write to the store: the store still
+    holds an earlier step, and the next start resumes the procedure (`EndNotRecorded`)."""
 
     @classmethod
     def running(cls) -> ProcedureState:

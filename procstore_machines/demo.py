@@ -25,6 +25,7 @@ from rich.table import Table
 
 from procstore import (
     DuplicateProcedure,
+    EndNotRecorded,
     ManagerStopped,
     ProcedureFailed,
     ProcedureId,
@@ -126,12 +127,13 @@ async def _recorded_outcome(store: FaultyStore, procedure_id: ProcedureId) -> st
 
 
 async def _wait(watcher: Watcher) -> str | None:
-    """The procedure's outcome; None if the manager stopped (was killed) before it ended."""
+    """The procedure's outcome; None (still pending) if the manager stopped (was killed)
+    before it ended, or its end could not be written: the next round resumes it."""
     try:
         await watcher.wait()
     except ProcedureFailed as e:
         return f"failed: {e.error}"
-    except ManagerStopped:
+    except (ManagerStopped, EndNotRecorded):
         return None
     return "done"
 

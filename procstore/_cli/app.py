@@ -16,6 +16,7 @@ from procstore._cli.operations import export, resume, rewind
 from procstore._cli.serve import serve
 from procstore._cli.show import show
 from procstore._cli.watch import watch
+from procstore._text import terminal_text
 
 
 @click.group()
@@ -51,6 +52,8 @@ def main() -> None:
         if os.environ.get("PROCSTORE_DEBUG"):
             raise
         click.echo(
-            f"Error: internal error: {type(e).__name__}: {e} (rerun with PROCSTORE_DEBUG=1 for the traceback)", err=True
+            f"Error: internal error: {type(e).__name__}: {terminal_text(str(e))} (rerun with PROCSTORE_DEBUG=1 for the "
+            "traceback)",
+            err=True,
         )
         sys.exit(ExitCode.INTERNAL)

@@ -18,6 +18,7 @@ import click
 import orjson
 
 from procstore._cli.output import FORMATS
+from procstore._text import TEXT_LIMIT, bounded, terminal_text
 from procstore.errors import StoreError
 from procstore.ids import ProcedureId
 from procstore.store import LocalDirStore, ProcedureStore, open_state_store
@@ -53,7 +54,9 @@ class CommandError(click.ClickException):
     """A one-line error with one of the documented exit codes."""
 
     def __init__(self, message: str, code: ExitCode) -> None:
-        super().__init__(message)
+        # Messages name stored values (a request's reason, a key): no control character
+        # from the store reaches the terminal through an error either.
+        super().__init__(terminal_text(bounded(message, 4 * TEXT_LIMIT)))
         self.code = code
         # click exits with `exit_code`, declared on the class; typeshed forbids setting it directly.
         setattr(self, "exit_code", int(code))  # noqa: B010

@@ -15,7 +15,16 @@ from rich.console import RenderableType
 from rich.table import Table
 
 from procstore._cli.common import CommandError, ExitCode
-from procstore._cli.output import Format, TimeFormat, emit, output_console, plural, short_ids, table_time
+from procstore._cli.output import (
+    Format,
+    TimeFormat,
+    emit,
+    output_console,
+    plural,
+    short_ids,
+    stored,
+    table_time,
+)
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore
 from procstore.store.history import HistoryRecord, HistoryStore
@@ -87,13 +96,13 @@ async def print_history(store: ProcedureStore, fmt: Format, listing: HistoryList
         short = {} if listing.wide else short_ids([p for p in parsed.values() if p is not None])
         rows = [
             (
-                short.get(pid, r.id) if (pid := parsed[r.id]) is not None else r.id,
-                r.type_name,
-                r.outcome,
+                short.get(pid, r.id) if (pid := parsed[r.id]) is not None else stored(r.id),
+                stored(r.type_name),
+                stored(r.outcome),
                 str(r.steps),
                 str(r.retries),
-                table_time(_ended(r) or None, listing.time_format, now),
-                r.error or "",
+                stored(table_time(_ended(r) or None, listing.time_format, now)),
+                stored(r.error or ""),
             )
             for r in records
         ]
@@ -133,6 +142,6 @@ async def show_ended(store: ProcedureStore, text: str, as_json: bool) -> None:
         click.echo(msgspec.json.encode(record).decode())
         return
     console = output_console()
-    console.print(f"[bold]{record.id}[/] ended: its keys are gone, this is its history record")
+    console.print(f"[bold]{stored(record.id)}[/] ended: its keys are gone, this is its history record")
     for name in _FIELDS[1:]:
-        console.print(f"  {name:<11} {getattr(record, name)}")
+        console.print(f"  {name:<11} {stored(getattr(record, name))}")

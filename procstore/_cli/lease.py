@@ -15,7 +15,7 @@ from procstore._cli.common import (
     run_command,
     store_options,
 )
-from procstore._cli.output import chosen_format, emit, iso_time, output_options, table_time
+from procstore._cli.output import chosen_format, emit, iso_time, output_options, stored, table_time
 from procstore._runtime.lease import LEASE_KEY, LeaseRecord
 from procstore.store import ProcedureStore
 
@@ -81,7 +81,7 @@ async def lease(
     }
     lines = [
         f"lease    {where}",
-        f"holder   {record.holder}",
+        f"holder   {stored(record.holder)}",
         f"epoch    {record.epoch} (leaderships so far), renewal {record.renewal}",
         f"ttl      {record.ttl:g} s",
         f"written  {iso_time(modified) or '-'} ({table_time(modified, 'relative', time.time())})",

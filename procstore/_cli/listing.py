@@ -31,11 +31,13 @@ from procstore._cli.output import (
     TimeFormat,
     chosen_format,
     emit,
+    error_console,
     iso_time,
     output_console,
     output_options,
     plural,
     short_ids,
+    stored,
     table_time,
     time_option,
 )
@@ -140,7 +142,7 @@ def procedures_table(
             when = f"{iso_time(p.modified)} ({when})"
         parent = "" if p.parent_id is None else ids.get(p.parent_id) or str(p.parent_id)[: 36 if wide else SHORT_ID]
         rows.append({
-            "id": ids.get(p.procedure_id, str(p.procedure_id)), "type": p.type_name or "?",
+            "id": ids.get(p.procedure_id, str(p.procedure_id)), "type": stored(p.type_name or "?"),
             "status": status_text(p, inventory), "step": str(p.latest.step), "parent": parent,
             "ch": str(len(p.children)) if p.children else "", "last step": when,
         })  # fmt: skip
@@ -293,7 +295,7 @@ async def ls(
         return
 
     async def read() -> Inventory:
-        inventory = await load_inventory(store, Console(stderr=True))
+        inventory = await load_inventory(store, error_console())
         await check_not_misplaced(store, inventory)
         return inventory
 
@@ -327,23 +329,22 @@ async def ls(
     emit(fmt, document, table, rows="procedures", warnings=inventory_warnings(inventory), wide=wide)
 
 
-def _ancestors(inventory: Inventory, p: StoredProcedure) -> list[StoredProcedure]:
-    """Its parent, grandparent... as stored, nearest first (each once: cycles end the walk)."""
-    out: list[StoredProcedure] = []
-    seen = {p.procedure_id}
-    current = p
-    while current.parent_id is not None and current.parent_id not in seen:
-        parent = inventory.procedures.get(current.parent_id)
-        if parent is None:
-            break
-        out.append(parent)
-        seen.add(parent.procedure_id)
-        current = parent
-    return out
+TREE_DEPTH = 20
+"""Levels `tree` nests (in a table and in JSON); below, it says how many descendants it left
+out, and `procstore tree URL ID` of the last one shown goes on from there. A chain thousands
+deep (a corrupt or hostile store) stays one screen, and inside JSON's nesting limits."""
+
+
+def _not_shown(inventory: Inventory, p: StoredProcedure, shown: frozenset[ProcedureId]) -> int | None:
+    """How many descendants of `p` the tree leaves out at this depth (None: it goes on)."""
+    return len(inventory.descendants(p.procedure_id)) if len(shown) >= TREE_DEPTH and p.children else None
 
 
 def _node(inventory: Inventory, p: StoredProcedure, shown: frozenset[ProcedureId] = frozenset()) -> dict[str, Any]:
     node = row_json(p, inventory)
+    if (left_out := _not_shown(inventory, p, shown)) is not None:
+        node["children"], node["descendants_not_shown"] = [], left_out
+        return node
     node["children"] = [] if p.procedure_id in shown else [
         _node(inventory, inventory.procedures[c], shown | {p.procedure_id}) for c in p.children
     ]  # fmt: skip
@@ -369,12 +370,12 @@ async def tree(
     """
     fmt: Format = chosen_format(storage_options, output, as_json)
     store = await open_existing_store(url, storage_options, parent_path)
-    inventory = await closing(store, load_inventory(store, Console(stderr=True)))
+    inventory = await closing(store, load_inventory(store, error_console()))
     ancestors: list[StoredProcedure] = []
     if procedure_id is not None:
         chosen = inventory.procedures[resolve_id(inventory.procedures, procedure_id, inventory.unlisted_ids)]
         roots = [chosen]
-        ancestors = list(reversed(_ancestors(inventory, chosen)))
+        ancestors = list(reversed(inventory.ancestors(chosen)))
     else:
         roots = sorted(inventory.roots(), key=lambda p: (p.modified or 0.0, str(p.procedure_id)))
     ids = short_ids(list(inventory.procedures))
@@ -382,7 +383,9 @@ async def tree(
     def table() -> list[RenderableType]:
         top = Tree(f"{store.store.url}{store.proc_path}", guide_style="dim")
         at = top
-        for ancestor in ancestors:
+        if len(ancestors) > TREE_DEPTH:
+            at = at.add(f"[dim]... {plural(len(ancestors) - TREE_DEPTH, 'more ancestor')}[/]")
+        for ancestor in ancestors[-TREE_DEPTH:]:
             at = at.add(f"{_label(inventory, ancestor, ids)} [dim](ancestor)[/]")
         for root in roots:
             _add_branch(at, inventory, root, ids)
@@ -396,7 +399,9 @@ async def tree(
 
 
 def _label(inventory: Inventory, p: StoredProcedure, ids: dict[ProcedureId, str]) -> str:
-    label = f"{ids[p.procedure_id]} [bold]{p.type_name or '?'}[/] {status_text(p, inventory)} step {p.latest.step}"
+    label = (
+        f"{ids[p.procedure_id]} [bold]{stored(p.type_name or '?')}[/] {status_text(p, inventory)} step {p.latest.step}"
+    )
     if inventory.is_orphan(p):
         label += f" [bold red](its parent {p.parent_id} is not in the store: nothing runs it)[/]"
     return label
@@ -414,5 +419,8 @@ def _add_branch(
         parent.add(f"{label} [bold red](the cycle closes here)[/]")
         return
     branch = parent.add(label)
+    if (left_out := _not_shown(inventory, p, shown)) is not None:
+        branch.add(f"[dim]... {plural(left_out, 'more descendant')}: `procstore tree URL {p.procedure_id}`[/]")
+        return
     for child_id in p.children:
         _add_branch(branch, inventory, inventory.procedures[child_id], ids, shown | {p.procedure_id})

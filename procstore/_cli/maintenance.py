@@ -26,7 +26,8 @@ from procstore._cli.common import (
     store_options,
 )
 from procstore._cli.listing import OUR_FOLDERS, load_inventory, procedures_table, row_json
-from procstore._cli.output import chosen_format, emit, output_console, output_options, plural
+from procstore._cli.output import chosen_format, emit, error_console, output_console, output_options, plain, plural
+from procstore._text import terminal_text
 from procstore.store import LocalDirStore, ProcedureStore
 from procstore.store.history import HistoryStore, iso, record_from_keys
 from procstore.store.inventory import StoredProcedure, StoredStatus
@@ -37,7 +38,8 @@ _GC_CONCURRENCY = 16
 
 
 def _confirm(question: str, yes: bool) -> None:
-    if not yes and not click.confirm(question, default=False, err=True):
+    # The question names stored values (a type name): no control character reaches the terminal.
+    if not yes and not click.confirm(terminal_text(question), default=False, err=True):
         raise CommandError(DECLINED, ExitCode.REFUSED)
 
 
@@ -74,15 +76,18 @@ async def gc(
     """
     fmt = chosen_format(storage_options, output, as_json)
     store = await open_existing_store(url, storage_options, parent_path)
-    console = Console(stderr=True)
+    console = error_console()
     leftovers = Leftovers()
     try:
         inventory = await load_inventory(store, console)
         now = time.time()
         collectable = inventory.collectable()
         failed = [p for p in collectable if p.status is StoredStatus.FAILED and p.parent_id is None]
+        failed_ids = {p.procedure_id for p in failed}  # a set: linear in the store, however many failed
         chosen = [
-            p for p in collectable if p not in failed and p.modified is not None and now - p.modified >= older_than
+            p
+            for p in collectable
+            if p.procedure_id not in failed_ids and p.modified is not None and now - p.modified >= older_than
         ]
         kept = sum(p.status is StoredStatus.COMMITTED for p in inventory.procedures.values()) - len(
             [p for p in chosen if p.status is StoredStatus.COMMITTED]
@@ -180,7 +185,7 @@ async def _request(
 ) -> None:
     store = await open_existing_store(url, storage_options, parent_path)
     try:
-        inventory = await load_inventory(store, Console(stderr=True))
+        inventory = await load_inventory(store, error_console())
         p = inventory.procedures[resolve_id(inventory.procedures, procedure_id, inventory.unlisted_ids)]
         if p.status is not StoredStatus.UNFINISHED or p.message is None:
             raise CommandError(
@@ -188,7 +193,7 @@ async def _request(
                 f"latest step can be asked to {kind}",
                 ExitCode.REFUSED,
             )
-        _confirm(f"{kind.capitalize()} {p.type_name} {p.procedure_id} (step {p.latest.step})?", yes)
+        _confirm(f"{kind.capitalize()} {plain(p.type_name)} {p.procedure_id} (step {p.latest.step})?", yes)
         request = OperatorRequest.new(kind, reason)
         if not await store.requests.put(p.procedure_id, request):
             existing = await store.requests.get(p.procedure_id)
@@ -248,11 +253,12 @@ async def delete(url: str, storage_options: tuple[str, ...], parent_path: str, p
     """
     store = await open_existing_store(url, storage_options, parent_path)
     try:
-        inventory = await load_inventory(store, Console(stderr=True))
+        inventory = await load_inventory(store, error_console())
         p = inventory.procedures[resolve_id(inventory.procedures, procedure_id, inventory.unlisted_ids)]
         doomed = [*inventory.descendants(p.procedure_id), p]
         children = f" and its {plural(len(doomed) - 1, 'subprocedure')}" if len(doomed) > 1 else ""
-        _confirm(f"Delete {p.type_name or 'unreadable procedure'} {p.procedure_id} ({p.status.value}){children}?", yes)
+        what = plain(p.type_name or "unreadable procedure")
+        _confirm(f"Delete {what} {p.procedure_id} ({p.status.value}){children}?", yes)
         await record_ends(store, doomed)
         for each in doomed:
             await store.delete_procedure(each.procedure_id)
@@ -262,7 +268,7 @@ async def delete(url: str, storage_options: tuple[str, ...], parent_path: str, p
     output_console().print(f"deleted {plural(len(doomed), 'procedure')}: {ids}")
     for folder, why in sorted(inventory.unlisted.items()):
         # Its subprocedures there, if any, were not seen: they are left, as orphans.
-        Console(stderr=True).print(
+        error_console().print(
             f"warning: cannot list {folder} ({why}): if it holds a subprocedure of this one, that was not "
             "deleted; fix its permissions",
             markup=False,

@@ -28,7 +28,7 @@ from procstore._cli.common import (
 )
 from procstore._cli.history import history_of
 from procstore._cli.maintenance import _confirm
-from procstore._cli.output import output_console, plural
+from procstore._cli.output import output_console, plural, stored
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore
@@ -72,8 +72,8 @@ async def _nudge(store: ProcedureStore, pid: ProcedureId, what: str, step: int, 
             # The leader deletes a nudge only after acting on it, then reads the store again:
             # it runs what it finds, the copy written above included.
             output_console().print(
-                f"a nudge was already waiting at {key} ({existing.describe()}), so none was written: the leader "
-                f"acts on it within a second or so and runs {pid} from what the store then holds"
+                f"a nudge was already waiting at {key} ({stored(existing.describe())}), so none was written: the "
+                f"leader acts on it within a second or so and runs {pid} from what the store then holds"
                 + (f", the copy this {what} wrote (step {step}) included" if wrote_copy else "")
                 + "; with no manager running, the next one to start runs it"
             )

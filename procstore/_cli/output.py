@@ -7,6 +7,12 @@ format, so the two never collide. `--json` stays what it always was, JSON lines.
 
 Tables go to stdout and fit the terminal (or `COLUMNS` when piped); warnings go to stderr,
 and into the document (`"warnings"`) for `json` and `yaml`.
+
+Every value from the store is hostile text (anyone who can write the bucket chose it):
+`stored()` makes one inert where this program writes rich markup around it (markup
+escaped, cut to `TEXT_LIMIT` characters), and everything printed goes through
+`_Console.render_str` (tables, trees, panels, plain lines) or `warn`, which escape control
+characters, so no value sets a window title, clears the screen or makes a hyperlink.
 """
 
 from __future__ import annotations
@@ -22,8 +28,12 @@ import click
 import msgspec
 import orjson
 from rich.console import Console, RenderableType
+from rich.errors import MarkupError
+from rich.markup import escape
 from rich.measure import Measurement
+from rich.text import Text
 
+from procstore._text import bounded, terminal_text, valid_unicode
 from procstore.ids import ProcedureId
 
 P = ParamSpec("P")
@@ -114,7 +124,29 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
+def plain(value: object) -> str:
+    """A value from the store, for text that is not markup (a prompt, a click message):
+    control characters escaped, at most `TEXT_LIMIT` characters."""
+    return terminal_text(bounded(str(value)))
+
+
+def stored(value: object) -> str:
+    """A value from the store, to place in rich markup: shown as it is, never as markup,
+    and at most `TEXT_LIMIT` characters (`-o json` has it whole)."""
+    return escape(plain(value))
+
+
 class _Console(Console):
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        # The one way a string reaches the terminal: control characters are escaped here,
+        # whatever called print; markup that does not parse (a stored value placed in it
+        # without `stored()`) is shown as text rather than stopping the command.
+        text = terminal_text(text, keep_newlines=True)
+        try:
+            return super().render_str(text, **kwargs)
+        except MarkupError:
+            return super().render_str(text, **{**kwargs, "markup": False})
+
     def on_broken_pipe(self) -> None:
         # rich exits with 1 here; a reader that went away (`| head -1`) is no error.
         raise BrokenPipeError
@@ -139,9 +171,14 @@ def wide_console(parts: Iterable[RenderableType]) -> Console:
     return console if need <= console.width else _Console(width=need)
 
 
+def error_console() -> Console:
+    """stderr (progress bars, notes beside the data), with the same escaping as stdout."""
+    return _Console(stderr=True)
+
+
 def warn(message: str) -> None:
-    """A warning, on stderr: never mixed into the data on stdout."""
-    click.echo(f"warning: {message}", err=True)
+    """A warning, on stderr: never mixed into the data on stdout (control characters escaped)."""
+    click.echo(f"warning: {terminal_text(message)}", err=True)
 
 
 def emit(
@@ -156,6 +193,7 @@ def emit(
     """Print `document` in `fmt`: `table()` renders it for people (`wide`: however wide it
     is); `rows` names the list that `jsonl` prints one item per line (else the document is
     the one line)."""
+    document = _valid_unicode(document)
     if fmt == "table":
         parts = list(table())
         console = wide_console(parts) if wide else output_console()
@@ -173,6 +211,18 @@ def emit(
     if fmt != "json" and fmt != "yaml":
         for message in warnings:
             warn(message)
+
+
+def _valid_unicode(value: Any) -> Any:
+    """`value` with every string `valid_unicode`: a key name that is not UTF-8, or a lone
+    surrogate in a stored JSON string, is shown escaped rather than failing the encoder."""
+    if isinstance(value, str):
+        return valid_unicode(value)
+    if isinstance(value, dict):
+        return {_valid_unicode(k): _valid_unicode(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_valid_unicode(v) for v in value]
+    return value
 
 
 def _yaml(document: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ from procstore._cli.common import (
     run_command,
     store_options,
 )
+from procstore._cli.output import warn
 
 
 @click.command()
@@ -43,9 +44,15 @@ def serve(url: str, storage_options: tuple[str, ...], parent_path: str, host: st
     # A bad URL, a missing directory or bucket: the one-line error (exit code 3) of every
     # command, before the server starts. Once it runs, a store that fails answers 503.
     run_command(_check_store)(url, storage_options, parent_path)
-    app = create_app(url, parse_storage_options(storage_options), parent_path, refresh, loopback_hosts(host))
+    own_hosts = loopback_hosts(host)
+    app = create_app(url, parse_storage_options(storage_options), parent_path, refresh, own_hosts)
     shown = f"[{host}]" if ":" in host and not host.startswith("[") else host  # an IPv6 address, as URLs write it
     click.echo(f"serving {url} on http://{shown}:{port}/ (read-only; Ctrl-C stops)", err=True)
+    if own_hosts is None:
+        warn(
+            f"listening on {host}, not a loopback address: anyone who can reach it reads everything the store "
+            "holds, with no login, and any Host header is answered; put it behind a proxy that checks both"
+        )
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -22,24 +23,49 @@ from procstore._cli.common import (
 )
 from procstore._cli.history import show_ended
 from procstore._cli.listing import STATUS_STYLE
-from procstore._cli.output import chosen_format, emit, iso_time, output_options, plural
+from procstore._cli.output import chosen_format, emit, iso_time, output_options, plural, stored
+from procstore._text import bounded
 from procstore.store.inventory import ENDINGS, ending, read_history
 from procstore.store.message import ProcedureMessage
 
+FIELDS_SHOWN = 200
+"""Fields of one step's data `show` and the web page list; `-o json` has the whole value."""
+ELEMENTS_SHOWN = 20
+"""Elements of one JSON array listed as fields; the rest are counted."""
 
-def flatten(value: Any, path: str = "") -> dict[str, Any]:
+
+@dataclass(frozen=True, slots=True)
+class NotShown:
+    """In place of the fields a bounded listing leaves out."""
+
+    count: int
+    what: str
+
+    def __str__(self) -> str:
+        return f"… {plural(self.count, 'more ' + self.what)} (`procstore show -o json` has them all)"
+
+
+def flatten(value: Any, path: str = "", limit: int = FIELDS_SHOWN) -> dict[str, Any]:
     """Nested JSON as `{"a.b[0].c": leaf}`: a state machine's context and state become fields.
 
-    A loop, not a recursion: orjson reads values nested up to 1,024 deep, deeper than
-    Python's recursion goes."""
+    Bounded, as a value may be hostile or just large: an array lists its first
+    `ELEMENTS_SHOWN` elements then `NotShown`, and at most `limit` fields come out, then a
+    `NotShown`. A loop, not a recursion: orjson reads values nested up to 1,024 deep, deeper
+    than Python's recursion goes."""
     out: dict[str, Any] = {}
     stack: list[tuple[str, Any]] = [(path, value)]  # the next item last: fields in document order
     while stack:
+        if len(out) >= limit:
+            out["…"] = NotShown(len(stack), "fields or groups of fields")
+            break
         where, item = stack.pop()
         if isinstance(item, dict) and item:
             stack += reversed([(f"{where}.{key}" if where else str(key), inner) for key, inner in item.items()])
         elif isinstance(item, list) and item:
-            stack += reversed([(f"{where}[{i}]", inner) for i, inner in enumerate(item)])
+            shown = [(f"{where}[{i}]", inner) for i, inner in enumerate(item[:ELEMENTS_SHOWN])]
+            if len(item) > ELEMENTS_SHOWN:
+                shown.append((f"{where}[…]", NotShown(len(item) - ELEMENTS_SHOWN, "elements")))
+            stack += reversed(shown)
         else:
             out[where or "(value)"] = item
     return out
@@ -54,11 +80,13 @@ def data_fields(message: ProcedureMessage) -> dict[str, Any] | None:
 
 
 def field_changes(fields: dict[str, Any], previous: dict[str, Any] | None) -> list[tuple[str, str, str]]:
-    """(mark, field, value as JSON) for each field: `*` changed since `previous`, `-` removed."""
+    """(mark, field, value as JSON, cut to `TEXT_LIMIT`) for each field: `*` changed since
+    `previous`, `-` removed."""
     rows = []
     for name, value in fields.items():
         changed = previous is not None and (name not in previous or previous[name] != value)
-        rows.append(("*" if changed else "", name, orjson.dumps(value).decode()))
+        shown = str(value) if isinstance(value, NotShown) else bounded(orjson.dumps(value).decode())
+        rows.append(("*" if changed else "", name, shown))
     if previous is not None:
         rows += [("-", name, "(removed)") for name in previous.keys() - fields.keys()]
     return rows
@@ -71,9 +99,9 @@ def _fields_table(fields: dict[str, Any], previous: dict[str, Any] | None) -> Ta
     table.add_column("value")
     for mark, name, value in field_changes(fields, previous):
         if mark == "-":
-            table.add_row("[bold yellow]-[/]", f"[strike]{name}[/]", value)
+            table.add_row("[bold yellow]-[/]", f"[strike]{stored(name)}[/]", stored(value))
         else:
-            table.add_row("[bold yellow]*[/]" if mark else "", name, value)
+            table.add_row("[bold yellow]*[/]" if mark else "", stored(name), stored(value))
     return table
 
 
@@ -102,15 +130,18 @@ def _panels(history: list[Any]) -> list[RenderableType]:
             panels.append(Panel(f"[{color}]{ENDINGS[ended]}[/]", title=title, title_align="left"))
             continue
         if message is None:
-            panels.append(Panel(f"[dim]{key}[/]\n[bold red]unreadable:[/] {problem}", title=title, title_align="left"))
+            panels.append(
+                Panel(f"[dim]{key}[/]\n[bold red]unreadable:[/] {stored(problem)}", title=title, title_align="left")
+            )
             continue
         parts: list[Any] = [
-            f"type [bold]{message.type_name}[/]" + (f", parent {message.parent_id}" if message.parent_id else "")
+            f"type [bold]{stored(message.type_name)}[/]"
+            + (f", parent {message.parent_id}" if message.parent_id else "")
         ]
         if message.error is not None:
-            parts.append(f"[bold red]error:[/] {message.error}")
+            parts.append(f"[bold red]error:[/] {stored(message.error)}")
         fields = data_fields(message)
-        parts.append(_fields_table(fields, previous) if fields is not None else f"data: {message.data!r}")
+        parts.append(_fields_table(fields, previous) if fields is not None else f"data: {stored(repr(message.data))}")
         previous = fields
         panels.append(Panel(Group(*parts), title=title, title_align="left"))
     return panels

@@ -40,6 +40,7 @@ from procstore.procedure import Procedure, ProcedureWithId
 from procstore.state import ProcedureInfo, ProcedureState
 from procstore.store.history import History, HistoryStore
 from procstore.store.keys import KeyType
+from procstore.store.limits import lease_write_rate_warning
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.requests import checked_reason
@@ -239,6 +240,10 @@ class ProcedureManager:
                 "new, so fencing between managers is best effort here. Run one manager per store.",
                 state_store.url,
             )
+        if self.lease is not None and (
+            too_fast := lease_write_rate_warning(state_store.url, self.lease.renew_interval)
+        ):
+            logger.warning(too_fast)
         self._state_store = state_store
         try:
             if self.lease is None:

@@ -4,6 +4,7 @@ computes for each child, and the guard that tells a stray `CancelledError` from 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -174,16 +175,24 @@ def rolled_back(error: str) -> ProcedureState:
 
 
 def with_error(state: ProcedureState, error: str) -> ProcedureState:
-    return ProcedureState(state.kind, error=error, cause=state.cause, traceback=state.traceback)
+    return dataclasses.replace(state, error=error)
 
 
 def with_kind(state: ProcedureState, kind: ProcedureStateKind) -> ProcedureState:
-    return ProcedureState(kind, error=state.error, cause=state.cause, traceback=state.traceback)
+    return dataclasses.replace(state, kind=kind)
 
 
 def not_recorded(state: ProcedureState, step: int) -> ProcedureState:
+    """The end of a run whose failure could not be written: `Watcher.wait()` raises
+    `EndNotRecorded`, never `ProcedureFailed`, since the store says it has not ended."""
     error = (
         f"{state.error}; the failure could not be written to the store (as step {step}), so "
         "the procedure resumes from its last stored step at the next start"
     )
-    return ProcedureState(ProcedureStateKind.FAILED, error=error, cause=state.cause, traceback=state.traceback)
+    return unrecorded_end(error, state)
+
+
+def unrecorded_end(error: str, state: ProcedureState | None = None) -> ProcedureState:
+    """FAILED in memory, `recorded` false: nothing in the store says the procedure ended."""
+    cause, tb = (None, None) if state is None else (state.cause, state.traceback)
+    return ProcedureState(ProcedureStateKind.FAILED, error=error, cause=cause, traceback=tb, recorded=False)

@@ -35,6 +35,7 @@ from procstore._runtime.outcome import (
     is_stop,
     lock_conflict,
     not_recorded,
+    unrecorded_end,
     with_error,
     with_kind,
 )
@@ -332,7 +333,7 @@ class Runner:
         """End this run writing nothing more: the next start() decides from what is stored."""
         self.meta.keep_keys = True
         why = f"{what}; nothing more was written, and the next start() resumes it"
-        self.meta.set_state(ProcedureState.with_error(ProcedureStateKind.FAILED, why))
+        self.meta.set_state(unrecorded_end(why))
 
     # -- subprocedures ---------------------------------------------------------------
 

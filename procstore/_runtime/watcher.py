@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from procstore._runtime.meta import ProcedureMeta
-from procstore.errors import ManagerStopped, ProcedureFailed
+from procstore.errors import EndNotRecorded, ManagerStopped, ProcedureFailed
 from procstore.ids import ProcedureId
 from procstore.state import ProcedureState
 
@@ -31,8 +31,9 @@ class Watcher:
         """Wait for the procedure to end and return its output.
 
         Raises `ProcedureFailed` if it failed (after its rollback, if any) or was poisoned,
-        and `ManagerStopped` if the manager stopped first; the procedure then resumes at the
-        next start.
+        once the store says so; `EndNotRecorded` if its run ended but the end could not be
+        written (the store says it has not ended); and `ManagerStopped` if the manager
+        stopped first. After the last two, the procedure resumes at the next start.
         """
         meta = self._meta
         while True:
@@ -40,7 +41,7 @@ class Watcher:
             if state.is_done():
                 return state.output
             if state.is_ended():
-                raise ProcedureFailed(meta.id, state)
+                raise (ProcedureFailed if state.recorded else EndNotRecorded)(meta.id, state)
             if meta.abandoned:
                 raise ManagerStopped(meta.id)
             await meta.wait_state_change()

@@ -3,16 +3,20 @@
 Pages are rendered on the server from the same reads as the CLI (`read_inventory`,
 `read_history`, the lease, the history records of `procstore.store.history`), so the web
 view and `procstore ls/show/lease` never disagree.
-A small inline script polls the JSON twin of each page and updates it in place: no build
-step, nothing fetched from the network. Every value from the store is escaped (Jinja2
-autoescape; the script writes `textContent` only): ids, types and data are adversarial.
+A small static script (`static/live.js`, served by the app) fetches each page again and
+swaps in its main part: no build step, nothing fetched from the network. Every value from
+the store is escaped (Jinja2 autoescape; the script writes `textContent` only), links are
+built only from canonical ids (`links`), and every answer carries a strict
+Content-Security-Policy (`headers`): ids, types, data and key names are adversarial.
 Nothing here writes to the store.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import itertools
+import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -22,6 +26,7 @@ from typing import Any
 
 import msgspec
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -34,6 +39,9 @@ from procstore._cli.listing import row_json
 from procstore._cli.output import SHORT_ID, iso_time, table_time
 from procstore._cli.show import data_fields, field_changes
 from procstore._runtime.lease import LeaseRecord
+from procstore._text import bounded, valid_unicode
+from procstore._web.headers import SecurityHeaders
+from procstore._web.links import procedure_link
 from procstore.errors import StoreError
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore, open_state_store
@@ -47,14 +55,22 @@ from procstore.store.inventory import (
     read_history,
     read_inventory,
 )
-from procstore.store.keys import KeyType
+from procstore.store.keys import KeyType, ParsedKey
+from procstore.store.message import ProcedureMessage
 
 _TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
     autoescape=select_autoescape(["html"]),
     trim_blocks=True,
     lstrip_blocks=True,
+    # Every value a page shows is cut to `TEXT_LIMIT` characters: a stored value may be huge
+    # (the JSON twin of each page has them whole).
+    finalize=lambda value: bounded(value) if isinstance(value, str) and not isinstance(value, Markup) else value,
 )
+_TEMPLATES.filters["procedure_link"] = procedure_link
+_TEMPLATES.globals["tree_shown"] = 200  # ancestors and descendants a page lists (a chain may be thousands)
+_STATIC_DIR = Path(__file__).parent / "static"
+_STATIC_TYPES = {"live.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 UNREADABLE_HINT = (
     "recovery skips it and leaves its keys untouched: restore a good value, or delete the procedure "
     "(`procstore delete`), then restart the managers"
@@ -91,11 +107,11 @@ def create_app(
             await state["store"].store.close()
 
     async def index(request: Request) -> Response:
-        return await _page(request, "index.html", lambda: _overview(state["store"], request), refresh)
+        return await _page(request, "index.html", lambda: _overview(state["store"], request), refresh, "")
 
     async def procedure(request: Request) -> Response:
         pid = request.path_params["procedure_id"]
-        return await _page(request, "procedure.html", lambda: _procedure(state["store"], pid), refresh)
+        return await _page(request, "procedure.html", lambda: _procedure(state["store"], pid), refresh, "../")
 
     async def api_index(request: Request) -> Response:
         return await _json(lambda: _overview(state["store"], request))
@@ -104,7 +120,7 @@ def create_app(
         return await _json(lambda: _procedure(state["store"], request.path_params["procedure_id"]))
 
     async def history(request: Request) -> Response:
-        return await _page(request, "history.html", lambda: _history(state["store"]), refresh)
+        return await _page(request, "history.html", lambda: _history(state["store"]), refresh, "")
 
     async def api_history(request: Request) -> Response:
         return await _json(lambda: _history(state["store"]))
@@ -116,8 +132,12 @@ def create_app(
         Route("/api/procedures/{procedure_id}", api_procedure),
         Route("/history", history),
         Route("/api/history", api_history),
+        Route("/static/{name}", static),
     ]
-    middleware = [] if allowed_hosts is None else [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)]
+    # Outermost first: the headers go on every answer, the Host check's 400 too.
+    middleware = [Middleware(SecurityHeaders)]
+    if allowed_hosts is not None:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts))
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
 
 
@@ -137,7 +157,16 @@ class NotFound(Exception):
     pass
 
 
-async def _page(request: Request, template: str, read: Any, refresh: float) -> Response:
+async def static(request: Request) -> Response:
+    """The page's script and style sheet: files of the app, never anything from the store."""
+    name = request.path_params["name"]
+    if name not in _STATIC_TYPES:
+        return Response("not found", status_code=404, media_type="text/plain")
+    return Response((_STATIC_DIR / name).read_bytes(), media_type=_STATIC_TYPES[name])
+
+
+async def _page(request: Request, template: str, read: Any, refresh: float, root: str) -> Response:
+    """`root`: the path from this page back to the app's root (its own links start there)."""
     try:
         data = await read()
         status = 200
@@ -145,17 +174,24 @@ async def _page(request: Request, template: str, read: Any, refresh: float) -> R
         data, status = {"error": str(e)}, 404
     except StoreError as e:
         data, status = {"error": f"the store cannot be read: {e}"}, 503
-    html = _TEMPLATES.get_template(template).render(data=data, refresh=refresh)
-    return HTMLResponse(html, status_code=status)
+    html = await asyncio.to_thread(_TEMPLATES.get_template(template).render, data=data, refresh=refresh, root=root)
+    return HTMLResponse(valid_unicode(html), status_code=status)
+
+
+class _JSON(JSONResponse):
+    """JSON of any stored text: a lone surrogate (a name that is not UTF-8) is escaped."""
+
+    def render(self, content: Any) -> bytes:
+        return valid_unicode(json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))).encode()
 
 
 async def _json(read: Any) -> Response:
     try:
-        return JSONResponse(await read())
+        return _JSON(await read())
     except NotFound as e:
-        return JSONResponse({"error": str(e)}, status_code=404)
+        return _JSON({"error": str(e)}, status_code=404)
     except StoreError as e:
-        return JSONResponse({"error": f"the store cannot be read: {e}"}, status_code=503)
+        return _JSON({"error": f"the store cannot be read: {e}"}, status_code=503)
 
 
 def _row(p: StoredProcedure, inventory: Inventory, ids: dict[ProcedureId, str], now: float) -> dict[str, Any]:
@@ -172,8 +208,20 @@ def _row(p: StoredProcedure, inventory: Inventory, ids: dict[ProcedureId, str], 
 async def _overview(store: ProcedureStore, request: Request) -> dict[str, Any]:
     inventory = await read_inventory(store)
     now = time.time()
-    wanted_status = request.query_params.get("status") or None
-    wanted_type = request.query_params.get("type") or None
+    lease = await _lease(store, now)
+    wanted = (request.query_params.get("status") or None, request.query_params.get("type") or None)
+    # Off the event loop: on a large store this takes a while, and other pages go on meanwhile.
+    return await asyncio.to_thread(_overview_of, store, inventory, wanted, lease, now)
+
+
+def _overview_of(
+    store: ProcedureStore,
+    inventory: Inventory,
+    wanted: tuple[str | None, str | None],
+    lease: dict[str, Any] | None,
+    now: float,
+) -> dict[str, Any]:
+    wanted_status, wanted_type = wanted
     ids = short_ids(list(inventory.procedures))
     counts = {s.value: 0 for s in StoredStatus}
     for p in inventory.procedures.values():
@@ -193,7 +241,7 @@ async def _overview(store: ProcedureStore, request: Request) -> dict[str, Any]:
         "procedures": [_row(p, inventory, ids, now) for p in chosen],
         "other_keys": inventory.other_keys[:20],
         "unlisted": sorted(inventory.unlisted.items())[:20],
-        "lease": await _lease(store, now),
+        "lease": lease,
         "read_at": iso_time(now),
     }
 
@@ -220,18 +268,21 @@ async def _procedure(store: ProcedureStore, text: str) -> dict[str, Any]:
     if len(matches) != 1:
         raise NotFound(f"{text!r} is ambiguous")
     p = inventory.procedures[matches[0]]
+    history = await read_history(store, p.procedure_id)
+    return await asyncio.to_thread(_procedure_of, store, inventory, p, history)
+
+
+def _procedure_of(
+    store: ProcedureStore,
+    inventory: Inventory,
+    p: StoredProcedure,
+    history: list[tuple[ParsedKey, float | None, ProcedureMessage | None, str | None]],
+) -> dict[str, Any]:
     now = time.time()
     ids = short_ids(list(inventory.procedures))
-    ancestors: list[StoredProcedure] = []
-    current = p
-    while current.parent_id is not None and (parent := inventory.procedures.get(current.parent_id)) is not None:
-        if parent in ancestors or parent is p:
-            break
-        ancestors.insert(0, parent)
-        current = parent
+    ancestors = list(reversed(inventory.ancestors(p)))
     steps: list[dict[str, Any]] = []
     previous: dict[str, Any] | None = None
-    history = await read_history(store, p.procedure_id)
     for index, (key, modified, message, problem) in enumerate(history):
         ended = ending(history, index)
         step: dict[str, Any] = {

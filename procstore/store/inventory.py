@@ -11,6 +11,7 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from procstore._text import valid_unicode
 from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
 from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_of_dir
@@ -118,6 +119,8 @@ class Inventory:
 
     procedures: dict[ProcedureId, StoredProcedure]
     other_keys: list[str]
+    """Keys under `procedure/` that are not procedure keys, as text to show: a name that is
+    not UTF-8 has its bytes escaped (`bad\\xff.txt`), so every output format takes it."""
     unlisted: dict[str, str] = field(default_factory=dict)
     """Folders under `procedure/` that could not be listed, and why: what they hold is not
     shown, and no procedure whose parent may be in one is taken for an orphan or collected."""
@@ -143,19 +146,37 @@ class Inventory:
             if p.parent_id is None or p.parent_id not in self.procedures or p.status is StoredStatus.PARENT_CYCLE
         ]
 
+    def ancestors(self, p: StoredProcedure) -> list[StoredProcedure]:
+        """Its parent, grandparent... as stored, nearest first (each once: a cycle ends the walk)."""
+        out: list[StoredProcedure] = []
+        seen = {p.procedure_id}
+        current = p
+        while current.parent_id is not None and current.parent_id not in seen:
+            parent = self.procedures.get(current.parent_id)
+            if parent is None:
+                break
+            out.append(parent)
+            seen.add(parent.procedure_id)
+            current = parent
+        return out
+
     def descendants(self, procedure_id: ProcedureId) -> list[StoredProcedure]:
-        """Children, grandchildren... of a procedure, deepest first (each once, cycles too)."""
+        """Children, grandchildren... of a procedure, deepest first (each once, cycles too).
+        Iterative: a chain thousands deep is as easy as a wide tree."""
         out: list[StoredProcedure] = []
         seen = {procedure_id}
-
-        def visit(pid: ProcedureId) -> None:
-            for child_id in self.procedures[pid].children:
-                if child_id not in seen:
-                    seen.add(child_id)
-                    visit(child_id)
-                    out.append(self.procedures[child_id])
-
-        visit(procedure_id)
+        # (procedure, its children not yet visited): a depth-first walk, children before parents.
+        stack = [(procedure_id, iter(self.procedures[procedure_id].children))]
+        while stack:
+            pid, pending = stack[-1]
+            child_id = next((c for c in pending if c not in seen), None)
+            if child_id is None:
+                stack.pop()
+                if stack:
+                    out.append(self.procedures[pid])
+                continue
+            seen.add(child_id)
+            stack.append((child_id, iter(self.procedures[child_id].children)))
         return out
 
     def collectable(self) -> list[StoredProcedure]:
@@ -200,22 +221,41 @@ async def read_inventory(store: ProcedureStore, progress: Progress | None = None
             parent.children.append(procedure.procedure_id)
     _flag_parent_cycles(procedures)
     ids = {folder_of for folder in unlisted if (folder_of := procedure_of_dir(store.proc_path, folder)) is not None}
-    return Inventory(procedures, grouped.others, unlisted, ids)
+    shown_unlisted = {valid_unicode(folder): valid_unicode(why) for folder, why in unlisted.items()}
+    return Inventory(procedures, [valid_unicode(k) for k in grouped.others], shown_unlisted, ids)
+
+
+_CYCLE_SHOWN = 6
+"""Ids of a parent cycle its problem text names; a longer cycle says how many more."""
 
 
 def _flag_parent_cycles(procedures: dict[ProcedureId, StoredProcedure]) -> None:
-    """Mark every procedure whose parent links loop back to it."""
+    """Mark every procedure whose parent links loop back to it. Linear: each procedure has
+    one parent, so one walk from each procedure not yet seen stops at a procedure seen
+    before, and closes a cycle only if that one is on the walk itself."""
+    done: set[ProcedureId] = set()
     for start in procedures.values():
-        chain: list[ProcedureId] = []
+        walk: dict[ProcedureId, int] = {}  # the ids of this walk, by position
         current: StoredProcedure | None = start
-        while current is not None and current.procedure_id not in chain:
-            chain.append(current.procedure_id)
+        while current is not None and current.procedure_id not in done and current.procedure_id not in walk:
+            walk[current.procedure_id] = len(walk)
             parent = current.parent_id
             current = procedures.get(parent) if parent is not None else None
-        if current is not None and current.procedure_id == start.procedure_id:
-            cycle = " -> ".join(map(str, [*chain, start.procedure_id]))
-            start.status = StoredStatus.PARENT_CYCLE
-            start.problem = f"its parent links form a cycle: {cycle}; nothing resumes it"
+        if current is not None and current.procedure_id in walk:
+            order = list(walk)
+            cycle = order[walk[current.procedure_id] :]
+            for at, pid in enumerate(cycle):
+                _mark_cycle(procedures[pid], [*cycle[at:], *cycle[:at]])
+        done.update(walk)
+
+
+def _mark_cycle(procedure: StoredProcedure, cycle: list[ProcedureId]) -> None:
+    """`cycle` starts at `procedure` and follows its parent links."""
+    shown = " -> ".join(map(str, [*cycle[:_CYCLE_SHOWN], cycle[0]]))
+    if len(cycle) > _CYCLE_SHOWN:
+        shown = " -> ".join(map(str, cycle[:_CYCLE_SHOWN])) + f" -> ... {len(cycle) - _CYCLE_SHOWN} more -> {cycle[0]}"
+    procedure.status = StoredStatus.PARENT_CYCLE
+    procedure.problem = f"its parent links form a cycle: {shown}; nothing resumes it"
 
 
 async def read_history(

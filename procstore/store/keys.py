@@ -71,11 +71,17 @@ class ParsedKey:
 
 _ID_LENGTH = 36
 """The length of a canonical id."""
+_STEP_DIGITS = 10
+"""A step in a key: zero-padded to ten digits (a `u32` has at most ten)."""
 _KEY = re.compile(
-    rf"(?:.*/)?({CANONICAL_ID_PATTERN})/([0-9]+)\.({'|'.join(_KEY_TYPES)})",
-    re.DOTALL,
+    rf"({CANONICAL_ID_PATTERN})/([0-9]{{{_STEP_DIGITS}}}|[1-9][0-9]{{{_STEP_DIGITS},}})\.({'|'.join(_KEY_TYPES)})"
 )
-"""What follows the prefix: any folders, then `{id}/{step}.{type}`, as GreptimeDB's parser reads it."""
+"""What follows the prefix: `{id}/{step:010}.{type}`, exactly as `key_text` writes it (and
+GreptimeDB; a step beyond ten digits, which recovery reports, has no leading zero). A key
+of another shape that GreptimeDB's parser (which reads from the right) would take,
+`{prefix}x/{id}/1.step`, is not one of ours: every read and delete formats the key from its
+parts, so it would act on another key than the one listed, and a stray `.commit` of that
+shape, which anyone who can write the bucket can add, would end a procedure that has not."""
 
 
 StepAndType = tuple[int, KeyType]
@@ -164,10 +170,21 @@ _SUFFIXES = {kt: f".{kt.value}" for kt in KeyType}
 def _parse_name(name: str) -> StepAndType | None:
     """`(step, key_type)` of a key's last part, `{digits}.{type}`; `None` for any other."""
     step_text, dot, type_text = name.partition(".")
-    if dot and step_text.isascii() and step_text.isdigit() and (key_type := _KEY_TYPES.get(type_text)) is not None:
+    if (
+        dot
+        and _padded_as_written(step_text)
+        and step_text.isascii()
+        and step_text.isdigit()
+        and (key_type := _KEY_TYPES.get(type_text)) is not None
+    ):
         step = _step_number(step_text)
         return None if step is None else (step, key_type)
     return None
+
+
+def _padded_as_written(digits: str) -> bool:
+    """Whether `{step:010d}` of the step these digits spell gives them back."""
+    return len(digits) == _STEP_DIGITS or (len(digits) > _STEP_DIGITS and digits[:1] != "0")
 
 
 def _step_number(digits: str) -> int | None:
@@ -259,6 +276,5 @@ def _highest_below_commit(keys: Sequence[str], at: int, first: int, digits_end: 
     return None
 
 
-_STEP_DIGITS = 10
 _STEP_ZERO = "0" * _STEP_DIGITS
 _SUFFIX_TYPES = {f".{kt.value}": kt for kt in KeyType}

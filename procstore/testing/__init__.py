@@ -8,6 +8,7 @@ from procstore.testing.endpoints import gcs_storage_options, s3_storage_options
 from procstore.testing.explorer import CrashExplorer, CrashPoint, ExplorationReport, Scenario
 from procstore.testing.faults import FaultyStore
 from procstore.testing.fsspec_faults import FaultyFileSystem
+from procstore.testing.hostile import HOSTILE_TEXTS, HostileStore, write_hostile_store
 from procstore.testing.kill import kill_manager
 from procstore.testing.plan import Fault, FaultPlan, InjectedFailure, SimulatedCrash, StoreOp, crash_at
 from procstore.testing.replay import ReplayReport, export_snapshot, replay
@@ -21,6 +22,8 @@ __all__ = [
     "FaultPlan",
     "FaultyFileSystem",
     "FaultyStore",
+    "HOSTILE_TEXTS",
+    "HostileStore",
     "InjectedFailure",
     "MemoryStore",
     "ReplayReport",
@@ -36,4 +39,5 @@ __all__ = [
     "replay",
     "run_simulated",
     "s3_storage_options",
+    "write_hostile_store",
 ]

@@ -10,6 +10,7 @@ import pytest
 
 from procstore import (
     Context,
+    EndNotRecorded,
     Procedure,
     ProcedureFailed,
     ProcedureStateKind,
@@ -213,12 +214,12 @@ class FailingWrites(StateStore):
         await self.inner.delete(key)
 
 
-async def test_store_errors_are_retried_then_fail_with_a_clear_error(tmp_path: Path) -> None:
+async def test_store_errors_are_retried_then_end_unrecorded_with_a_clear_error(tmp_path: Path) -> None:
     world = World.new()
     store = FailingWrites(LocalDirStore(tmp_path), ok=2)  # the submitted state and step 1
     async with manager_for(store, max_retry_times=2) as manager:
         watcher = await manager.submit(steps(world, 4))
-        with pytest.raises(ProcedureFailed) as info:
+        with pytest.raises(EndNotRecorded) as info:  # not a failure: the store says it has not ended
             await watcher.wait()
         error = info.value.error
         assert "gave up after 2 retries" in error and "0000000002.step" in error
@@ -260,3 +261,23 @@ async def test_submit_gives_up_after_max_retry_times_and_a_resubmit_is_safe(tmp_
         # Submitting the same procedure again finds its own bytes and runs it, once.
         await (await manager.submit(procedure)).wait()
     assert world.log == ["steps/0", "steps/1"]
+
+
+@pytest.mark.parametrize("rollback", [False, True])
+async def test_an_end_that_could_not_be_written_is_not_reported_as_a_failure(tmp_path: Path, rollback: bool) -> None:
+    """Credentials expire mid-run (every write denied from then on): `wait()` must not say
+    `ProcedureFailed`, since no `.rollback` was written and the next start runs it to its
+    end; it raises `EndNotRecorded`, which is no `ProcedureFailed`."""
+    world = World.new()
+    procedure = ProcedureWithId.new(Undoable({"world": world.name, "steps": 3})) if rollback else steps(world, 3)
+    async with manager_for(FailingWrites(LocalDirStore(tmp_path), ok=2), max_retry_times=1) as manager:
+        watcher = await manager.submit(procedure)
+        with pytest.raises(EndNotRecorded) as info:
+            await watcher.wait()
+    assert not isinstance(info.value, ProcedureFailed) and info.value.procedure_id == procedure.id
+    assert "rollback" not in "".join(await LocalDirStore(tmp_path).walk("procedure/"))
+    async with manager_for(LocalDirStore(tmp_path)) as manager:  # the credentials are back
+        again = manager.procedure_watcher(procedure.id)
+        assert again is not None  # recovered: it had not ended
+        await again.wait()
+        assert again.state.is_done()

@@ -26,7 +26,7 @@ from procstore import (
     StoreUnavailable,
 )
 from procstore._runtime.lease import LEASE_KEY, Lease, LeaseRecord
-from procstore.store import LocalDirStore, open_state_store
+from procstore.store import LocalDirStore, MemoryStore, open_state_store
 from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.state_store import StateStore
@@ -488,3 +488,18 @@ async def test_no_attempt_starts_once_the_lease_may_have_passed(local_target: St
     assert RetriesUntilAllowed.attempts[name][before:] == [2]  # no attempt under the lapsed term
     await manager.stop()
     await store.inner.close()
+
+
+@pytest.mark.parametrize(("ttl", "warned"), [(0.4, True), (3.9, True), (4.0, False), (10.0, False)])
+async def test_a_lease_renewed_faster_than_gcs_allows_is_warned_about_at_start(
+    ttl: float, warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GCS takes about one write a second to one object; renewals come every ttl / 4."""
+    store = MemoryStore(f"gcs-limit-{uuid.uuid4()}")
+    store.url = "gs://bucket/cp/"  # what the warning goes by: the store's URL
+    async with manager_for(store, lease=Lease(ttl=ttl, holder="cp-1")):
+        pass
+    said = [r.getMessage() for r in caplog.records if "write/s per object" in r.getMessage()]
+    assert bool(said) == warned, said
+    if warned:
+        assert "Lease(ttl >= 4)" in said[0]

@@ -1,0 +1,55 @@
+"""Stored text made safe to show: anyone who can write the bucket chooses every value and
+key name, so a view prints them as inert text.
+
+- `valid_unicode`: a key name that is not UTF-8 (a local file `bad\\xff.txt`, which Python
+  names with a lone surrogate) or a JSON string with a lone surrogate, with the bad code
+  points escaped (`\\xff`, `\\ud800`): every encoder (UTF-8 pages, JSON, YAML) takes it.
+- `terminal_text`: also every control character (C0, DEL, C1: ESC starts the sequences that
+  set a window title, clear the screen or make a hyperlink) and the bidirectional overrides
+  escaped as `\\x1b`, `\\u202e`..., so a terminal shows them and obeys none.
+- `bounded`: at most `limit` characters, then how many more there are.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+TEXT_LIMIT = 2_000
+"""Characters of one value a table, tree or page shows (`show -o json` gives them all)."""
+
+
+def valid_unicode(text: str) -> str:
+    """`text`, with each lone surrogate escaped (`\\xff` for an undecodable byte of a name)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            raw = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return raw.decode("utf-8", "backslashreplace")
+    return text
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _ESCAPES.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
+def terminal_text(text: str, *, keep_newlines: bool = False) -> str:
+    """`text` with lone surrogates and every control character escaped (newlines kept if
+    `keep_newlines`: for text this program lays out over several lines)."""
+    text = valid_unicode(text)
+    if keep_newlines:
+        return "\n".join(_CONTROL.sub(_escape, line) for line in text.split("\n"))
+    return _CONTROL.sub(_escape, text)
+
+
+def bounded(text: str, limit: int = TEXT_LIMIT) -> str:
+    """`text` cut to `limit` characters, saying how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… {len(text) - limit} more characters"

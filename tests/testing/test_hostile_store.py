@@ -1,0 +1,50 @@
+"""Recovery over the hostile store of `procstore.testing`: every hostile procedure is a load
+problem, left as it is; the store's own procedures run; nothing fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from procstore.store import LocalDirStore
+from procstore.store.message import ProcedureMessage
+from procstore.testing import HOSTILE_TEXTS, write_hostile_store
+from tests.procedures import World
+from tests.runtime.helpers import manager_for, steps
+
+
+async def test_recovery_skips_every_hostile_procedure_and_runs_the_others(tmp_path: Path) -> None:
+    written = await write_hostile_store(LocalDirStore(tmp_path))
+    assert written.keys_refused == []  # a local store takes a name that is not UTF-8
+    world = World.new()
+    async with manager_for(LocalDirStore(tmp_path)) as manager:
+        problems = {str(p.procedure_id) for p in manager.recovery_problems if p.procedure_id is not None}
+        # No loader for any hostile type (and two are a parent cycle): each reported, none run.
+        assert {str(pid) for pid in written.procedures} <= problems
+        assert all(not manager.procedure_state(pid) for pid in written.procedures[: len(HOSTILE_TEXTS)])
+        watcher = await manager.submit(steps(world, 2))
+        await watcher.wait()
+    keys = await LocalDirStore(tmp_path).walk("procedure/")
+    for pid in written.procedures:  # left as they were, for an operator
+        assert any(str(pid) in key for key in keys)
+
+
+async def test_a_key_of_another_shape_does_not_end_a_procedure(tmp_path: Path) -> None:
+    """`procedure/x/{id}/9999999999.commit` (or `procedure/{id}/9.commit`), written beside a
+    procedure's real keys, is not a key of it: recovery resumes the procedure to its end
+    instead of taking it for finished and deleting its keys."""
+    world = World.new()
+    victims = [steps(world, 2), steps(world, 2)]
+    store = LocalDirStore(tmp_path)
+    for victim in victims:
+        message = ProcedureMessage(victim.procedure.type_name, victim.procedure.dump(), None, 0)
+        await store.put(f"procedure/{victim.id}/0000000000.step", message.encode())
+    fakes = [f"procedure/x/{victims[0].id}/9999999999.commit", f"procedure/{victims[1].id}/9.commit"]
+    for fake in fakes:
+        await store.put(fake, b"")
+    async with manager_for(LocalDirStore(tmp_path)) as manager:
+        for victim in victims:
+            watcher = manager.procedure_watcher(victim.id)
+            assert watcher is not None  # resumed, not taken for finished
+            await watcher.wait()
+            assert watcher.state.is_done()
+    assert sorted(await store.walk("procedure/")) == sorted(fakes)  # left alone, as any stray key
