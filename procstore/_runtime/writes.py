@@ -25,23 +25,24 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
     Repeating the create is safe: it is create-only and recognises our own bytes. Returns
     False if the key holds something else (a duplicate id). Raises `DuplicateProcedure` if
     the id ran and ended already (its first run has an end record): an id is used once, for
-    as long as history keeps its record. That look is sent with the create; a create that
-    landed for such an id is deleted again.
+    as long as history keeps its records). That look is sent with the create; a key this
+    submit created for such an id is deleted again, a key that held these bytes already (a
+    kept procedure's) never.
     """
     retried = False
     first = ctx.store.key(pid, 0, KeyType.STEP)
 
     async def create(attempt: int) -> bool:
         created, ended = await gather_settled(
-            ctx.store.create_procedure(pid, type_name, data, None), ctx.history.has_ended(pid, 1)
+            ctx.store.create_submitted(pid, type_name, data), ctx.history.has_ended(pid, 1)
         )
         if ended:
-            if created:
+            if created:  # by this attempt: nobody else's key (a kept procedure's, say) goes
                 await ctx.store.store.batch_delete([first])
             raise DuplicateProcedure(
                 pid, f" and has ended: its end record {ctx.history.run_key(pid, 1)} is stored (an id runs once)"
             )
-        return created
+        return created is not False
 
     def on_retry(exc: BaseException, retry: int, delay: float) -> None:
         nonlocal retried

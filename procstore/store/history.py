@@ -212,14 +212,29 @@ class HistoryStore:
         return None
 
     async def sweep(self, now: float | None = None) -> int:
-        """Delete records past the retention, then the oldest beyond `max_records`; returns how many."""
+        """Delete records past the retention, then the oldest beyond `max_records`; returns how many.
+
+        The end records of one id go together, when its newest passes: while any run of an
+        id is remembered, its first run's record is too, which is what a submit looks for
+        (`has_ended(id, 1)`), so an id is never taken for a new one while history knows it.
+        """
         now = time.time() if now is None else now
         by_end = await self._by_end()
+        newest: dict[str, int] = {}
+        for ended, key in by_end:
+            newest[_id_of(key)] = max(newest.get(_id_of(key), ended), ended)
+        # Each record is judged by its id's newest end (a record of an earlier release, by its own).
+        judged = sorted(
+            ((newest[_id_of(key)] if isinstance(_shape(key), tuple) else ended), key) for ended, key in by_end
+        )
         cutoff_ms = int((now - self.settings.retention) * 1000)
-        doomed = [k for ended, k in by_end if ended < cutoff_ms]
-        kept = by_end[len(doomed) :]
+        doomed = [k for ended, k in judged if ended < cutoff_ms]
+        kept = judged[len(doomed) :]
         if len(kept) > self.settings.max_records:
-            doomed += [k for _, k in kept[: len(kept) - self.settings.max_records]]
+            cut = len(kept) - self.settings.max_records
+            while cut < len(kept) and _id_of(kept[cut][1]) == _id_of(kept[cut - 1][1]):
+                cut += 1  # an id's records go together (above)
+            doomed += [k for _, k in kept[:cut]]
         if doomed:
             await self.store.batch_delete(doomed)
         return len(doomed)

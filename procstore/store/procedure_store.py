@@ -178,6 +178,16 @@ class ProcedureStore:
         value = ProcedureMessage(type_name, data, parent_id, 0, None, run).encode()
         return await self._create(self.key(procedure_id, 0, KeyType.STEP), value)
 
+    async def create_submitted(self, procedure_id: ProcedureId, type_name: str, data: str) -> bool | None:
+        """`create_procedure` for a submit, saying who wrote the key: True, this call;
+        None, it held these bytes already (an earlier attempt whose answer was lost, or a
+        submit of the same bytes before); False, it holds something else."""
+        key = self.key(procedure_id, 0, KeyType.STEP)
+        value = ProcedureMessage(type_name, data, None, 0).encode()
+        if await self.store.put_if_absent(key, value):
+            return True
+        return None if await self.store.get(key) == value else False
+
     def commit_procedure(self, procedure_id: ProcedureId, step: int) -> Coroutine[Any, Any, None]:
         """Mark the procedure finished: an empty `{step}.commit` (create-only, as every step
         key). As `store_procedure`, the coroutine that writes it."""
