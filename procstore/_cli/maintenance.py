@@ -155,7 +155,7 @@ async def record_ends(store: ProcedureStore, procedures: list[StoredProcedure]) 
         for p in procedures
         if p.message is not None and p.status in (StoredStatus.COMMITTED, StoredStatus.FAILED)
     ]
-    await HistoryStore(store.store, store.parent_path).put_many(records)
+    await HistoryStore(store.store, store.parent_path).put_unrecorded(records)
 
 
 async def _delete_all(store: ProcedureStore, procedures: list[StoredProcedure], console: Console) -> int:

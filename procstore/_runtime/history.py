@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 from procstore._logs import get_logger
@@ -9,7 +10,8 @@ from procstore._runtime.context import ManagerContext
 from procstore._runtime.meta import ProcedureMeta
 from procstore.ids import ProcedureId
 from procstore.state import ProcedureState
-from procstore.store.history import HistoryRecord, RunKey, iso, record_from_keys
+from procstore.store.history import HistoryRecord, Recorded, iso, record_from_keys
+from procstore.store.keys import procedure_dir
 from procstore.store.procedure_store import ProcedureMessages
 
 logger = get_logger("procstore.runtime")
@@ -65,20 +67,39 @@ async def record_tree(
 
 
 async def record_recovered(
-    ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId], recorded: set[RunKey]
+    ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId], recorded: Recorded
 ) -> None:
-    """End records for the finished runs recovery is about to delete, unless their run has
-    one in `recorded` (a record of another run of the same id says nothing of this one).
+    """End records for the finished runs recovery is about to delete, unless history holds
+    that end (`recorded`: a record of another run of the same id says nothing of this one).
 
     What the store keeps of them is their last message: no start time, no retry count.
     """
-    if not ids:
-        return
     now = iso(datetime.now(UTC)) or ""
+    records = [
+        record_from_keys(pid, message, rolled_back=pid in loaded.rolled_back_ids, ended_at=now)
+        for pid in ids
+        if (message := loaded.finished_messages.get(pid)) is not None
+    ]
+    await ctx.history.put_unrecorded(records, recorded)
+
+
+async def record_kept(
+    ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId], recorded: Recorded
+) -> None:
+    """End records for failed roots kept for an operator whose end history lacks: a crash
+    came between their `.commit` and their record. The record says when the `.commit` was
+    written (where the store knows), so one that retention swept since stays swept instead
+    of coming back, as ending now, at every start."""
+    now = time.time()
     records: list[HistoryRecord] = []
     for pid in ids:
         message = loaded.finished_messages.get(pid)
-        if message is None or (str(pid), message.run) in recorded:
+        if message is None or recorded.has(pid, message.run):
             continue
-        records.append(record_from_keys(pid, message, rolled_back=pid in loaded.rolled_back_ids, ended_at=now))
+        modified = await ctx.store.store.walk_modified(procedure_dir(ctx.store.proc_path, pid))
+        ended = max((t for t in modified.values() if t is not None), default=now)
+        if now - ended > ctx.history.settings.retention:
+            continue
+        at = iso(datetime.fromtimestamp(ended, UTC)) or ""
+        records.append(record_from_keys(pid, message, rolled_back=True, ended_at=at))
     await ctx.history.put_many(records)

@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from procstore._runtime.meta import ProcedureMeta
+from procstore._text import valid_unicode
 from procstore.errors import LockConflict, ProcedureError, describe
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey
@@ -164,7 +165,9 @@ def format_tb(exc: BaseException) -> str:
 
 def failed_state(exc: BaseException, *, gave_up_after: int | None = None, prefix: str = "") -> ProcedureState:
     # An operator's request says itself what happened; its class name would only be noise.
-    error = prefix + (str(exc) if isinstance(exc, OperatorRequested) else describe(exc))
+    # Stored in the `.rollback` and the history record: text that cannot be encoded (a
+    # lone surrogate from an undecodable file name, say) would make the failure unstorable.
+    error = valid_unicode(prefix + (str(exc) if isinstance(exc, OperatorRequested) else describe(exc)))
     if gave_up_after is not None:
         error = f"gave up after {gave_up_after} retries: {error}"
     return ProcedureState.with_error(ProcedureStateKind.FAILED, error, exc, format_tb(exc))

@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from procstore._bulk import collector_paused
 from procstore._logs import get_logger
 from procstore._runtime.context import LoadFailed, ManagerContext
-from procstore._runtime.history import record_recovered
+from procstore._runtime.history import record_kept, record_recovered
 from procstore._runtime.runner import Runner
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
 from procstore.state import ProcedureState, ProcedureStateKind
-from procstore.store.history import RunKey
+from procstore.store.history import Recorded, RunKey
 from procstore.store.keys import KeysByProcedure, KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
@@ -40,8 +40,8 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     loaded = await ctx.store.load_messages()
     # One listing of history/, and only for a store that holds procedures.
     anything = loaded.messages or loaded.rollback_messages or loaded.finished_ids
-    ended = await ctx.history.ended_runs() if anything else set()
-    finished_runs = _runs_that_ended(loaded, ended)
+    recorded = await ctx.history.recorded() if anything else Recorded()
+    finished_runs = _runs_that_ended(loaded, recorded.runs)
     if finished_runs:
         logger.warning(
             "deleting %d procedure folders of runs that ended already (keys re-created by a late write of a paused "
@@ -77,13 +77,13 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     kept_roots = [pid for pid in ctx.stored.rolled_back if (m := loaded.finished_messages.get(pid)) and not m.parent_id]
     if kept_roots:
         try:
-            await record_recovered(ctx, loaded, kept_roots, ended)
+            await record_kept(ctx, loaded, kept_roots, recorded)
         except ProcedureError as e:
             logger.warning("could not record the end of failed procedures kept for an operator (%s)", e)
     if to_delete:
         logger.info("deleting %d finished procedures left by an interrupted cleanup", len(to_delete))
         try:
-            await record_recovered(ctx, loaded, to_delete, ended)
+            await record_recovered(ctx, loaded, to_delete, recorded)
             await ctx.store.delete_procedures(to_delete)
         except ProcedureError as e:
             logger.warning("could not delete finished procedures (%s); the next start tries again", e)

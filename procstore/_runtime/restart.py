@@ -20,10 +20,13 @@ through the API raises the `ProcedureError`, and the other restart's nudge runs 
 
 from __future__ import annotations
 
+import time
+
 from procstore._logs import get_logger, procedure_fields
 from procstore._runtime.context import LoadFailed, ManagerContext
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.recovery import resume_root
+from procstore._runtime.writes import delete_tree
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.restart import RestartedMeanwhile, apply_restart, check_restart, plan_restart
@@ -55,7 +58,7 @@ async def restart(
         )
     if meta is not None and meta.state.is_done():
         raise ProcedureError(f"procedure {procedure_id} finished successfully: nothing to restart")
-    if meta is not None and not meta.keep_keys and procedure_id not in ctx.stored.unreadable:
+    if meta is not None and not meta.keep_keys and procedure_id not in ctx.stored.unreadable and not nudged:
         raise ProcedureError(
             f"procedure {procedure_id} ended {meta.state.kind.name} and its keys are deleted (or being deleted): "
             "nothing to restart (managers keep a failed procedure's keys with keep_failed=True)"
@@ -64,6 +67,11 @@ async def restart(
         raise ProcedureError(f"procedure {procedure_id} is being restarted already")
     ctx.restarting.add(procedure_id)
     try:
+        if meta is not None and meta.inherited and time.monotonic() < ctx.inherited_deletes_after:
+            # Its tree's deletion waits out the grace: its children go now, or the new run
+            # could not create them anew (their ids hold the ended run's keys).
+            ids = ctx.tree_ids(meta)
+            await delete_tree(ctx, meta, ids, ctx.tree_metas(ids), meta.state, keep_root=True)
         for _ in range(3):
             try:
                 return await _restart(ctx, procedure_id, to_step, nudged=nudged)

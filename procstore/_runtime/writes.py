@@ -89,7 +89,13 @@ async def delete_tree_later(
     re-create a key deleted now. It deletes the runs that ended (`metas`), never a later run
     of the same ids that an operator started meanwhile."""
     await asyncio.sleep(delay)
-    await delete_tree(ctx, root, ids, metas, root.state)
+    # An operator's `procstore resume` meanwhile (a nudge the watch has not acted on yet)
+    # keeps the root for it, as recovery keeps a nudged root.
+    try:
+        nudged = await ctx.store.resumes.get(root.id) is not None
+    except ProcedureError:
+        nudged = True  # cannot tell: keep it; the next start decides
+    await delete_tree(ctx, root, ids, metas, root.state, keep_root=nudged)
     ctx.on_tree_finished(ids, metas)
 
 
@@ -99,8 +105,11 @@ async def delete_tree(
     ids: list[ProcedureId],
     metas: list[ProcedureMeta],
     state: ProcedureState,
+    *,
+    keep_root: bool = False,
 ) -> None:
-    """Write a finished tree's end records, then delete the keys that may go.
+    """Write a finished tree's end records, then delete the keys that may go (the root's
+    too, unless `keep_root`: it is about to run again).
 
     `metas` are the runs that ended (from `ctx.tree_metas` at the end): what they wrote is
     deleted, and nothing above their highest step, which a later run of the id (a resume
@@ -119,6 +128,8 @@ async def delete_tree(
     # A root restarted meanwhile is the new run's: its folder (the earlier steps too, which a
     # rewind may copy) stays. Its ended run's children go, as the new run creates its own.
     kept.update(restarted & {root.id})
+    if keep_root:
+        kept.add(root.id)
     doomed = [pid for pid in ids if pid not in kept and not ((m := ended_runs.get(pid)) and m.keep_keys)]
     children = [pid for pid in doomed if pid != root.id]
     # The keys of procedures this term wrote from step 0: deleted without listing their folder.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -113,6 +113,20 @@ def iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.astimezone(UTC).isoformat(timespec="milliseconds")
 
 
+@dataclass(slots=True)
+class Recorded:
+    """The ends history holds (`HistoryStore.recorded`)."""
+
+    runs: set[RunKey] = field(default_factory=set)
+    """The runs with an end record."""
+    before_runs: set[str] = field(default_factory=set)
+    """Ids with a record of an earlier release, which did not number runs: taken as a
+    record of run 1 when deciding what to record, never as an end record."""
+
+    def has(self, procedure_id: ProcedureId | str, run: int) -> bool:
+        return (str(procedure_id), run) in self.runs or (run == 1 and str(procedure_id) in self.before_runs)
+
+
 class HistoryStore:
     """Reads, writes and sweeps history records under `{parent_path}history/`."""
 
@@ -173,7 +187,25 @@ class HistoryStore:
 
     async def ended_runs(self) -> set[RunKey]:
         """The runs with an end record: none of them may run again."""
-        return {shape for key in await self._listed() if isinstance(shape := _shape(key), tuple)}
+        return (await self.recorded()).runs
+
+    async def recorded(self) -> Recorded:
+        """What history holds, in one listing: the end records, and the ids with a record
+        of an earlier release."""
+        out = Recorded()
+        for key in await self._listed():
+            shape = _shape(key)
+            if isinstance(shape, tuple):
+                out.runs.add(shape)
+            else:
+                out.before_runs.add(_id_of(key))
+        return out
+
+    async def put_unrecorded(self, records: Sequence[HistoryRecord], recorded: Recorded | None = None) -> None:
+        """`put_many` of the records whose end history does not hold yet (`recorded`, or
+        listed now): a record an earlier release wrote of the same end counts."""
+        recorded = await self.recorded() if recorded is None else recorded
+        await self.put_many([r for r in records if not recorded.has(r.id, r.run)])
 
     async def has_ended(self, procedure_id: ProcedureId | str, run: int) -> bool:
         """Whether run `run` of the procedure has its end record (one read)."""

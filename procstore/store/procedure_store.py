@@ -111,6 +111,25 @@ class ProcedureMessages:
         return {p.procedure_id for p in self.problems if p.procedure_id is not None}
 
 
+def _set_strays_apart(result: ProcedureMessages, candidates: list[ProcedureId]) -> list[ProcedureId]:
+    """Of the unfinished-looking folders without a step 0, the strays: keys a paused former
+    leader re-created after the run had ended and been deleted. A folder whose latest
+    message is of a restarted run (`run` above 1) is not one: a resume or rewind by another
+    process (`procstore rewind`) wrote its copy while the ended run's keys were being
+    deleted, and that copy is all the new run needs (a copy of a run that ended too is
+    known by its end record, see `procstore.store.history`)."""
+    strays: list[ProcedureId] = []
+    for pid in candidates:
+        message = result.messages.get(pid) or result.rollback_messages.get(pid)
+        if message is not None and message.run > 1:
+            continue
+        result.messages.pop(pid, None)
+        result.rollback_messages.pop(pid, None)
+        result.problems = [p for p in result.problems if p.procedure_id != pid]
+        strays.append(pid)
+    return strays
+
+
 class ProcedureStore:
     """Reads and writes procedures under `{parent_path}procedure/` of a `StateStore`."""
 
@@ -310,7 +329,7 @@ class ProcedureStore:
         with collector_paused():
             read = dict(zip((pid for pid, _, _ in to_read), values, strict=True))
             result = self._classify(latest_of, below_commit, read)
-        result.stray_ids = stray
+        result.stray_ids = _set_strays_apart(result, stray)
         result.problems.extend(unlisted)
         return result
 
@@ -384,8 +403,7 @@ class ProcedureStore:
         for pid, latest, latest_key, below, below_key, lowest in self._each_latest(keys):
             step, key_type = latest
             if self.skip_strays and key_type is not KeyType.COMMIT and step > 0 and lowest > 0:
-                stray.append(pid)
-                continue
+                stray.append(pid)  # read all the same: its run decides (`_set_strays_apart`)
             latest_of[pid] = latest
             if key_type is not KeyType.COMMIT:
                 to_read.append((pid, step, key_type))
