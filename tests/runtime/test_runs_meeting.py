@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -23,7 +24,7 @@ from procstore import (
     Status,
 )
 from procstore.store import open_state_store
-from procstore.store.history import HistoryStore
+from procstore.store.history import HistoryRecord, HistoryStore, iso
 from procstore.store.message import ProcedureMessage
 from tests.conftest import StoreTarget
 from tests.procedures import JsonProcedure, World
@@ -51,28 +52,41 @@ async def _procstore(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_a_submit_is_refused_while_history_keeps_a_later_run_of_the_id(local_target: StoreTarget) -> None:
-    """Run 1 of an id failed (kept for an operator) and was resumed: run 2 committed later.
-    Once retention is past run 1's end but not run 2's, history still says the id ended, so a
+    """Run 1 of an id failed long ago (kept for an operator) and was resumed: run 2 committed
+    just now. A sweep past run 1's retention keeps its record while run 2's is kept, so a
     submit of the id, to another manager of the store, raises DuplicateProcedure and runs
     nothing: an id runs once for as long as history keeps an end record of it."""
     world = World.new()
-    data = {"world": world.name, "name": "f", "fail_times": 1}
+    data = {"world": world.name, "name": "f"}
     proc = ProcedureWithId.new(Flaky(dict(data)))
-    options = {"keep_failed": True, "max_retry_times": 0, "history": History(retention=1.5)}
-    async with runs_manager(local_target, gc_interval=0.1, **options) as manager:
-        with pytest.raises(ProcedureFailed):
-            await (await manager.submit(proc)).wait()
-        run_1_ended = time.monotonic()
-        await asyncio.sleep(0.6)
-        assert await (await manager.resume(proc.id)).wait() == "f"
-        # Run 1's record is past retention (and a sweep), run 2's (ended ~1.2 s ago) is not.
-        await asyncio.sleep(run_1_ended + 1.8 - time.monotonic())
-        latest = await HistoryStore(manager.store.store, manager.store.parent_path).find(proc.id)
-        assert latest is not None and latest.outcome == "done"
-    async with runs_manager(local_target, **options) as manager:
+    retention = 7 * 24 * 3600.0
+    history = HistoryStore(open_state_store(local_target.url, local_target.storage_options), "", History(retention))
+    long_ago = datetime.now(UTC) - timedelta(seconds=2 * retention)
+    run_1 = HistoryRecord(
+        id=str(proc.id),
+        type_name=Flaky.type_name,
+        parent_id=None,
+        outcome="failed",
+        ended_at=iso(long_ago) or "",
+        run=1,
+    )
+    run_2 = HistoryRecord(
+        id=str(proc.id),
+        type_name=Flaky.type_name,
+        parent_id=None,
+        outcome="done",
+        ended_at=iso(datetime.now(UTC)) or "",
+        run=2,
+    )
+    await history.put_many([run_1, run_2])
+    assert await history.sweep() == 0
+    assert {r.run for r in await history.list()} == {1, 2}
+    async with runs_manager(local_target, keep_failed=True) as manager:
         with pytest.raises(DuplicateProcedure):
             await (await manager.submit(ProcedureWithId(proc.id, Flaky(dict(data))))).wait()
-    assert world.counts["f/1"] == 1
+    assert world.counts["f/0"] == 0
+    assert await history.sweep(now=time.time() + 3 * retention) == 2  # then the id's records go together
+    await history.store.close()
 
 
 async def test_an_end_the_previous_release_recorded_is_not_recorded_again(local_target: StoreTarget) -> None:
