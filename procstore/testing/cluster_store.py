@@ -42,11 +42,14 @@ Effect = Literal["error", "lost", "slow", "late", "crash_before", "crash_after",
 
 @dataclass(slots=True)
 class Armed:
-    """A fault for a process's `ahead`-th next operation that changes the store."""
+    """A fault for a process's `ahead`-th next operation that changes the store (and
+    whose key contains `match`)."""
 
     effect: Effect
     ahead: int
     seconds: float = 0.0
+    match: str = ""
+    """Count only the operations whose key contains this (all of them if empty)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +121,12 @@ class Process:
             if self.on_crash is not None:
                 self.on_crash(self)
 
-    def draw(self) -> Armed | None:
-        """The fault armed for this mutating operation, if any; counts the others down."""
+    def draw(self, key: str) -> Armed | None:
+        """The fault armed for this mutating operation on `key`, if any; counts the others down."""
         hit = None
         for armed in self.armed:
+            if armed.match not in key:
+                continue
             armed.ahead -= 1
             if armed.ahead == 0 and hit is None:
                 hit = armed
@@ -143,7 +148,7 @@ class ProcessStore(WrappingStore):
             return await call()
         loop = asyncio.get_running_loop()
         mutating = kind in MUTATING_KINDS
-        armed = process.draw() if mutating else None
+        armed = process.draw(key) if mutating else None
         effect = armed.effect if armed is not None else None
         seconds = armed.seconds if armed is not None else 0.0
         if effect is None and (

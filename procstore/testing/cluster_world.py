@@ -12,6 +12,7 @@ from a small set, so that concurrent jobs contend.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,9 @@ class Ledger:
     effects: dict[str, set[int]] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
 
-    async def apply(self, process: Process, ctx: Context, step: int) -> None:
+    async def apply(self, process: Process, ctx: Context, step: int, work: float = 0.0) -> None:
+        """Do step `step`'s work (`work` virtual seconds), then set its effect."""
+        await asyncio.sleep(work)
         await process.wait_running()
         ctx.check_lease()
         self.effects.setdefault(str(ctx.procedure_id), set()).add(step)
@@ -82,7 +85,7 @@ class Job(Procedure):
             ]
             if failed:
                 raise RuntimeError(f"{len(failed)} child(ren) failed")
-        await ledger.apply(process, ctx, at)
+        await ledger.apply(process, ctx, at, float(d.get("work", 0.0)))
         if at == d.get("fail_at", -1):
             raise RuntimeError(f"planned failure at step {at}")
         if d.get("children", 0) and at == 0 and not d.get("kids"):
@@ -103,7 +106,13 @@ class Job(Procedure):
 
 
 def child_data(parent: dict[str, Any], index: int) -> dict[str, Any]:
-    return {"steps": 2, "at": 0, "rollback": parent.get("rollback", False), "name": f"{parent.get('name')}.{index}"}
+    return {
+        "steps": 2,
+        "at": 0,
+        "rollback": parent.get("rollback", False),
+        "name": f"{parent.get('name')}.{index}",
+        "work": parent.get("work", 0.0),
+    }
 
 
 def new_job(rng: random.Random, name: str) -> dict[str, Any]:
@@ -116,6 +125,7 @@ def new_job(rng: random.Random, name: str) -> dict[str, Any]:
         "children": rng.choice([0, 0, 1, 2]),
         "rollback": rng.random() < 0.5,
         "locks": sorted(set(rng.sample(RESOURCES, rng.randint(0, 2)))),
+        "work": round(rng.choice([0.0, rng.uniform(0, 8)]), 2),
     }
 
 

@@ -49,7 +49,7 @@ def run_seeds(simulation: ClusterSimulation, seeds: Iterator[int], out: TextIO, 
             failed += 1
             print(result.report(), file=out, flush=True)
         elif verbose:
-            print(result.report(), file=out, flush=True)
+            print(result.report(full=True), file=out, flush=True)
     elapsed = max(time.perf_counter() - started, 1e-9)
     print(f"{ran} seeds in {elapsed:.1f}s ({ran / elapsed:.1f} seeds/s), {failed} failed", file=out, flush=True)
     return failed
