@@ -63,7 +63,9 @@ class MachinesWorld:
         manager.register(ProvisionService)
         manager.register(CreateResource)
 
-    async def new_procedure(self, rng: random.Random, name: str, store: StateStore) -> ProcedureWithId:
+    async def new_procedure(
+        self, rng: random.Random, name: str, process: Process, store: StateStore
+    ) -> ProcedureWithId:
         kind = rng.choice(["migrate", "create", "publish", "provision"])
         cluster = self.cluster
         if kind == "migrate":

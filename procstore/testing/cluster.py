@@ -337,7 +337,9 @@ class ClusterSimulation:
         submitted = []
         for _ in range(count):
             run.names += 1
-            submitted.append(await run.world.new_procedure(run.rng, f"p{run.names}", slot.manager.store.store))
+            submitted.append(
+                await run.world.new_procedure(run.rng, f"p{run.names}", slot.process, slot.manager.store.store)
+            )
         for p in submitted:
             run.model.roots.add(str(p.id))
         run.note(f"{slot.process.name}: submit {', '.join(str(p.id) for p in submitted)}")
@@ -353,11 +355,12 @@ class ClusterSimulation:
         stored = await _stored(run.store)
         if not stored:
             return
-        kind = rng.choice(["cancel", "fail", "resume", "rewind", "delete", "gc"])
+        kind = rng.choices(["cancel", "fail", "resume", "rewind", "delete", "gc"], [25, 15, 15, 25, 8, 12])[0]
+        # As an operator would: stop what runs, restart or delete what has ended; roots first.
         ended = [pid for pid, keys in stored.items() if _latest(keys).key_type.value == "commit"]
-        running = [pid for pid in stored if pid not in ended]
+        running = [pid for pid, keys in stored.items() if _latest(keys).key_type.value == "step"]
         pool = ended if kind in ("resume", "rewind", "delete") else running
-        pid = rng.choice(pool or list(stored))
+        pid = rng.choice([p for p in pool if p in run.model.roots] or pool or list(stored))
         via = "api" if kind in ("cancel", "resume", "rewind") and rng.random() < 0.5 else "cli"
         number = len(run.model.operator) + 1
         action = OperatorAction(number, kind, pid, via, asyncio.get_running_loop().time())
@@ -366,7 +369,10 @@ class ClusterSimulation:
             run.model.deleted.add(pid)
         reason = f"op#{number}"
         try:
-            said = await self._request(run, action, reason, rng.randint(0, _latest(stored[pid]).step))
+            # A rewind goes back to a step in the middle, mostly: the first is rarely the point.
+            latest = _latest(stored[pid]).step
+            step = rng.randint(0, latest) if rng.random() < 0.3 else rng.randint(min(1, latest), max(latest - 2, 0))
+            said = await self._request(run, action, reason, step)
             action.result = said[:160]
             if kind in ("cancel", "fail"):
                 action.stored_at = asyncio.get_running_loop().time()
@@ -402,7 +408,7 @@ class ClusterSimulation:
             if action.kind == "resume"
             else manager.rewind(ProcedureId.parse(pid), step)
         )
-        run.spawn(_await_quietly(watcher.wait()), "sim:watch")
+        run.spawn(_watch(action, watcher.wait()), "sim:watch")
         return f"restarted by {slot.process.name}" + (f" from step {step}" if action.kind == "rewind" else "")
 
     # -- the end -------------------------------------------------------------------------
@@ -452,9 +458,14 @@ class ClusterSimulation:
         return problems
 
 
-async def _await_quietly(wait: Coroutine[Any, Any, object]) -> None:
-    with contextlib.suppress(ProcedureFailed, ProcedureError):
+async def _watch(action: OperatorAction, wait: Coroutine[Any, Any, object]) -> None:
+    """Wait for the end of the run `action` began, and keep its error."""
+    try:
         await wait
+    except ProcedureFailed as e:
+        action.ended_with = str(e)
+    except ProcedureError:
+        pass
 
 
 async def _stored(store: MemoryStore) -> dict[str, list[ParsedKey]]:

@@ -56,6 +56,8 @@ class OperatorAction:
     stored_at: float | None = None
     """When its write had surely landed (None: refused, or its outcome is unknown)."""
     result: str = ""
+    ended_with: str | None = None
+    """For a restart through the API: the error its run's watcher raised (None: none seen)."""
 
     def line(self) -> str:
         return f"{self.issued_at:9.2f}  op#{self.number} {self.kind} {self.procedure_id} via {self.via}: {self.result}"
@@ -180,6 +182,15 @@ def check_requests(
     """Every stored request is honoured or refused once, by the run it was made for."""
     problems = [f"an operator request outlived its procedure: {key}" for key in left]
     actions = {a.number: a for a in model.operator}
+    for restart in model.operator:
+        for number in {int(n) for n in REQUEST_TAG.findall(restart.ended_with or "")}:
+            action = actions.get(number)
+            if action is not None and action.stored_at is not None and action.stored_at < restart.issued_at:
+                problems.append(
+                    f"{restart.procedure_id}: the run op#{restart.number} ({restart.kind}) began at "
+                    f"{restart.issued_at:.2f} failed by op#{number} ({action.kind} of {action.procedure_id}), "
+                    f"stored at {action.stored_at:.2f}, before that run began: {restart.ended_with}"[:600]
+                )
     for pid, records in sorted(history.items()):
         runs = [r for r in procedures.get(pid, Procedure()).runs if r.ended_at is not None]
         for run, record in zip(runs, records, strict=False):

@@ -80,11 +80,10 @@ class Job(Procedure):
         d = self.data
         at = int(d["at"])
         if d.get("kids") and d.get("waited"):
-            failed = [
-                k for k in d["kids"] if (s := ctx.provider.procedure_state(ProcedureId.parse(k))) and s.is_failed()
-            ]
+            states = [ctx.provider.procedure_state(ProcedureId.parse(k)) for k in d["kids"]]
+            failed = [s for s in states if s is not None and s.is_failed()]
             if failed:
-                raise RuntimeError(f"{len(failed)} child(ren) failed")
+                raise RuntimeError(f"{len(failed)} child(ren) failed: " + "; ".join(str(s.error) for s in failed))
         await ledger.apply(process, ctx, at, float(d.get("work", 0.0)))
         if at == d.get("fail_at", -1):
             raise RuntimeError(f"planned failure at step {at}")
@@ -93,7 +92,10 @@ class Job(Procedure):
             return Status.executing(persist=True)
         if d.get("kids") and not d.get("waited"):
             d["waited"] = True
-            kids = [ProcedureWithId(ProcedureId.parse(k), Job(child_data(d, i))) for i, k in enumerate(d["kids"])]
+            kids = [
+                ProcedureWithId(ProcedureId.parse(k), Job(child_data(d, i), ledger, process))
+                for i, k in enumerate(d["kids"])
+            ]
             return Status.suspended(kids, persist=True)
         d["at"] = at + 1
         if d["at"] >= int(d["steps"]):
@@ -125,7 +127,7 @@ def new_job(rng: random.Random, name: str) -> dict[str, Any]:
         "children": rng.choice([0, 0, 1, 2]),
         "rollback": rng.random() < 0.5,
         "locks": sorted(set(rng.sample(RESOURCES, rng.randint(0, 2)))),
-        "work": round(rng.choice([0.0, rng.uniform(0, 8)]), 2),
+        "work": round(rng.uniform(0.5, 8), 2),
     }
 
 

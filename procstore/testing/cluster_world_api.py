@@ -29,8 +29,11 @@ class World(Protocol):
         the process's pauses and faults reach it; a fake kept in memory should
         `await process.wait_running()` before it acts)."""
 
-    async def new_procedure(self, rng: random.Random, name: str, store: StateStore) -> ProcedureWithId:
-        """A new root procedure to submit, drawn from `rng` (`store`: the submitter's)."""
+    async def new_procedure(
+        self, rng: random.Random, name: str, process: Process, store: StateStore
+    ) -> ProcedureWithId:
+        """A new root procedure to submit, drawn from `rng`; it runs first in `process`,
+        the submitter's (its view of the store: `store`)."""
 
     async def check(self, store: StateStore, outcomes: dict[str, str]) -> list[str]:
         """The world's invariants once everything has ended: `outcomes` maps each root
@@ -51,9 +54,11 @@ class LedgerWorld:
     def attach(self, manager: ProcedureManager, process: Process, store: StateStore) -> None:
         manager.register_loader(Job.type_name, job_loader(self.ledger, process))
 
-    async def new_procedure(self, rng: random.Random, name: str, store: StateStore) -> ProcedureWithId:
+    async def new_procedure(
+        self, rng: random.Random, name: str, process: Process, store: StateStore
+    ) -> ProcedureWithId:
         data = new_job(rng, name)
-        submitted = ProcedureWithId.new(Job(data))
+        submitted = ProcedureWithId.new(Job(dict(data), self.ledger, process))
         self.jobs[str(submitted.id)] = dict(data)
         return submitted
 

@@ -80,17 +80,23 @@ def test_a_paused_process_lands_its_write_only_once_resumed() -> None:
 
 def test_a_world_reaches_the_process_and_its_store() -> None:
     attached: list[str] = []
+    made: list[str] = []
 
     class Watching(LedgerWorld):
         def attach(self, manager: ProcedureManager, process: Process, store: StateStore) -> None:
             attached.append(process.name)
             super().attach(manager, process, store)
 
-        async def new_procedure(self, rng: random.Random, name: str, store: StateStore) -> ProcedureWithId:
-            return await super().new_procedure(rng, name, store)
+        async def new_procedure(
+            self, rng: random.Random, name: str, process: Process, store: StateStore
+        ) -> ProcedureWithId:
+            submitted = await super().new_procedure(rng, name, process, store)
+            made.append(process.name)
+            return submitted
 
     ClusterSimulation(Watching, actions=6).run(11)
     assert attached[:2] == ["m0", "m1"]
+    assert made and set(made) <= set(attached)
 
 
 def test_the_command_runs_seeds_and_prints_the_rate() -> None:
