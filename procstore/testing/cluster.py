@@ -316,10 +316,13 @@ class ClusterSimulation:
         chosen = [rng.choice(effects) for _ in range(rng.choice([1, 1, 2]))]
         # Half the time, aim at one kind of key: a submit's first step, a commit, a record.
         match = rng.choice(["", "", "", "0000000000.step", ".commit", HISTORY_PATH])
-        if rng.random() < 0.25:
-            # The answer of a write is lost, and its retry is caught by a pause past the lease:
-            # the zombie's retry lands long after.
-            chosen = [("lost", 0), ("pause_before", rng.uniform(3, 12) * TTL)]
+        if rng.random() < 0.4:
+            # A zombie at a write whose late landing matters: sent (its answer lost, or not)
+            # and caught by a pause long past the lease; it lands after the new leader has
+            # ended the procedure, and waited out `late_write_grace`, or not.
+            match = rng.choice(["0000000000.step", ".commit", HISTORY_PATH])
+            pause: tuple[Effect, float] = ("pause_before", rng.uniform(3, 15) * TTL)
+            chosen = [("lost", 0), pause] if rng.random() < 0.5 else [pause]
         for i, (effect, seconds) in enumerate(chosen):
             slot.process.armed.append(Armed(effect, ahead + i, seconds, match))
             aim = f" on {match}" if match else ""

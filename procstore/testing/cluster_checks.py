@@ -193,7 +193,9 @@ def check_requests(
                 )
     for pid, records in sorted(history.items()):
         runs = [r for r in procedures.get(pid, Procedure()).runs if r.ended_at is not None]
-        for run, record in zip(runs, records, strict=False):
+        # A first run may inherit its parent's request (it belongs to the parent's run); a
+        # later run (a restart, or a child named again by its restarted parent) may not.
+        for run, record in list(zip(runs, records, strict=False))[1:]:
             for number in {int(n) for n in REQUEST_TAG.findall(record.error or "")}:
                 action = actions.get(number)
                 if action is None or action.stored_at is None or run.started_at <= action.stored_at:
