@@ -327,7 +327,13 @@ class ClusterSimulation:
             slot.process.armed.append(Armed(effect, ahead + i, seconds, match))
             aim = f" on {match}" if match else ""
             run.note(f"{slot.process.name}: {effect} {seconds:.1f}s armed at its write +{ahead + i}{aim}")
-        if rng.random() < 0.3:
+        if match == ".commit" and any(effect == "late" for effect, _ in chosen):
+            # A commit in flight, its retries failing for a moment: the failure is recorded
+            # above it, and then it lands.
+            seconds = rng.uniform(0.8, 2.5)
+            slot.process.write_outage_until = asyncio.get_running_loop().time() + seconds
+            run.note(f"{slot.process.name}: then every write fails for {seconds:.1f}s")
+        elif rng.random() < 0.3:
             seconds = rng.uniform(1, 10)
             slot.process.write_outage_until = asyncio.get_running_loop().time() + seconds
             run.note(f"{slot.process.name}: then every write fails for {seconds:.1f}s")
