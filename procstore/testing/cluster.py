@@ -380,7 +380,8 @@ class ClusterSimulation:
         try:
             # A rewind goes back to a step in the middle, mostly: the first is rarely the point.
             latest = _latest(stored[pid]).step
-            step = rng.randint(0, latest) if rng.random() < 0.3 else rng.randint(min(1, latest), max(latest - 2, 0))
+            low, high = min(1, latest), max(latest - 2, 0)
+            step = rng.randint(0, latest) if rng.random() < 0.3 else (rng.randint(low, high) if low <= high else low)
             said = await self._request(run, action, reason, step)
             action.result = said[:160]
             if kind in ("cancel", "fail"):
