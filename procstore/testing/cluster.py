@@ -424,19 +424,18 @@ class ClusterSimulation:
     # -- the end -------------------------------------------------------------------------
 
     async def _heal(self, run: _Run) -> None:
-        """Resume every process, turn faults off, restart the dead; wait for the cluster
-        to end everything, up to the deadline (restarting every manager half way)."""
+        """Resume every process, end outages, restart the dead; wait for the cluster to end
+        everything, up to the deadline (restarting every manager half way)."""
         loop = asyncio.get_running_loop()
         run.note("heal: faults off, every process resumed, the dead restarted")
         deadline = loop.time() + self.deadline
         restarted = False
         for slot in run.slots:
-            slot.process.armed.clear()
             slot.process.write_outage_until = 0.0
             slot.process.resume()
         while loop.time() < deadline:
             for slot in run.slots:
-                slot.process.armed.clear()
+                # Faults already armed stay: each fires once, and a zombie made now is one too.
                 slot.process.write_outage_until = 0.0
                 if slot.process.dead or not slot.manager.is_running:
                     await self._restart(run, slot)
