@@ -1,9 +1,13 @@
-"""Crash-test procedures: fault injection (`FaultyStore`, `FaultPlan`, `Fault`) and an
+"""Crash-test procedures: fault injection (`FaultyStore`, `FaultPlan`, `Fault`), an
 explorer that kills a scenario before and after every store operation and checks that
-nothing was lost or done twice."""
+nothing was lost or done twice, and `ClusterSimulation`, seeded runs of a whole cluster
+(managers, operators, pauses, faults and clocks) checked against a model."""
 
 from procstore.store.memory import MemoryStore
 from procstore.testing.clock import SuspendableClock
+from procstore.testing.cluster import ClusterSimulation, SimulationResult
+from procstore.testing.cluster_store import Armed, LoggedOp, Process, ProcessStore
+from procstore.testing.cluster_world_api import LedgerWorld, World
 from procstore.testing.endpoints import gcs_storage_options, s3_storage_options
 from procstore.testing.explorer import CrashExplorer, CrashPoint, ExplorationReport, Scenario
 from procstore.testing.faults import FaultyStore
@@ -15,6 +19,14 @@ from procstore.testing.replay import ReplayReport, export_snapshot, replay
 from procstore.testing.simulation import SimulatedLoop, run_simulated
 
 __all__ = [
+    "Armed",
+    "ClusterSimulation",
+    "LedgerWorld",
+    "LoggedOp",
+    "Process",
+    "ProcessStore",
+    "SimulationResult",
+    "World",
     "CrashExplorer",
     "CrashPoint",
     "ExplorationReport",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -88,11 +90,31 @@ class Failure:
         call = f"explorer.explore(only=[CrashPoint({p.index}, {p.when!r}{extra})])"
         return f"await {call}" if self.seed is None else f"run_simulated({call}, seed={self.seed})"
 
+    def __iter__(self) -> Iterator[object]:
+        """`point, problem = failure`: the `(point, problem)` pair `ExplorationReport.failures`
+        held before it held `Failure`s. Deprecated (use `.point` and `.problem`); it goes
+        in a later release."""
+        _warn_pair()
+        return iter((self.point, self.problem))
+
+    def __getitem__(self, index: int) -> object:
+        """`failure[0]`, `failure[1]`: as `__iter__`, deprecated."""
+        _warn_pair()
+        return (self.point, self.problem)[index]
+
     def __str__(self) -> str:
         lines = [f"crash {self.point}: {self.operation}", f"    {self.problem}"]
         lines += [f"    {line}" for detail in self.details for line in detail.splitlines()]
         lines.append(f"    replay: {self.replay}")
         return "\n".join(lines)
+
+
+def _warn_pair() -> None:
+    warnings.warn(
+        "reading a Failure as a (point, problem) pair is deprecated: use failure.point and failure.problem",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 def outcome_differences(outcomes: dict[str, Outcome], expected: dict[str, Outcome]) -> tuple[str, list[str]] | None:

@@ -1,0 +1,208 @@
+"""The invariants a `ClusterSimulation` checks after each run, against its model of the world.
+
+The model is built from what the simulation saw: the log of every store write that landed
+(who wrote which key, in order), the roots it submitted, and the operator requests it made.
+From the log, each procedure's runs follow: its `0.step` starts the first, a `.commit`
+ends the current one (failed if a `.rollback` lies right below it in that run), and a
+`.step` created above an ended run starts the next (a resume or a rewind).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from procstore.store.history import HistoryRecord
+from procstore.store.keys import PROC_PATH, KeyType, ParsedKey
+from procstore.testing.cluster_store import LoggedOp
+
+REQUEST_TAG = re.compile(r"op#(\d+)\b")
+"""How an operator request's reason names it, so that an error can be traced to it."""
+
+
+@dataclass
+class Run:
+    started_at: float
+    ended_at: float | None = None
+    outcome: str | None = None
+    """`done` or `failed` (a `.rollback` right below its `.commit`)."""
+    rollbacks: set[int] = field(default_factory=set)
+    deleted_while_running: bool = False
+
+
+@dataclass
+class Procedure:
+    runs: list[Run] = field(default_factory=list)
+    zero_deleted: bool = False
+    operator_deleted: bool = False
+    """An operator (`procstore delete`, `gc`) deleted some of its keys: its runs may end unrecorded."""
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def current(self) -> Run | None:
+        return self.runs[-1] if self.runs else None
+
+
+@dataclass
+class OperatorAction:
+    """One operator request the simulation made."""
+
+    number: int
+    kind: str
+    procedure_id: str
+    via: str
+    issued_at: float
+    stored_at: float | None = None
+    """When its write had surely landed (None: refused, or its outcome is unknown)."""
+    result: str = ""
+    ended_with: str | None = None
+    """For a restart through the API: the error its run's watcher raised (None: none seen)."""
+
+    def line(self) -> str:
+        return f"{self.issued_at:9.2f}  op#{self.number} {self.kind} {self.procedure_id} via {self.via}: {self.result}"
+
+
+@dataclass
+class Model:
+    """What the simulation knows of the world it ran."""
+
+    roots: set[str] = field(default_factory=set)
+    keep_failed: bool = False
+    deleted: set[str] = field(default_factory=set)
+    """Procedures an operator deleted: their runs may end without a record."""
+    operator: list[OperatorAction] = field(default_factory=list)
+
+
+def runs_from_log(log: Iterable[LoggedOp], roots: set[str]) -> dict[str, Procedure]:
+    procedures: dict[str, Procedure] = {}
+    for op in log:
+        if not op.landed:
+            continue
+        for key in op.key.split(","):
+            parsed = ParsedKey.parse(PROC_PATH, key)
+            if parsed is None:
+                continue
+            proc = procedures.setdefault(str(parsed.procedure_id), Procedure())
+            if op.kind in ("batch_delete", "delete"):
+                _deleted(proc, str(parsed.procedure_id), parsed, op)
+                continue
+            if op.created:
+                _created(proc, str(parsed.procedure_id), parsed, op, roots)
+    return procedures
+
+
+OPERATOR = "op"
+"""The process name of operator commands in the log."""
+
+
+def _deleted(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp) -> None:
+    proc.zero_deleted = proc.zero_deleted or parsed.step == 0
+    if op.process == OPERATOR:
+        proc.operator_deleted = True
+        return
+    run = proc.current
+    if run is not None and run.ended_at is None and not run.deleted_while_running:
+        run.deleted_while_running = True
+        proc.problems.append(
+            f"{pid}: {parsed.step}.{parsed.key_type.value} deleted at {op.at:.2f} by {op.process} while run "
+            f"{len(proc.runs)} (begun at {run.started_at:.2f}) had not ended: a running procedure's keys went"
+        )
+
+
+def _created(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp, roots: set[str]) -> None:
+    run = proc.current
+    if parsed.key_type is KeyType.STEP:
+        if parsed.step == 0 and proc.zero_deleted and pid in roots:
+            proc.problems.append(
+                f"{pid}: its 0.step was created again at {op.at:.2f} by {op.process} after the procedure ended "
+                "and was deleted: a finished procedure came back"
+            )
+        if run is None or run.ended_at is not None:
+            proc.runs.append(Run(op.at))
+    elif run is None:
+        proc.problems.append(f"{pid}: {parsed.step}.{parsed.key_type.value} landed before any step")
+    elif parsed.key_type is KeyType.ROLLBACK:
+        run.rollbacks.add(parsed.step)
+    elif run.ended_at is None:
+        run.ended_at = op.at
+        run.outcome = "failed" if parsed.step - 1 in run.rollbacks else "done"
+
+
+def check_runs(
+    procedures: dict[str, Procedure],
+    history: dict[str, list[HistoryRecord]],
+    remaining: dict[str, list[ParsedKey]],
+    model: Model,
+) -> list[str]:
+    """Every run ends once, with one history record of the right outcome; no keys remain."""
+    problems: list[str] = []
+    for pid, proc in sorted(procedures.items()):
+        problems += proc.problems
+        if pid in model.deleted or proc.operator_deleted:
+            continue
+        unfinished = [i + 1 for i, r in enumerate(proc.runs) if r.ended_at is None]
+        if unfinished:
+            problems.append(f"{pid}: run {unfinished[-1]} of {len(proc.runs)} never ended (by the deadline)")
+        ended = [r for r in proc.runs if r.ended_at is not None]
+        records = history.get(pid, [])
+        if len(records) != len(ended):
+            said = ", ".join(r.outcome for r in records) or "none"
+            problems.append(
+                f"{pid}: {len(ended)} run(s) ended ({', '.join(str(r.outcome) for r in ended)}) but history holds "
+                f"{len(records)} record(s) ({said})"
+            )
+            if ended and records and ended[-1].outcome == "done" and records[-1].outcome != "done":
+                problems.append(
+                    f"{pid}: its last run committed, but its newest history record says {records[-1].outcome}"
+                )
+        else:
+            for i, (run, record) in enumerate(zip(ended, records, strict=True)):
+                if (run.outcome == "done") != (record.outcome == "done"):
+                    problems.append(f"{pid}: run {i + 1} ended {run.outcome}, but history says {record.outcome}")
+    for pid, keys in sorted(remaining.items()):
+        if pid in model.deleted or (pid in procedures and procedures[pid].operator_deleted):
+            continue
+        latest = max(keys, key=lambda k: k.step)
+        kept = (
+            model.keep_failed
+            and pid in model.roots
+            and latest.key_type is KeyType.COMMIT
+            and any(k.step == latest.step - 1 and k.key_type is KeyType.ROLLBACK for k in keys)
+        )
+        if latest.key_type is KeyType.COMMIT and not kept:
+            names = ", ".join(f"{k.step}.{k.key_type.value}" for k in sorted(keys, key=lambda k: k.step))
+            problems.append(f"{pid}: keys of an ended procedure remain: {names}")
+    return problems
+
+
+def check_requests(
+    procedures: dict[str, Procedure], history: dict[str, list[HistoryRecord]], model: Model, left: list[str]
+) -> list[str]:
+    """Every stored request is honoured or refused once, by the run it was made for."""
+    problems = [f"an operator request outlived its procedure: {key}" for key in left]
+    actions = {a.number: a for a in model.operator}
+    for restart in model.operator:
+        for number in {int(n) for n in REQUEST_TAG.findall(restart.ended_with or "")}:
+            action = actions.get(number)
+            if action is not None and action.stored_at is not None and action.stored_at < restart.issued_at:
+                problems.append(
+                    f"{restart.procedure_id}: the run op#{restart.number} ({restart.kind}) began at "
+                    f"{restart.issued_at:.2f} failed by op#{number} ({action.kind} of {action.procedure_id}), "
+                    f"stored at {action.stored_at:.2f}, before that run began: {restart.ended_with}"[:600]
+                )
+    for pid, records in sorted(history.items()):
+        runs = [r for r in procedures.get(pid, Procedure()).runs if r.ended_at is not None]
+        # A first run may inherit its parent's request (it belongs to the parent's run); a
+        # later run (a restart, or a child named again by its restarted parent) may not.
+        for run, record in list(zip(runs, records, strict=False))[1:]:
+            for number in {int(n) for n in REQUEST_TAG.findall(record.error or "")}:
+                action = actions.get(number)
+                if action is None or action.stored_at is None or run.started_at <= action.stored_at:
+                    continue
+                problems.append(
+                    f"{pid}: its run begun at {run.started_at:.2f} ended {record.outcome} by op#{number} "
+                    f"({action.kind} of {action.procedure_id}), stored at {action.stored_at:.2f}, before that "
+                    "run began"
+                )
+    return problems

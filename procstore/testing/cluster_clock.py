@@ -1,0 +1,65 @@
+"""The wall and monotonic clocks of a cluster simulation: the loop's virtual time.
+
+The runtime reads `time.time()` and `time.monotonic()` for deadlines the lease's clock
+does not cover (the deletion a takeover postpones by `late_write_grace`, garbage
+collection, the age of operator requests and keys), and `datetime.now()` for the times
+history records carry (and are named by). In a simulation all three follow the
+`SimulatedLoop`'s clock, so those deadlines pass in virtual time and two records written
+a virtual minute apart carry times a minute apart; the wall clock can be moved forward (an
+NTP step, a VM restored) without moving the monotonic one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import datetime, tzinfo
+from types import ModuleType
+from typing import Any
+
+from procstore._runtime import history, meta, writes
+
+DATETIME_READERS: tuple[ModuleType, ...] = (history, meta, writes)
+"""The runtime's modules that call `datetime.now()` (each through its own name `datetime`)."""
+
+
+class VirtualClocks:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        # The real wall clock at virtual time 0: history records carry `datetime.now()`,
+        # which cannot be replaced, and their retention is measured on `time.time()`.
+        self.epoch = time.time()
+        self.wall_offset = 0.0
+
+    def monotonic(self) -> float:
+        return self.loop.time()
+
+    def wall(self) -> float:
+        return self.epoch + self.wall_offset + self.loop.time()
+
+    def move_wall_forward(self, seconds: float) -> None:
+        self.wall_offset += seconds
+
+    @contextmanager
+    def installed(self) -> Iterator[VirtualClocks]:
+        """Make `time.time()`, `time.monotonic()` and the runtime's `datetime.now()` read
+        these clocks until the block ends."""
+        saved = time.time, time.monotonic
+        time.time, time.monotonic = self.wall, self.monotonic
+        clocks = self
+
+        class VirtualDatetime(datetime):
+            @classmethod
+            def now(cls, tz: tzinfo | None = None) -> Any:
+                return datetime.fromtimestamp(clocks.wall(), tz)
+
+        try:
+            with ExitStack() as undo:
+                for module in DATETIME_READERS:
+                    undo.callback(setattr, module, "datetime", module.datetime)
+                    module.datetime = VirtualDatetime  # type: ignore[attr-defined]
+                yield self
+        finally:
+            time.time, time.monotonic = saved
