@@ -65,7 +65,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
             ", ".join(map(str, loaded.stray_ids[:10])),
         )
     with collector_paused():
-        stranded = _stranded(loaded, alive)
+        stranded = _stranded(loaded, alive) | _children_of_ended_runs(loaded)
         to_delete = _plan_finished(ctx, loaded, alive, nudged) + loaded.stray_ids + finished_runs
         rolling_back_roots = _plan_unfinished(
             ctx, loaded.rollback_messages, stranded, alive, rolling_back=True, problems=problems
@@ -117,24 +117,44 @@ def _runs_that_ended(loaded: ProcedureMessages, ended: set[RunKey]) -> list[Proc
     child's run number) has an end record is a leftover too.
     """
     live = {*loaded.messages, *loaded.rollback_messages, *loaded.unreadable_ids}
+    # A parent's current run: a child of an earlier run of it belongs to a tree that ended.
+    runs = {pid: m.run for messages in (loaded.messages, loaded.rollback_messages) for pid, m in messages.items()}
     out: list[ProcedureId] = []
     for messages in (loaded.messages, loaded.rollback_messages):
         for pid, message in messages.items():
+            parent = message.parent_id
             if (str(pid), message.run) in ended or (
-                message.step == 0
-                and (parent := message.parent_id) is not None
-                and parent not in live
-                and (str(parent), message.run) in ended
+                message.step == 0 and parent is not None and parent not in live and (str(parent), message.run) in ended
             ):
                 out.append(pid)
+    # A finished child of an earlier run of its parent is that ended tree's: the parent's
+    # new run must not take its outcome for its own.
+    for pid in loaded.finished_ids:
+        finished = loaded.finished_messages.get(pid)
+        if finished is not None and finished.parent_id is not None and runs.get(finished.parent_id, 0) > finished.run:
+            out.append(pid)
     return out
 
 
+def _children_of_ended_runs(loaded: ProcedureMessages) -> dict[ProcedureId, str]:
+    """Unfinished children whose parent runs a later run than theirs: nothing will claim them
+    (kept and reported, as any subprocedure nothing will resume)."""
+    runs = {pid: m.run for messages in (loaded.messages, loaded.rollback_messages) for pid, m in messages.items()}
+    return {
+        pid: f"a subprocedure of run {m.run} of {m.parent_id}, which runs run {runs[m.parent_id]} now"
+        for pid, m in loaded.messages.items()
+        if m.parent_id is not None and runs.get(m.parent_id, 0) > m.run
+    }
+
+
 def _set_apart(loaded: ProcedureMessages, pids: list[ProcedureId]) -> None:
-    """Take `pids` out of what is to be resumed (they are deleted instead)."""
+    """Take `pids` out of what is to be resumed or claimed (they are deleted instead)."""
+    doomed = set(pids)
     for pid in pids:
         loaded.messages.pop(pid, None)
         loaded.rollback_messages.pop(pid, None)
+        loaded.finished_messages.pop(pid, None)
+    loaded.finished_ids = [pid for pid in loaded.finished_ids if pid not in doomed]
 
 
 async def _forget_requests(

@@ -113,6 +113,12 @@ async def _restart(
     message = await apply_restart(ctx.store, plan, stored)
     if runs_here(ctx, procedure_id):  # defence: nothing may have started it meanwhile
         raise ProcedureError(f"procedure {procedure_id} was started meanwhile: it runs here already")
+    if (old := ctx.metas.get(procedure_id)) is not None:
+        # The ended run's subprocedures: the new run sees none of them (`procedure_state` is
+        # None, as on a manager that never knew them) and creates those it names anew.
+        for child in ctx.tree_ids(old)[1:]:
+            if (meta := ctx.metas.get(child)) is not None and meta.state.is_ended():
+                ctx.forget(child)
     ctx.forget(procedure_id)
     problems = resume_root(ctx, procedure_id, message, rolling_back=plan.rolling_back)
     if problems:

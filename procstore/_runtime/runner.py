@@ -138,10 +138,13 @@ class Runner:
         return True
 
     def _ran_before(self) -> bool:
-        """Whether an earlier run stored a step past the submitted state (or began rolling
-        back). A procedure failed while waiting for its locks rolls back only then: without
-        the locks, and with nothing to undo, its rollback must not run."""
-        return self.step > 1 or self.meta.state.kind is not ProcedureStateKind.RUNNING
+        """Whether it may have run a step already: it stored one past the submitted state,
+        began rolling back, or was loaded from the store (an earlier process may have run
+        its step 0 and died before storing the next state: the store then shows only step
+        0, but the step's effects are there). A procedure failed while waiting for its locks
+        rolls back only then: one this term submitted and never ran has nothing to undo,
+        and without the locks its rollback must not run."""
+        return self.step > 1 or self.meta.state.kind is not ProcedureStateKind.RUNNING or not self.meta.wrote_every_key
 
     async def _drive(self) -> None:
         while True:

@@ -487,6 +487,12 @@ async def _stored(store: MemoryStore) -> dict[str, list[ParsedKey]]:
     return found
 
 
+def _kept(keys: list[ParsedKey]) -> bool:
+    """A failed procedure's keys, as `keep_failed` keeps them (a `.rollback` under the `.commit`)."""
+    ordered = sorted(keys, key=lambda k: (k.step, k.key_type.value == "commit"))
+    return len(ordered) > 1 and ordered[-2].key_type.value == "rollback"
+
+
 def _requested_id(key: str) -> str:
     """The procedure id a request's key names (`requests/ID.json`, `requests/resume/ID.json`)."""
     return key.rsplit("/", 1)[-1].removesuffix(".json")
@@ -497,8 +503,13 @@ def _latest(keys: list[ParsedKey]) -> ParsedKey:
 
 
 async def _busy(store: MemoryStore) -> bool:
-    """Whether some procedure is unfinished, or some request waits."""
+    """Whether some procedure is unfinished, or some request waits, or a finished folder
+    that is no failed root kept for an operator waits for a manager's clean-up (a late
+    `.commit` alone, say: the leader deletes it once it has forgotten the procedure, or at
+    its next start)."""
     stored = await _stored(store)
     if any(_latest(keys).key_type.value != "commit" for keys in stored.values()):
+        return True
+    if any(not _kept(keys) for keys in stored.values()):
         return True
     return any(_requested_id(k) in stored for k in await store.walk(REQUESTS_PATH))

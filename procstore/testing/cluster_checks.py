@@ -2,9 +2,12 @@
 
 The model is built from what the simulation saw: the log of every store write that landed
 (who wrote which key, in order), the roots it submitted, and the operator requests it made.
-From the log, each procedure's runs follow: its `0.step` starts the first, a `.commit`
-ends the current one (failed if a `.rollback` lies right below it in that run), and a
-`.step` created above an ended run starts the next (a resume or a rewind).
+From the log, each procedure's runs follow, by the run number its messages carry
+(`ProcedureMessage.run`): a message of a new number starts a run (a submit's `0.step`, a
+resume's or rewind's copy), a `.commit` ends the current one (failed if a `.rollback` lies
+right below it in that run). A message of a run that has ended already is a late write
+(an attempt still in flight, a paused process's): it starts nothing, and must be gone by
+the end (the "keys remain" check), never run (nothing a late key leads to may land).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 
 from procstore.store.history import HistoryRecord
 from procstore.store.keys import PROC_PATH, KeyType, ParsedKey
+from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.testing.cluster_store import LoggedOp
 
 REQUEST_TAG = re.compile(r"op#(\d+)\b")
@@ -23,18 +27,23 @@ REQUEST_TAG = re.compile(r"op#(\d+)\b")
 
 @dataclass
 class Run:
+    number: int
     started_at: float
     ended_at: float | None = None
     outcome: str | None = None
     """`done` or `failed` (a `.rollback` right below its `.commit`)."""
     rollbacks: set[int] = field(default_factory=set)
     deleted_while_running: bool = False
+    top_step: int = 0
+    """The highest step of a key it wrote before it ended."""
 
 
 @dataclass
 class Procedure:
     runs: list[Run] = field(default_factory=list)
     zero_deleted: bool = False
+    ended_numbers: set[int] = field(default_factory=set)
+    """The run numbers whose `.commit` landed."""
     operator_deleted: bool = False
     """An operator (`procstore delete`, `gc`) deleted some of its keys: its runs may end unrecorded."""
     problems: list[str] = field(default_factory=list)
@@ -88,7 +97,7 @@ def runs_from_log(log: Iterable[LoggedOp], roots: set[str]) -> dict[str, Procedu
                 _deleted(proc, str(parsed.procedure_id), parsed, op)
                 continue
             if op.created:
-                _created(proc, str(parsed.procedure_id), parsed, op, roots)
+                _created(proc, str(parsed.procedure_id), parsed, op, _run_number(op))
     return procedures
 
 
@@ -100,7 +109,8 @@ def _deleted(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp) -> None
     proc.zero_deleted = proc.zero_deleted or parsed.step == 0
     if op.process == OPERATOR:
         proc.operator_deleted = True
-        return
+    if proc.operator_deleted:
+        return  # `procstore delete` is destructive by design: what a leader still writes may go
     run = proc.current
     if run is not None and run.ended_at is None and not run.deleted_while_running:
         run.deleted_while_running = True
@@ -110,23 +120,54 @@ def _deleted(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp) -> None
         )
 
 
-def _created(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp, roots: set[str]) -> None:
+def _run_number(op: LoggedOp) -> int | None:
+    """The run a written message belongs to; None for a key without a message (`.commit`)."""
+    if not op.value:
+        return None
+    try:
+        return ProcedureMessage.decode(op.value).run
+    except MessageDecodeError:
+        return None
+
+
+def _created(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp, number: int | None) -> None:
     run = proc.current
-    if parsed.key_type is KeyType.STEP:
-        if parsed.step == 0 and proc.zero_deleted and pid in roots:
-            proc.problems.append(
-                f"{pid}: its 0.step was created again at {op.at:.2f} by {op.process} after the procedure ended "
-                "and was deleted: a finished procedure came back"
-            )
-        if run is None or run.ended_at is not None:
-            proc.runs.append(Run(op.at))
+    if parsed.key_type is not KeyType.COMMIT:
+        number = 1 if number is None else number
+        if number in proc.ended_numbers:
+            ended = next(r for r in proc.runs if r.number == number)
+            _late(proc, pid, parsed, op, ended)
+            return
+        if run is None or run.number != number:
+            proc.runs.append(Run(number, op.at))
+            run = proc.current
+        assert run is not None
+        run.top_step = max(run.top_step, parsed.step)
+        if parsed.key_type is KeyType.ROLLBACK:
+            run.rollbacks.add(parsed.step)
     elif run is None:
         proc.problems.append(f"{pid}: {parsed.step}.{parsed.key_type.value} landed before any step")
-    elif parsed.key_type is KeyType.ROLLBACK:
-        run.rollbacks.add(parsed.step)
+    elif run.ended_at is None and parsed.step < run.top_step:
+        pass  # a late `.commit` below the run's later keys: its failure went one step above it
     elif run.ended_at is None:
         run.ended_at = op.at
+        run.top_step = max(run.top_step, parsed.step)
         run.outcome = "failed" if parsed.step - 1 in run.rollbacks else "done"
+        proc.ended_numbers.add(run.number)
+    else:
+        _late(proc, pid, parsed, op, run)
+
+
+def _late(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp, ended: Run) -> None:
+    """A key of a run that has ended: a late write of one it wrote is harmless (it must be
+    gone by the end); a key above every one it wrote means something ran it again."""
+    if parsed.step > ended.top_step:
+        proc.problems.append(
+            f"{pid}: {parsed.step}.{parsed.key_type.value} of run {ended.number} landed at {op.at:.2f} by "
+            f"{op.process}, above every key that run wrote before it ended at {ended.ended_at:.2f}: a finished "
+            "procedure came back and ran again"
+        )
+        ended.top_step = parsed.step
 
 
 def check_runs(

@@ -64,6 +64,8 @@ class LoggedOp:
     created: bool = True
     """For a create-only write: whether it created the key."""
     note: str = ""
+    value: bytes | None = None
+    """What a write stored (the model reads a message's run from it)."""
 
     def line(self) -> str:
         what = "landed" if self.landed else "failed"
@@ -166,7 +168,7 @@ class ProcessStore(WrappingStore):
             self._log(kind, key, landed=False, note=" (injected error)")
             raise StoreError(f"injected error: {kind} {key}", key=key)
         if effect == "late":
-            late = loop.create_task(self._land_late(kind, key, call, seconds), name=f"sim:late:{key}")
+            late = loop.create_task(self._land_late(kind, key, call, seconds, value), name=f"sim:late:{key}")
             process.in_flight.add(late)
             late.add_done_callback(process.in_flight.discard)
             self._log(kind, key, landed=False, note=f" (in flight: lands in {seconds:.1f}s)")
@@ -178,7 +180,7 @@ class ProcessStore(WrappingStore):
             await process.wait_running()
         result = await call()
         if mutating:
-            self._log(kind, key, landed=True, created=result is not False, note=_note(effect, seconds))
+            self._log(kind, key, landed=True, created=result is not False, note=_note(effect, seconds), value=value)
         if effect == "crash_after":
             process.die()
             raise SimulatedCrash(f"{process.name} killed after {kind} {key}")
@@ -189,15 +191,19 @@ class ProcessStore(WrappingStore):
             raise StoreError(f"injected lost answer: {kind} {key}", key=key)
         return result
 
-    async def _land_late(self, kind: str, key: str, call: Callable[[], Awaitable[T]], seconds: float) -> None:
+    async def _land_late(
+        self, kind: str, key: str, call: Callable[[], Awaitable[T]], seconds: float, value: bytes | None
+    ) -> None:
         # The request is in the network: it lands whatever happens to its sender.
         await asyncio.sleep(seconds)
         result = await call()
-        self._log(kind, key, landed=True, created=result is not False, note=" (late)")
+        self._log(kind, key, landed=True, created=result is not False, note=" (late)", value=value)
 
-    def _log(self, kind: str, key: str, *, landed: bool, created: bool = True, note: str = "") -> None:
+    def _log(
+        self, kind: str, key: str, *, landed: bool, created: bool = True, note: str = "", value: bytes | None = None
+    ) -> None:
         at = asyncio.get_running_loop().time()
-        self.process.log.append(LoggedOp(at, self.process.name, kind, key, landed, created, note))
+        self.process.log.append(LoggedOp(at, self.process.name, kind, key, landed, created, note, value))
 
 
 def _note(effect: str | None, seconds: float) -> str:
