@@ -395,7 +395,8 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
     if all(ctx.is_known(pid) or pid in busy for pid in listed.steps):
         return set()
     loaded = await ctx.store.load_messages()
-    finished_runs = _runs_that_ended(loaded, await ctx.history.ended_runs())
+    recorded = await ctx.history.recorded()
+    finished_runs = _runs_that_ended(loaded, recorded.runs)
     _set_apart(loaded, finished_runs)
     for problem in loaded.problems:
         # Known from now on, as recovery's are: a parent adopted below that claims it fails
@@ -418,6 +419,7 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
             len(doomed),
             ", ".join(map(str, doomed[:10])),
         )
+        await record_recovered(ctx, loaded, doomed, recorded)  # a committed run's end first
         await ctx.store.delete_procedures(doomed)
         await ctx.store.requests.delete_present(doomed)
     for messages, rolling_back in ((loaded.rollback_messages, True), (loaded.messages, False)):
