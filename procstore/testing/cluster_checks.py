@@ -42,6 +42,8 @@ class Run:
 class Procedure:
     runs: list[Run] = field(default_factory=list)
     zero_deleted: bool = False
+    parent: str | None = None
+    """Its parent, from its messages."""
     ended_numbers: set[int] = field(default_factory=set)
     """The run numbers whose `.commit` landed."""
     operator_deleted: bool = False
@@ -98,6 +100,19 @@ def runs_from_log(log: Iterable[LoggedOp], roots: set[str]) -> dict[str, Procedu
                 continue
             if op.created:
                 _created(proc, str(parsed.procedure_id), parsed, op, _run_number(op))
+                if proc.parent is None and op.value:
+                    proc.parent = _parent(op.value)
+    # `procstore delete` takes a tree: what its leader still writes below a deleted parent
+    # (a child it was creating) is left to nobody, by design.
+    for proc in procedures.values():
+        seen: set[str] = set()
+        parent = proc.parent
+        while parent is not None and parent not in seen and parent in procedures:
+            seen.add(parent)
+            if procedures[parent].operator_deleted:
+                proc.operator_deleted = True
+                break
+            parent = procedures[parent].parent
     return procedures
 
 
@@ -118,6 +133,14 @@ def _deleted(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp) -> None
             f"{pid}: {parsed.step}.{parsed.key_type.value} deleted at {op.at:.2f} by {op.process} while run "
             f"{len(proc.runs)} (begun at {run.started_at:.2f}) had not ended: a running procedure's keys went"
         )
+
+
+def _parent(value: bytes) -> str | None:
+    try:
+        parent = ProcedureMessage.decode(value).parent_id
+    except MessageDecodeError:
+        return None
+    return None if parent is None else str(parent)
 
 
 def _run_number(op: LoggedOp) -> int | None:
@@ -179,9 +202,9 @@ def check_runs(
     """Every run ends once, with one history record of the right outcome; no keys remain."""
     problems: list[str] = []
     for pid, proc in sorted(procedures.items()):
-        problems += proc.problems
         if pid in model.deleted or proc.operator_deleted:
-            continue
+            continue  # an operator deleted it (or its tree) while it ran: what follows is by design
+        problems += proc.problems
         unfinished = [i + 1 for i, r in enumerate(proc.runs) if r.ended_at is None]
         if unfinished:
             problems.append(f"{pid}: run {unfinished[-1]} of {len(proc.runs)} never ended (by the deadline)")
