@@ -46,7 +46,7 @@ from procstore.store.open import open_state_store
 from procstore.store.state_store import StateStore
 from procstore.testing.checks import check_writes, ended_before, ever_stored, rebind
 from procstore.testing.faults import FaultyStore, SimulatedCrash, StoreOp
-from procstore.testing.naming import ProcedureNames, ids_in
+from procstore.testing.naming import ProcedureNames, ids_in, without_ids
 from procstore.testing.plan import ATTEMPT, Fault, FaultPlan, InjectedFailure
 from procstore.testing.report import (
     CLEAN_RUN,
@@ -125,12 +125,29 @@ class ExplorationReport:
         if self.failures:
             raise AssertionError(str(self))
 
+    @property
+    def causes(self) -> list[list[Failure]]:
+        """The failures grouped by cause: the same problem, ids aside (they differ from run
+        to run), in the order each cause was first found."""
+        groups: dict[str, list[Failure]] = {}
+        for failure in self.failures:
+            groups.setdefault(without_ids(failure.problem), []).append(failure)
+        return list(groups.values())
+
     def __str__(self) -> str:
+        causes = self.causes
         head = (
             f"{self.scenario}: {self.explored} crash points explored over {self.operations} store "
-            f"operations, {len(self.failures)} failed"
+            f"operations, {len(self.failures)} failed ({len(causes)} distinct causes)"
         )
-        return "\n".join([head, *(str(failure) for failure in self.failures[:20])])
+        lines = [head]
+        for group in causes[:20]:
+            lines.append(str(group[0]))
+            if len(group) > 1:
+                also = ", ".join(str(f.point) for f in group[1:11]) + (", ..." if len(group) > 11 else "")
+                more = f"{len(group) - 1} more crash point" + ("s" if len(group) > 2 else "")
+                lines.append(f"    the same at {more}: {also}")
+        return "\n".join(lines)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from typing import Any
 from procstore import Context, Procedure, ProcedureManager, ProcedureWithId, Status, StringKey
 from procstore.store import StateStore
 from procstore.testing import CrashExplorer, Scenario, run_simulated
+from tests.testing.test_explorer_modes import FILES, Publish, Publishing
 
 WORLD: dict[str, str] = {}
 
@@ -170,3 +171,23 @@ def test_which_of_two_locked_procedures_wins_is_not_a_failure() -> None:
     for seed in range(4):
         report = run_simulated(CrashExplorer(Race(), fresh).explore(), seed=seed)
         assert report.ok, str(report)
+
+
+class TidyPublishing(Publishing):
+    """A temp folder must never outlive a run: a crash inside `Publish` leaves one behind."""
+
+    async def invariant(self, store: StateStore) -> None:
+        left = [path for path in FILES if path.startswith("tmp/")]
+        assert not left, f"temp folders left: {left}"
+
+
+def test_the_invariant_speaks_first_and_failures_of_one_cause_are_grouped() -> None:
+    report = asyncio.run(CrashExplorer(TidyPublishing(Publish), fresh).explore())
+    first = report.failures[0]
+    assert first.problem.startswith("TidyPublishing.invariant failed: temp folders left: ['tmp/docs']")
+    assert "ended failed, not done as without a crash" in first.details[0]
+    # Killed after the mkdir, or after the write: two causes, each at two crash points.
+    assert [len(group) for group in report.causes] == [2, 2]
+    said = str(report)
+    assert said.count("TidyPublishing.invariant failed") == 2
+    assert said.count("the same at 1 more crash point:") == 2
