@@ -138,7 +138,8 @@ class ExplorationReport:
         causes = self.causes
         head = (
             f"{self.scenario}: {self.explored} crash points explored over {self.operations} store "
-            f"operations, {len(self.failures)} failed ({len(causes)} distinct causes)"
+            f"operations, {len(self.failures)} failed"
+            + (f" ({len(causes)} distinct causes)" if len(causes) > 1 else "")
         )
         lines = [head]
         for group in causes[:20]:

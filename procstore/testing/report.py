@@ -117,7 +117,8 @@ class Failure:
         return (self.point, self.problem)[index]
 
     def __str__(self) -> str:
-        lines = [f"crash {self.point}: {self.operation}", f"    {self.problem}"]
+        where = "the crash-free run" if self.point.index == CLEAN_RUN else f"crash {self.point}: {self.operation}"
+        lines = [where, f"    {self.problem}"]
         lines += [f"    {line}" for detail in self.details for line in detail.splitlines()]
         lines.append(f"    replay: {self.replay}")
         return "\n".join(lines)
