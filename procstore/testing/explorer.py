@@ -235,7 +235,8 @@ class CrashExplorer:
         """The clean run, then every crash point; returns the report (does not raise).
 
         `only` replays the given points (as a report names them), e.g.
-        `only=[CrashPoint(7, "after")]`; `CrashPoint(-1, "before")` is the double-execution run.
+        `only=[CrashPoint(7, "after")]`; `CrashPoint(-1, "before")` is the double-execution run;
+        `only=[]`, the crash-free run alone (with `Scenario.invariant`).
         Raises `ValueError` if a run's store is not empty when it starts.
         """
         loop = asyncio.get_running_loop()
@@ -250,7 +251,7 @@ class CrashExplorer:
                 broken = Failure(point, "the crash-free run", self._violated(clean.violation))
                 report.failures.append(dataclasses.replace(broken, seed=self._seed))
             if only is not None:
-                points = list(only)
+                points = [p for p in only if p.index != CLEAN_RUN]  # the clean run, just made
             else:
                 points = [CrashPoint(i, w) for i in range(len(clean.ops)) for w in ("before", "after")]
                 if double_execution:
@@ -274,7 +275,8 @@ class CrashExplorer:
             kill = self._twice_each() if twice else self._killed_at(point)
             result = await self._run(kill, plan, point, rolled_back=point.fail_at is not None)
         except AssertionError as e:
-            return Failure(point, describe_point(point, plan), str(e), e.details if isinstance(e, RunBroken) else [])
+            at = describe_point(point, plan, self._names)
+            return Failure(point, at, str(e), e.details if isinstance(e, RunBroken) else [])
         at = describe_point(point, plan, self._names)
         differs = outcome_differences(result.outcomes, clean.outcomes)
         if result.violation is not None:

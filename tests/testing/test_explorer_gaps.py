@@ -191,3 +191,11 @@ def test_the_invariant_speaks_first_and_failures_of_one_cause_are_grouped() -> N
     said = str(report)
     assert said.count("TidyPublishing.invariant failed") == 2
     assert said.count("the same at 1 more crash point:") == 2
+
+
+def test_the_crash_free_runs_failure_replays_alone() -> None:
+    explorer = CrashExplorer(Leaking(), fresh)
+    first = run_simulated(explorer.explore(), seed=1).failures[0]
+    for only in ([], [first.point]):
+        again = run_simulated(explorer.explore(only=only), seed=1)
+        assert [f.operation for f in again.failures] == ["the crash-free run"]
