@@ -8,10 +8,14 @@ never stored, and runs everything to its end. Each run is checked:
 - every procedure ended (none lost), with the same outcome as in the clean run;
 - every procedure wrote exactly one commit or rollback key, and no key was written twice;
 - no procedure keys are left in the store;
-- the world, as the scenario's `snapshot` sees it, equals the clean run's.
+- the world, as the scenario's `snapshot` sees it, equals the clean run's (on a seeded
+  loop: or that of some crash-free schedule, as which of two locked procedures wins
+  depends on the schedule);
+- `Scenario.invariant`, if the scenario has one, holds: after every run, the clean one too.
 
 `explore(double_execution=True)` adds HBase's mode: one chain of runs, killed before every
-store update it has not been killed before, so that every step runs twice.
+store update it has not been killed before, so that every step runs twice; a chain that
+outlives `max_lives` (a parent naming new children on every replay) is a failure.
 
 `explore(rollback_from_every_step=True)` adds HBase's `testRollbackAndDoubleExecution`: for
 each attempt at a step k of the crash-free run, a run in which that attempt fails (an
@@ -23,6 +27,8 @@ Crash points that procedures declare (`await ctx.crash_point("after-mkdir")`) ar
 and killed around like store operations. A failure names its crash point in full (the
 operation, its key, the procedure and step), the first procedure whose outcome differs
 with its error and traceback, the world's difference, and the call that replays it.
+Procedures are named by type, children by their parent too; the report prints failures of
+the same cause once.
 """
 
 from __future__ import annotations
