@@ -199,3 +199,70 @@ def test_the_crash_free_runs_failure_replays_alone() -> None:
     for only in ([], [first.point]):
         again = run_simulated(explorer.explore(only=only), seed=1)
         assert [f.operation for f in again.failures] == ["the crash-free run"]
+
+
+class Bump(Procedure):
+    """A child whose first step is not idempotent (the planted bug)."""
+
+    type_name = "tests::Bump"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    async def execute(self, ctx: Context) -> Status:
+        if not self.data.get("bumped"):
+            WORLD["n"] = str(int(WORLD.get("n", "0")) + 1)
+            self.data["bumped"] = True
+            return Status.executing()
+        return Status.done()
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    @classmethod
+    def load(cls, data: str) -> Bump:
+        return cls(json.loads(data))
+
+
+class Parent(Procedure):
+    type_name = "tests::Parent"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    async def execute(self, ctx: Context) -> Status:
+        if self.data.get("spawned"):
+            return Status.done()
+        self.data["spawned"] = True
+        return Status.suspended([ProcedureWithId.new(Bump({}))])
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    @classmethod
+    def load(cls, data: str) -> Parent:
+        return cls(json.loads(data))
+
+
+class Bumping(Scenario):
+    name = "bumping"
+
+    async def prepare(self, store: StateStore) -> None:
+        WORLD.clear()
+
+    def attach(self, manager: ProcedureManager, store: StateStore) -> None:
+        manager.register_loader(Parent.type_name, Parent.load)
+        manager.register_loader(Bump.type_name, Bump.load)
+
+    async def procedures(self, store: StateStore) -> list[ProcedureWithId]:
+        return [ProcedureWithId.new(Parent({}))]
+
+    async def snapshot(self, store: StateStore) -> object:
+        return dict(WORLD)
+
+
+def test_a_childs_crash_point_names_the_child_by_type_and_parent() -> None:
+    report = run_simulated(CrashExplorer(Bumping(), fresh).explore(), seed=2)
+    at_child = [f.operation for f in report.failures if "tests::Bump" in f.operation]
+    assert at_child, str(report)
+    assert all("(tests::Bump, child of tests::Parent " in operation for operation in at_child)
