@@ -8,10 +8,14 @@ never stored, and runs everything to its end. Each run is checked:
 - every procedure ended (none lost), with the same outcome as in the clean run;
 - every procedure wrote exactly one commit or rollback key, and no key was written twice;
 - no procedure keys are left in the store;
-- the world, as the scenario's `snapshot` sees it, equals the clean run's.
+- the world, as the scenario's `snapshot` sees it, equals the clean run's (on a seeded
+  loop: or that of some crash-free schedule, as which of two locked procedures wins
+  depends on the schedule);
+- `Scenario.invariant`, if the scenario has one, holds: after every run, the clean one too.
 
 `explore(double_execution=True)` adds HBase's mode: one chain of runs, killed before every
-store update it has not been killed before, so that every step runs twice.
+store update it has not been killed before, so that every step runs twice; a chain that
+outlives `max_lives` (a parent naming new children on every replay) is a failure.
 
 `explore(rollback_from_every_step=True)` adds HBase's `testRollbackAndDoubleExecution`: for
 each attempt at a step k of the crash-free run, a run in which that attempt fails (an
@@ -23,6 +27,8 @@ Crash points that procedures declare (`await ctx.crash_point("after-mkdir")`) ar
 and killed around like store operations. A failure names its crash point in full (the
 operation, its key, the procedure and step), the first procedure whose outcome differs
 with its error and traceback, the world's difference, and the call that replays it.
+Procedures are named by type, children by their parent too; the report prints failures of
+the same cause once.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
+import random
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,12 +52,15 @@ from procstore.store.open import open_state_store
 from procstore.store.state_store import StateStore
 from procstore.testing.checks import check_writes, ended_before, ever_stored, rebind
 from procstore.testing.faults import FaultyStore, SimulatedCrash, StoreOp
+from procstore.testing.naming import ProcedureNames, ids_in, without_ids
 from procstore.testing.plan import ATTEMPT, Fault, FaultPlan, InjectedFailure
 from procstore.testing.report import (
+    CLEAN_RUN,
     CrashPoint,
     Failure,
     Outcome,
     RunBroken,
+    describe_op,
     describe_point,
     failed_procedures,
     outcome_differences,
@@ -80,6 +91,11 @@ class Scenario(abc.ABC):
     async def snapshot(self, store: StateStore) -> object:
         """The world after the run; compared with the clean run's. Default: nothing."""
         return None
+
+    async def invariant(self, store: StateStore) -> None:  # noqa: B027 - optional hook
+        """Raise `AssertionError` if the world after a run is wrong in itself, whatever the
+        crash-free run did (a leak there is invisible to the comparison). Called after every
+        run, the crash-free one included; `store` is the run's, once everything ended."""
 
     async def rolled_back(self, store: StateStore, before: object, failed: tuple[int, ...] = ()) -> object:
         """The world the rollback mode expects once a failed run has rolled back.
@@ -115,12 +131,30 @@ class ExplorationReport:
         if self.failures:
             raise AssertionError(str(self))
 
+    @property
+    def causes(self) -> list[list[Failure]]:
+        """The failures grouped by cause: the same problem, ids aside (they differ from run
+        to run), in the order each cause was first found."""
+        groups: dict[str, list[Failure]] = {}
+        for failure in self.failures:
+            groups.setdefault(without_ids(failure.problem), []).append(failure)
+        return list(groups.values())
+
     def __str__(self) -> str:
+        causes = self.causes
         head = (
             f"{self.scenario}: {self.explored} crash points explored over {self.operations} store "
             f"operations, {len(self.failures)} failed"
+            + (f" ({len(causes)} distinct causes)" if len(causes) > 1 else "")
         )
-        return "\n".join([head, *(str(failure) for failure in self.failures[:20])])
+        lines = [head]
+        for group in causes[:20]:
+            lines.append(str(group[0]))
+            if len(group) > 1:
+                also = ", ".join(str(f.point) for f in group[1:11]) + (", ..." if len(group) > 11 else "")
+                more = f"{len(group) - 1} more crash point" + ("s" if len(group) > 2 else "")
+                lines.append(f"    the same at {more}: {also}")
+        return "\n".join(lines)
 
 
 @dataclass
@@ -132,6 +166,8 @@ class _Result:
     """For each attempt at a step, how many operations came before it."""
     before: object = None
     url: str = ""
+    violation: str | None = None
+    """What `Scenario.invariant` raised after the run, if it did."""
 
 
 def _hook(scenario: Scenario) -> str:
@@ -154,6 +190,12 @@ class CrashExplorer:
         storage_options: for `open_state_store`.
         manager_options: for every `ProcedureManager` (millisecond retry delays by default).
         timeout: seconds a run may take before it counts as hung.
+        max_lives: how many times the double-execution run may be killed and restarted
+            before it counts as never ending (a parent that names new children on every
+            replay); default: four per operation of the crash-free run, plus 20.
+        schedules: on a seeded `SimulatedLoop`, how many more crash-free schedules may be
+            tried when a crashed run ends otherwise than the crash-free one: an outcome one
+            of them also gives is correct (which of two locked procedures wins, say).
     """
 
     def __init__(
@@ -164,16 +206,28 @@ class CrashExplorer:
         *,
         manager_options: dict[str, Any] | None = None,
         timeout: float = 30.0,
+        max_lives: int | None = None,
+        schedules: int = 8,
     ) -> None:
         self.scenario = scenario
         self.store_url = store_url
         self.storage_options = storage_options
         self.manager_options = {"retry_delay": 0.001, "max_retry_delay": 0.01, **(manager_options or {})}
         self.timeout = timeout
+        self.max_lives = max_lives
+        self.schedules = schedules
+        self._lives_budget = max_lives or 20
+        self._names = ProcedureNames()
+        """Type and parent of the current run's procedures, for its report."""
+        self._crash_free: list[_Result] = []
+        """The crash-free runs seen (on a seeded loop, one per schedule tried): any of their
+        outcomes is a correct one, as which of two locked procedures wins depends on it."""
         self._runs = 0
         self._seed: int | None = None
         self._without: dict[tuple[int, ...], object] = {}
         """The world of a crash-free run without the procedures at these indices."""
+        self._submit_order: list[int] | None = None
+        """While set, the order in which the first life submits the procedures."""
         self._keep: list[int] | None = None
         """While set, only the scenario's procedures at these indices run."""
 
@@ -187,16 +241,23 @@ class CrashExplorer:
         """The clean run, then every crash point; returns the report (does not raise).
 
         `only` replays the given points (as a report names them), e.g.
-        `only=[CrashPoint(7, "after")]`; `CrashPoint(-1, "before")` is the double-execution run.
+        `only=[CrashPoint(7, "after")]`; `CrashPoint(-1, "before")` is the double-execution run;
+        `only=[]`, the crash-free run alone (with `Scenario.invariant`).
         Raises `ValueError` if a run's store is not empty when it starts.
         """
         loop = asyncio.get_running_loop()
         self._seed = loop.seed if isinstance(loop, SimulatedLoop) else None
         try:
             clean = await self._run(self._killed_at(None), FaultPlan(), "clean")
+            self._crash_free = [clean]
+            self._lives_budget = self.max_lives or 4 * len(clean.ops) + 20
             report = ExplorationReport(self.scenario.name, len(clean.ops))
+            if clean.violation is not None:
+                point = CrashPoint(CLEAN_RUN, "before")
+                broken = Failure(point, "the crash-free run", self._violated(clean.violation))
+                report.failures.append(dataclasses.replace(broken, seed=self._seed))
             if only is not None:
-                points = list(only)
+                points = [p for p in only if p.index != CLEAN_RUN]  # the clean run, just made
             else:
                 points = [CrashPoint(i, w) for i in range(len(clean.ops)) for w in ("before", "after")]
                 if double_execution:
@@ -220,17 +281,58 @@ class CrashExplorer:
             kill = self._twice_each() if twice else self._killed_at(point)
             result = await self._run(kill, plan, point, rolled_back=point.fail_at is not None)
         except AssertionError as e:
-            return Failure(point, describe_point(point, plan), str(e), e.details if isinstance(e, RunBroken) else [])
-        at = describe_point(point, plan)
+            at = describe_point(point, plan, self._names)
+            return Failure(point, at, str(e), e.details if isinstance(e, RunBroken) else [])
+        at = describe_point(point, plan, self._names)
+        differs = outcome_differences(result.outcomes, clean.outcomes)
+        if result.violation is not None:
+            # The invariant's message first: it says what is wrong, the difference only where.
+            problem = self._violated(result.violation)
+            return Failure(point, at, problem, [] if differs is None else [differs[0], *differs[1]])
         if point.fail_at is not None:
             return await self._rollback_problem(point, at, result, clean)
-        differs = outcome_differences(result.outcomes, clean.outcomes)
+        if differs is None and result.snapshot == clean.snapshot:
+            return None
+        if await self._some_crash_free_run_alike(point, result):
+            return None
         if differs is not None:
             return Failure(point, at, differs[0], differs[1])
-        if result.snapshot != clean.snapshot:
-            return Failure(point, at, "the world differs from the crash-free run's: "
-                           + world_difference(result.snapshot, clean.snapshot))  # fmt: skip
-        return None
+        return Failure(point, at, "the world differs from the crash-free run's: "
+                       + world_difference(result.snapshot, clean.snapshot))  # fmt: skip
+
+    def _violated(self, message: str) -> str:
+        return f"{type(self.scenario).__name__}.invariant failed: {message}"
+
+    async def _some_crash_free_run_alike(self, point: CrashPoint, result: _Result) -> bool:
+        """On a seeded loop, whether some crash-free schedule ends as `result` did: one seen
+        before, the crashed run's own seed, or new ones up to `schedules` in all. Which of two
+        procedures that take the same lock wins depends on the schedule (and a crash changes
+        the schedule): either outcome is correct."""
+        if self._seed is None:
+            return False
+        if any(_alike(result, other) for other in self._crash_free):
+            return True
+        labels: list[CrashPoint | str] = [point]
+        labels += [f"crash-free schedule {n}" for n in range(len(self._crash_free), self.schedules + 1)]
+        for label in labels:
+            if len(self._crash_free) > self.schedules:
+                break
+            # Submitted in another order too: after a restart, the procedures resume in
+            # whatever order the store lists them, not the order the scenario gave.
+            order = list(range(len(result.outcomes)))
+            if label != point:
+                random.Random(derived_seed(self._seed, label)).shuffle(order)
+            self._submit_order = order
+            try:
+                other = await self._run(self._killed_at(None), FaultPlan(), label)
+            except AssertionError:
+                continue  # broken without a crash under that schedule: nothing to accept
+            finally:
+                self._submit_order = None
+            self._crash_free.append(other)
+            if _alike(result, other):
+                return True
+        return False
 
     async def _rollback_points(self, clean: _Result) -> list[CrashPoint]:
         """A failure at each attempt of the clean run, alone and with a crash around each
@@ -285,8 +387,8 @@ class CrashExplorer:
     def _killed_at(self, point: CrashPoint | None) -> CrashExplorer.Kill:
         async def kill(url: str, plan: FaultPlan) -> tuple[list[ProcedureWithId], list[FaultyStore]]:
             crash_at = None if point is None or point.index < 0 else point.index
-            faulty = FaultyStore(
-                self._store(url), crash_at=crash_at, crash_when="before" if point is None else point.when, plan=plan
+            faulty = self._faulty(
+                url, crash_at=crash_at, crash_when="before" if point is None else point.when, plan=plan
             )
             if point is not None and point.fail_at is not None:
                 faulty.plan.faults.append(Fault("error", kinds=frozenset({ATTEMPT}), nth=point.fail_at))
@@ -299,15 +401,34 @@ class CrashExplorer:
     def _twice_each(self) -> CrashExplorer.Kill:
         async def kill(url: str, plan: FaultPlan) -> tuple[list[ProcedureWithId], list[FaultyStore]]:
             seen: set[tuple[str, str]] = set()
-            faulty = FaultyStore(self._store(url), crash_before_new=seen, plan=plan)
+            faulty = self._faulty(url, crash_before_new=seen, plan=plan)
             procedures = await self._procedures(faulty)
             lives = [await self._live(faulty, procedures, [])]
             while lives[-1].crashed.is_set():
-                faulty = FaultyStore(self._store(url), crash_before_new=seen)
+                if len(lives) >= self._lives_budget:
+                    raise RunBroken(*self._never_ends(lives))
+                faulty = self._faulty(url, crash_before_new=seen)
                 lives.append(await self._live(faulty, procedures, lives))
             return procedures, lives
 
         return kill
+
+    def _never_ends(self, lives: list[FaultyStore]) -> tuple[str, list[str]]:
+        """Why a double-execution run was stopped: each life died before a key never written
+        before, so some procedure writes new keys on every replay (it names new children)."""
+        killed_at = [ids_in(life.ops[-1].key) for life in lives if life.ops]
+        pids = [found[0] for found in killed_at if found]
+        culprits = Counter(self._names.parent_of(pid) or pid for pid in pids[len(pids) // 2 :])
+        details = [f"killed last before: {describe_op(life.ops[-1], self._names)}" for life in lives[-3:] if life.ops]
+        if not culprits:
+            return f"the run did not end after {len(lives)} lives", details
+        culprit = culprits.most_common(1)[0][0]
+        problem = (
+            f"the run never ends: after {len(lives)} lives, each killed before a store update never made "
+            f"before, {self._names.name(culprit)} still writes new keys on every replay (does it name "
+            "new children, with new ids, each time it runs?)"
+        )
+        return problem, details
 
     # -- one run -------------------------------------------------------------------------
 
@@ -317,6 +438,12 @@ class CrashExplorer:
 
     def _store(self, url: str) -> StateStore:
         return open_state_store(url, self.storage_options)
+
+    def _faulty(self, url: str, **options: Any) -> FaultyStore:
+        """The store of one life of the current run, naming its procedures for the report."""
+        faulty = FaultyStore(self._store(url), **options)
+        faulty.names = self._names
+        return faulty
 
     @contextlib.asynccontextmanager
     async def _opened(self, url: str) -> AsyncIterator[StateStore]:
@@ -338,6 +465,7 @@ class CrashExplorer:
         """One run, killed as `kill` says. On a seeded `SimulatedLoop`, reseeded from the
         explorer's seed and `point` first, so that replaying a point alone replays its run."""
         self._runs += 1
+        self._names = ProcedureNames()
         loop = asyncio.get_running_loop()
         if self._seed is not None and isinstance(loop, SimulatedLoop):
             await loop.settle()  # what earlier runs left ready runs out first
@@ -421,7 +549,8 @@ class CrashExplorer:
                 await self._lead(manager, crashed)
                 if faulty.crashed.is_set():
                     return faulty
-                for pwid in procedures:
+                order = self._submit_order or range(len(procedures))
+                for pwid in [procedures[i] for i in order]:
                     watcher = manager.procedure_watcher(pwid.id)
                     if watcher is None and not ever_stored(pwid, before):
                         watcher = await manager.submit(pwid)
@@ -456,7 +585,7 @@ class CrashExplorer:
 
     async def _finish(self, url: str, procedures: list[ProcedureWithId], lives: list[FaultyStore]) -> _Result:
         """Restart on the plain store, run everything to its end, and check the store."""
-        recorder = FaultyStore(self._store(url))
+        recorder = self._faulty(url)
         outcomes: dict[str, Outcome] = {}
         try:
             async with self._manager(recorder) as manager:
@@ -492,4 +621,19 @@ class CrashExplorer:
             raise RunBroken(str(e), failed_procedures(outcomes)) from e
         async with self._opened(url) as store:
             snapshot = await self.scenario.snapshot(store)
-        return _Result(list(lives[0].ops), outcomes, snapshot, list(lives[0].plan.attempts))
+            violation = await self._check_invariant(store)
+        result = _Result(list(lives[0].ops), outcomes, snapshot, list(lives[0].plan.attempts))
+        result.violation = violation
+        return result
+
+    async def _check_invariant(self, store: StateStore) -> str | None:
+        try:
+            await self.scenario.invariant(store)
+        except AssertionError as e:
+            return str(e) or repr(e)
+        return None
+
+
+def _alike(result: _Result, other: _Result) -> bool:
+    """Same outcomes, in the scenario's order, and the same world."""
+    return outcome_differences(result.outcomes, other.outcomes) is None and result.snapshot == other.snapshot

@@ -15,6 +15,7 @@ from typing import Literal, TypeVar
 
 from procstore.store.state_store import StateStore
 from procstore.store.wrapping import CRASH_POINT, WrappingStore
+from procstore.testing.naming import ProcedureNames
 from procstore.testing.plan import ATTEMPT, ATTEMPT_MARK, WRITES, Fault, FaultPlan, SimulatedCrash, StoreOp, torn
 
 T = TypeVar("T")
@@ -47,6 +48,8 @@ class FaultyStore(WrappingStore):
         self.crash_when = crash_when
         if crash_at is not None:
             self.plan.faults.append(Fault("crash", nth=crash_at, when=crash_when))
+        self.names: ProcedureNames | None = None
+        """If set, learns the type and parent of each procedure whose step is written."""
 
     @property
     def ops(self) -> list[StoreOp]:
@@ -67,6 +70,8 @@ class FaultyStore(WrappingStore):
     async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
         if kind == CRASH_POINT and key.endswith(ATTEMPT_MARK):
             kind = ATTEMPT  # the runner's mark before an attempt: numbered apart, not a crash point
+        if self.names is not None and value is not None:
+            self.names.learn(key, value)
         op, later = self.plan.begin(kind, key)
         for fault in later:
             if fault.action == "delay":

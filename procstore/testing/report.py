@@ -8,11 +8,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from procstore.testing.naming import ProcedureNames
 from procstore.testing.plan import FaultPlan, StoreOp
 
 When = Literal["before", "after"]
 
 _KEY = re.compile(r"procedure/(?P<id>[0-9a-f-]{36})/(?P<step>\d{10})\.(?P<kind>step|commit|rollback)$")
+
+
+CLEAN_RUN = -2
+"""The `CrashPoint.index` of the crash-free run (a failure there: its invariant broke)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,33 +37,40 @@ class CrashPoint:
         if self.fail_at is not None:
             where = "no crash" if self.index < 0 else f"crash {self.when} operation {self.index}"
             return f"failure injected at attempt {self.fail_at}, {where}"
+        if self.index == CLEAN_RUN:
+            return "none (the crash-free run)"
         if self.index < 0:
             return "before every store update (each step twice)"
         return f"{self.when} operation {self.index}"
 
 
-def describe_op(op: StoreOp | None) -> str:
-    """An operation as a person reads it: kind, key, and the procedure and step it belongs to."""
+def describe_op(op: StoreOp | None, names: ProcedureNames | None = None) -> str:
+    """An operation as a person reads it: kind, key, and the procedure (by type, and a
+    child by its parent, when `names` knows it) and step it belongs to."""
+    names = names or ProcedureNames()
     if op is None:
         return "(an operation the crash-free run never reached)"
     if op.kind == "crash_point":
         pid, step, name = [*op.key.split("/", 2), "", ""][:3]
-        return f"crash point {name!r} of procedure {pid}, step {step}"
+        return f"crash point {name!r} of {names.name(pid)}, step {step}"
     match = _KEY.search(op.key)
-    about = f" (procedure {match['id']}, step {int(match['step'])})" if match else ""
+    about = f" ({names.name(match['id'])}, step {int(match['step'])})" if match else ""
     return f"{op.kind} {op.key}{about}"
 
 
-def describe_point(point: CrashPoint, plan: FaultPlan) -> str:
+def describe_point(point: CrashPoint, plan: FaultPlan, names: ProcedureNames | None = None) -> str:
     """Where the run that `plan` recorded was killed, by its own operations (so with the
     ids of that run's procedures) and, in the rollback mode, which attempt failed first."""
+    names = names or ProcedureNames()
     op = plan.ops[point.index] if 0 <= point.index < len(plan.ops) else None
     if point.fail_at is None:
-        return "every step run twice" if point.index < 0 else describe_op(op)
+        if point.index == CLEAN_RUN:
+            return "the crash-free run"
+        return "every step run twice" if point.index < 0 else describe_op(op, names)
     keys = plan.attempt_keys
     pid, step = [*keys[point.fail_at].split("/"), ""][:2] if point.fail_at < len(keys) else ("", "")
-    failed = f"attempt {point.fail_at} (procedure {pid}, step {step})" if pid else f"attempt {point.fail_at}"
-    then = "no crash" if point.index < 0 else f"a crash {point.when} {describe_op(op)}"
+    failed = f"attempt {point.fail_at} ({names.name(pid)}, step {step})" if pid else f"attempt {point.fail_at}"
+    then = "no crash" if point.index < 0 else f"a crash {point.when} {describe_op(op, names)}"
     return f"{failed} failed on purpose, then {then}"
 
 
@@ -88,6 +100,8 @@ class Failure:
         p = self.point
         extra = "" if p.fail_at is None else f", fail_at={p.fail_at}"
         call = f"explorer.explore(only=[CrashPoint({p.index}, {p.when!r}{extra})])"
+        if p.index == CLEAN_RUN:
+            call = "explorer.explore(only=[])"
         return f"await {call}" if self.seed is None else f"run_simulated({call}, seed={self.seed})"
 
     def __iter__(self) -> Iterator[object]:
@@ -103,7 +117,8 @@ class Failure:
         return (self.point, self.problem)[index]
 
     def __str__(self) -> str:
-        lines = [f"crash {self.point}: {self.operation}", f"    {self.problem}"]
+        where = "the crash-free run" if self.point.index == CLEAN_RUN else f"crash {self.point}: {self.operation}"
+        lines = [where, f"    {self.problem}"]
         lines += [f"    {line}" for detail in self.details for line in detail.splitlines()]
         lines.append(f"    replay: {self.replay}")
         return "\n".join(lines)

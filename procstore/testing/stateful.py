@@ -1,14 +1,18 @@
 """`ProcedureStateMachine`: a hypothesis stateful test base for procedures.
 
-Hypothesis draws schedules of these rules: submit a procedure, arm a crash a few store
-operations ahead, inject transient store faults, restart the manager, and wait until
-everything has ended. After every rule and at the end it checks:
+Hypothesis draws schedules of these rules: submit a procedure, submit several at once (so
+that they overlap), let the procedures run a while, arm a crash a few store operations
+ahead, inject transient store faults, restart the manager, and wait until everything has
+ended. Rules run while procedures are still running, between their steps. After every rule
+and at the end it checks:
 
 - nothing lost: every procedure whose `submit` returned is known to the current manager,
   or has ended (possibly before a crash, with its commit or rollback key written);
 - everything ends once faults stop (`wait_for_quiescence`, and the teardown);
 - once all have ended, the store holds no procedure keys;
-- `check_world(outcomes)`, the subclass's own "effects exactly once" check.
+- `check_world(outcomes)`, the subclass's own "effects exactly once" check;
+- `invariant(store)`, after every rule too: what must hold at every moment, procedures
+  running or not (the same hook as `Scenario.invariant` of the crash explorer).
 
 Subclass it, implement `attach`, `new_procedure` and `check_world`, and expose it to pytest
 with `TestX = MyMachine.TestCase`. Each instance runs its own event loop and a fresh
@@ -28,7 +32,8 @@ from collections.abc import Coroutine
 from typing import Any, ClassVar, TypeVar
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import invariant as after_every_rule
 
 from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ProcedureError
@@ -60,6 +65,11 @@ class ProcedureStateMachine(RuleBasedStateMachine):
 
     def check_world(self, outcomes: dict[ProcedureId, str]) -> None:
         """Assert the world shows every ended procedure's effects exactly once."""
+
+    async def invariant(self, store: StateStore) -> None:
+        """Raise `AssertionError` if the world is wrong at this moment (say, two procedures
+        hold what only one may). Called after every rule, while procedures run; `store` is
+        the plain store (no faults). Default: nothing to check."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -133,6 +143,32 @@ class ProcedureStateMachine(RuleBasedStateMachine):
         self.submitted[procedure.id] = procedure
         self._settle(0.0)
 
+    @rule(seeds=st.lists(st.integers(min_value=0, max_value=2**16), min_size=2, max_size=4))
+    def submit_many(self, seeds: list[int]) -> None:
+        """Submit several procedures at once: their first steps overlap, and their locks meet."""
+        assert self.manager is not None and self.store is not None
+        procedures = [self.new_procedure(seed, self.store) for seed in seeds]
+        manager = self.manager
+        results = self._run(_gather_all([manager.submit(p) for p in procedures]))
+        for procedure, result in zip(procedures, results, strict=True):
+            if not isinstance(result, BaseException):
+                self.submitted[procedure.id] = procedure
+        crashed = [r for r in results if isinstance(r, SimulatedCrash)]
+        refused = [r for r in results if isinstance(r, BaseException) and not isinstance(r, ProcedureError)]
+        if crashed:
+            self._restart()
+        elif refused:
+            raise refused[0]
+        else:
+            self._settle(0.0)
+
+    @rule(ticks=st.integers(min_value=1, max_value=20))
+    def let_run(self, ticks: int) -> None:
+        """Let the procedures run a little (a few loop turns, in virtual time), so that the
+        next rule lands between their steps."""
+        for _ in range(ticks):
+            self._settle(0.0)
+
     @rule(ahead=st.integers(min_value=0, max_value=8))
     def crash_soon(self, ahead: int) -> None:
         assert self.store is not None
@@ -183,9 +219,14 @@ class ProcedureStateMachine(RuleBasedStateMachine):
             self.outcomes[pid] = "failed" if rolled_back else "done"
         return ended
 
-    @invariant()
+    @after_every_rule()
     def nothing_lost(self) -> None:
         assert self._all_known(), "a procedure whose submit returned is gone"
+
+    @after_every_rule()
+    def world_holds(self) -> None:
+        if type(self).invariant is not ProcedureStateMachine.invariant:
+            self._run(self.invariant(open_state_store(self.url)))
 
     def teardown(self) -> None:
         try:
@@ -195,6 +236,7 @@ class ProcedureStateMachine(RuleBasedStateMachine):
                 left = self._run(self.manager.store.store.walk("procedure/"))
                 assert left == [], f"procedure keys left after everything ended: {left[:3]}"
                 self.check_world(self.outcomes)
+                self.world_holds()
         finally:
             # Whatever failed above, the manager stops before its loop closes: else asyncio
             # reports its tasks (procstore:gc, procstore:requests) destroyed while pending.
@@ -202,3 +244,10 @@ class ProcedureStateMachine(RuleBasedStateMachine):
                 self._stop()
             finally:
                 self.loop.close()
+
+
+async def _gather_all(calls: list[Coroutine[Any, Any, T]]) -> list[T | BaseException]:
+    """Every call's result or exception (a `SimulatedCrash` included), all run at once."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    await asyncio.wait(tasks)
+    return [task.exception() or task.result() for task in tasks]
