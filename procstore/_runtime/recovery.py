@@ -148,12 +148,12 @@ def _children_of_ended_runs(loaded: ProcedureMessages) -> dict[ProcedureId, str]
 
 
 def _set_apart(loaded: ProcedureMessages, pids: list[ProcedureId]) -> None:
-    """Take `pids` out of what is to be resumed or claimed (they are deleted instead)."""
+    """Take `pids` out of what is to be resumed or claimed (they are deleted instead; a
+    finished one keeps its message, for its end record)."""
     doomed = set(pids)
     for pid in pids:
         loaded.messages.pop(pid, None)
         loaded.rollback_messages.pop(pid, None)
-        loaded.finished_messages.pop(pid, None)
     loaded.finished_ids = [pid for pid in loaded.finished_ids if pid not in doomed]
 
 

@@ -26,9 +26,11 @@ written nothing (two copies of the same bytes both count as written: one run).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from procstore.errors import Fenced, LeaseExpired, ProcedureError
 from procstore.ids import ProcedureId
+from procstore.store.history import HistoryStore, iso, record_from_keys
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.procedure_store import MAX_STEP, ProcedureStore
@@ -137,6 +139,13 @@ async def apply_restart(store: ProcedureStore, plan: RestartPlan, message: Proce
         else await _read(store, plan.newest_message, plan.procedure_id)
     )
     run = max(message.run, last.run) + 1
+    if plan.ended and plan.newest_message is not None and plan.newest_message.key_type is KeyType.ROLLBACK:
+        # The ended run's end record, if whoever ended it did not get to write it (killed
+        # between its `.commit` and its record): once the new run's copy is the latest key,
+        # nothing else would (create-only: the record its manager wrote stands).
+        ended_at = iso(datetime.now(UTC)) or ""
+        record = record_from_keys(plan.procedure_id, last, rolled_back=True, ended_at=ended_at)
+        await HistoryStore(store.store, store.parent_path).put_unrecorded([record])
     try:
         await store.store_procedure(plan.procedure_id, step, message.type_name, message.data, None, run)
     except LeaseExpired:
