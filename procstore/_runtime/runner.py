@@ -123,6 +123,7 @@ class Runner:
     async def _acquire(self, key: StringKey) -> bool:
         """Take `key`; False (the procedure failed with `LockCycle`) if waiting would deadlock."""
         if self.ctx.locks.would_block(key) and (cycle := self.ctx.lock_cycle(self.meta.id, key)) is not None:
+            await self._roll_back_stored_children()
             await self._fail(LockCycle(self.meta.id, key.key, cycle), roll_back=self._ran_before())
             return False
         self.ctx.lock_waits[self.meta.id] = key.key
@@ -132,6 +133,7 @@ class Runner:
         finally:
             del self.ctx.lock_waits[self.meta.id]
         if not acquired:
+            await self._roll_back_stored_children()
             await self._fail(OperatorRequested(self.ctx.operator_requests[self.meta.id]), roll_back=self._ran_before())
             return False
         self.ctx.lock_holders.setdefault(key.key, set()).add(self.meta.id)
@@ -388,6 +390,21 @@ class Runner:
             self.meta.add_child(child_id)
             if child_id not in self.ctx.metas:
                 self._claim_stored(child_id, roll_back=rolling_back)
+        if children:
+            await self._wait_children()
+
+    async def _roll_back_stored_children(self) -> None:
+        """A parent loaded from the store that fails before it runs again (at its lock wait)
+        rolls back the children it had stored, and waits for them, before it ends: its tree's
+        deletion would otherwise take them unfinished, their effects never undone."""
+        if not self._resume_children:
+            return
+        self._resume_children = False
+        children = self.ctx.stored.children_of.get(self.meta.id, [])
+        for child_id in list(children):
+            self.meta.add_child(child_id)
+            if child_id not in self.ctx.metas:
+                self._claim_stored(child_id, roll_back=True)
         if children:
             await self._wait_children()
 

@@ -33,7 +33,9 @@ class Run:
     outcome: str | None = None
     """`done` or `failed` (a `.rollback` right below its `.commit`)."""
     rollbacks: set[int] = field(default_factory=set)
-    deleted_while_running: bool = False
+    deleted_while_running: str | None = None
+    """The problem, if its keys were deleted before it ended (reported unless the run turns
+    out never to have started: see `runs_from_log`)."""
     top_step: int = 0
     """The highest step of a key it wrote before it ended."""
 
@@ -102,6 +104,18 @@ def runs_from_log(log: Iterable[LoggedOp], roots: set[str]) -> dict[str, Procedu
                 _created(proc, str(parsed.procedure_id), parsed, op, _run_number(op))
                 if proc.parent is None and op.value:
                     proc.parent = _parent(op.value)
+    # A child created in a run of its parent that ended without it (the parent failed as
+    # the create landed: it never ran) is that ended tree's leftover, not a run of its own.
+    for proc in procedures.values():
+        creator = procedures.get(proc.parent) if proc.parent is not None else None
+        if creator is not None:
+            proc.runs = [
+                r
+                for r in proc.runs
+                if not (r.ended_at is None and r.top_step == 0 and r.number in creator.ended_numbers)
+            ]
+    for proc in procedures.values():
+        proc.problems += [r.deleted_while_running for r in proc.runs if r.deleted_while_running is not None]
     # `procstore delete` takes a tree: what its leader still writes below a deleted parent
     # (a child it was creating) is left to nobody, by design.
     for proc in procedures.values():
@@ -127,9 +141,8 @@ def _deleted(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp) -> None
     if proc.operator_deleted:
         return  # `procstore delete` is destructive by design: what a leader still writes may go
     run = proc.current
-    if run is not None and run.ended_at is None and not run.deleted_while_running:
-        run.deleted_while_running = True
-        proc.problems.append(
+    if run is not None and run.ended_at is None and run.deleted_while_running is None:
+        run.deleted_while_running = (
             f"{pid}: {parsed.step}.{parsed.key_type.value} deleted at {op.at:.2f} by {op.process} while run "
             f"{len(proc.runs)} (begun at {run.started_at:.2f}) had not ended: a running procedure's keys went"
         )
