@@ -19,9 +19,11 @@ from datetime import datetime, tzinfo
 from types import ModuleType
 from typing import Any
 
+from procstore._cli import maintenance
 from procstore._runtime import history, meta, writes
+from procstore.store import restart
 
-DATETIME_READERS: tuple[ModuleType, ...] = (history, meta, writes)
+DATETIME_READERS: tuple[ModuleType, ...] = (history, meta, writes, restart, maintenance)
 """The runtime's modules that call `datetime.now()` (each through its own name `datetime`)."""
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -81,5 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if run_seeds(simulation, seeds, sys.stdout, verbose=args.seed is not None) else 0
 
 
+def _with_fixed_hashing() -> None:
+    """Run again under `PYTHONHASHSEED=0` unless already: the order in which a set of ids is
+    walked follows string hashing, which Python draws per process, and a seed must replay
+    the same schedule in every process."""
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        os.execve(
+            sys.executable,
+            [sys.executable, "-m", "procstore.testing.simulate", *sys.argv[1:]],
+            {**os.environ, "PYTHONHASHSEED": "0"},
+        )
+
+
 if __name__ == "__main__":
+    _with_fixed_hashing()
     sys.exit(main())
