@@ -512,4 +512,6 @@ async def _busy(store: MemoryStore) -> bool:
         return True
     if any(not _kept(keys) for keys in stored.values()):
         return True
-    return any(_requested_id(k) in stored for k in await store.walk(REQUESTS_PATH))
+    # Any request: one whose procedure is gone is deleted by the leader's watch once it is
+    # `STALE_REQUEST_AGE` old (it may be a cancel written just before its submit landed).
+    return bool(await store.walk(REQUESTS_PATH))
