@@ -11,12 +11,15 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from procstore._logs import get_logger
 from procstore._text import valid_unicode
 from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
 from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_of_dir
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
+
+logger = get_logger("procstore.store")
 
 _READ_CHUNK = 256
 """Values read per batch: the unit of progress reports."""
@@ -264,6 +267,8 @@ async def read_history(
     """Every key of one procedure, oldest first: (key, modified, message, why unreadable)."""
     modified = await store.store.walk_modified(f"{store.proc_path}{procedure_id}/")
     grouped = KeysByProcedure.group(store.proc_path, modified)
+    for other in grouped.others:
+        logger.warning("not a procedure key, ignored: %s", valid_unicode(other))
     keys = sorted(
         (ParsedKey(store.proc_path, procedure_id, s, k) for s, k in grouped.steps.get(procedure_id, [])), key=_order
     )

@@ -48,3 +48,28 @@ async def test_a_key_of_another_shape_does_not_end_a_procedure(tmp_path: Path) -
             await watcher.wait()
             assert watcher.state.is_done()
     assert sorted(await store.walk("procedure/")) == sorted(fakes)  # left alone, as any stray key
+
+
+async def test_a_key_above_the_largest_step_is_no_procedures(tmp_path: Path) -> None:
+    """`procedure/{id}/4294967296.commit` (or a `.rollback` or `.step` there, or further up),
+    beside an unfinished procedure's keys, is a step no procedure can write: recovery ignores
+    it and resumes the procedure to its end, instead of taking it for finished and deleting it
+    (or for rolling back, or for stuck at that step)."""
+    world = World.new()
+    fakes = {"4294967296.commit", "4294967296.rollback", "4294967296.step", "9999999999.commit", "10000000000.commit"}
+    victims = [steps(world, 2) for _ in fakes]
+    store = LocalDirStore(tmp_path)
+    planted = []
+    for victim, fake in zip(victims, sorted(fakes), strict=True):
+        message = ProcedureMessage(victim.procedure.type_name, victim.procedure.dump(), None, 0)
+        await store.put(f"procedure/{victim.id}/0000000000.step", message.encode())
+        planted.append(f"procedure/{victim.id}/{fake}")
+        await store.put(planted[-1], message.encode() if fake.endswith(".step") else b"")
+    async with manager_for(LocalDirStore(tmp_path)) as manager:
+        assert manager.recovery_problems == []
+        for victim in victims:
+            watcher = manager.procedure_watcher(victim.id)
+            assert watcher is not None  # resumed, not taken for finished
+            await watcher.wait()
+            assert watcher.state.is_done()
+    assert sorted(await store.walk("procedure/")) == sorted(planted)  # left alone, as any stray key
