@@ -86,7 +86,8 @@ class StoredProcedure:
     message: ProcedureMessage | None = None
     """The latest readable message (for a committed procedure, its last `.step`)."""
     problem: str | None = None
-    """Why the latest value could not be read, for `UNREADABLE`."""
+    """Why the latest value could not be read (for `UNREADABLE`, and for a finished one whose
+    message below its `.commit` could not be), or the parent cycle it is in."""
     children: list[ProcedureId] = field(default_factory=list)
 
     @property
@@ -183,11 +184,19 @@ class Inventory:
         return out
 
     def collectable(self) -> list[StoredProcedure]:
-        """Committed procedures a manager would delete: those without a live parent."""
+        """Committed procedures a manager would delete: those without a live parent. One
+        whose latest value below its `.commit` cannot be read is kept, as recovery keeps it:
+        whose child it was is unknown (an earlier message may name another parent than the
+        unreadable one did), so it may be the child a parent still waits for."""
         out = []
         for p in self.procedures.values():
             parent = self.procedures.get(p.parent_id) if p.parent_id is not None else None
-            if p.is_finished and (parent is None or not parent.is_alive) and p.parent_id not in self.unlisted_ids:
+            if (
+                p.is_finished
+                and p.problem is None
+                and (parent is None or not parent.is_alive)
+                and p.parent_id not in self.unlisted_ids
+            ):
                 out.append(p)
         return out
 

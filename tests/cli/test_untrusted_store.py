@@ -1,5 +1,6 @@
-"""The CLI and the web view over keys no procedure can write, added by anyone who can write
-the bucket: each is ignored with a warning, never taken for a procedure's end."""
+"""The CLI and the web view over what anyone who can write the bucket can store: keys no
+procedure can write (ignored with a warning, never taken for a procedure's end), values that
+cannot be read (kept)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,20 @@ def test_the_web_view_shows_keys_above_the_largest_step_as_ignored(store: Path) 
         assert page.status_code == 200
         assert "unfinished" in page.text and "committed" not in page.text and "4294967296" not in page.text
         assert "4294967296.commit" in client.get("/").text  # listed with the keys that are not ours
+
+
+def test_gc_keeps_a_committed_procedure_whose_value_cannot_be_read(tmp_path: Path) -> None:
+    """Its parent link is unknown: it may be the child an unfinished parent will read when it
+    resumes, so it is kept, as recovery keeps it."""
+    parent, child = "22222222-2222-4222-8222-222222222222", "33333333-3333-4333-8333-333333333333"
+    (tmp_path / "procedure" / parent).mkdir(parents=True)
+    (tmp_path / "procedure" / parent / "0000000000.step").write_bytes(_message(0))
+    folder = tmp_path / "procedure" / child
+    folder.mkdir()
+    torn = _message(0).replace(b"null", f'"{parent}"'.encode())[:-1]
+    (folder / "0000000000.step").write_bytes(torn)
+    (folder / "0000000001.commit").write_bytes(b"")
+    collected = CliRunner().invoke(cli, ["gc", str(tmp_path)])
+    assert collected.exit_code == 0, collected.output
+    assert "deleted 0 finished procedures" in collected.output
+    assert sorted(p.name for p in folder.iterdir()) == ["0000000000.step", "0000000001.commit"]
