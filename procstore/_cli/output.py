@@ -89,10 +89,15 @@ def time_option(fn: Callable[P, T]) -> Callable[P, T]:
 
 
 def iso_time(timestamp: float | None) -> str | None:
-    """ISO 8601 in UTC, to the second: what JSON and YAML carry."""
+    """ISO 8601 in UTC, to the second: what JSON and YAML carry. None for a time the
+    calendar does not hold (a stored end time of `9999-12-31T23:59:59-23:59` is year 10000
+    in UTC): a stored value never makes a command fail."""
     if timestamp is None:
         return None
-    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    try:
+        return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def table_time(timestamp: float | None, fmt: TimeFormat, now: float) -> str:

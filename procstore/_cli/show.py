@@ -25,7 +25,7 @@ from procstore._cli.history import show_ended
 from procstore._cli.listing import STATUS_STYLE
 from procstore._cli.output import chosen_format, emit, iso_time, output_options, plural, stored
 from procstore._text import bounded
-from procstore.store.inventory import ENDINGS, ending, read_history
+from procstore.store.inventory import ENDINGS, StoredStatus, endings, read_history
 from procstore.store.message import ProcedureMessage
 
 FIELDS_SHOWN = 200
@@ -105,9 +105,8 @@ def _fields_table(fields: dict[str, Any], previous: dict[str, Any] | None) -> Ta
     return table
 
 
-def _entry(history: list[Any], index: int) -> dict[str, Any]:
+def _entry(history: list[Any], index: int, ended: StoredStatus | None) -> dict[str, Any]:
     key, modified, message, problem = history[index]
-    ended = ending(history, index)
     entry: dict[str, Any] = {"key": str(key), "step": key.step, "kind": key.key_type.value,
                              "modified": iso_time(modified), "problem": problem, "message": None}  # fmt: skip
     if ended is not None:
@@ -122,9 +121,8 @@ def _entry(history: list[Any], index: int) -> dict[str, Any]:
 def _panels(history: list[Any]) -> list[RenderableType]:
     panels: list[RenderableType] = []
     previous: dict[str, Any] | None = None
-    for index, (key, modified, message, problem) in enumerate(history):
+    for (key, modified, message, problem), ended in zip(history, endings(history), strict=True):
         title = f"step {key.step} {key.key_type.value}, {iso_time(modified) or '-'}"
-        ended = ending(history, index)
         if ended is not None:
             color = STATUS_STYLE[ended]
             panels.append(Panel(f"[{color}]{ENDINGS[ended]}[/]", title=title, title_align="left"))
@@ -178,7 +176,7 @@ async def show(
     if found is None:
         return
     pid, history = found
-    document = {"procedure": str(pid), "keys": [_entry(history, i) for i in range(len(history))]}
+    document = {"procedure": str(pid), "keys": [_entry(history, i, ended) for i, ended in enumerate(endings(history))]}
     emit(fmt, document, lambda: _panels(history), rows="keys")
     unreadable = [str(key) for key, _, _, problem in history if problem is not None]
     if unreadable:

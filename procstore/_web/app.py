@@ -51,7 +51,7 @@ from procstore.store.inventory import (
     Inventory,
     StoredProcedure,
     StoredStatus,
-    ending,
+    endings,
     read_history,
     read_inventory,
 )
@@ -283,8 +283,7 @@ def _procedure_of(
     ancestors = list(reversed(inventory.ancestors(p)))
     steps: list[dict[str, Any]] = []
     previous: dict[str, Any] | None = None
-    for index, (key, modified, message, problem) in enumerate(history):
-        ended = ending(history, index)
+    for (key, modified, message, problem), ended in zip(history, endings(history), strict=True):
         step: dict[str, Any] = {
             "key": str(key),
             "step": key.step,

@@ -4,19 +4,34 @@ cannot be read (kept)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
+import procstore.store.inventory
 from procstore._cli.app import cli
 from procstore._web.app import create_app
+from procstore.store import LocalDirStore, StateStore
+from procstore.store.inventory import status_of_keys
+from procstore.testing import write_many_commits, write_parent_cycle
+
+T = TypeVar("T")
 
 PID = "11111111-1111-4111-8111-111111111111"
-ABOVE_MAX_STEP = ("4294967296.commit", "4294967296.rollback", "4294967296.step", "10000000000.commit")
+ABOVE_MAX_STEP = (
+    "4294967296.commit",
+    "4294967296.rollback",
+    "4294967296.step",
+    "10000000000.commit",
+    "9999999999999999999999999.step",  # beyond 64 bits: JSON writers refuse such an integer
+)
 
 
 def _message(step: int) -> bytes:
@@ -45,6 +60,9 @@ def test_keys_above_the_largest_step_are_ignored_by_ls_show_gc(store: Path, capl
         shown = json.loads(runner.invoke(cli, ["show", str(store), PID, "-o", "json"]).stdout)
     assert [k["step"] for k in shown["keys"]] == [0, 1]
     assert sum("not a procedure key, ignored" in r.getMessage() for r in caplog.records) == len(ABOVE_MAX_STEP)
+
+    for args in (["tree", str(store)], ["watch", str(store), "--count", "1"]):
+        assert runner.invoke(cli, [*args, "-o", "json"]).exit_code == 0, args
 
     collected = runner.invoke(cli, ["gc", str(store)])
     assert collected.exit_code == 0, collected.output
@@ -75,3 +93,69 @@ def test_gc_keeps_a_committed_procedure_whose_value_cannot_be_read(tmp_path: Pat
     assert collected.exit_code == 0, collected.output
     assert "deleted 0 finished procedures" in collected.output
     assert sorted(p.name for p in folder.iterdir()) == ["0000000000.step", "0000000001.commit"]
+
+
+def _written(tmp_path: Path, write: Callable[[StateStore], Awaitable[T]]) -> T:
+    async def go() -> T:
+        store = LocalDirStore(tmp_path)
+        try:
+            return await write(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+def _nodes(node: dict[str, Any]) -> int:
+    return 1 + sum(_nodes(child) for child in node["children"])
+
+
+def test_tree_shows_a_parent_cycle_once(tmp_path: Path) -> None:
+    """Every member of a cycle is a root of nothing; were each shown as a root, each would
+    show the whole cycle again (20 levels, and a count of the rest): N times N."""
+    length = 200
+    cycle = _written(tmp_path, lambda store: write_parent_cycle(store, length))
+    result = CliRunner().invoke(cli, ["tree", str(tmp_path), "-o", "json"])
+    assert result.exit_code == 0, result.output
+    tops = json.loads(result.stdout)["procedures"]
+    assert len(tops) == 1 and tops[0]["id"] in {str(pid) for pid in cycle}
+    assert _nodes(tops[0]) <= 21  # the cycle, 20 levels deep, the rest counted
+    listed = json.loads(CliRunner().invoke(cli, ["ls", str(tmp_path), "-o", "json"]).stdout)["procedures"]
+    assert len(listed) == length and all(p["status"] == "parent cycle" for p in listed)
+
+
+def test_show_and_the_page_are_linear_in_a_procedures_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder of N `.commit` keys (anyone who can write the bucket can add them): the
+    ending each one shows is found in one pass over the keys, not by the status of every key
+    before it (N squared: 10,000 keys took tens of seconds)."""
+    count = 400
+    pid = _written(tmp_path, lambda store: write_many_commits(store, count))
+    looked_at = 0
+
+    def counting(keys: Any) -> Any:
+        nonlocal looked_at
+        looked_at += len(keys)
+        return status_of_keys(keys)
+
+    monkeypatch.setattr(procstore.store.inventory, "status_of_keys", counting)
+    shown = CliRunner().invoke(cli, ["show", str(tmp_path), str(pid), "-o", "json"])
+    assert shown.exit_code == 0, shown.output
+    assert [k.get("ended") for k in json.loads(shown.stdout)["keys"]] == [None, *["committed"] * count]
+    with TestClient(create_app(str(tmp_path))) as client:
+        assert client.get(f"/p/{pid}").status_code == 200
+    assert looked_at < 10 * count  # by every key before each: count**2 / 2
+
+
+@pytest.mark.parametrize("ended", ["9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+23:59"])
+def test_an_end_time_at_the_calendars_edge_is_listed(tmp_path: Path, ended: str) -> None:
+    """It parses, but in UTC it is outside the years Python's calendar holds."""
+    good, edge = "44444444-4444-4444-8444-444444444444", "55555555-5555-4555-8555-555555555555"
+    (tmp_path / "history").mkdir()
+    (tmp_path / "procedure").mkdir()
+    for pid, at in ((good, "2026-01-01T00:00:00+00:00"), (edge, ended)):
+        record = {"id": pid, "type_name": "app::T", "parent_id": None, "outcome": "done", "ended_at": at}
+        (tmp_path / "history" / f"{pid}.{1:010d}.json").write_text(json.dumps(record))
+    for args in (["--time-format", "iso"], ["-o", "json"]):
+        result = CliRunner().invoke(cli, ["ls", str(tmp_path), "--history", *args])
+        assert result.exit_code == 0, result.output
+        assert all(pid[:8] in result.output for pid in (good, edge))
