@@ -45,47 +45,55 @@ class NotShown:
         return f"… {plural(self.count, 'more ' + self.what)} (`procstore show -o json` has them all)"
 
 
-def flatten(value: Any, path: str = "", limit: int = FIELDS_SHOWN) -> dict[str, Any]:
+def flatten(
+    value: Any, path: str = "", limit: int | None = FIELDS_SHOWN, elements: int | None = ELEMENTS_SHOWN
+) -> dict[str, Any]:
     """Nested JSON as `{"a.b[0].c": leaf}`: a state machine's context and state become fields.
 
-    Bounded, as a value may be hostile or just large: an array lists its first
-    `ELEMENTS_SHOWN` elements then `NotShown`, and at most `limit` fields come out, then a
-    `NotShown`. A loop, not a recursion: orjson reads values nested up to 1,024 deep, deeper
-    than Python's recursion goes."""
+    Bounded, as a value may be hostile or just large: an array lists its first `elements`
+    elements then `NotShown`, and at most `limit` fields come out, then a `NotShown` (None:
+    all of them, for an output that has every value whole). A loop, not a recursion: orjson
+    reads values nested up to 1,024 deep, deeper than Python's recursion goes."""
     out: dict[str, Any] = {}
     stack: list[tuple[str, Any]] = [(path, value)]  # the next item last: fields in document order
     while stack:
-        if len(out) >= limit:
+        if limit is not None and len(out) >= limit:
             out["…"] = NotShown(len(stack), "fields or groups of fields")
             break
         where, item = stack.pop()
         if isinstance(item, dict) and item:
             stack += reversed([(f"{where}.{key}" if where else str(key), inner) for key, inner in item.items()])
         elif isinstance(item, list) and item:
-            shown = [(f"{where}[{i}]", inner) for i, inner in enumerate(item[:ELEMENTS_SHOWN])]
-            if len(item) > ELEMENTS_SHOWN:
-                shown.append((f"{where}[…]", NotShown(len(item) - ELEMENTS_SHOWN, "elements")))
+            shown = [(f"{where}[{i}]", inner) for i, inner in enumerate(item[:elements])]
+            if elements is not None and len(item) > elements:
+                shown.append((f"{where}[…]", NotShown(len(item) - elements, "elements")))
             stack += reversed(shown)
         else:
             out[where or "(value)"] = item
     return out
 
 
-def data_fields(message: ProcedureMessage) -> dict[str, Any] | None:
-    """The message's `data` as fields if it is JSON (it usually is), else None."""
+def data_fields(message: ProcedureMessage, *, whole: bool = False) -> dict[str, Any] | None:
+    """The message's `data` as fields if it is JSON (it usually is), else None; `whole`:
+    every field and element."""
     try:
+        if whole:
+            return flatten(orjson.loads(message.data), limit=None, elements=None)
         return flatten(orjson.loads(message.data))
     except orjson.JSONDecodeError:
         return None
 
 
-def field_changes(fields: dict[str, Any], previous: dict[str, Any] | None) -> list[tuple[str, str, str]]:
-    """(mark, field, value as JSON, cut to `TEXT_LIMIT`) for each field: `*` changed since
-    `previous`, `-` removed."""
+def field_changes(
+    fields: dict[str, Any], previous: dict[str, Any] | None, *, whole: bool = False
+) -> list[tuple[str, str, str]]:
+    """(mark, field, value as JSON, cut to `TEXT_LIMIT` unless `whole`) for each field: `*`
+    changed since `previous`, `-` removed."""
     rows = []
     for name, value in fields.items():
         changed = previous is not None and (name not in previous or previous[name] != value)
-        shown = str(value) if isinstance(value, NotShown) else bounded(orjson.dumps(value).decode())
+        text = str(value) if isinstance(value, NotShown) else orjson.dumps(value).decode()
+        shown = text if whole else bounded(text)
         rows.append(("*" if changed else "", name, shown))
     if previous is not None:
         rows += [("-", name, "(removed)") for name in previous.keys() - fields.keys()]

@@ -325,6 +325,13 @@ async def read_history(
         (ParsedKey(store.proc_path, procedure_id, s, k) for s, k in grouped.steps.get(procedure_id, [])), key=_order
     )
     values = await store.store.get_many([str(k) for k in keys])
+    # Off the event loop: a procedure's steps can be megabytes each.
+    return await asyncio.to_thread(_history_of, keys, values, modified)
+
+
+def _history_of(
+    keys: list[ParsedKey], values: Sequence[bytes | Exception | None], modified: dict[str, float | None]
+) -> list[tuple[ParsedKey, float | None, ProcedureMessage | None, str | None]]:
     history: list[tuple[ParsedKey, float | None, ProcedureMessage | None, str | None]] = []
     for key, raw in zip(keys, values, strict=True):
         if key.key_type is KeyType.COMMIT:
