@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import yaml
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
@@ -159,3 +160,54 @@ def test_an_end_time_at_the_calendars_edge_is_listed(tmp_path: Path, ended: str)
         result = CliRunner().invoke(cli, ["ls", str(tmp_path), "--history", *args])
         assert result.exit_code == 0, result.output
         assert all(pid[:8] in result.output for pid in (good, edge))
+
+
+def test_a_log_line_naming_a_stored_key_is_inert(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A history key whose name carries ESC sequences is logged as unreadable: the line
+    must not set the title of the terminal the log is read on."""
+    evil = "\x1b]0;pwned window title\x07\x1b[2J\u202e"
+    (tmp_path / "history").mkdir()
+    (tmp_path / "procedure").mkdir()
+    (tmp_path / "history" / f"1767225600000-{evil}.json").write_bytes(b"{not json")
+    with caplog.at_level(logging.WARNING, logger="procstore"):
+        assert CliRunner().invoke(cli, ["ls", str(tmp_path), "--history"]).exit_code == 0
+        with TestClient(create_app(str(tmp_path))) as client:
+            assert client.get("/history").status_code == 200
+    lines = [r.getMessage() for r in caplog.records if "1767225600000" in r.getMessage()]
+    assert len(lines) >= 2 and all("\\x1b]0;pwned" in line for line in lines)
+    assert not any(char in line for line in lines for char in "\x1b\x07\u202e")
+
+
+CONTROLS = "app::\x9b2J\x9b31mred \x7f \u202eevil.exe \x85"
+
+
+def test_json_and_yaml_escape_what_a_terminal_obeys_and_read_back_the_same(tmp_path: Path) -> None:
+    """JSON escapes C0 itself; C1 (`\\x9b` is CSI), DEL and the bidirectional overrides
+    are escaped too (`\\u009b`), so `-o json` at a prompt is inert, and reads back whole."""
+    (tmp_path / "procedure" / PID).mkdir(parents=True)
+    value = {"type_name": CONTROLS, "data": "{}", "parent_id": None, "step": 0}
+    (tmp_path / "procedure" / PID / "0000000000.step").write_text(json.dumps(value))
+    runner = CliRunner()
+    read_back = {
+        ("ls", "-o", "json"): lambda doc: doc["procedures"][0]["type"],
+        ("ls", "--json"): lambda doc: doc["type"],
+        ("ls", "-o", "jsonl"): lambda doc: doc["type"],
+        ("show", PID, "-o", "json"): lambda doc: doc["keys"][0]["message"]["type_name"],
+    }
+    for args, value_of in read_back.items():
+        out = runner.invoke(cli, [args[0], str(tmp_path), *args[1:]]).stdout
+        assert not any(char in out for char in "\x9b\x7f\u202e\x85"), args
+        assert value_of(json.loads(out)) == CONTROLS, args
+    out = runner.invoke(cli, ["ls", str(tmp_path), "-o", "yaml"]).stdout
+    assert not any(char in out for char in "\x9b\x7f\u202e\x85")
+    assert yaml.safe_load(out)["procedures"][0]["type"] == CONTROLS
+
+
+def test_emoji_codes_in_a_stored_value_are_shown_as_written(tmp_path: Path) -> None:
+    name = "app::T :white_heavy_check_mark: committed :lock:"
+    (tmp_path / "procedure" / PID).mkdir(parents=True)
+    value = {"type_name": name, "data": "{}", "parent_id": None, "step": 0}
+    (tmp_path / "procedure" / PID / "0000000000.step").write_text(json.dumps(value))
+    for args in (["ls", "--wide"], ["tree"], ["show", PID]):
+        out = CliRunner(env={"COLUMNS": "200"}).invoke(cli, [args[0], str(tmp_path), *args[1:]]).stdout
+        assert ":white_heavy_check_mark:" in out and "\u2705" not in out, args
