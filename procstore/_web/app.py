@@ -38,7 +38,7 @@ from procstore._cli.lease import lease_state, read_lease
 from procstore._cli.listing import row_json
 from procstore._cli.output import SHORT_ID, iso_time, table_time
 from procstore._cli.show import data_fields, field_changes
-from procstore._runtime.lease import LeaseRecord
+from procstore._runtime.lease import LEASE_KEY, LeaseRecord
 from procstore._text import bounded, valid_unicode
 from procstore._web.headers import SecurityHeaders
 from procstore._web.links import procedure_link
@@ -284,7 +284,11 @@ def _overview_of(
 
 
 async def _lease(store: ProcedureStore, now: float) -> dict[str, Any] | None:
-    key, raw, modified = await read_lease(store)
+    try:
+        key, raw, modified = await read_lease(store)
+    except StoreError as e:
+        # Its key alone (a folder there, say): the procedures read fine, and are shown.
+        return {"key": f"{store.parent_path}{LEASE_KEY}", "problem": f"cannot be read: {e}"}
     if raw is None:
         return None
     age = None if modified is None else max(0.0, now - modified)
