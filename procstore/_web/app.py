@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import itertools
 import json
 import time
@@ -287,6 +288,8 @@ async def _lease(store: ProcedureStore, now: float) -> dict[str, Any] | None:
     try:
         key, raw, modified = await read_lease(store)
     except StoreError as e:
+        if not _about_the_key(e):
+            raise  # the store itself (a page answers 503)
         # Its key alone (a folder there, say): the procedures read fine, and are shown.
         return {"key": f"{store.parent_path}{LEASE_KEY}", "problem": f"cannot be read: {e}"}
     if raw is None:
@@ -299,6 +302,15 @@ async def _lease(store: ProcedureStore, now: float) -> dict[str, Any] | None:
     state, said = lease_state(record, age)
     return {"key": key, "holder": record.holder, "epoch": record.epoch, "state": state, "said": said,
             "renewed": table_time(modified, "relative", now)}  # fmt: skip
+
+
+def _about_the_key(error: StoreError) -> bool:
+    """Whether a read failed for what is at the key (a folder, a link looping to itself, a
+    file that is not a regular one), not for the store."""
+    cause = error.__cause__
+    return isinstance(cause, IsADirectoryError | NotADirectoryError) or (
+        type(cause) is OSError and cause.errno in (errno.ELOOP, errno.EINVAL)
+    )
 
 
 async def _procedure(store: ProcedureStore, text: str, *, whole: bool) -> dict[str, Any]:
