@@ -14,6 +14,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol
 
+from procstore._text import terminal_text
+
 
 class Stepping(Protocol):
     """What is at a step that changes as it goes: a runner."""
@@ -80,12 +82,31 @@ class ProcedureFields(logging.Filter):
         return True
 
 
+class InertText(logging.Filter):
+    """Makes a record's message inert text: its control characters (C0 with newlines, DEL,
+    C1, the bidirectional overrides) escaped as `\x1b`, `\u202e`...
+
+    procstore's messages name stored keys and values, which anyone who can write the bucket
+    chooses: raw, an ESC sequence in a key name would set the title of the terminal a log
+    is read on (or clear it), and a newline would forge a log line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        inert = terminal_text(message)
+        if inert != message:
+            record.msg, record.args = inert, None
+        return True
+
+
 _FIELDS = ProcedureFields()
+_INERT = InertText()
 
 
 def get_logger(name: str) -> logging.Logger:
-    """`logging.getLogger(name)`, with the procedure fields on every record it makes."""
+    """`logging.getLogger(name)`, with the procedure fields on every record it makes, and
+    its message inert text."""
     logger = logging.getLogger(name)
-    if _FIELDS not in logger.filters:
-        logger.addFilter(_FIELDS)
+    for wanted in (_FIELDS, _INERT):
+        if wanted not in logger.filters:
+            logger.addFilter(wanted)
     return logger

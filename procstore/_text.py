@@ -7,6 +7,8 @@ key name, so a view prints them as inert text.
 - `terminal_text`: also every control character (C0, DEL, C1: ESC starts the sequences that
   set a window title, clear the screen or make a hyperlink) and the bidirectional overrides
   escaped as `\\x1b`, `\\u202e`..., so a terminal shows them and obeys none.
+- `json_inert`: JSON or YAML text with those characters escaped as `\\u009b`, `\\u202e`...:
+  the same value, read back, and nothing a terminal obeys.
 - `bounded`: at most `limit` characters, then how many more there are.
 """
 
@@ -15,6 +17,8 @@ from __future__ import annotations
 import re
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_RAW_IN_JSON = re.compile("[\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""The characters of `_CONTROL` that JSON writes raw (it escapes C0 itself)."""
 _ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 TEXT_LIMIT = 2_000
@@ -46,6 +50,23 @@ def terminal_text(text: str, *, keep_newlines: bool = False) -> str:
     if keep_newlines:
         return "\n".join(_CONTROL.sub(_escape, line) for line in text.split("\n"))
     return _CONTROL.sub(_escape, text)
+
+
+def json_inert(text: str) -> str:
+    """JSON (or a YAML document whose strings holding them are double-quoted) with the
+    control characters JSON leaves raw (DEL, C1, the bidirectional overrides: a terminal
+    obeys `\x9b`, and U+202E shows the rest of the line reversed) as `\u009b`, `\u202e`.
+    Outside strings such text holds none, and inside one the escape reads back the same."""
+    return _RAW_IN_JSON.sub(_json_escape, text)
+
+
+def has_control(text: str) -> bool:
+    """Whether `text` holds a character `json_inert` escapes."""
+    return _RAW_IN_JSON.search(text) is not None
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
 
 
 def bounded(text: str, limit: int = TEXT_LIMIT) -> str:

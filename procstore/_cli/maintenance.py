@@ -67,7 +67,8 @@ async def gc(
     """Delete committed procedures, in the documented order (steps, then commit, then folder).
 
     Committed subprocedures of a parent that is still unfinished are kept: the parent reads
-    them when it resumes. A failed root (kept by keep_failed for an operator) is kept too:
+    them when it resumes. So is a committed procedure whose value cannot be read: whose child
+    it is is unknown. A failed root (kept by keep_failed for an operator) is kept too:
     only `procstore delete` removes one. On a local store, temp files a crashed writer left
     (`.tmp-*`, older than an hour) and empty procedure folders older than an hour go too;
     newer temp files and lock files of keys that are gone are reported. Other keys under
@@ -104,7 +105,7 @@ async def gc(
     others = [k for k in inventory.other_keys if not k.rsplit("/", 1)[-1].startswith(TEMP_PREFIX)]
     summary = (
         f"{'dry run: ' if dry_run else ''}{verb} {plural(len(chosen), 'finished procedure')}; kept "
-        f"{kept} committed (too recent, or parent still unfinished)"
+        f"{kept} committed (too recent, parent still unfinished, or a value that cannot be read)"
         + (f"; kept {len(failed)} failed (`procstore delete ID` removes one)" if failed else "")
         + (f"; {removed} {plural(len(leftovers.old_temps), 'stale temp file')}" if leftovers.old_temps else "")
         + (

@@ -33,7 +33,7 @@ from rich.markup import escape
 from rich.measure import Measurement
 from rich.text import Text
 
-from procstore._text import bounded, terminal_text, valid_unicode
+from procstore._text import bounded, has_control, json_inert, terminal_text, valid_unicode
 from procstore.ids import ProcedureId
 
 P = ParamSpec("P")
@@ -89,10 +89,15 @@ def time_option(fn: Callable[P, T]) -> Callable[P, T]:
 
 
 def iso_time(timestamp: float | None) -> str | None:
-    """ISO 8601 in UTC, to the second: what JSON and YAML carry."""
+    """ISO 8601 in UTC, to the second: what JSON and YAML carry. None for a time the
+    calendar does not hold (a stored end time of `9999-12-31T23:59:59-23:59` is year 10000
+    in UTC): a stored value never makes a command fail."""
     if timestamp is None:
         return None
-    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    try:
+        return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def table_time(timestamp: float | None, fmt: TimeFormat, now: float) -> str:
@@ -137,6 +142,12 @@ def stored(value: object) -> str:
 
 
 class _Console(Console):
+    def __init__(self, **kwargs: Any) -> None:
+        # rich replaces `:lock:`-style codes in every string it renders: a stored type name
+        # `T :white_heavy_check_mark: committed` would print a check mark. procstore's own
+        # text uses none.
+        super().__init__(**{"emoji": False, **kwargs})
+
     def render_str(self, text: str, **kwargs: Any) -> Text:
         # The one way a string reaches the terminal: control characters are escaped here,
         # whatever called print; markup that does not parse (a stored value placed in it
@@ -201,11 +212,11 @@ def emit(
             console.print(part)
     elif fmt == "jsonl":
         for item in document[rows] if rows is not None else [document]:
-            sys.stdout.write(orjson.dumps(item).decode() + "\n")
+            sys.stdout.write(json_inert(orjson.dumps(item).decode()) + "\n")
     else:
         full = {**document, "warnings": list(warnings)} if warnings else document
         if fmt == "json":
-            sys.stdout.write(orjson.dumps(full, option=orjson.OPT_INDENT_2).decode() + "\n")
+            sys.stdout.write(json_inert(orjson.dumps(full, option=orjson.OPT_INDENT_2).decode()) + "\n")
         else:
             sys.stdout.write(_yaml(full))
     if fmt != "json" and fmt != "yaml":
@@ -226,7 +237,18 @@ def _valid_unicode(value: Any) -> Any:
 
 
 def _yaml(document: dict[str, Any]) -> str:
+    """YAML, every string that holds a control character double-quoted, where `json_inert`
+    escapes it as YAML reads it back (in another style the escape would be text)."""
     try:
-        return msgspec.yaml.encode(document).decode()
+        import yaml  # type: ignore[import-untyped]
     except ImportError as e:  # pragma: no cover - PyYAML is a dependency
         raise click.UsageError("-o yaml needs PyYAML: pip install pyyaml") from e
+
+    class InertDumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+        def represent_str(self, data: str) -> Any:
+            quoted = '"' if has_control(data) else None
+            return self.represent_scalar("tag:yaml.org,2002:str", data, style=quoted)
+
+    InertDumper.add_representer(str, InertDumper.represent_str)
+    text: str = yaml.dump(msgspec.to_builtins(document), Dumper=InertDumper, allow_unicode=True, sort_keys=False)
+    return json_inert(text)

@@ -25,7 +25,7 @@ from procstore._cli.history import show_ended
 from procstore._cli.listing import STATUS_STYLE
 from procstore._cli.output import chosen_format, emit, iso_time, output_options, plural, stored
 from procstore._text import bounded
-from procstore.store.inventory import ENDINGS, ending, read_history
+from procstore.store.inventory import ENDINGS, StoredStatus, endings, read_history
 from procstore.store.message import ProcedureMessage
 
 FIELDS_SHOWN = 200
@@ -45,47 +45,55 @@ class NotShown:
         return f"… {plural(self.count, 'more ' + self.what)} (`procstore show -o json` has them all)"
 
 
-def flatten(value: Any, path: str = "", limit: int = FIELDS_SHOWN) -> dict[str, Any]:
+def flatten(
+    value: Any, path: str = "", limit: int | None = FIELDS_SHOWN, elements: int | None = ELEMENTS_SHOWN
+) -> dict[str, Any]:
     """Nested JSON as `{"a.b[0].c": leaf}`: a state machine's context and state become fields.
 
-    Bounded, as a value may be hostile or just large: an array lists its first
-    `ELEMENTS_SHOWN` elements then `NotShown`, and at most `limit` fields come out, then a
-    `NotShown`. A loop, not a recursion: orjson reads values nested up to 1,024 deep, deeper
-    than Python's recursion goes."""
+    Bounded, as a value may be hostile or just large: an array lists its first `elements`
+    elements then `NotShown`, and at most `limit` fields come out, then a `NotShown` (None:
+    all of them, for an output that has every value whole). A loop, not a recursion: orjson
+    reads values nested up to 1,024 deep, deeper than Python's recursion goes."""
     out: dict[str, Any] = {}
     stack: list[tuple[str, Any]] = [(path, value)]  # the next item last: fields in document order
     while stack:
-        if len(out) >= limit:
+        if limit is not None and len(out) >= limit:
             out["…"] = NotShown(len(stack), "fields or groups of fields")
             break
         where, item = stack.pop()
         if isinstance(item, dict) and item:
             stack += reversed([(f"{where}.{key}" if where else str(key), inner) for key, inner in item.items()])
         elif isinstance(item, list) and item:
-            shown = [(f"{where}[{i}]", inner) for i, inner in enumerate(item[:ELEMENTS_SHOWN])]
-            if len(item) > ELEMENTS_SHOWN:
-                shown.append((f"{where}[…]", NotShown(len(item) - ELEMENTS_SHOWN, "elements")))
+            shown = [(f"{where}[{i}]", inner) for i, inner in enumerate(item[:elements])]
+            if elements is not None and len(item) > elements:
+                shown.append((f"{where}[…]", NotShown(len(item) - elements, "elements")))
             stack += reversed(shown)
         else:
             out[where or "(value)"] = item
     return out
 
 
-def data_fields(message: ProcedureMessage) -> dict[str, Any] | None:
-    """The message's `data` as fields if it is JSON (it usually is), else None."""
+def data_fields(message: ProcedureMessage, *, whole: bool = False) -> dict[str, Any] | None:
+    """The message's `data` as fields if it is JSON (it usually is), else None; `whole`:
+    every field and element."""
     try:
+        if whole:
+            return flatten(orjson.loads(message.data), limit=None, elements=None)
         return flatten(orjson.loads(message.data))
     except orjson.JSONDecodeError:
         return None
 
 
-def field_changes(fields: dict[str, Any], previous: dict[str, Any] | None) -> list[tuple[str, str, str]]:
-    """(mark, field, value as JSON, cut to `TEXT_LIMIT`) for each field: `*` changed since
-    `previous`, `-` removed."""
+def field_changes(
+    fields: dict[str, Any], previous: dict[str, Any] | None, *, whole: bool = False
+) -> list[tuple[str, str, str]]:
+    """(mark, field, value as JSON, cut to `TEXT_LIMIT` unless `whole`) for each field: `*`
+    changed since `previous`, `-` removed."""
     rows = []
     for name, value in fields.items():
         changed = previous is not None and (name not in previous or previous[name] != value)
-        shown = str(value) if isinstance(value, NotShown) else bounded(orjson.dumps(value).decode())
+        text = str(value) if isinstance(value, NotShown) else orjson.dumps(value).decode()
+        shown = text if whole else bounded(text)
         rows.append(("*" if changed else "", name, shown))
     if previous is not None:
         rows += [("-", name, "(removed)") for name in previous.keys() - fields.keys()]
@@ -105,9 +113,8 @@ def _fields_table(fields: dict[str, Any], previous: dict[str, Any] | None) -> Ta
     return table
 
 
-def _entry(history: list[Any], index: int) -> dict[str, Any]:
+def _entry(history: list[Any], index: int, ended: StoredStatus | None) -> dict[str, Any]:
     key, modified, message, problem = history[index]
-    ended = ending(history, index)
     entry: dict[str, Any] = {"key": str(key), "step": key.step, "kind": key.key_type.value,
                              "modified": iso_time(modified), "problem": problem, "message": None}  # fmt: skip
     if ended is not None:
@@ -122,9 +129,8 @@ def _entry(history: list[Any], index: int) -> dict[str, Any]:
 def _panels(history: list[Any]) -> list[RenderableType]:
     panels: list[RenderableType] = []
     previous: dict[str, Any] | None = None
-    for index, (key, modified, message, problem) in enumerate(history):
+    for (key, modified, message, problem), ended in zip(history, endings(history), strict=True):
         title = f"step {key.step} {key.key_type.value}, {iso_time(modified) or '-'}"
-        ended = ending(history, index)
         if ended is not None:
             color = STATUS_STYLE[ended]
             panels.append(Panel(f"[{color}]{ENDINGS[ended]}[/]", title=title, title_align="left"))
@@ -178,7 +184,7 @@ async def show(
     if found is None:
         return
     pid, history = found
-    document = {"procedure": str(pid), "keys": [_entry(history, i) for i in range(len(history))]}
+    document = {"procedure": str(pid), "keys": [_entry(history, i, ended) for i, ended in enumerate(endings(history))]}
     emit(fmt, document, lambda: _panels(history), rows="keys")
     unreadable = [str(key) for key, _, _, problem in history if problem is not None]
     if unreadable:

@@ -219,37 +219,52 @@ def _stranded(loaded: ProcedureMessages, alive: set[ProcedureId]) -> dict[Proced
     stranded: dict[ProcedureId, str] = {}
     settled: set[ProcedureId] = set()
     for start in [pid for pid, parent in parent_of.items() if parent is not None]:  # a root is never stranded
-        # Walk up from `start` until a verdict: `chain` is the path walked, `culprits` the
-        # members that are themselves the problem (a cycle's members, or the orphan).
-        chain: list[ProcedureId] = []
-        culprits: list[ProcedureId] = []
+        # Walk up from `start` until a verdict: `chain` is the path walked (by position: a
+        # membership test is one lookup, however deep the chain), `culprits` the members
+        # that are themselves the problem (a cycle's members, or the orphan).
+        chain: dict[ProcedureId, int] = {}
+        culprits: set[ProcedureId] = set()
+        first: ProcedureId | None = None
         reason: str | None = None
         pid = start
         while True:
             if pid in settled:
                 break
             if pid in stranded:
-                culprits, reason = [pid], stranded[pid]
+                first, culprits, reason = pid, {pid}, stranded[pid]
                 break
             if pid in chain:
-                culprits = chain[chain.index(pid) :]
-                reason = "its parent links form a cycle: " + " -> ".join(map(str, [*culprits, pid]))
+                cycle = list(chain)[chain[pid] :]
+                first, culprits, reason = pid, set(cycle), _cycle_reason(cycle)
                 break
-            chain.append(pid)
+            chain[pid] = len(chain)
             parent = parent_of[pid]
             if parent is None:
                 break
             if parent not in parent_of:
                 if parent not in alive and pid not in loaded.rollback_messages:
-                    culprits, reason = [pid], f"orphaned subprocedure: its parent {parent} has no unfinished state"
+                    reason = f"orphaned subprocedure: its parent {parent} has no unfinished state"
+                    first, culprits = pid, {pid}
                 break
             pid = parent
         if reason is None:
             settled.update(chain)
             continue
         for member in chain:
-            stranded[member] = reason if member in culprits else f"its ancestor {culprits[0]} cannot run: {reason}"
+            stranded[member] = reason if member in culprits else f"its ancestor {first} cannot run: {reason}"
     return stranded
+
+
+def _cycle_reason(cycle: list[ProcedureId]) -> str:
+    """The load problem of each member of a parent cycle, which names the cycle by its first
+    id; the whole cycle is logged here, once. Each member's problem naming every member
+    would be N ids N times: a log (and `recovery_problems`) quadratic in one hostile write."""
+    logger.error(
+        "parent links form a cycle of %d procedures, none of which can run: %s",
+        len(cycle),
+        " -> ".join(map(str, [*cycle, cycle[0]])),
+    )
+    return f"its parent links form a cycle of {len(cycle)} procedures through {cycle[0]} (logged once, whole)"
 
 
 def _plan_unfinished(

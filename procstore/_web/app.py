@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import itertools
 import json
 import time
@@ -31,14 +32,14 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from procstore._cli.lease import lease_state, read_lease
 from procstore._cli.listing import row_json
 from procstore._cli.output import SHORT_ID, iso_time, table_time
 from procstore._cli.show import data_fields, field_changes
-from procstore._runtime.lease import LeaseRecord
+from procstore._runtime.lease import LEASE_KEY, LeaseRecord
 from procstore._text import bounded, valid_unicode
 from procstore._web.headers import SecurityHeaders
 from procstore._web.links import procedure_link
@@ -51,7 +52,7 @@ from procstore.store.inventory import (
     Inventory,
     StoredProcedure,
     StoredStatus,
-    ending,
+    endings,
     read_history,
     read_inventory,
 )
@@ -107,17 +108,19 @@ def create_app(
             await state["store"].store.close()
 
     async def index(request: Request) -> Response:
-        return await _page(request, "index.html", lambda: _overview(state["store"], request), refresh, "")
+        return await _page(request, "index.html", lambda: _overview(state["store"], request, whole=False), refresh, "")
 
     async def procedure(request: Request) -> Response:
         pid = request.path_params["procedure_id"]
-        return await _page(request, "procedure.html", lambda: _procedure(state["store"], pid), refresh, "../")
+        return await _page(
+            request, "procedure.html", lambda: _procedure(state["store"], pid, whole=False), refresh, "../"
+        )
 
     async def api_index(request: Request) -> Response:
-        return await _json(lambda: _overview(state["store"], request))
+        return await _json(lambda: _overview(state["store"], request, whole=True))
 
     async def api_procedure(request: Request) -> Response:
-        return await _json(lambda: _procedure(state["store"], request.path_params["procedure_id"]))
+        return await _json(lambda: _procedure(state["store"], request.path_params["procedure_id"], whole=True))
 
     async def history(request: Request) -> Response:
         return await _page(request, "history.html", lambda: _history(state["store"]), refresh, "")
@@ -178,20 +181,46 @@ async def _page(request: Request, template: str, read: Any, refresh: float, root
     return HTMLResponse(valid_unicode(html), status_code=status)
 
 
-class _JSON(JSONResponse):
-    """JSON of any stored text: a lone surrogate (a name that is not UTF-8) is escaped."""
+_JSON_PIECE = 1 << 20
+"""Bytes of JSON the twin sends at a time (about: a value is never split)."""
 
-    def render(self, content: Any) -> bytes:
-        return valid_unicode(json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))).encode()
+
+def _json_pieces(content: Any) -> list[bytes]:
+    """JSON of any stored text, in pieces of about `_JSON_PIECE` bytes: a lone surrogate (a
+    name that is not UTF-8) is escaped.
+
+    Encoded value by value, not in one call: a thread that runs one C call over megabytes
+    holds the GIL, and so the event loop, that long."""
+    encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    pieces: list[bytes] = []
+    pending: list[bytes] = []
+    size = 0
+    for text in encoder.iterencode(content):
+        pending.append(valid_unicode(text).encode())
+        size += len(pending[-1])
+        if size >= _JSON_PIECE:
+            pieces.append(b"".join(pending))
+            pending, size = [], 0
+    pieces.append(b"".join(pending))
+    return pieces
 
 
 async def _json(read: Any) -> Response:
     try:
-        return _JSON(await read())
+        content, status = await read(), 200
     except NotFound as e:
-        return _JSON({"error": str(e)}, status_code=404)
+        content, status = {"error": str(e)}, 404
     except StoreError as e:
-        return _JSON({"error": f"the store cannot be read: {e}"}, status_code=503)
+        content, status = {"error": f"the store cannot be read: {e}"}, 503
+    # Off the event loop: a twin holds every value whole, megabytes of them.
+    pieces = await asyncio.to_thread(_json_pieces, content)
+    return StreamingResponse(_sent(pieces), status_code=status, media_type="application/json")
+
+
+async def _sent(pieces: list[bytes]) -> AsyncIterator[bytes]:
+    """The body a piece at a time: one write of megabytes would hold the event loop too."""
+    for piece in pieces:
+        yield piece
 
 
 def _row(p: StoredProcedure, inventory: Inventory, ids: dict[ProcedureId, str], now: float) -> dict[str, Any]:
@@ -205,13 +234,20 @@ def _row(p: StoredProcedure, inventory: Inventory, ids: dict[ProcedureId, str], 
     return row
 
 
-async def _overview(store: ProcedureStore, request: Request) -> dict[str, Any]:
+OVERVIEW_SHOWN = 500
+"""Procedures the overview page lists (it says how many more; its JSON twin lists them
+all): one hostile key per procedure must not make a page of megabytes, fetched again at
+every refresh."""
+
+
+async def _overview(store: ProcedureStore, request: Request, *, whole: bool) -> dict[str, Any]:
     inventory = await read_inventory(store)
     now = time.time()
     lease = await _lease(store, now)
     wanted = (request.query_params.get("status") or None, request.query_params.get("type") or None)
+    shown = None if whole else OVERVIEW_SHOWN
     # Off the event loop: on a large store this takes a while, and other pages go on meanwhile.
-    return await asyncio.to_thread(_overview_of, store, inventory, wanted, lease, now)
+    return await asyncio.to_thread(_overview_of, store, inventory, wanted, lease, now, shown)
 
 
 def _overview_of(
@@ -220,6 +256,7 @@ def _overview_of(
     wanted: tuple[str | None, str | None],
     lease: dict[str, Any] | None,
     now: float,
+    shown: int | None,
 ) -> dict[str, Any]:
     wanted_status, wanted_type = wanted
     ids = short_ids(list(inventory.procedures))
@@ -238,7 +275,8 @@ def _overview_of(
         "total": len(inventory.procedures),
         "types": sorted({p.type_name for p in inventory.procedures.values() if p.type_name}),
         "filters": {"status": wanted_status, "type": wanted_type},
-        "procedures": [_row(p, inventory, ids, now) for p in chosen],
+        "procedures": [_row(p, inventory, ids, now) for p in chosen[:shown]],
+        "not_shown": 0 if shown is None else max(0, len(chosen) - shown),
         "other_keys": inventory.other_keys[:20],
         "unlisted": sorted(inventory.unlisted.items())[:20],
         "lease": lease,
@@ -247,7 +285,13 @@ def _overview_of(
 
 
 async def _lease(store: ProcedureStore, now: float) -> dict[str, Any] | None:
-    key, raw, modified = await read_lease(store)
+    try:
+        key, raw, modified = await read_lease(store)
+    except StoreError as e:
+        if not _about_the_key(e):
+            raise  # the store itself (a page answers 503)
+        # Its key alone (a folder there, say): the procedures read fine, and are shown.
+        return {"key": f"{store.parent_path}{LEASE_KEY}", "problem": f"cannot be read: {e}"}
     if raw is None:
         return None
     age = None if modified is None else max(0.0, now - modified)
@@ -260,7 +304,16 @@ async def _lease(store: ProcedureStore, now: float) -> dict[str, Any] | None:
             "renewed": table_time(modified, "relative", now)}  # fmt: skip
 
 
-async def _procedure(store: ProcedureStore, text: str) -> dict[str, Any]:
+def _about_the_key(error: StoreError) -> bool:
+    """Whether a read failed for what is at the key (a folder, a link looping to itself, a
+    file that is not a regular one), not for the store."""
+    cause = error.__cause__
+    return isinstance(cause, IsADirectoryError | NotADirectoryError) or (
+        type(cause) is OSError and cause.errno in (errno.ELOOP, errno.EINVAL)
+    )
+
+
+async def _procedure(store: ProcedureStore, text: str, *, whole: bool) -> dict[str, Any]:
     inventory = await read_inventory(store)
     matches = [pid for pid in inventory.procedures if str(pid).startswith(text.lower())] if len(text) >= 4 else []
     if not matches:
@@ -269,7 +322,13 @@ async def _procedure(store: ProcedureStore, text: str) -> dict[str, Any]:
         raise NotFound(f"{text!r} is ambiguous")
     p = inventory.procedures[matches[0]]
     history = await read_history(store, p.procedure_id)
-    return await asyncio.to_thread(_procedure_of, store, inventory, p, history)
+    return await asyncio.to_thread(_procedure_of, store, inventory, p, history, whole)
+
+
+PAGE_FIELD_TEXT = 300_000
+"""Characters of field names and values a procedure's page shows over all its steps; the
+steps after are listed without their fields (the JSON twin has them). Each value is cut,
+but a few kilobytes stored can name 200 fields by a long path at every step."""
 
 
 def _procedure_of(
@@ -277,14 +336,15 @@ def _procedure_of(
     inventory: Inventory,
     p: StoredProcedure,
     history: list[tuple[ParsedKey, float | None, ProcedureMessage | None, str | None]],
+    whole: bool,
 ) -> dict[str, Any]:
     now = time.time()
+    budget = PAGE_FIELD_TEXT
     ids = short_ids(list(inventory.procedures))
     ancestors = list(reversed(inventory.ancestors(p)))
     steps: list[dict[str, Any]] = []
     previous: dict[str, Any] | None = None
-    for index, (key, modified, message, problem) in enumerate(history):
-        ended = ending(history, index)
+    for (key, modified, message, problem), ended in zip(history, endings(history), strict=True):
         step: dict[str, Any] = {
             "key": str(key),
             "step": key.step,
@@ -299,12 +359,19 @@ def _procedure_of(
             step["hint"] = UNREADABLE_HINT
         if message is not None and key.key_type is not KeyType.COMMIT:
             step["error"] = message.error
-            fields = data_fields(message)
+            fields = data_fields(message, whole=whole)
             if fields is None:
                 step["raw"] = message.data
             else:
-                step["fields"] = [{"mark": m, "name": n, "value": v} for m, n, v in field_changes(fields, previous)]
+                rows = field_changes(fields, previous, whole=whole)
                 previous = fields
+                size = sum(len(n) + len(v) for _, n, v in rows)
+                if whole or size <= budget:
+                    budget -= size
+                    step["fields"] = [{"mark": m, "name": n, "value": v} for m, n, v in rows]
+                else:
+                    budget = 0
+                    step["fields_not_shown"] = len(rows)
         steps.append(step)
     return {
         "store": f"{store.store.url}{store.proc_path}",

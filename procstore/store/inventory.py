@@ -7,16 +7,20 @@ whoever wrote it (GreptimeDB or procstore).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from procstore._logs import get_logger
 from procstore._text import valid_unicode
 from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
 from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_of_dir
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
+
+logger = get_logger("procstore.store")
 
 _READ_CHUNK = 256
 """Values read per batch: the unit of progress reports."""
@@ -83,7 +87,8 @@ class StoredProcedure:
     message: ProcedureMessage | None = None
     """The latest readable message (for a committed procedure, its last `.step`)."""
     problem: str | None = None
-    """Why the latest value could not be read, for `UNREADABLE`."""
+    """Why the latest value could not be read (for `UNREADABLE`, and for a finished one whose
+    message below its `.commit` could not be), or the parent cycle it is in."""
     children: list[ProcedureId] = field(default_factory=list)
 
     @property
@@ -126,6 +131,8 @@ class Inventory:
     shown, and no procedure whose parent may be in one is taken for an orphan or collected."""
     unlisted_ids: set[ProcedureId] = field(default_factory=set)
     """The procedures whose folder is one of `unlisted`."""
+    cycle_entries: set[ProcedureId] = field(default_factory=set)
+    """One member of each parent cycle: where a tree of the store shows that cycle."""
 
     def is_orphan(self, p: StoredProcedure) -> bool:
         """Unfinished, with a parent that is not in the store: nothing will run it (a
@@ -138,12 +145,13 @@ class Inventory:
         )
 
     def roots(self) -> list[StoredProcedure]:
-        """Procedures without a parent, whose parent is no longer stored, or in a parent cycle
-        (which has no root, and would be shown nowhere else)."""
+        """Procedures without a parent, whose parent is no longer stored, and one member of
+        each parent cycle (which has no root, and would be shown nowhere else; every member
+        would show the whole cycle again)."""
         return [
             p
             for p in self.procedures.values()
-            if p.parent_id is None or p.parent_id not in self.procedures or p.status is StoredStatus.PARENT_CYCLE
+            if p.parent_id is None or p.parent_id not in self.procedures or p.procedure_id in self.cycle_entries
         ]
 
     def ancestors(self, p: StoredProcedure) -> list[StoredProcedure]:
@@ -180,33 +188,69 @@ class Inventory:
         return out
 
     def collectable(self) -> list[StoredProcedure]:
-        """Committed procedures a manager would delete: those without a live parent."""
+        """Committed procedures a manager would delete: those without a live parent. One
+        whose latest value below its `.commit` cannot be read is kept, as recovery keeps it:
+        whose child it was is unknown (an earlier message may name another parent than the
+        unreadable one did), so it may be the child a parent still waits for."""
         out = []
         for p in self.procedures.values():
             parent = self.procedures.get(p.parent_id) if p.parent_id is not None else None
-            if p.is_finished and (parent is None or not parent.is_alive) and p.parent_id not in self.unlisted_ids:
+            if (
+                p.is_finished
+                and p.problem is None
+                and (parent is None or not parent.is_alive)
+                and p.parent_id not in self.unlisted_ids
+            ):
                 out.append(p)
         return out
 
 
 async def read_inventory(store: ProcedureStore, progress: Progress | None = None) -> Inventory:
     """List the store and read each procedure's latest message. Raises `StoreError` only if
-    the listing itself fails; unreadable values are reported per procedure."""
+    the listing itself fails; unreadable values are reported per procedure.
+
+    The work over the listing and the values runs in a thread, between the reads: a store
+    of many keys, a long chain or a big cycle must not hold up the event loop (`procstore
+    serve` answers other requests meanwhile)."""
     unlisted: dict[str, str] = {}
     try:
         modified = await store.store.walk_modified(store.proc_path)
     except ListingIncomplete as e:
         modified, unlisted = e.listed, e.unlisted
-    grouped = KeysByProcedure.group(store.proc_path, modified)
+    procedures, to_read, others = await asyncio.to_thread(_procedures_of, store.proc_path, modified)
+    values = await _read_in_chunks(store, [str(key) for _, key in to_read], progress)
+    for procedure, key in await asyncio.to_thread(_decode_latest, to_read, values):
+        procedure.message = await _earlier_message(store, procedure, key)
+    cycle_entries = await asyncio.to_thread(_link, procedures)
+    ids = {folder_of for folder in unlisted if (folder_of := procedure_of_dir(store.proc_path, folder)) is not None}
+    shown_unlisted = {valid_unicode(folder): valid_unicode(why) for folder, why in unlisted.items()}
+    return Inventory(procedures, [valid_unicode(k) for k in others], shown_unlisted, ids, cycle_entries)
+
+
+_Latest = tuple["StoredProcedure", ParsedKey]
+"""A procedure and its latest key that holds a message."""
+
+
+def _procedures_of(
+    prefix: str, modified: dict[str, float | None]
+) -> tuple[dict[ProcedureId, StoredProcedure], list[_Latest], list[str]]:
+    """The procedures a listing holds, the key to read of each, and the keys that are none."""
+    grouped = KeysByProcedure.group(prefix, modified)
     procedures: dict[ProcedureId, StoredProcedure] = {}
-    to_read: list[tuple[StoredProcedure, ParsedKey]] = []
+    to_read: list[_Latest] = []
     for pid, found in grouped.steps.items():
-        keys = sorted((ParsedKey(store.proc_path, pid, step, kind) for step, kind in found), key=_order)
+        keys = sorted((ParsedKey(prefix, pid, step, kind) for step, kind in found), key=_order)
         procedure = procedures[pid] = StoredProcedure(pid, keys, status_of_keys(keys), modified.get(str(keys[-1])))
         readable = [k for k in keys if k.key_type is not KeyType.COMMIT]
         if readable:
             to_read.append((procedure, readable[-1]))
-    values = await _read_in_chunks(store, [str(key) for _, key in to_read], progress)
+    return procedures, to_read, grouped.others
+
+
+def _decode_latest(to_read: list[_Latest], values: Sequence[bytes | Exception | None]) -> list[_Latest]:
+    """Decode each latest message; returns the procedures whose latest could not be, whose
+    type and parent an earlier message may tell."""
+    unreadable: list[_Latest] = []
     for (procedure, key), raw in zip(to_read, values, strict=True):
         try:
             procedure.message = _decode(raw)
@@ -214,25 +258,30 @@ async def read_inventory(store: ProcedureStore, progress: Progress | None = None
             procedure.problem = f"{key}: {e}"
             if not procedure.is_finished:  # finished is finished, readable or not
                 procedure.status = StoredStatus.UNREADABLE
-            procedure.message = await _earlier_message(store, procedure, key)
+            unreadable.append((procedure, key))
+    return unreadable
+
+
+def _link(procedures: dict[ProcedureId, StoredProcedure]) -> set[ProcedureId]:
+    """Each procedure's children, and its parent cycle if it is in one; returns one member
+    of each cycle."""
     for procedure in procedures.values():
         parent = procedures.get(procedure.parent_id) if procedure.parent_id is not None else None
         if parent is not None:
             parent.children.append(procedure.procedure_id)
-    _flag_parent_cycles(procedures)
-    ids = {folder_of for folder in unlisted if (folder_of := procedure_of_dir(store.proc_path, folder)) is not None}
-    shown_unlisted = {valid_unicode(folder): valid_unicode(why) for folder, why in unlisted.items()}
-    return Inventory(procedures, [valid_unicode(k) for k in grouped.others], shown_unlisted, ids)
+    return _flag_parent_cycles(procedures)
 
 
 _CYCLE_SHOWN = 6
 """Ids of a parent cycle its problem text names; a longer cycle says how many more."""
 
 
-def _flag_parent_cycles(procedures: dict[ProcedureId, StoredProcedure]) -> None:
-    """Mark every procedure whose parent links loop back to it. Linear: each procedure has
-    one parent, so one walk from each procedure not yet seen stops at a procedure seen
-    before, and closes a cycle only if that one is on the walk itself."""
+def _flag_parent_cycles(procedures: dict[ProcedureId, StoredProcedure]) -> set[ProcedureId]:
+    """Mark every procedure whose parent links loop back to it; returns one member of each
+    cycle. Linear: each procedure has one parent, so one walk from each procedure not yet
+    seen stops at a procedure seen before, and closes a cycle only if that one is on the
+    walk itself."""
+    entries: set[ProcedureId] = set()
     done: set[ProcedureId] = set()
     for start in procedures.values():
         walk: dict[ProcedureId, int] = {}  # the ids of this walk, by position
@@ -244,18 +293,24 @@ def _flag_parent_cycles(procedures: dict[ProcedureId, StoredProcedure]) -> None:
         if current is not None and current.procedure_id in walk:
             order = list(walk)
             cycle = order[walk[current.procedure_id] :]
+            entries.add(cycle[0])
             for at, pid in enumerate(cycle):
-                _mark_cycle(procedures[pid], [*cycle[at:], *cycle[:at]])
+                _mark_cycle(procedures[pid], cycle, at)
         done.update(walk)
+    return entries
 
 
-def _mark_cycle(procedure: StoredProcedure, cycle: list[ProcedureId]) -> None:
-    """`cycle` starts at `procedure` and follows its parent links."""
-    shown = " -> ".join(map(str, [*cycle[:_CYCLE_SHOWN], cycle[0]]))
-    if len(cycle) > _CYCLE_SHOWN:
-        shown = " -> ".join(map(str, cycle[:_CYCLE_SHOWN])) + f" -> ... {len(cycle) - _CYCLE_SHOWN} more -> {cycle[0]}"
+def _mark_cycle(procedure: StoredProcedure, cycle: list[ProcedureId], at: int) -> None:
+    """`cycle` follows parent links and `procedure` is `cycle[at]`. Its text names the few
+    ids from it on, never the whole cycle: one text per member of a cycle of N is N work,
+    where N ids each would be N squared."""
+    length = len(cycle)
+    named = [cycle[(at + i) % length] for i in range(min(length, _CYCLE_SHOWN))]
+    shown = " -> ".join(map(str, named))
+    if length > _CYCLE_SHOWN:
+        shown += f" -> ... {length - _CYCLE_SHOWN} more"
     procedure.status = StoredStatus.PARENT_CYCLE
-    procedure.problem = f"its parent links form a cycle: {shown}; nothing resumes it"
+    procedure.problem = f"its parent links form a cycle: {shown} -> {cycle[at]}; nothing resumes it"
 
 
 async def read_history(
@@ -264,10 +319,19 @@ async def read_history(
     """Every key of one procedure, oldest first: (key, modified, message, why unreadable)."""
     modified = await store.store.walk_modified(f"{store.proc_path}{procedure_id}/")
     grouped = KeysByProcedure.group(store.proc_path, modified)
+    for other in grouped.others:
+        logger.warning("not a procedure key, ignored: %s", valid_unicode(other))
     keys = sorted(
         (ParsedKey(store.proc_path, procedure_id, s, k) for s, k in grouped.steps.get(procedure_id, [])), key=_order
     )
     values = await store.store.get_many([str(k) for k in keys])
+    # Off the event loop: a procedure's steps can be megabytes each.
+    return await asyncio.to_thread(_history_of, keys, values, modified)
+
+
+def _history_of(
+    keys: list[ParsedKey], values: Sequence[bytes | Exception | None], modified: dict[str, float | None]
+) -> list[tuple[ParsedKey, float | None, ProcedureMessage | None, str | None]]:
     history: list[tuple[ParsedKey, float | None, ProcedureMessage | None, str | None]] = []
     for key, raw in zip(keys, values, strict=True):
         if key.key_type is KeyType.COMMIT:
@@ -280,12 +344,20 @@ async def read_history(
     return history
 
 
-def ending(history: Sequence[tuple[ParsedKey, object, object, object]], index: int) -> StoredStatus | None:
-    """For a `.commit` key (at `index` of `read_history`'s list), the status it ends its
-    procedure with (`committed`, or `failed` above a rollback); None for other keys."""
-    if history[index][0].key_type is not KeyType.COMMIT:
-        return None
-    return status_of_keys([key for key, *_ in history[: index + 1]])
+def endings(history: Sequence[tuple[ParsedKey, object, object, object]]) -> list[StoredStatus | None]:
+    """For each key of `read_history`'s list, the status a `.commit` there ends its procedure
+    with (`committed`, or `failed` above a rollback); None for other keys. One pass: a
+    folder of thousands of `.commit` keys (anyone who can write the bucket can add them)
+    is as cheap as its keys."""
+    out: list[StoredStatus | None] = []
+    below: KeyType | None = None  # the latest key so far that is not a commit
+    for key, *_ in history:
+        if key.key_type is not KeyType.COMMIT:
+            below = key.key_type
+            out.append(None)
+        else:
+            out.append(StoredStatus.FAILED if below is KeyType.ROLLBACK else StoredStatus.COMMITTED)
+    return out
 
 
 def _order(key: ParsedKey) -> tuple[int, bool]:

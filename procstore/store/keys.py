@@ -16,6 +16,11 @@ from procstore.ids import CANONICAL_ID_PATTERN, ProcedureId
 
 PROC_PATH = "procedure/"
 """The folder under a store's root that holds every procedure's keys."""
+MAX_STEP = 2**32 - 1
+"""Step numbers are GreptimeDB's u32: the highest a key may carry. A key above it is no
+procedure's (no procedure can write it): anyone who can write the bucket could add one, and a
+`.commit` there would otherwise end a procedure that has not ended."""
+_MAX_STEP_TEXT = f"{MAX_STEP:010d}"
 
 
 class KeyType(enum.Enum):
@@ -77,7 +82,8 @@ _KEY = re.compile(
     rf"({CANONICAL_ID_PATTERN})/([0-9]{{{_STEP_DIGITS}}}|[1-9][0-9]{{{_STEP_DIGITS},}})\.({'|'.join(_KEY_TYPES)})"
 )
 """What follows the prefix: `{id}/{step:010}.{type}`, exactly as `key_text` writes it (and
-GreptimeDB; a step beyond ten digits, which recovery reports, has no leading zero). A key
+GreptimeDB; a step beyond ten digits has no leading zero, and is no key of ours either: it
+is above `MAX_STEP`). A key
 of another shape that GreptimeDB's parser (which reads from the right) would take,
 `{prefix}x/{id}/1.step`, is not one of ours: every read and delete formats the key from its
 parts, so it would act on another key than the one listed, and a stray `.commit` of that
@@ -188,12 +194,12 @@ def _padded_as_written(digits: str) -> bool:
 
 
 def _step_number(digits: str) -> int | None:
-    """The step a key's ASCII digits spell; `None` past the digits `int()` converts (4,300
-    by default): such a key is not one of ours, where an error would stop every start."""
-    try:
-        return int(digits)
-    except ValueError:
+    """The step a key's ASCII digits spell; `None` above `MAX_STEP`: such a key is not one
+    of ours. Digits past what `int()` converts (4,300 by default) are never converted, where
+    an error would stop every start."""
+    if len(digits) > _STEP_DIGITS or (len(digits) == _STEP_DIGITS and digits > _MAX_STEP_TEXT):
         return None
+    return int(digits)
 
 
 def procedure_dir(prefix: str, procedure_id: ProcedureId) -> str:
@@ -217,8 +223,9 @@ if there is one; its lowest step."""
 
 def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -> list[FolderLatest] | None:
     """Each procedure's latest key, read off a sorted listing of canonical keys only; `None`
-    for any other listing (unsorted, a key of another shape, a step of more than ten digits),
-    which `KeysByProcedure.group` then reads. The answers are `group`'s and `_latest`'s.
+    for any other listing (unsorted, a key of another shape, a step of more than ten digits
+    or above `MAX_STEP`), which `KeysByProcedure.group` then reads. The answers are `group`'s
+    and `_latest`'s.
     Without `lowest`, every lowest step is given as 0 (not looked for).
 
     Recovery lists every key of every procedure but needs only each one's latest: on a
@@ -233,6 +240,8 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
     shape = re.compile(rf"{re.escape(prefix)}{CANONICAL_ID_PATTERN}/[0-9]{{{_STEP_DIGITS}}}\.(?:step|commit|rollback)")
     if not all(map(shape.fullmatch, keys)) or any(map(operator.ge, keys, keys[1:])):
         return None
+    if any(key[cut:digits_end] > _MAX_STEP_TEXT for key in keys):
+        return None  # a key above `MAX_STEP` is no procedure's: `group` sets it apart
     last_at = {key[:cut]: i for i, key in enumerate(keys)}  # each folder's run ends there
     trusted = ProcedureId._from_checked_text
     types = _SUFFIX_TYPES

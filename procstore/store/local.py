@@ -14,6 +14,7 @@ import fcntl
 import os
 import re
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -218,11 +219,22 @@ class LocalDirStore(StateStore):
         return self._in_thread("creating", key, self._write, key, value, True)
 
     def _read(self, key: str) -> bytes | None:
+        """The file's bytes; an error for anything but a regular file. Opened without waiting:
+        a FIFO (or a link to one) as a value would block every view of the store until a
+        writer came, and a device (`/dev/zero`) would be read until memory ran out."""
+        path = f"{self._root_text}/{key}"
         try:
-            with open(f"{self._root_text}/{key}", "rb") as file:
-                return file.read()
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(errno.EISDIR, "a folder, not a value", path)
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device): not read", path)
+        with open(fd, "rb") as file:
+            return file.read()
 
     async def get(self, key: str) -> bytes | None:
         with store_errors("reading", self.url, key):
@@ -332,6 +344,10 @@ class LocalDirStore(StateStore):
                 out[key] = self._path(key).stat().st_mtime
             except FileNotFoundError:
                 continue  # deleted since the listing
+            except OSError:
+                # A link to itself, say: the key's read fails too, and that is that key's
+                # problem, never the whole listing's.
+                out[key] = None
         return out
 
     def walk_modified(self, prefix: str) -> Coroutine[Any, Any, dict[str, float | None]]:

@@ -21,6 +21,7 @@ from procstore._logs import get_logger, procedure_fields
 from procstore.errors import Fenced, ListingIncomplete, StoreError
 from procstore.ids import ProcedureId
 from procstore.store.keys import (
+    MAX_STEP,
     PROC_PATH,
     FolderLatest,
     KeysByProcedure,
@@ -39,9 +40,6 @@ from procstore.store.state_store import StateStore
 logger = get_logger("procstore.store")
 
 _DELETE_CONCURRENCY = 32
-MAX_STEP = 2**32 - 1
-"""Step numbers are GreptimeDB's u32: the highest a key may carry. A procedure whose latest
-key is there could write nothing more."""
 _REREAD_DELAYS = (0.05, 0.5, 2.0)
 
 
@@ -424,7 +422,9 @@ class ProcedureStore:
             return fast
         grouped = KeysByProcedure.group(self.proc_path, keys)
         for key in grouped.others:
-            logger.warning("ignoring a key that is not a procedure key: %s", key)
+            logger.warning(
+                "ignoring a key that is not a procedure key (of another shape or above step %d): %s", MAX_STEP, key
+            )
         out: list[FolderLatest] = []
         for pid, found in grouped.steps.items():
             latest = _latest(found)
@@ -446,10 +446,10 @@ class ProcedureStore:
             if key_type is KeyType.COMMIT:
                 self._classify_finished(pid, below_commit.get(pid), read.get(pid), result)
                 continue
-            if step >= MAX_STEP:
+            if step == MAX_STEP:  # a key above it is no procedure's (`ParsedKey.parse`)
                 # Resuming writes at step + 1, which no message could hold: every write of
                 # the procedure would fail. A problem now, not a failure at every start.
-                reason = f"its step number {step} is beyond the largest a procedure can write ({MAX_STEP})"
+                reason = f"its step number {step} is the largest a procedure can write: it could write no other"
                 self._report((pid, step, key_type), reason, result.problems)
                 continue
             message = self._decode((pid, step, key_type), read[pid], result.problems)

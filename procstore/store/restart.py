@@ -31,9 +31,9 @@ from datetime import UTC, datetime
 from procstore.errors import Fenced, LeaseExpired, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.history import HistoryStore, iso, record_from_keys
-from procstore.store.keys import KeyType, ParsedKey
+from procstore.store.keys import MAX_STEP, KeyType, ParsedKey
 from procstore.store.message import MessageDecodeError, ProcedureMessage
-from procstore.store.procedure_store import MAX_STEP, ProcedureStore
+from procstore.store.procedure_store import ProcedureStore
 
 
 class RestartedMeanwhile(ProcedureError):

@@ -12,7 +12,14 @@ from procstore.testing.endpoints import gcs_storage_options, s3_storage_options
 from procstore.testing.explorer import CrashExplorer, CrashPoint, ExplorationReport, Scenario
 from procstore.testing.faults import FaultyStore
 from procstore.testing.fsspec_faults import FaultyFileSystem
-from procstore.testing.hostile import HOSTILE_TEXTS, HostileStore, write_hostile_store
+from procstore.testing.hostile import (
+    HOSTILE_TEXTS,
+    HostileStore,
+    write_hostile_store,
+    write_many_commits,
+    write_parent_chain,
+    write_parent_cycle,
+)
 from procstore.testing.kill import kill_manager
 from procstore.testing.plan import Fault, FaultPlan, InjectedFailure, SimulatedCrash, StoreOp, crash_at
 from procstore.testing.replay import ReplayReport, export_snapshot, replay
@@ -52,4 +59,7 @@ __all__ = [
     "run_simulated",
     "s3_storage_options",
     "write_hostile_store",
+    "write_many_commits",
+    "write_parent_chain",
+    "write_parent_cycle",
 ]

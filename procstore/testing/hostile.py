@@ -45,6 +45,10 @@ lists: Python names it with a lone surrogate. Stores that need UTF-8 names refus
 LARGE_ARRAY_LENGTH = 100_000
 """Elements of the JSON array one procedure's data holds (amplification)."""
 
+ABOVE_MAX_STEP = "4294967296.commit"
+"""A key name at a step no procedure can write, beside a hostile procedure's keys: it is no
+procedure key, so nothing may take that procedure for finished."""
+
 
 @dataclass(frozen=True, slots=True)
 class HostileStore:
@@ -78,6 +82,8 @@ async def write_hostile_store(store: StateStore, parent_path: str = "") -> Hosti
         ids.append(pid)
         data = json.dumps({"value": text, text: [text, {"nested": text}]})
         await store.put(f"{root}{pid}/0000000000.step", _message(text, data, None, 0))
+        if n == 0:
+            await store.put(f"{root}{pid}/{ABOVE_MAX_STEP}", b"")
         # Half of them failed, so that their error is shown too.
         if n % 2:
             await store.put(f"{root}{pid}/0000000001.rollback", _message(text, data, None, 1, error=text))
@@ -109,3 +115,40 @@ async def write_hostile_store(store: StateStore, parent_path: str = "") -> Hosti
         except Exception:  # which error a store raises for a name it refuses varies
             refused.append(key)
     return HostileStore([*ids, large, a, b], large, (a, b), history_ids, refused)
+
+
+async def write_parent_cycle(store: StateStore, length: int, parent_path: str = "") -> list[ProcedureId]:
+    """One parent cycle of `length` unfinished procedures (each the child of the next, the
+    last of the first), for checking that a view or a recovery over it stays linear in
+    `length`: one hostile write per procedure. Returns the ids in the cycle's order."""
+    ids = [ProcedureId.random() for _ in range(length)]
+    await _write_links(store, ids, [*ids[1:], ids[0]], "hostile::Cycle", parent_path)
+    return ids
+
+
+async def write_parent_chain(store: StateStore, length: int, parent_path: str = "") -> list[ProcedureId]:
+    """A chain of `length` unfinished procedures, each the child of the next, the last a
+    root: as deep as a store can make a tree. Returns the ids, deepest first."""
+    ids = [ProcedureId.random() for _ in range(length)]
+    await _write_links(store, ids, [*ids[1:], None], "hostile::Chain", parent_path)
+    return ids
+
+
+async def write_many_commits(store: StateStore, count: int, parent_path: str = "") -> ProcedureId:
+    """One unfinished procedure whose folder also holds `count` `.commit` keys at steps
+    above its own (which its next run would never write): a procedure's page and history
+    stay linear in its keys. Returns its id."""
+    pid = ProcedureId.random()
+    root = f"{parent_path}procedure/{pid}/"
+    await store.put(f"{root}0000000000.step", _message("hostile::ManyCommits", "{}", None, 0))
+    for step in range(1, count + 1):
+        await store.put(f"{root}{step:010d}.commit", b"")
+    return pid
+
+
+async def _write_links(
+    store: StateStore, ids: list[ProcedureId], parents: list[ProcedureId | None], type_name: str, parent_path: str
+) -> None:
+    for pid, parent in zip(ids, parents, strict=True):
+        value = _message(type_name, "{}", None if parent is None else str(parent), 0)
+        await store.put(f"{parent_path}procedure/{pid}/0000000000.step", value)

@@ -21,7 +21,7 @@ from procstore import (
     ProcedureManager,
     ProcedureWithId,
 )
-from procstore.store.keys import KeyType
+from procstore.store.keys import MAX_STEP, KeyType
 from procstore.store.local import LocalDirStore
 from procstore.store.message import ProcedureMessage
 from procstore.store.open import open_state_store
@@ -284,7 +284,7 @@ async def test_parent_cycles_and_oversized_steps_are_load_problems_and_kept(tmp_
     for pid, parent in ((a, b), (b, a), (selfish, selfish)):
         await procedures.create_procedure(pid, "test::Steps", '{"steps": 2, "world": "nowhere"}', parent)
     await store.put(
-        procedures.key(huge, 10**19, KeyType.STEP),
+        procedures.key(huge, MAX_STEP, KeyType.STEP),
         ProcedureMessage("test::Steps", '{"steps": 2, "world": "nowhere"}', None, 0).encode(),
     )
     before = sorted(await store.walk("procedure/"))
@@ -292,7 +292,7 @@ async def test_parent_cycles_and_oversized_steps_are_load_problems_and_kept(tmp_
     async with manager_for(StoreTarget("local", str(tmp_path))) as manager:
         problems = {p.procedure_id: p.reason for p in manager.recovery_problems}
         assert "cycle" in problems[a] and "cycle" in problems[b] and "cycle" in problems[selfish]
-        assert "beyond the largest" in problems[huge]
+        assert "the largest a procedure can write" in problems[huge]
         await (await manager.submit(steps(world, 2))).wait()  # the others go on
     assert sorted(await store.walk("procedure/")) == before
 

@@ -3,11 +3,16 @@ problem, left as it is; the store's own procedures run; nothing fails."""
 
 from __future__ import annotations
 
+import logging
+import uuid
 from pathlib import Path
 
-from procstore.store import LocalDirStore
+import pytest
+
+from procstore.ids import ProcedureId
+from procstore.store import LocalDirStore, MemoryStore
 from procstore.store.message import ProcedureMessage
-from procstore.testing import HOSTILE_TEXTS, write_hostile_store
+from procstore.testing import HOSTILE_TEXTS, write_hostile_store, write_parent_chain, write_parent_cycle
 from tests.procedures import World
 from tests.runtime.helpers import manager_for, steps
 
@@ -48,3 +53,72 @@ async def test_a_key_of_another_shape_does_not_end_a_procedure(tmp_path: Path) -
             await watcher.wait()
             assert watcher.state.is_done()
     assert sorted(await store.walk("procedure/")) == sorted(fakes)  # left alone, as any stray key
+
+
+async def test_a_key_above_the_largest_step_is_no_procedures(tmp_path: Path) -> None:
+    """`procedure/{id}/4294967296.commit` (or a `.rollback` or `.step` there, or further up),
+    beside an unfinished procedure's keys, is a step no procedure can write: recovery ignores
+    it and resumes the procedure to its end, instead of taking it for finished and deleting it
+    (or for rolling back, or for stuck at that step)."""
+    world = World.new()
+    fakes = {"4294967296.commit", "4294967296.rollback", "4294967296.step", "9999999999.commit", "10000000000.commit"}
+    victims = [steps(world, 2) for _ in fakes]
+    store = LocalDirStore(tmp_path)
+    planted = []
+    for victim, fake in zip(victims, sorted(fakes), strict=True):
+        message = ProcedureMessage(victim.procedure.type_name, victim.procedure.dump(), None, 0)
+        await store.put(f"procedure/{victim.id}/0000000000.step", message.encode())
+        planted.append(f"procedure/{victim.id}/{fake}")
+        await store.put(planted[-1], message.encode() if fake.endswith(".step") else b"")
+    async with manager_for(LocalDirStore(tmp_path)) as manager:
+        assert manager.recovery_problems == []
+        for victim in victims:
+            watcher = manager.procedure_watcher(victim.id)
+            assert watcher is not None  # resumed, not taken for finished
+            await watcher.wait()
+            assert watcher.state.is_done()
+    assert sorted(await store.walk("procedure/")) == sorted(planted)  # left alone, as any stray key
+
+
+async def test_recovery_names_a_parent_cycle_once_not_per_member(caplog: pytest.LogCaptureFixture) -> None:
+    """Every member of a cycle of N is a load problem; were each to name the whole cycle, one
+    hostile write per procedure would make N lines of N ids (2,000: 160 MB of log). The
+    cycle is logged once, whole, and each member's problem names it by its first id."""
+    length = 300
+    store = MemoryStore(f"hostile-{uuid.uuid4().hex}")
+    cycle = await write_parent_cycle(store, length)
+    with caplog.at_level(logging.INFO, logger="procstore"):
+        async with manager_for(store) as manager:
+            problems = {p.procedure_id: p.reason for p in manager.recovery_problems}
+    assert set(cycle) <= set(problems)
+    assert all("cycle" in problems[pid] for pid in cycle)
+    logged = sum(len(r.getMessage()) for r in caplog.records)
+    reasons = sum(len(problems[pid]) for pid in cycle)
+    assert logged + reasons < 2_000 * length  # linear; naming the cycle per member: 40 * length**2
+    assert sum(str(cycle[-1]) in r.getMessage() and "->" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_recovery_walks_a_chain_of_subprocedures_in_linear_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding subprocedures that no root would claim walks up each chain: a chain N deep,
+    one hostile write per procedure, must cost N id comparisons, not N squared (50,000 took
+    a minute on the event loop)."""
+    length = 1_000
+    store = MemoryStore(f"hostile-{uuid.uuid4().hex}")
+    chain = await write_parent_chain(store, length)
+    compared = 0
+    equal = ProcedureId.__eq__
+
+    def counting(self: ProcedureId, other: object) -> bool:
+        nonlocal compared
+        compared += 1
+        return equal(self, other)
+
+    async with manager_for(store) as manager:
+        monkeypatch.setattr(ProcedureId, "__eq__", counting)
+        await manager.stop()
+        compared = 0
+        await manager.start()
+        monkeypatch.undo()
+        reported = {p.procedure_id for p in manager.recovery_problems}
+    assert chain[-1] in reported  # the root: no loader for its type; its descendants wait for it
+    assert compared < 50 * length  # the walk by a list: about length**2 / 2

@@ -1,0 +1,54 @@
+"""`procstore serve` over stores shaped to make its pages large: every page bounded in
+total, its JSON twin whole."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from starlette.testclient import TestClient
+
+from procstore._web.app import OVERVIEW_SHOWN, PAGE_FIELD_TEXT, create_app
+
+PID = "66666666-6666-4666-8666-666666666666"
+
+
+def _put_step(root: Path, pid: str, step: int, data: str) -> int:
+    value = json.dumps({"type_name": "t", "data": data, "parent_id": None, "step": step}).encode()
+    folder = root / "procedure" / pid
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{step:010d}.step").write_bytes(value)
+    return len(value)
+
+
+def test_the_json_twin_has_a_steps_data_whole(tmp_path: Path) -> None:
+    _put_step(tmp_path, PID, 0, json.dumps({"items": list(range(100)), "text": "y" * 5_000}))
+    with TestClient(create_app(str(tmp_path))) as client:
+        page = client.get(f"/p/{PID}").text
+        fields = {f["name"]: f["value"] for f in client.get(f"/api/procedures/{PID}").json()["steps"][0]["fields"]}
+    assert "y" * 5_000 not in page and "80 more elements" in page  # the page is cut
+    assert fields["items[99]"] == "99" and fields["text"] == json.dumps("y" * 5_000)
+
+
+def test_a_procedures_page_is_bounded_in_total_not_only_per_field(tmp_path: Path) -> None:
+    """200 fields, each named by a 2,000-character path, in each of 30 steps: 4 KB stored a
+    step, 400 KB of page a step were each field shown."""
+    data = json.dumps({"k" * 2_000: {f"f{i}": 0 for i in range(200)}})
+    stored = sum(_put_step(tmp_path, PID, step, data) for step in range(30))
+    with TestClient(create_app(str(tmp_path))) as client:
+        page = client.get(f"/p/{PID}")
+        twin = client.get(f"/api/procedures/{PID}").json()
+    assert page.status_code == 200 and "fields not shown" in page.text
+    assert len(page.content) < 2 * PAGE_FIELD_TEXT + 100 * stored // 30
+    assert all(len(s["fields"]) == 200 for s in twin["steps"])  # the twin: every field of every step
+
+
+def test_the_overview_lists_a_bounded_number_and_says_how_many_more(tmp_path: Path) -> None:
+    total = OVERVIEW_SHOWN + 30
+    for n in range(total):
+        _put_step(tmp_path, f"77777777-7777-4777-8777-{n:012d}", 0, "{}")
+    with TestClient(create_app(str(tmp_path))) as client:
+        page = client.get("/").text
+        twin = client.get("/api/procedures").json()
+    assert page.count('href="p/') <= OVERVIEW_SHOWN and "30 more not shown" in page
+    assert len(twin["procedures"]) == total
