@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
