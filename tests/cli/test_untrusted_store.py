@@ -188,7 +188,7 @@ def test_json_and_yaml_escape_what_a_terminal_obeys_and_read_back_the_same(tmp_p
     value = {"type_name": CONTROLS, "data": "{}", "parent_id": None, "step": 0}
     (tmp_path / "procedure" / PID / "0000000000.step").write_text(json.dumps(value))
     runner = CliRunner()
-    read_back = {
+    read_back: dict[tuple[str, ...], Callable[[Any], Any]] = {
         ("ls", "-o", "json"): lambda doc: doc["procedures"][0]["type"],
         ("ls", "--json"): lambda doc: doc["type"],
         ("ls", "-o", "jsonl"): lambda doc: doc["type"],
