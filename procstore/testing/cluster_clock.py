@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import datetime, tzinfo
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from procstore._cli import maintenance
 from procstore._runtime import history, meta, writes
 from procstore.store import restart
+
+T = TypeVar("T")
 
 DATETIME_READERS: tuple[ModuleType, ...] = (history, meta, writes, restart, maintenance)
 """The runtime's modules that call `datetime.now()` (each through its own name `datetime`)."""
@@ -62,6 +64,15 @@ class VirtualClocks:
                 for module in DATETIME_READERS:
                     undo.callback(setattr, module, "datetime", module.datetime)
                     module.datetime = VirtualDatetime  # type: ignore[attr-defined]
+                # Work the views hand to a thread (the inventory's) runs inline: a real
+                # thread's timing would decide the schedule, and a seed must replay.
+                undo.callback(setattr, asyncio, "to_thread", asyncio.to_thread)
+                asyncio.to_thread = _inline
                 yield self
         finally:
             time.time, time.monotonic = saved
+
+
+async def _inline(function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """`asyncio.to_thread`, run in the caller's task (see `VirtualClocks.installed`)."""
+    return function(*args, **kwargs)
