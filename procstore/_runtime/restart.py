@@ -110,12 +110,15 @@ async def _restart(
     ctx.operator_requests.pop(procedure_id, None)
     if plan.source is not None or not nudged:
         await ctx.store.requests.delete([procedure_id])
-    message = await apply_restart(ctx.store, plan, stored)
+    message = await apply_restart(ctx.store, plan, stored, retention=ctx.history.settings.retention)
     if runs_here(ctx, procedure_id):  # defence: nothing may have started it meanwhile
         raise ProcedureError(f"procedure {procedure_id} was started meanwhile: it runs here already")
-    if (old := ctx.metas.get(procedure_id)) is not None:
-        # The ended run's subprocedures: the new run sees none of them (`procedure_state` is
-        # None, as on a manager that never knew them) and creates those it names anew.
+    # A copy a nudge finds written is a `procstore rewind`'s (`procstore resume` writes none).
+    rewind = to_step is not None or (nudged and plan.copy_pending)
+    if rewind and (old := ctx.metas.get(procedure_id)) is not None:
+        # A rewind's new run sees none of the ended run's subprocedures (`procedure_state`
+        # is None, as on a manager that never knew them) and creates those it names anew.
+        # A resume goes on from the last step: the children it ran stay known.
         for child in ctx.tree_ids(old)[1:]:
             if (meta := ctx.metas.get(child)) is not None and meta.state.is_ended():
                 ctx.forget(child)

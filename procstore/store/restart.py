@@ -30,8 +30,8 @@ from datetime import UTC, datetime
 
 from procstore.errors import Fenced, LeaseExpired, ProcedureError
 from procstore.ids import ProcedureId
-from procstore.store.history import HistoryStore, iso, record_from_keys
-from procstore.store.keys import MAX_STEP, KeyType, ParsedKey
+from procstore.store.history import History, HistoryStore, iso, record_from_keys
+from procstore.store.keys import MAX_STEP, KeyType, ParsedKey, procedure_dir
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
 
@@ -124,7 +124,9 @@ async def check_restart(store: ProcedureStore, plan: RestartPlan) -> ProcedureMe
     return message
 
 
-async def apply_restart(store: ProcedureStore, plan: RestartPlan, message: ProcedureMessage) -> ProcedureMessage:
+async def apply_restart(
+    store: ProcedureStore, plan: RestartPlan, message: ProcedureMessage, *, retention: float = History().retention
+) -> ProcedureMessage:
     """Write the copy the plan needs (if any) of `message` (from `check_restart`); return
     the message to run from. Raises `RestartedMeanwhile` if someone else wrote `latest + 1`
     first (and `LeaseExpired` from a manager's store that no longer leads).
@@ -142,10 +144,16 @@ async def apply_restart(store: ProcedureStore, plan: RestartPlan, message: Proce
     if plan.ended and plan.newest_message is not None and plan.newest_message.key_type is KeyType.ROLLBACK:
         # The ended run's end record, if whoever ended it did not get to write it (killed
         # between its `.commit` and its record): once the new run's copy is the latest key,
-        # nothing else would (create-only: the record its manager wrote stands).
-        ended_at = iso(datetime.now(UTC)) or ""
-        record = record_from_keys(plan.procedure_id, last, rolled_back=True, ended_at=ended_at)
-        await HistoryStore(store.store, store.parent_path).put_unrecorded([record])
+        # nothing else would (create-only: the record its manager wrote stands). It says when
+        # the `.commit` was written, and is not written once `retention` has passed since
+        # (history swept it: it must not come back as ending now).
+        modified = await store.store.walk_modified(procedure_dir(store.proc_path, plan.procedure_id))
+        now = datetime.now(UTC).timestamp()
+        ended = modified.get(str(plan.latest)) or now
+        if now - ended <= retention:
+            at = iso(datetime.fromtimestamp(ended, UTC)) or ""
+            record = record_from_keys(plan.procedure_id, last, rolled_back=True, ended_at=at)
+            await HistoryStore(store.store, store.parent_path).put_unrecorded([record])
     try:
         await store.store_procedure(plan.procedure_id, step, message.type_name, message.data, None, run)
     except LeaseExpired:
