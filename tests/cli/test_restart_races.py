@@ -58,11 +58,11 @@ def interleaved(
     results: list[subprocess.CompletedProcess[str]] = []
     command = [sys.executable, "-c", "from procstore._cli.app import main; main()", *other]
 
-    async def first_the_other(*args: Any) -> Any:
+    async def first_the_other(*args: Any, **kwargs: Any) -> Any:
         if not results:
             ran = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60)
             results.append(ran)
-        return await real(*args)
+        return await real(*args, **kwargs)
 
     monkeypatch.setattr(module, "apply_restart", first_the_other)
     return results
