@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -301,3 +302,57 @@ async def test_a_kept_roots_swept_end_record_is_not_written_again_as_ending_now(
     async with runs_manager(local_target, **options) as manager:
         again = await HistoryStore(manager.store.store).find(proc.id)
     assert again is None or again.ended_at == first.ended_at
+
+
+class Joiner(JsonProcedure):
+    """Spawns one `Flaky` child, then joins it: a child it cannot see it suspends on again
+    (as a parent after a crash would); its first join fails, for a reason a resume cures."""
+
+    type_name = "test::runs::Joiner"
+
+    async def execute(self, ctx: Context) -> Status:
+        child = ProcedureWithId(
+            ProcedureId.parse(self.data["child_id"]), Flaky({"world": self.data["world"], "name": "c"})
+        )
+        if self.data.get("stage", "spawn") == "spawn":
+            self.data["stage"] = "join"
+            return Status.suspended([child])
+        state = ctx.provider.procedure_state(child.id)
+        if state is None:
+            return Status.suspended([child])
+        self.world.counts["joins"] += 1
+        if self.world.counts["joins"] == 1:
+            raise ValueError("the join failed once")
+        return Status.done("joined")
+
+
+async def test_a_resume_goes_on_with_the_children_its_run_finished(local_target: StoreTarget) -> None:
+    """A resume continues the run from its last step: a child that run finished stays
+    finished (its outcome known), and is not run again. (A rewind starts over, and creates
+    the children it names anew.)"""
+    world = World.new()
+    joiner = ProcedureWithId.new(Joiner({"world": world.name, "child_id": str(ProcedureId.random())}))
+    async with runs_manager(local_target, keep_failed=True, max_retry_times=0) as manager:
+        manager.register(Joiner)
+        with pytest.raises(ProcedureFailed, match="failed once"):
+            await (await manager.submit(joiner)).wait()
+        assert await (await manager.resume(joiner.id)).wait() == "joined"
+    assert world.counts["c/1"] == 1
+
+
+async def test_a_restart_never_writes_back_an_end_record_retention_swept(local_target: StoreTarget) -> None:
+    """A restart records the ended run's end if nobody did, with the `.commit`'s time; a
+    record that retention swept (its `.commit` older than the retention) stays swept."""
+    world = World.new()
+    flaky = ProcedureWithId.new(Flaky({"world": world.name, "name": "f", "fail_times": 1}))
+    async with runs_manager(local_target, keep_failed=True, max_retry_times=0) as manager:
+        with pytest.raises(ProcedureFailed):
+            await (await manager.submit(flaky)).wait()
+        history = HistoryStore(manager.store.store, manager.store.parent_path)
+        (record,) = await history.list()
+        await manager.store.store.batch_delete([history.key(record)])  # as the sweep does
+        long_ago = time.time() - 30 * 24 * 3600
+        for key in await manager.store.store.walk(f"procedure/{flaky.id}/"):
+            os.utime(os.path.join(local_target.url, key), (long_ago, long_ago))
+        assert await (await manager.rewind(flaky.id, 0)).wait() == "f"
+        assert [r.run for r in await history.list()] == [2]
