@@ -56,8 +56,10 @@ async def test_a_submit_just_after_a_suspend_is_refused_saying_why(memory_target
 def test_the_default_clock_counts_suspend_and_reads_virtual_time_on_a_simulated_loop() -> None:
     clock = LeaseClock()
     if hasattr(time, "CLOCK_BOOTTIME"):
-        assert abs(clock.now() - time.clock_gettime(time.CLOCK_BOOTTIME)) < 1.0
-    assert abs(clock.suspended() - clock.suspended()) < 0.1  # no suspend: the gap holds still
+        # The boot-time clock itself: read between two reads of it, in order.
+        before = time.clock_gettime(time.CLOCK_BOOTTIME)
+        now = clock.now()
+        assert before <= now <= time.clock_gettime(time.CLOCK_BOOTTIME)
 
     async def virtual() -> tuple[float, float]:
         await asyncio.sleep(3600)
