@@ -43,11 +43,10 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     recorded = await ctx.history.recorded() if anything else Recorded()
     finished_runs = _runs_that_ended(loaded, recorded.runs)
     if finished_runs:
-        logger.warning(
-            "deleting %d procedure folders of runs that ended already (keys re-created by a late write of a paused "
-            "former leader after the run had finished and was deleted): %s",
-            len(finished_runs),
-            ", ".join(map(str, finished_runs[:10])),
+        _warn_deleting(
+            finished_runs,
+            "of runs that ended already (keys re-created by a late write of a paused former leader "
+            "after the run had finished and was deleted)",
         )
         _set_apart(loaded, finished_runs)
     problems = list(loaded.problems)
@@ -58,11 +57,10 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     nudged = set(await ctx.store.resumes.list_all())  # `procstore resume`: kept, and resumed at the first look
 
     if loaded.stray_ids:
-        logger.warning(
-            "deleting %d procedure folders without a step 0 (keys re-created by a late write of a paused former "
-            "leader after the procedure had finished): %s",
-            len(loaded.stray_ids),
-            ", ".join(map(str, loaded.stray_ids[:10])),
+        _warn_deleting(
+            loaded.stray_ids,
+            "without a step 0 (keys re-created by a late write of a paused former leader after "
+            "the procedure had finished)",
         )
     with collector_paused():
         stranded = _stranded(loaded, alive) | _children_of_ended_runs(loaded)
@@ -428,11 +426,10 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
     # Not during the grace: an inherited procedure's keys wait it out even if forgotten.
     doomed = [pid for pid in leftovers if pid in seen_before and time.monotonic() >= ctx.inherited_deletes_after]
     if doomed:
-        logger.warning(
-            "deleting %d leftover procedure folders (no step 0, or committed: keys re-created by a late write of "
-            "a paused former leader, or a cut-short cleanup): %s",
-            len(doomed),
-            ", ".join(map(str, doomed[:10])),
+        _warn_deleting(
+            doomed,
+            "left over (no step 0, an ended run's, or committed: keys re-created by a late write of "
+            "a paused former leader, or a cut-short cleanup)",
         )
         await record_recovered(ctx, loaded, doomed, recorded)  # a committed run's end first
         await ctx.store.delete_procedures(doomed)
@@ -475,3 +472,8 @@ def _adopt_children(ctx: ManagerContext, root: ProcedureId, loaded: ProcedureMes
                     ctx.stored.add_child(message.parent_id, pid)
                     found.add(pid)
         parents = found
+
+
+def _warn_deleting(ids: list[ProcedureId], why: str) -> None:
+    """One warning for folders recovery or a leader's look deletes, naming the first ten."""
+    logger.warning("deleting %d procedure folders %s: %s", len(ids), why, ", ".join(map(str, ids[:10])))
