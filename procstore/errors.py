@@ -1,6 +1,7 @@
 """Every exception procstore raises, in one place.
 
-All derive from `ProcedureError`. Errors about the store name the key (or URL) and say
+All derive from `ProcedureError`, but for `ProcessKill`, which ends a runner as a kill
+would, never a procedure. Errors about the store name the key (or URL) and say
 what to do next; errors about a procedure name its id.
 """
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from procstore.ids import ProcedureId
     from procstore.state import ProcedureState
+    from procstore.store.procedure_store import LoadProblem
 
 
 def describe(exc: BaseException) -> str:
@@ -140,6 +142,15 @@ class ManagerStopped(ProcedureError):
             f"procedure {procedure_id}: the manager stopped before it ended; "
             "it resumes from its last stored step when a manager starts on the same store"
         )
+
+
+class SettingFrozen(ProcedureError, AttributeError):
+    """A setting of a started manager was changed: a term runs with the settings it began
+    with. Set it before `start()`, or between `stop()` and the next `start()`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"ProcedureManager.{name} cannot change once the manager is started; set it before start()")
 
 
 class SubmissionsPaused(ProcedureError):
@@ -287,3 +298,24 @@ class NotLeader(ProcedureError):
             else "no manager holds the lease right now; try again shortly, or wait_until_leading() here"
         )
         super().__init__(f"{holder} is a standby and does not accept submissions: {what_to_do}")
+
+
+class LoadFailed(ProcedureError):
+    """A stored procedure could not be rebuilt; `problem` says where and what to do."""
+
+    def __init__(self, problem: LoadProblem) -> None:
+        self.problem = problem
+        super().__init__(str(problem))
+
+
+class StrayCancellation(ProcedureError):
+    """User code raised `CancelledError` although nothing cancelled its procedure."""
+
+
+class EscapedBaseException(ProcedureError):
+    """User code raised a `BaseException` that is neither a stop nor a process exit."""
+
+
+class ProcessKill(BaseException):
+    """Ends a runner as a kill -9 ends its process: the task is simply gone, nothing more is
+    written (the testing toolkit's simulated crashes derive from it)."""

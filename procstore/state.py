@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import warnings
 from dataclasses import dataclass
@@ -126,6 +127,36 @@ class ProcedureState(metaclass=_KindAliases):
         traceback: str | None = None,
     ) -> ProcedureState:
         return cls(kind, error=error, cause=cause, traceback=traceback)
+
+    @classmethod
+    def failed(cls, error: str) -> ProcedureState:
+        """FAILED with `error`, and no exception object (a failure read back from the store)."""
+        return cls(ProcedureStateKind.FAILED, error=error)
+
+    @classmethod
+    def unrecorded_end(cls, error: str, state: ProcedureState | None = None) -> ProcedureState:
+        """FAILED in memory, `recorded` false: nothing in the store says the procedure ended.
+        The exception and traceback are `state`'s, if given."""
+        cause, tb = (None, None) if state is None else (state.cause, state.traceback)
+        return cls(ProcedureStateKind.FAILED, error=error, cause=cause, traceback=tb, recorded=False)
+
+    def with_kind(self, kind: ProcedureStateKind) -> ProcedureState:
+        """This state as `kind`, its error and exception kept."""
+        return dataclasses.replace(self, kind=kind)
+
+    def with_error_text(self, error: str) -> ProcedureState:
+        """This state with `error` instead of its error text."""
+        return dataclasses.replace(self, error=error)
+
+    def not_recorded(self, step: int) -> ProcedureState:
+        """This failure, as the end of a run whose failure could not be written (as `step`):
+        `Watcher.wait()` raises `EndNotRecorded`, never `ProcedureFailed`, since the store
+        says it has not ended."""
+        error = (
+            f"{self.error}; the failure could not be written to the store (as step {step}), so "
+            "the procedure resumes from its last stored step at the next start"
+        )
+        return ProcedureState.unrecorded_end(error, self)
 
     @property
     def is_running(self) -> Predicate:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from procstore._logs import get_logger
-from procstore._runtime.context import ManagerContext
 from procstore._runtime.meta import ProcedureMeta
 from procstore.ids import ProcedureId
 from procstore.state import ProcedureState
 from procstore.store.history import HistoryRecord, Recorded, iso, record_from_keys
 from procstore.store.keys import procedure_dir
 from procstore.store.procedure_store import ProcedureMessages
+
+if TYPE_CHECKING:
+    from procstore._runtime.context import ManagerContext
 
 logger = get_logger("procstore.runtime")
 
@@ -48,19 +51,19 @@ async def record_tree(
             state = root_state if meta is root else meta.state
             if meta.end_stored and state.is_ended():
                 records.append(_record(meta, state, ended))
-        elif (type_name := ctx.stored.committed.get(pid)) is not None:
+        elif (type_name := ctx.recovered.committed.get(pid)) is not None:
             # A child that ended in an earlier term: the store kept only its last message, which
             # does not say whether it rolled back or had no rollback (`StoredStatus.FAILED`).
-            error = ctx.stored.rolled_back.get(pid)
+            error = ctx.recovered.rolled_back.get(pid)
             records.append(
                 HistoryRecord(
                     id=str(pid),
                     type_name=type_name,
-                    parent_id=next((str(p) for p, kids in ctx.stored.children_of.items() if pid in kids), None),
+                    parent_id=next((str(p) for p, kids in ctx.recovered.children_of.items() if pid in kids), None),
                     outcome="done" if error is None else "failed",
                     error=error,
                     ended_at=iso(ended) or "",
-                    run=ctx.stored.committed_runs.get(pid, 1),
+                    run=ctx.recovered.committed_runs.get(pid, 1),
                 )
             )
     await ctx.history.put_many(records)

@@ -1,7 +1,8 @@
-"""`Leadership`: the task that keeps a manager's lease, and starts and ends its terms.
+"""`Leadership`: the task that keeps a manager's lease, and the owner of its terms.
 
-A manager with `lease=` is a standby until it wins the lease; it then begins a term (a
-fresh context that recovers everything the store holds, as `start()` does) and renews the
+A manager with `lease=` is a standby until it wins the lease; it then begins a `Term` (a
+fresh context that recovers everything the store holds, as `start()` does), holds it as
+`term`, and renews the
 lease every `ttl / 4` seconds. The term ends, with every runner cancelled and awaited,
 when:
 
@@ -21,13 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from procstore._logs import get_logger
 from procstore._runtime.lease import LEASE_KEY, Lease, LeaseKeeper
 from procstore._runtime.telemetry import OFF, Telemetry, timed
-from procstore._runtime.term import LeaseHooks
+from procstore._runtime.term import Term, TermLease, TermSettings
 from procstore.errors import Fenced, LeaseExpired, ManagerStopped, StoreError, StoreUnavailable
 from procstore.store.probe import ConditionalWritesIgnored, probe_conditional_writes
 from procstore.store.state_store import StateStore
@@ -35,27 +34,30 @@ from procstore.store.state_store import StateStore
 logger = get_logger("procstore.lease")
 
 
-@dataclass(frozen=True, slots=True)
-class Terms:
-    """What `Leadership` drives: the manager's terms, and nothing else of the manager."""
-
-    begin_term: Callable[[], None]
-    wait_recovered: Callable[[], Awaitable[None]]
-    recovery_error: Callable[[], BaseException | None]
-    end_term: Callable[[], Awaitable[None]]
-
-
 class Leadership:
-    """Owns the `LeaseKeeper` and the `procstore:lease` task of one manager."""
+    """Owns the `LeaseKeeper`, the `procstore:lease` task and the terms of one manager.
+
+    The same interface as `SingleTerm`, a manager's terms without a lease.
+    """
 
     def __init__(
-        self, terms: Terms, store: StateStore, lease: Lease, parent_path: str = "", telemetry: Telemetry = OFF
+        self,
+        settings: TermSettings,
+        store: StateStore,
+        lease: Lease,
+        *,
+        highest_epoch: int = 0,
+        telemetry: Telemetry = OFF,
     ) -> None:
-        self.terms = terms
+        self.settings = settings
         self.telemetry = telemetry
-        self.keeper = LeaseKeeper(store, lease_key(parent_path), lease)
+        self.keeper = LeaseKeeper(store, lease_key(settings.parent_path), lease)
+        # Fencing tokens never go backwards, not even across this manager's restarts.
+        self.keeper.highest_epoch = highest_epoch
+        self.term: Term | None = None
+        """The current term, or the last one: its metadata stays readable after it ends."""
         self.is_leading = False
-        """Between `begin_term` and `end_term` (the lease itself may lapse first)."""
+        """While a term runs (the lease itself may lapse first)."""
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._broken = asyncio.Event()
@@ -69,32 +71,43 @@ class Leadership:
             self._begin(started)
         # Renewals must run while a long recovery does.
         self._task = asyncio.get_running_loop().create_task(self._run(), name="procstore:lease")
-        if leading:
-            await self.terms.wait_recovered()
+        if leading and self.term is not None:
+            await self.term.wait_recovered()
 
     async def stop(self) -> None:
-        """Cancel the task; the manager then ends the term and releases the lease."""
+        """Cancel the task and end the term, as a kill would: the lease is kept until `release()`."""
         self._stopped = True
         self._leading_changed.set()  # wakes `wait_until_leading`, which then raises
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        if self.is_leading:  # the manager ends the term and releases the lease next
+        if self.is_leading:
             self.is_leading = False
             self.telemetry.lease_lost()
+        if self.term is not None:
+            await self.term.end()
 
-    def term_hooks(self) -> LeaseHooks:
+    async def release(self) -> None:
+        """Mark the lease released (if the stored record is still this manager's), so that a
+        standby takes over at once; after `stop()`."""
+        await self.keeper.release()
+
+    async def close(self) -> None:
+        await self.keeper.store.close()
+
+    def _term_lease(self) -> TermLease:
         """What a term begun now takes from this leadership (its epoch is the fencing token)."""
         keeper = self.keeper
         lease = keeper.lease
-        return LeaseHooks(
-            self.on_fenced,
-            keeper.check_writable,
-            keeper.epoch,
-            lease.late_write_grace,
-            lease.adopt_interval,
-            keeper.holder,
+        return TermLease(
+            on_fenced=self.on_fenced,
+            check_writable=keeper.check_writable,
+            is_holding=lambda: keeper.is_holding,
+            fencing_token=keeper.epoch,
+            keep_inherited_until=time.monotonic() + lease.late_write_grace,
+            adopt_interval=lease.adopt_interval,
+            holder=keeper.holder,
         )
 
     def on_fenced(self, fenced: Fenced) -> None:
@@ -126,7 +139,8 @@ class Leadership:
         attributes = {"procstore.lease.holder": self.keeper.holder, "procstore.lease.epoch": epoch}
         with self.telemetry.span("procstore.lease.acquire", start_ns=acquiring_since, **attributes):
             self.telemetry.lease_gained(epoch)
-        self.terms.begin_term()
+        self.term = Term(self.settings, self._term_lease())
+        self.term.begin()
         self.is_leading = True
         self._leading_changed.set()
 
@@ -136,7 +150,8 @@ class Leadership:
             self.telemetry.lease_lost()
         self.is_leading = False
         self._leading_changed.set()
-        await self.terms.end_term()
+        if self.term is not None:
+            await self.term.end()
 
     async def _run(self) -> None:
         interval = self.keeper.lease.renew_interval
@@ -164,7 +179,7 @@ class Leadership:
             if holding:
                 self._begin()
             return
-        if (error := self.terms.recovery_error()) is not None:
+        if self.term is not None and (error := self.term.recovery_error()) is not None:
             # Leading without running anything helps nobody: give the lease up, so that
             # this or another manager tries again.
             self.keeper.give_up()

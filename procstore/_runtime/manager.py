@@ -7,21 +7,20 @@ import os
 import warnings
 from functools import partial
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar, overload
 
 from procstore._logs import get_logger
-from procstore._runtime.context import Loader, ManagerContext, await_term_task
-from procstore._runtime.leadership import Leadership, Terms, check_lease_support, lease_key
+from procstore._runtime.context import Loader, ManagerContext
+from procstore._runtime.leadership import Leadership, check_lease_support, lease_key
 from procstore._runtime.lease import LEASE_FOLDER, Lease
 from procstore._runtime.lifecycle import Lifecycle
 from procstore._runtime.live_lease import refuse_if_lease_is_live
 from procstore._runtime.operator import request as request_stop
-from procstore._runtime.outcome import checked_lock_key, dumped, type_name_of
 from procstore._runtime.restart import restart
 from procstore._runtime.retry import RetryBudget, RetryPolicy
-from procstore._runtime.submission import store_and_run
+from procstore._runtime.runner import checked_lock_key, dumped, store_and_run, type_name_of
 from procstore._runtime.telemetry import OFF, get_telemetry
-from procstore._runtime.term import Term, TermSettings
+from procstore._runtime.term import SingleTerm, Term, TermSettings, await_term_task
 from procstore._runtime.watcher import Watcher
 from procstore.errors import (
     DuplicateProcedure,
@@ -31,6 +30,7 @@ from procstore.errors import (
     ManagerNotStarted,
     ManagerStopped,
     NotLeader,
+    SettingFrozen,
     StoreError,
     SubmissionsPaused,
     TooManyRunningProcedures,
@@ -38,7 +38,7 @@ from procstore.errors import (
 from procstore.ids import ProcedureId
 from procstore.procedure import Procedure, ProcedureWithId
 from procstore.state import ProcedureInfo, ProcedureState
-from procstore.store.history import History, HistoryStore
+from procstore.store.history import History
 from procstore.store.keys import KeyType
 from procstore.store.limits import lease_write_rate_warning
 from procstore.store.open import open_state_store
@@ -49,6 +49,32 @@ from procstore.store.state_store import StateStore
 logger = get_logger("procstore.manager")
 
 DEFAULT_METADATA_TTL = 600.0
+
+T = TypeVar("T")
+
+
+class _Setting(Generic[T]):
+    """A manager's setting: read any time, set only while the manager is not started (a
+    term runs with the settings it began with, so a later change would be silently lost)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+        self._private = f"_{name}"
+
+    @overload
+    def __get__(self, manager: None, owner: type) -> _Setting[T]: ...
+    @overload
+    def __get__(self, manager: ProcedureManager, owner: type) -> T: ...
+    def __get__(self, manager: ProcedureManager | None, owner: type) -> T | _Setting[T]:
+        if manager is None:
+            return self
+        value: T = getattr(manager, self._private)
+        return value
+
+    def __set__(self, manager: ProcedureManager, value: T) -> None:
+        if manager.is_running:
+            raise SettingFrozen(self._name)
+        setattr(manager, self._private, value)
 
 
 class ProcedureManager:
@@ -95,6 +121,20 @@ class ProcedureManager:
             API is installed (the `otel` extra); False turns that off. See docs/observability.md.
     """
 
+    url: _Setting[str] = _Setting()
+    storage_options: _Setting[dict[str, Any]] = _Setting()
+    retry_budget: _Setting[RetryBudget] = _Setting()
+    policy: _Setting[RetryPolicy] = _Setting()
+    max_running_procedures: _Setting[int] = _Setting()
+    metadata_ttl: _Setting[float] = _Setting()
+    gc_interval: _Setting[float] = _Setting()
+    parent_path: _Setting[str] = _Setting()
+    request_poll_interval: _Setting[float] = _Setting()
+    history: _Setting[History] = _Setting()
+    keep_failed: _Setting[bool] = _Setting()
+    telemetry: _Setting[bool] = _Setting()
+    lease: _Setting[Lease | None] = _Setting()
+
     def __init__(
         self,
         url: str | os.PathLike[str] | StateStore,
@@ -115,15 +155,16 @@ class ProcedureManager:
         telemetry: bool = True,
     ) -> None:
         self._given_store = url if isinstance(url, StateStore) else None
-        self.url = url.url if isinstance(url, StateStore) else os.fspath(url)
-        self.storage_options = dict(storage_options or {})
-        self.retry_budget = retry_budget if retry_budget is not None else RetryBudget()
-        self.policy = RetryPolicy(max_retry_times, retry_delay, max_retry_delay, self.retry_budget)
-        self.max_running_procedures = max_running_procedures
-        self.metadata_ttl = metadata_ttl
-        self.gc_interval = gc_interval
-        self.parent_path = parent_path
-        self.request_poll_interval = request_poll_interval
+        self._state_store: StateStore | None = None
+        self._url = url.url if isinstance(url, StateStore) else os.fspath(url)
+        self._storage_options = dict(storage_options or {})
+        self._retry_budget = retry_budget if retry_budget is not None else RetryBudget()
+        self._policy = RetryPolicy(max_retry_times, retry_delay, max_retry_delay, self._retry_budget)
+        self._max_running_procedures = max_running_procedures
+        self._metadata_ttl = metadata_ttl
+        self._gc_interval = gc_interval
+        self._parent_path = parent_path
+        self._request_poll_interval = request_poll_interval
         if history is False:
             warnings.warn(
                 "history=False no longer turns history off: each ended run's record is its end record, "
@@ -131,26 +172,40 @@ class ProcedureManager:
                 DeprecationWarning,
                 stacklevel=2,
             )
-        self.history = history if isinstance(history, History) else History()
-        self.keep_failed = keep_failed
-        self.telemetry = telemetry
-        self.recovery_problems: list[LoadProblem] = []
-        """Procedures the last `start()` found but could not resume, with what to do."""
+        self._history = history if isinstance(history, History) else History()
+        self._keep_failed = keep_failed
+        self._telemetry = telemetry
+        self._lease = Lease.from_option(lease)
         self._loaders: dict[str, Loader] = {}
-        self._term: Term | None = None
-        """The current or last term: its metadata stays readable after it ends."""
-        self._state_store: StateStore | None = None
         self._paused = False
         self._submitting: set[ProcedureId] = set()
-        self.lease = Lease.from_option(lease)
-        self._leadership: Leadership | None = None
+        self._terms: Leadership | SingleTerm | None = None
+        """The owner of this manager's terms (the last one's, once stopped: its metadata
+        stays readable until the next start)."""
         self._highest_epoch = 0
         """The highest lease epoch any of this manager's terms has seen."""
         self._lifecycle = Lifecycle()
 
     @property
+    def recovery_problems(self) -> list[LoadProblem]:
+        """Procedures the last term's recovery found but could not resume, with what to do."""
+        term = self._term
+        return [] if term is None else term.problems
+
+    @property
+    def _term(self) -> Term | None:
+        """The current or last term."""
+        return None if self._terms is None else self._terms.term
+
+    @property
+    def _leadership(self) -> Leadership | None:
+        """The lease's owner, while started with a lease."""
+        return self._terms if self.is_running and isinstance(self._terms, Leadership) else None
+
+    @property
     def _ctx(self) -> ManagerContext | None:
-        return None if self._term is None else self._term.ctx
+        term = self._term
+        return None if term is None else term.ctx
 
     # -- registration ----------------------------------------------------------------
 
@@ -185,7 +240,7 @@ class ProcedureManager:
             # Not before recovery has registered what the store holds: a submission racing
             # with it could be found by it too.
             term = self._term
-            return self._leadership.is_leading and term is not None and term.recovered and term.ctx.running
+            return self._leadership.is_leading and term is not None and term.recovered and term.running
         return self.is_running
 
     @property
@@ -245,39 +300,8 @@ class ProcedureManager:
         ):
             logger.warning(too_fast)
         self._state_store = state_store
-        try:
-            if self.lease is None:
-                self._begin_term()
-                await self._wait_recovered()
-            else:
-                # Its own client: renewals must not queue behind the runners' writes for a
-                # connection (botocore pools ten per client).
-                lease_store = self._given_store or open_state_store(self.url, self.storage_options)
-                terms = Terms(self._begin_term, self._wait_recovered, self._recovery_error, self._end_term)
-                telemetry = get_telemetry() if self.telemetry else OFF
-                self._leadership = Leadership(terms, lease_store, self.lease, self.parent_path, telemetry)
-                # Fencing tokens never go backwards, not even across this manager's restarts.
-                self._leadership.keeper.highest_epoch = self._highest_epoch
-                await self._leadership.start()
-        except BaseException:
-            await self._stop()
-            raise
-
-    async def _check_lease_support(self, state_store: StateStore) -> None:
-        if self.lease is not None:
-            await check_lease_support(state_store, f"{self.parent_path}{LEASE_FOLDER}")
-        else:
-            # Without a lease this manager runs everything the store holds: not beside a leader.
-            await refuse_if_lease_is_live(state_store, lease_key(self.parent_path))
-
-    # Terms (see runtime/term.py): with a lease, each leadership is a term, begun when the
-    # lease is won and ended when it is lost; without one, a single term runs from start()
-    # to stop(). `_Terms` is what the leadership drives; nothing of it is public.
-
-    def _begin_term(self) -> None:
-        assert self._state_store is not None
         settings = TermSettings(
-            self._state_store,
+            state_store,
             self.parent_path,
             self.policy,
             self._loaders,
@@ -289,17 +313,27 @@ class ProcedureManager:
             self.keep_failed,
             get_telemetry() if self.telemetry else OFF,
         )
-        hooks = None if self._leadership is None else self._leadership.term_hooks()
-        self._term = Term(settings, hooks)
-        self._term.begin()
+        try:
+            if self.lease is None:
+                self._terms = SingleTerm(settings)
+            else:
+                # Its own client: renewals must not queue behind the runners' writes for a
+                # connection (botocore pools ten per client).
+                lease_store = self._given_store or open_state_store(self.url, self.storage_options)
+                self._terms = Leadership(
+                    settings, lease_store, self.lease, highest_epoch=self._highest_epoch, telemetry=settings.telemetry
+                )
+            await self._terms.start()
+        except BaseException:
+            await self._stop()
+            raise
 
-    def _recovery_error(self) -> BaseException | None:
-        return None if self._term is None else self._term.recovery_error()
-
-    async def _wait_recovered(self) -> None:
-        if self._term is not None:
-            await self._term.wait_recovered()
-            self.recovery_problems = self._term.problems
+    async def _check_lease_support(self, state_store: StateStore) -> None:
+        if self.lease is not None:
+            await check_lease_support(state_store, f"{self.parent_path}{LEASE_FOLDER}")
+        else:
+            # Without a lease this manager runs everything the store holds: not beside a leader.
+            await refuse_if_lease_is_live(state_store, lease_key(self.parent_path))
 
     async def wait_until_leading(self) -> None:
         """Wait until this manager leads and has resumed the store's procedures.
@@ -310,13 +344,10 @@ class ProcedureManager:
         self._started_or_standby("wait_until_leading")
         if self._leadership is not None:
             await self._leadership.wait_until_leading()
-        await self._wait_recovered()
+        if (term := self._term) is not None:
+            await term.wait_recovered()
         if not self.is_running:
             raise ManagerStopped(what="waiting to lead")
-
-    async def _end_term(self) -> None:
-        if self._term is not None:
-            await self._term.end()
 
     async def stop(self) -> None:
         """Stop like a process exit: cancel every runner at its next await and wait for it.
@@ -333,18 +364,18 @@ class ProcedureManager:
         state_store, self._state_store = self._state_store, None
         if state_store is None:
             return
-        leadership, self._leadership = self._leadership, None
-        if leadership is not None:
-            await leadership.stop()
-            self._highest_epoch = max(self._highest_epoch, leadership.keeper.highest_epoch)
-        await self._end_term()
+        terms = self._terms
+        if terms is not None:
+            await terms.stop()
+            if isinstance(terms, Leadership):
+                self._highest_epoch = max(self._highest_epoch, terms.keeper.highest_epoch)
         await self._lifecycle.cancel_outside_terms()
-        if leadership is not None:
-            await leadership.keeper.release()
+        if terms is not None:
+            await terms.release()
         if self._given_store is None:
             await state_store.close()
-            if leadership is not None:
-                await leadership.keeper.store.close()
+            if terms is not None:
+                await terms.close()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -374,20 +405,18 @@ class ProcedureManager:
             raise InvalidProcedureId(procedure_id)
         reason = checked_reason(reason)
         self._started_or_standby("cancel")
-        ctx = self._ctx
-        if ctx is not None and ctx.running:
+        term = self._term
+        if term is not None and term.running:
             # Owned by the term, as a submit's write: stop() waits for it.
-            await ctx.run_in_term(request_stop(ctx, procedure_id, "cancel", reason), what="cancelling")
+            ctx = term.ctx
+            await term.run_in_term(request_stop(ctx.store, procedure_id, "cancel", reason, ctx), what="cancelling")
             return
         # A standby: the leader's look at `requests/` (or its next step) finds the request.
         # The write belongs to no term, so stop() cancels and waits for it by itself.
         assert self._state_store is not None
         store = ProcedureStore(self._state_store, self.parent_path)
-        standby = ManagerContext(
-            store, self.policy, self._loaders, history=HistoryStore(self._state_store, self.parent_path, self.history)
-        )
         task = asyncio.get_running_loop().create_task(
-            request_stop(standby, procedure_id, "cancel", reason), name="procstore:cancelling"
+            request_stop(store, procedure_id, "cancel", reason, None), name="procstore:cancelling"
         )
         self._lifecycle.own(task)
         await await_term_task(task, "cancelling")
@@ -421,7 +450,7 @@ class ProcedureManager:
         if self._leadership is not None and not self.is_leader:
             raise NotLeader(self._leadership.keeper.holder, self.leader)
         ctx = self._started("resume" if to_step is None else "rewind")
-        meta = await ctx.run_in_term(restart(ctx, procedure_id, to_step), what="restarting")
+        meta = await ctx.term.run_in_term(restart(ctx, procedure_id, to_step), what="restarting")
         return Watcher(meta)
 
     # -- submitting ------------------------------------------------------------------
@@ -463,8 +492,8 @@ class ProcedureManager:
             # same procedure a second time.
             await term.wait_recovered()
             ctx = self._started("submit")
-        if ctx.fenced is not None:
-            raise ctx.fenced
+        if ctx.term.fenced is not None:
+            raise ctx.term.fenced
         if self._paused:
             raise SubmissionsPaused()
         pid = procedure.id
@@ -472,7 +501,7 @@ class ProcedureManager:
             raise InvalidProcedureId(pid)
         if ctx.is_known(pid) or pid in self._submitting:
             raise DuplicateProcedure(pid)
-        if ctx.unfinished + len(self._submitting) >= self.max_running_procedures:
+        if ctx.metas.unfinished + len(self._submitting) >= self.max_running_procedures:
             raise TooManyRunningProcedures(self.max_running_procedures)
         proc = procedure.procedure
         type_name = type_name_of(proc)
@@ -486,9 +515,9 @@ class ProcedureManager:
         # waits for it, so it can never land after stop() returned; and a caller that gives
         # up (a timeout) cannot leave a stored procedure that nothing runs. (No lambdas: their
         # cells would live in this frame, one of thousands waiting for their writes.)
-        stored = store_and_run(ctx, procedure, type_name, lock_key, data, self._leadership, self._submitting)
+        stored = store_and_run(ctx, procedure, type_name, lock_key, data, self._submitting)
         try:
-            meta = await ctx.run_in_term(stored, what="submitting", on_done=partial(self._submitting.discard, pid))
+            meta = await ctx.term.run_in_term(stored, what="submitting", on_done=partial(self._submitting.discard, pid))
         except ManagerStopped as e:
             raise StoreError(
                 f"submitting procedure {pid}: the manager stopped leading or was stopped while the write was under "
@@ -526,13 +555,22 @@ class ProcedureManager:
         It then cancelled every runner before their next write, and `submit` raises this
         error; `stop()` it and let the other manager work (see README, "Many managers").
         """
-        return None if self._ctx is None else self._ctx.fenced
+        return None if self._term is None else self._term.fenced
 
     def _started_or_standby(self, what: str) -> None:
         if not self.is_running:
             raise ManagerNotStarted(what)
 
     def _started(self, what: str) -> ManagerContext:
-        if self._ctx is None or not self._ctx.running:
+        term = self._term
+        if term is None or not term.running:
             raise ManagerNotStarted(what)
-        return self._ctx
+        return term.ctx
+
+
+async def halt(manager: ProcedureManager) -> None:
+    """End `manager`'s terms as a kill would (see `procstore.testing.kill_manager`): its
+    lease task and every runner stop at their next await, nothing more is written, and the
+    lease is not released. `stop()` then closes what is left."""
+    if manager._terms is not None:
+        await manager._terms.stop()

@@ -1,30 +1,155 @@
-"""How operator requests reach running procedures (see `procstore.store.requests`).
+"""Operator requests (cancel, fail) in a term: the requests known to apply to its
+procedures, how they reach runners, and the watch of the store's `requests/` folder.
 
 A runner reads its procedure's request key before every attempt at a step. What that read
 cannot reach is a procedure that is not attempting anything: one waiting for its children,
 for a lock or for a retry's backoff. `watch_operator_requests` polls the `requests/`
 folder for those, and passes each request down to the procedure's unfinished descendants,
 so that the children end first and the parent sees the request at its next attempt.
+
+A write that keeps failing backs off for up to `max_retry_delay` between attempts; a request
+must not wait that out. Two rules, by what the write is for:
+
+- The writes of a running procedure (a step's state, its children's first keys, its
+  commit): a request ends the backoff, and the next attempt raises `OperatorRequested`
+  instead of writing, so the procedure fails (or rolls back) as the request asks
+  (`OperatorRequests.unless_requested`).
+- The writes of a procedure already failing (its `.rollback` key, its `rollback()`, the
+  `.commit` that ends it), and a submit's first key: they must go on whatever is
+  requested, since the request asks for exactly what they do (a submitted procedure with
+  a request fails before its first step; a request can only be written once that key is
+  stored, so the submit's next attempt finds its own bytes). A request that arrives during
+  a backoff ends that backoff once (`OperatorRequests.first_wakes`), so the failure is
+  recorded as soon as the store allows, and the next backoffs run in full (a set event
+  would otherwise spend every retry at once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, TypeVar
 
 from procstore._logs import get_logger, procedure_fields
-from procstore._runtime.context import ManagerContext
+from procstore._runtime.looks import RequestLooks, Spawn
+from procstore._runtime.registry import Registry
 from procstore._runtime.restart import restart, runs_here
 from procstore.errors import ProcedureError, StoreError, describe
 from procstore.ids import ProcedureId
 from procstore.store.keys import KeyType, ParsedKey
-from procstore.store.requests import OperatorRequest, RequestKind
+from procstore.store.procedure_store import ProcedureStore
+from procstore.store.requests import OperatorRequest, OperatorRequested, RequestKind, RequestStore
 from procstore.store.state_store import walk_readable
+
+if TYPE_CHECKING:
+    from procstore._runtime.context import ManagerContext
+
+T = TypeVar("T")
 
 logger = get_logger("procstore.runtime")
 
 STALE_REQUEST_AGE = 600.0
 """Seconds after which a request for a procedure the store no longer holds is deleted."""
+
+
+class OperatorRequests:
+    """The requests known to apply to a term's procedures: read from the store, or passed
+    down from an ancestor's. A runner checks here, then the store, before every attempt."""
+
+    __slots__ = ("_known", "_metas", "_submit_wakes", "looks")
+
+    def __init__(self, requests: RequestStore, spawn: Spawn, metas: Registry) -> None:
+        self._known: dict[ProcedureId, OperatorRequest] = {}
+        self._submit_wakes: dict[ProcedureId, asyncio.Event] = {}
+        """For each submit whose first write is under way: set by a request for its id, which
+        ends that write's backoff (see `first_wakes`)."""
+        self._metas = metas
+        self.looks = RequestLooks(requests, spawn)
+
+    def get(self, procedure_id: ProcedureId) -> OperatorRequest | None:
+        return self._known.get(procedure_id)
+
+    def __contains__(self, procedure_id: object) -> bool:
+        return procedure_id in self._known
+
+    def __getitem__(self, procedure_id: ProcedureId) -> OperatorRequest:
+        return self._known[procedure_id]
+
+    def forget(self, procedure_id: ProcedureId) -> None:
+        """Drop the request of an ended run (or one inherited by it): the id runs again, or its tree ended."""
+        self._known.pop(procedure_id, None)
+
+    async def raise_if_requested(self, procedure_id: ProcedureId) -> None:
+        """Before every attempt: an operator's request (`cancel`, `fail`) ends the execution;
+        read from the store when not known here, so that one written since is seen in time."""
+        request = self._known.get(procedure_id)
+        if request is None:
+            request = await self.looks.get(procedure_id)
+            if request is not None:
+                self.note(procedure_id, request)
+        if request is not None:
+            raise OperatorRequested(request)
+
+    def note(self, procedure_id: ProcedureId, request: OperatorRequest) -> None:
+        """Apply an operator request to a procedure and its unfinished descendants."""
+        self._known.setdefault(procedure_id, request)
+        if (meta := self._metas.get(procedure_id)) is not None:
+            meta.requested().set()
+        elif (submitting := self._submit_wakes.get(procedure_id)) is not None:
+            submitting.set()
+        inherited = OperatorRequest(
+            kind=request.kind,
+            reason=f"its ancestor {procedure_id} was {'cancelled' if request.kind == 'cancel' else 'failed'}: "
+            f"{request.reason}",
+            requested_at=request.requested_at,
+            requested_by=request.requested_by,
+        )
+        for child in self._metas.descendants(procedure_id):
+            meta = self._metas.get(child)
+            if meta is None or not meta.state.is_ended():
+                self._known.setdefault(child, inherited)
+                if meta is not None:
+                    meta.requested().set()
+
+    def is_submitting(self, procedure_id: ProcedureId) -> bool:
+        """A submit's first write for the id is under way."""
+        return procedure_id in self._submit_wakes
+
+    @contextmanager
+    def submit_wake(self, procedure_id: ProcedureId) -> Iterator[Callable[[], asyncio.Event]]:
+        """For a submit's first write: a `wake` for its retries that a request for the id sets."""
+        self._submit_wakes[procedure_id] = woken = asyncio.Event()
+        try:
+            yield self.first_wakes(procedure_id, lambda: woken)
+        finally:
+            del self._submit_wakes[procedure_id]
+
+    def unless_requested(
+        self, procedure_id: ProcedureId, write: Callable[[int], Awaitable[T]]
+    ) -> Callable[[int], Awaitable[T]]:
+        """`write`, whose retries (attempt 2 on) raise `OperatorRequested` once the procedure
+        has a request: the first attempt always goes, so a request read before it changes
+        nothing that is already under way."""
+
+        async def attempt(n: int) -> T:
+            if n > 1 and (request := self._known.get(procedure_id)) is not None:
+                raise OperatorRequested(request)
+            return await write(n)
+
+        return attempt
+
+    def first_wakes(
+        self, procedure_id: ProcedureId, requested: Callable[[], asyncio.Event]
+    ) -> Callable[[], asyncio.Event]:
+        """A `wake` for `RetryPolicy.call` that ends the backoff under way when a request
+        arrives (`requested()` is set), and no backoff that begins once the request is known."""
+
+        def wake() -> asyncio.Event:
+            return asyncio.Event() if procedure_id in self._known else requested()
+
+        return wake
 
 
 async def watch_operator_requests(ctx: ManagerContext, interval: float) -> None:
@@ -59,12 +184,12 @@ async def _look_once(ctx: ManagerContext) -> None:
     stale: list[ProcedureId] = []
     for pid, request in found.items():
         meta = ctx.metas.get(pid)
-        if meta is None and pid in ctx.submit_wakes and pid not in ctx.operator_requests:
-            ctx.note_request(pid, request)  # a submit whose write backs off: it wakes
+        if meta is None and ctx.requests.is_submitting(pid) and pid not in ctx.requests:
+            ctx.requests.note(pid, request)  # a submit whose write backs off: it wakes
         elif meta is not None:
-            if not meta.state.is_ended() and pid not in ctx.operator_requests:
+            if not meta.state.is_ended() and pid not in ctx.requests:
                 logger.warning("procedure %s: %s", pid, request.describe(), extra=procedure_fields(pid, meta.type_name))
-                ctx.note_request(pid, request)
+                ctx.requests.note(pid, request)
         elif (
             not ctx.is_known(pid)
             and time.time() - request.requested_at > STALE_REQUEST_AGE
@@ -91,7 +216,7 @@ async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: Ope
     (another operator's `rewind`, which finds this one in place) is covered by reading the
     store again after the deletion: a newer key that nothing here runs is run.
     """
-    if procedure_id in ctx.restarting:
+    if procedure_id in ctx.metas.restarting:
         return
     if runs_here(ctx, procedure_id):
         await ctx.store.resumes.delete([procedure_id])  # it runs what the store holds
@@ -110,7 +235,7 @@ async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: Ope
     else:
         await _run_again(ctx, procedure_id)
     await ctx.store.resumes.delete([procedure_id])
-    if runs_here(ctx, procedure_id) or procedure_id in ctx.restarting:
+    if runs_here(ctx, procedure_id) or procedure_id in ctx.metas.restarting:
         return
     now = await _latest_key(ctx, procedure_id)
     if now is not None and now.key_type is not KeyType.COMMIT and str(now) != str(latest):
@@ -152,18 +277,21 @@ def _stale(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorReques
     return ""
 
 
-async def request(ctx: ManagerContext, procedure_id: ProcedureId, kind: RequestKind, reason: str) -> OperatorRequest:
-    """Write a request for `procedure_id` and apply it here at once.
+async def request(
+    store: ProcedureStore, procedure_id: ProcedureId, kind: RequestKind, reason: str, ctx: ManagerContext | None
+) -> OperatorRequest:
+    """Write a request for `procedure_id` and apply it at once in the term `ctx` (None on a
+    standby: the leader's look finds it).
 
     Raises `ProcedureError` if the procedure has ended, or is neither known here nor stored.
     Returns the request in force (an earlier one, if the procedure already had one).
     """
-    meta = ctx.metas.get(procedure_id)
+    meta = None if ctx is None else ctx.metas.get(procedure_id)
     if meta is not None and meta.state.is_ended():
         raise ProcedureError(f"procedure {procedure_id} has already ended ({meta.state.kind.name}): nothing to {kind}")
     if meta is None:
         # Not run here: a kept FAILED root, a finished child, or one another manager runs.
-        keys = await ctx.store.procedure_keys(procedure_id)
+        keys = await store.procedure_keys(procedure_id)
         if not keys:
             raise ProcedureError(
                 f"procedure {procedure_id} is not in the store (finished and deleted, or never submitted)"
@@ -174,13 +302,14 @@ async def request(ctx: ManagerContext, procedure_id: ProcedureId, kind: RequestK
                 f"nothing to {kind}"
             )
     wanted = OperatorRequest.new(kind, reason)
-    if not await ctx.store.requests.put(procedure_id, wanted):
-        existing = await ctx.store.requests.get(procedure_id)
+    if not await store.requests.put(procedure_id, wanted):
+        existing = await store.requests.get(procedure_id)
         if existing is None:  # deleted (or torn again) since: nothing of ours is stored
             raise ProcedureError(
-                f"the request for {procedure_id} at {ctx.store.requests.key(procedure_id)} changed while it was "
+                f"the request for {procedure_id} at {store.requests.key(procedure_id)} changed while it was "
                 "written; try again"
             )
         wanted = existing
-    ctx.note_request(procedure_id, wanted)
+    if ctx is not None:
+        ctx.requests.note(procedure_id, wanted)
     return wanted

@@ -2,29 +2,34 @@
 
 Order, as in GreptimeDB: rolling-back roots first (they may hold locks the others need),
 then unfinished roots. Subprocedures are not resubmitted: they wait in
-`ManagerContext.stored` until their parent runs again and claims them. Committed roots,
+`StoredProcedures` (`ManagerContext.recovered`) until their parent runs again and claims them. Committed roots,
 and committed children whose parent is gone, have their keys deleted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Sequence
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from procstore._bulk import collector_paused
 from procstore._logs import get_logger
-from procstore._runtime.context import LoadFailed, ManagerContext
 from procstore._runtime.history import record_kept, record_recovered
+from procstore._runtime.meta import ProcedureMeta
+from procstore._runtime.registry import walk
 from procstore._runtime.runner import Runner
-from procstore.errors import ProcedureError
+from procstore.errors import LoadFailed, ProcedureError
 from procstore.ids import ProcedureId
-from procstore.lock_key import StringKey
+from procstore.procedure import Procedure
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.history import Recorded, RunKey
 from procstore.store.keys import KeysByProcedure, KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
+
+if TYPE_CHECKING:
+    from procstore._runtime.context import ManagerContext
 
 logger = get_logger("procstore.recovery")
 
@@ -32,6 +37,98 @@ ORPHAN_HINT = (
     "Nothing will resume it and its keys were kept: delete its folder if its parent finished, "
     "or restore the parent's keys and restart"
 )
+
+
+StartChild = Callable[[ProcedureMeta, Procedure, int, str], None]
+"""Starts a runner for a claimed child: its metadata, procedure, next step and stored data."""
+
+
+@dataclass(slots=True)
+class StoredProcedures:
+    """Subprocedures found at recovery, kept until their parent claims them.
+
+    Only roots are resubmitted at start; a parent's stored children resume when the parent
+    runs again (or when it re-submits their ids). Written by recovery, and emptied by claims
+    and by the end of their trees.
+    """
+
+    messages: dict[ProcedureId, tuple[ProcedureMessage, bool]] = field(default_factory=dict)
+    """Unfinished children: their latest message and whether they were rolling back."""
+    committed: dict[ProcedureId, str] = field(default_factory=dict)
+    """Finished children of unfinished parents, with their type names ("" if unknown)."""
+    committed_runs: dict[ProcedureId, int] = field(default_factory=dict)
+    """The run of each finished child in `committed` (its history record's)."""
+    rolled_back: dict[ProcedureId, str] = field(default_factory=dict)
+    """The finished children in `committed` that failed and rolled back, with their errors:
+    the parent sees them FAILED, and their rollback never runs again."""
+    children_of: dict[ProcedureId, list[ProcedureId]] = field(default_factory=dict)
+    unreadable: dict[ProcedureId, LoadProblem] = field(default_factory=dict)
+
+    def add_child(self, parent_id: ProcedureId, child_id: ProcedureId) -> None:
+        self.children_of.setdefault(parent_id, []).append(child_id)
+
+    def descendants(self, procedure_id: ProcedureId) -> list[ProcedureId]:
+        """Its descendants found in the store."""
+        return list(walk([procedure_id], lambda pid: self.children_of.get(pid, ())))[1:]
+
+    def __contains__(self, procedure_id: object) -> bool:
+        return procedure_id in self.messages or procedure_id in self.committed or procedure_id in self.unreadable
+
+    def forget_ended(self, procedure_id: ProcedureId) -> None:
+        """Drop what recovery found of an ended procedure: it is about to run again."""
+        for table in (self.unreadable, self.committed, self.rolled_back):
+            table.pop(procedure_id, None)
+        self.committed_runs.pop(procedure_id, None)
+
+    def forget_finished(self, procedure_id: ProcedureId) -> None:
+        """Drop what recovery found of a procedure whose tree has finished."""
+        self.messages.pop(procedure_id, None)
+        self.committed.pop(procedure_id, None)
+        self.committed_runs.pop(procedure_id, None)
+        self.rolled_back.pop(procedure_id, None)
+        self.children_of.pop(procedure_id, None)
+
+    def claim(
+        self, ctx: ManagerContext, parent_id: ProcedureId, child_id: ProcedureId, start: StartChild, *, roll_back: bool
+    ) -> bool:
+        """A parent resumed after a restart takes over a child found in the store (finished,
+        unfinished or unreadable), so that no child id is ever started twice; False if there
+        is none. With `roll_back`, an unfinished child is made to fail and roll back instead
+        of resuming."""
+        if child_id in self.committed:
+            name = self.committed.pop(child_id)
+            error = self.rolled_back.pop(child_id, None)
+            final = ProcedureState.done() if error is None else ProcedureState.failed(error)
+            run = self.committed_runs.pop(child_id, 1)
+            ctx.metas.register(child_id, name, parent_id, None, final, run=run).end_stored = True
+            return True
+        if child_id in self.unreadable:
+            problem = self.unreadable[child_id]
+            ctx.metas.register_poisoned(parent_id, child_id, problem.type_name or "", problem.reason)
+            return True
+        entry = self.messages.pop(child_id, None)
+        if entry is None:
+            return False
+        message, rolling_back = entry
+        key = ctx.store.key(child_id, message.step, KeyType.ROLLBACK if rolling_back else KeyType.STEP)
+        try:
+            procedure, lock_key = ctx.load_with_lock_key(child_id, message, key)
+        except LoadFailed as e:
+            logger.error("cannot resume subprocedure: %s", e.problem, extra=e.problem.log_fields())
+            self.unreadable[child_id] = e.problem
+            ctx.metas.register_poisoned(parent_id, child_id, message.type_name, e.problem.reason)
+            return True
+        if rolling_back:
+            state = ProcedureState.with_error(ProcedureStateKind.ROLLING_BACK, message.error or "unknown error")
+        elif roll_back:
+            state = ProcedureState.with_error(
+                ProcedureStateKind.PREPARE_ROLLBACK, f"its parent {parent_id} is rolling back"
+            )
+        else:
+            state = ProcedureState.running()
+        meta = ctx.metas.register(child_id, message.type_name, parent_id, procedure, state, lock_key, message.run)
+        start(meta, procedure, message.step + 1, message.data)
+        return True
 
 
 async def recover(ctx: ManagerContext) -> list[LoadProblem]:
@@ -52,7 +149,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     problems = list(loaded.problems)
     for problem in loaded.problems:
         if problem.procedure_id is not None:
-            ctx.stored.unreadable[problem.procedure_id] = problem
+            ctx.recovered.unreadable[problem.procedure_id] = problem
     alive = set(loaded.messages) | set(loaded.rollback_messages) | loaded.unreadable_ids
     nudged = set(await ctx.store.resumes.list_all())  # `procstore resume`: kept, and resumed at the first look
 
@@ -72,7 +169,9 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
 
     # A failed root kept for an operator ended too: a crash between its `.commit` and its
     # record left it without one, which nothing else would write.
-    kept_roots = [pid for pid in ctx.stored.rolled_back if (m := loaded.finished_messages.get(pid)) and not m.parent_id]
+    kept_roots = [
+        pid for pid in ctx.recovered.rolled_back if (m := loaded.finished_messages.get(pid)) and not m.parent_id
+    ]
     if kept_roots:
         try:
             await record_kept(ctx, loaded, kept_roots, recorded)
@@ -183,21 +282,21 @@ def _plan_finished(
         message = loaded.finished_messages.get(pid)
         parent = message.parent_id if message is not None else None
         if message is not None and parent is not None and parent in alive:
-            ctx.stored.committed[pid] = message.type_name
-            ctx.stored.committed_runs[pid] = message.run
+            ctx.recovered.committed[pid] = message.type_name
+            ctx.recovered.committed_runs[pid] = message.run
             if pid in loaded.rolled_back_ids:
-                ctx.stored.rolled_back[pid] = message.error or "rolled back"
-            ctx.stored.add_child(parent, pid)
+                ctx.recovered.rolled_back[pid] = message.error or "rolled back"
+            ctx.recovered.add_child(parent, pid)
         elif (
             message is not None
             and parent is None
-            and (ctx.keep_failed or pid in nudged)
+            and (ctx.settings.keep_failed or pid in nudged)
             and pid in loaded.rolled_back_ids
         ):
             # A failed root kept for an operator (`keep_failed`): known, so never adopted or swept.
-            ctx.stored.committed[pid] = message.type_name
-            ctx.stored.committed_runs[pid] = message.run
-            ctx.stored.rolled_back[pid] = message.error or "failed"
+            ctx.recovered.committed[pid] = message.type_name
+            ctx.recovered.committed_runs[pid] = message.run
+            ctx.recovered.rolled_back[pid] = message.error or "failed"
         else:
             to_delete.append(pid)
     return to_delete
@@ -284,12 +383,12 @@ def _plan_unfinished(
             problem = LoadProblem(key, pid, stranded[pid], ORPHAN_HINT, message.type_name)
             logger.error("skipping %s", problem, extra=problem.log_fields())
             problems.append(problem)
-            ctx.stored.unreadable[pid] = problem
+            ctx.recovered.unreadable[pid] = problem
         elif parent is None:
             roots.append((pid, message))
         elif parent in alive:
-            ctx.stored.messages[pid] = (message, rolling_back)
-            ctx.stored.add_child(parent, pid)
+            ctx.recovered.messages[pid] = (message, rolling_back)
+            ctx.recovered.add_child(parent, pid)
         else:
             # A rolling-back child whose tree was deleted around it (a rollback that failed is
             # kept on purpose): finishing its rollback needs no parent.
@@ -329,23 +428,12 @@ def _start_resumed(ctx: ManagerContext, runners: list[Runner]) -> None:
         keys = runner.meta.lock_key.keys_to_lock()
         if runner.holds_locks or not keys:
             gradually.append(runner)
-        elif _take_locks_now(ctx, runner.meta.id, keys):
+        elif ctx.locks.take_all_now(runner.meta.id, keys):
             runner.holds_locks = True
             gradually.append(runner)
         else:
             runner.start()
-    ctx.spawn(_start_gradually(gradually), name="procstore:resuming")
-
-
-def _take_locks_now(ctx: ManagerContext, pid: ProcedureId, keys: Sequence[StringKey]) -> bool:
-    """Take every key for `pid` if none would block (else none)."""
-    if not keys:
-        return True
-    if not ctx.locks.acquire_all_now(keys):
-        return False
-    for held in keys:
-        ctx.lock_holders.setdefault(held.key, set()).add(pid)
-    return True
+    ctx.term.spawn(_start_gradually(gradually), name="procstore:resuming")
 
 
 async def _start_gradually(runners: list[Runner]) -> None:
@@ -373,19 +461,19 @@ def _resume_root(
     except LoadFailed as e:
         logger.error("skipping %s", e.problem, extra=e.problem.log_fields())
         problems.append(e.problem)
-        ctx.stored.unreadable[pid] = e.problem
+        ctx.recovered.unreadable[pid] = e.problem
         return []
     if rolling_back:
         state = ProcedureState.with_error(ProcedureStateKind.ROLLING_BACK, message.error or "unknown error")
     else:
         state = ProcedureState.running()
-    meta = ctx.new_meta(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)
+    meta = ctx.metas.register(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)
     meta.is_root = True
     meta.inherited = True
     # A root past its step 0 (or rolling back) held its locks when its process died, and
     # its last step may be half done: it takes them again now, before any runner starts, so
     # that a procedure queued behind it cannot overtake it and run over that half-done step.
-    holds = (message.step > 0 or rolling_back) and _take_locks_now(ctx, pid, lock_key.keys_to_lock())
+    holds = (message.step > 0 or rolling_back) and ctx.locks.take_all_now(pid, lock_key.keys_to_lock())
     return [Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=True, holds_locks=holds)]
 
 
@@ -415,16 +503,16 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
         # Known from now on, as recovery's are: a parent adopted below that claims it fails
         # instead of writing it anew from step 0 (which would run it twice).
         if problem.procedure_id is not None and not ctx.is_known(problem.procedure_id):
-            ctx.stored.unreadable[problem.procedure_id] = problem  # logged by the load
+            ctx.recovered.unreadable[problem.procedure_id] = problem  # logged by the load
     unknown_now: set[ProcedureId] = set()
     leftovers = [
         pid
-        for pid in [*_leftovers(loaded, keep_failed=ctx.keep_failed), *finished_runs]
+        for pid in [*_leftovers(loaded, keep_failed=ctx.settings.keep_failed), *finished_runs]
         if not ctx.is_known(pid) and pid not in busy
     ]
     unknown_now.update(leftovers)
     # Not during the grace: an inherited procedure's keys wait it out even if forgotten.
-    doomed = [pid for pid in leftovers if pid in seen_before and time.monotonic() >= ctx.inherited_deletes_after]
+    doomed = [pid for pid in leftovers if pid in seen_before and not ctx.keeps_inherited_keys()]
     if doomed:
         _warn_deleting(
             doomed,
@@ -468,8 +556,8 @@ def _adopt_children(ctx: ManagerContext, root: ProcedureId, loaded: ProcedureMes
         for messages, rolling_back in ((loaded.messages, False), (loaded.rollback_messages, True)):
             for pid, message in messages.items():
                 if message.parent_id in parents and not ctx.is_known(pid):
-                    ctx.stored.messages[pid] = (message, rolling_back)
-                    ctx.stored.add_child(message.parent_id, pid)
+                    ctx.recovered.messages[pid] = (message, rolling_back)
+                    ctx.recovered.add_child(message.parent_id, pid)
                     found.add(pid)
         parents = found
 

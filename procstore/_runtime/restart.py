@@ -20,16 +20,18 @@ through the API raises the `ProcedureError`, and the other restart's nudge runs 
 
 from __future__ import annotations
 
-import time
+from typing import TYPE_CHECKING
 
 from procstore._logs import get_logger, procedure_fields
-from procstore._runtime.context import LoadFailed, ManagerContext
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.recovery import resume_root
-from procstore._runtime.writes import delete_tree
-from procstore.errors import ProcedureError
+from procstore._runtime.runner import delete_tree
+from procstore.errors import LoadFailed, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.restart import RestartedMeanwhile, apply_restart, check_restart, plan_restart
+
+if TYPE_CHECKING:
+    from procstore._runtime.context import ManagerContext
 
 logger = get_logger("procstore.runtime")
 
@@ -37,7 +39,7 @@ logger = get_logger("procstore.runtime")
 def runs_here(ctx: ManagerContext, procedure_id: ProcedureId) -> bool:
     """The procedure is running, or waiting for its parent, in this term."""
     meta = ctx.metas.get(procedure_id)
-    return (meta is not None and not meta.state.is_ended()) or procedure_id in ctx.stored.messages
+    return (meta is not None and not meta.state.is_ended()) or procedure_id in ctx.recovered.messages
 
 
 async def restart(
@@ -58,20 +60,19 @@ async def restart(
         )
     if meta is not None and meta.state.is_done():
         raise ProcedureError(f"procedure {procedure_id} finished successfully: nothing to restart")
-    if meta is not None and not meta.keep_keys and procedure_id not in ctx.stored.unreadable and not nudged:
+    if meta is not None and not meta.keep_keys and procedure_id not in ctx.recovered.unreadable and not nudged:
         raise ProcedureError(
             f"procedure {procedure_id} ended {meta.state.kind.name} and its keys are deleted (or being deleted): "
             "nothing to restart (managers keep a failed procedure's keys with keep_failed=True)"
         )
-    if procedure_id in ctx.restarting:
+    if procedure_id in ctx.metas.restarting:
         raise ProcedureError(f"procedure {procedure_id} is being restarted already")
-    ctx.restarting.add(procedure_id)
-    try:
-        if meta is not None and meta.inherited and time.monotonic() < ctx.inherited_deletes_after:
+    with ctx.metas.restarting_now(procedure_id):
+        if meta is not None and meta.inherited and ctx.keeps_inherited_keys():
             # Its tree's deletion waits out the grace: its children go now, or the new run
             # could not create them anew (their ids hold the ended run's keys).
-            ids = ctx.tree_ids(meta)
-            await delete_tree(ctx, meta, ids, ctx.tree_metas(ids), meta.state, keep_root=True)
+            ids = ctx.metas.tree_ids(meta.id)
+            await delete_tree(ctx, meta, ids, ctx.metas.tree_metas(ids), meta.state, keep_root=True)
         for _ in range(3):
             try:
                 return await _restart(ctx, procedure_id, to_step, nudged=nudged)
@@ -84,8 +85,6 @@ async def restart(
                     e.key,
                 )
         raise ProcedureError(f"procedure {procedure_id} kept being restarted by others while this manager tried")
-    finally:
-        ctx.restarting.discard(procedure_id)
 
 
 async def _restart(
@@ -107,7 +106,7 @@ async def _restart(
     # state as stored (a copy an operator's rewind wrote, having deleted the request it
     # found) writes nothing: a request stored now came after that copy, and stands (the
     # runner reads it from the store before its first attempt).
-    ctx.operator_requests.pop(procedure_id, None)
+    ctx.requests.forget(procedure_id)
     if plan.source is not None or not nudged:
         await ctx.store.requests.delete([procedure_id])
     message = await apply_restart(ctx.store, plan, stored, retention=ctx.history.settings.retention)
@@ -119,7 +118,7 @@ async def _restart(
         # A rewind's new run sees none of the ended run's subprocedures (`procedure_state`
         # is None, as on a manager that never knew them) and creates those it names anew.
         # A resume goes on from the last step: the children it ran stay known.
-        for child in ctx.tree_ids(old)[1:]:
+        for child in ctx.metas.descendants(old.id):
             if (meta := ctx.metas.get(child)) is not None and meta.state.is_ended():
                 ctx.forget(child)
     ctx.forget(procedure_id)

@@ -1,62 +1,293 @@
-"""`Runner`: drives one procedure from its locks to its final state.
+"""A procedure's run, from its first write to its tree's deletion.
 
-The loop, by state:
+- `store_and_run`: a submit's part inside its term: store the first step, start the runner.
+  Both happen in one task that the term owns (see `Term.run_in_term`): stop() waits for it,
+  and a caller that gives up meanwhile cannot leave a stored procedure unrun.
+- `Runner`: drives one procedure from its locks to its final state. The loop, by state:
+  - RUNNING / RETRYING: call `execute` (retrying `RetryLater` and store errors with
+    backoff), persist if asked, then continue, start subprocedures and wait for them, or
+    commit.
+  - PREPARE_ROLLBACK: write the `.rollback` key, then ROLLING_BACK.
+  - ROLLING_BACK: call `rollback()` (retried with backoff), then FAILED.
+- `delete_tree`: a root that ends writes its tree's end records, then deletes its tree's
+  keys before reporting the end, children first and itself last, so a crash part way still
+  leaves it marked finished.
 
-- RUNNING / RETRYING: call `execute` (retrying `RetryLater` and store errors with backoff),
-  persist if asked, then continue, start subprocedures and wait for them, or commit.
-- PREPARE_ROLLBACK: write the `.rollback` key, then ROLLING_BACK.
-- ROLLING_BACK: call `rollback()` (retried with backoff), then FAILED.
-
-Step numbers: every persisting write uses `self.step` and then increments it; the commit
-and rollback keys too. A root that ends deletes its tree's keys before reporting the end,
-children first and itself last, so a crash part way still leaves it marked finished.
+Step numbers: every persisting write uses `Runner.step` and then increments it; the commit
+and rollback keys too. What a runner makes of user code's outcomes (failure texts, the
+guard that tells a stray `CancelledError` from a stop) comes first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
-from typing import TypeVar
+from types import TracebackType
+from typing import TYPE_CHECKING, TypeVar
 
 from procstore._aio import gather_settled
-from procstore._logs import get_logger
-from procstore._runtime.children import claim_stored_child, poison_child
-from procstore._runtime.context import ManagerContext
+from procstore._logs import get_logger, procedure_fields
+from procstore._runtime.history import record_tree
 from procstore._runtime.meta import ProcedureMeta
-from procstore._runtime.outcome import (
-    IN_EXECUTE,
-    IN_ROLLBACK,
-    Child,
-    as_failure,
-    dumped,
-    failed_state,
-    format_tb,
-    is_stop,
-    lock_conflict,
-    not_recorded,
-    unrecorded_end,
-    with_error,
-    with_kind,
-)
-from procstore._runtime.request_wakes import first_request_wakes, unless_requested
 from procstore._runtime.retry import is_rollback_retryable, is_transient
 from procstore._runtime.telemetry import run_traced
-from procstore._runtime.writes import delete_tree, delete_tree_later, record_now
-from procstore.errors import Fenced, LeaseExpired, LockCycle, ProcedureError, StoreError, describe
+from procstore._text import valid_unicode
+from procstore.errors import (
+    DuplicateProcedure,
+    EscapedBaseException,
+    Fenced,
+    LeaseExpired,
+    LockConflict,
+    LockCycle,
+    ProcedureError,
+    ProcessKill,
+    StoreError,
+    StrayCancellation,
+    describe,
+)
 from procstore.ids import ProcedureId
-from procstore.lock_key import StringKey
+from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.requests import OperatorRequested
 
+if TYPE_CHECKING:
+    from procstore._runtime.context import ManagerContext
+
 logger = get_logger("procstore.runtime")
 
 T = TypeVar("T")
 
 _RUNNING_KINDS = (ProcedureStateKind.RUNNING, ProcedureStateKind.RETRYING)
+
+
+# -- outcomes of user code -----------------------------------------------------------
+
+
+def type_name_of(procedure: Procedure) -> str:
+    name = getattr(procedure, "type_name", None)
+    if not isinstance(name, str) or not name:
+        raise TypeError(
+            f"{type(procedure).__qualname__} has no `type_name`: set the class attribute "
+            '`type_name = "app::Name"` (the key its loader is registered under)'
+        )
+    return name
+
+
+def dumped(procedure: Procedure) -> str:
+    """`procedure.dump()`, checked: the stored message's `data` is text, and any other value
+    (a dict, bytes, None) would be stored as something no reader can load again; so would
+    text that is not valid Unicode (a lone surrogate), which no store can even write."""
+    data = procedure.dump()
+    if not isinstance(data, str):
+        raise TypeError(
+            f"{type(procedure).__qualname__}.dump() returned {type(data).__name__} {_short(data)}, not a str: "
+            "return the state as text (json.dumps(...), say); load() receives that same text"
+        )
+    if not data.isascii():  # the common case costs one scan, not an encoding
+        try:
+            data.encode()
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"{type(procedure).__qualname__}.dump() returned text that is not valid Unicode ({e.reason} at "
+                f"index {e.start}): it cannot be stored"
+            ) from None
+    return data
+
+
+def checked_lock_key(procedure: Procedure) -> LockKey:
+    """`procedure.lock_key()`, checked before anything is written: any other value would
+    fail the procedure only once stored, with an error far from its cause."""
+    lock_key = procedure.lock_key()
+    if not isinstance(lock_key, LockKey):
+        raise TypeError(
+            f"{type(procedure).__qualname__}.lock_key() returned {type(lock_key).__name__} {_short(lock_key)}, "
+            'not a LockKey: return LockKey([StringKey.exclusive("table/42"), ...]), or LockKey() for none'
+        )
+    return lock_key
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+@dataclass(frozen=True, slots=True)
+class Child:
+    """What a parent computes for a subprocedure before it is written."""
+
+    type_name: str
+    data: str
+    lock_key: LockKey
+
+    @classmethod
+    def of(cls, sub: ProcedureWithId) -> Child:
+        return cls(type_name_of(sub.procedure), dumped(sub.procedure), checked_lock_key(sub.procedure))
+
+
+def lock_conflict(
+    holders: Sequence[ProcedureMeta], subprocedures: Sequence[ProcedureWithId], children: dict[ProcedureId, Child]
+) -> LockConflict | None:
+    """The first child whose locks conflict with those of `holders` (a parent and its
+    ancestors, which hold theirs while the child runs: waiting would deadlock)."""
+    for sub in subprocedures:
+        child_keys = children[sub.id].lock_key
+        for holder in holders:
+            keys = holder.lock_key.conflicts_with(child_keys)
+            if keys:
+                return LockConflict(holder.id, sub.id, keys)
+    return None
+
+
+PROCESS_EXITS = (KeyboardInterrupt, SystemExit, ProcessKill)
+"""What user code may raise to end the process, not its procedure."""
+
+
+def is_stop(exc: BaseException) -> bool:
+    """Whether `exc` ends this task as a stop, a cancel or a process exit would, rather
+    than failing its procedure: a `CancelledError` counts only while the task is being
+    cancelled (user code that cancelled and awaited its own helper raises a stray one)."""
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+    return isinstance(exc, PROCESS_EXITS)
+
+
+def as_failure(exc: BaseException, what: str) -> Exception:
+    """The failure to record for `exc`, which escaped user code and `is_stop` refused."""
+    if isinstance(exc, Exception):
+        return exc
+    if isinstance(exc, asyncio.CancelledError):
+        return StrayCancellation(f"{what} raised CancelledError, but nothing cancelled the procedure")
+    return EscapedBaseException(f"{what} raised {type(exc).__name__}: {exc}")
+
+
+class NotCancelledByItself:
+    """`with IN_EXECUTE: await ...`: a `BaseException` the block raises that is not a stop (a
+    stray `CancelledError`, a `GeneratorExit`, a user's own subclass) is that code's failure:
+    taken for a stop, it would leave the procedure RUNNING and its watchers waiting forever.
+
+    A context manager, one for all, not a coroutine around the call: a procedure waiting in
+    its step would hold that coroutine for as long as it waits."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is not None and not isinstance(exc, Exception) and not is_stop(exc):
+            raise as_failure(exc, self.what) from exc
+
+
+IN_EXECUTE = NotCancelledByItself("execute()")
+IN_ROLLBACK = NotCancelledByItself("rollback()")
+
+
+def format_tb(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))
+
+
+def failed_state(exc: BaseException, *, gave_up_after: int | None = None, prefix: str = "") -> ProcedureState:
+    # An operator's request says itself what happened; its class name would only be noise.
+    # Stored in the `.rollback` and the history record: text that cannot be encoded (a
+    # lone surrogate from an undecodable file name, say) would make the failure unstorable.
+    error = valid_unicode(prefix + (str(exc) if isinstance(exc, OperatorRequested) else describe(exc)))
+    if gave_up_after is not None:
+        error = f"gave up after {gave_up_after} retries: {error}"
+    return ProcedureState.with_error(ProcedureStateKind.FAILED, error, exc, format_tb(exc))
+
+
+# -- submitting ----------------------------------------------------------------------
+
+
+async def store_and_run(
+    ctx: ManagerContext,
+    procedure: ProcedureWithId,
+    type_name: str,
+    lock_key: LockKey,
+    data: str,
+    submitting: set[ProcedureId],
+) -> ProcedureMeta | None:
+    """Store a submitted procedure's first step and start its runner; None for a duplicate
+    (the key holds another value). `lock_key` and `data` were computed by the caller. The id leaves
+    `submitting` (the submits in flight) as its procedure is registered, in the same step:
+    counted by both, it would count twice against `max_running_procedures`."""
+    pid, proc = procedure.id, procedure.procedure
+    if not await store_submitted(ctx, pid, type_name, data):
+        return None
+    ctx.settings.telemetry.submitted(type_name)
+    meta = ctx.metas.register(pid, type_name, None, proc, ProcedureState.running(), lock_key)
+    submitting.discard(pid)  # known now: a duplicate submit or an adoption sees it registered
+    meta.wrote_every_key = True
+    if not (ctx.term.running and (ctx.lease is None or ctx.lease.is_holding())):
+        # Stored, but the term ended as the write landed: the next term (this manager's next
+        # start, or the leader's recovery or look for procedures stored after it) runs it.
+        # Its watcher here raises `ManagerStopped`.
+        meta.abandon()
+        return meta
+    Runner(ctx, meta, proc, 1, data).start()
+    return meta
+
+
+async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str, data: str) -> bool:
+    """Create a submitted procedure's first key, retrying transient errors as a step's write.
+
+    Repeating the create is safe: it is create-only and recognises our own bytes. Returns
+    False if the key holds something else (a duplicate id). Raises `DuplicateProcedure` if
+    the id ran and ended already (its first run has an end record): an id is used once, for
+    as long as history keeps its records). That look is sent with the create; a key this
+    submit created for such an id is deleted again, a key that held these bytes already (a
+    kept procedure's) never.
+    """
+    retried = False
+    first = ctx.store.key(pid, 0, KeyType.STEP)
+
+    async def create(attempt: int) -> bool:
+        created, ended = await gather_settled(
+            ctx.store.create_submitted(pid, type_name, data), ctx.history.has_ended(pid, 1)
+        )
+        if ended:
+            if created:  # by this attempt: nobody else's key (a kept procedure's, say) goes
+                await ctx.store.store.batch_delete([first])
+            raise DuplicateProcedure(
+                pid, f" and has ended: its end record {ctx.history.run_key(pid, 1)} is stored (an id runs once)"
+            )
+        return created is not False
+
+    def on_retry(exc: BaseException, retry: int, delay: float) -> None:
+        nonlocal retried
+        retried = True
+        about = procedure_fields(pid, type_name, 0)  # key 0: the submitted state
+        logger.info("procedure %s: submit retry %d in %.3fs after %s", pid, retry, delay, describe(exc), extra=about)
+
+    # A request for this id (a cancel written once an attempt landed) ends a backoff: the
+    # procedure then runs at once, and fails before its first step as the request asks.
+    try:
+        with ctx.requests.submit_wake(pid) as wake:
+            return await ctx.settings.policy.call(create, on_retry=on_retry, wake=wake)
+    except LeaseExpired as e:
+        if not retried:
+            raise  # refused before anything was sent: nothing is stored
+        # An earlier attempt may have landed with its answer lost: the outcome is unknown.
+        raise StoreError(
+            f"submitting procedure {pid}: {e}, while retrying a write that may have landed. "
+            "Submit it again on the leader: DuplicateProcedure then means it is stored and runs there",
+            key=e.key,
+        ) from e
+
+
+# -- running -------------------------------------------------------------------------
 
 
 class Runner:
@@ -88,7 +319,7 @@ class Runner:
 
     def start(self) -> None:
         run = run_traced(self.ctx, self.meta, self, self._run)
-        self.ctx.spawn(run, name=f"procstore:{self.meta.type_name}:{self.meta.id}")
+        self.ctx.term.spawn(run, name=f"procstore:{self.meta.type_name}:{self.meta.id}")
 
     async def _run(self) -> None:
         held: tuple[StringKey, ...] = ()
@@ -105,36 +336,30 @@ class Runner:
         except LeaseExpired as e:
             # The lease may be another manager's now: not a failure, the procedure resumes there.
             self.meta.abandon()
-            self.ctx.step_down(e)
+            self.ctx.term.step_down(e)
         except Fenced as e:
             # Another manager wrote this step key: it runs the procedure now. Write nothing more.
             self.meta.keep_keys = True
             self.meta.set_state(ProcedureState.with_error(ProcedureStateKind.POISONED, str(e), e))
-            self.ctx.step_down(e)
+            self.ctx.term.step_down(e)
         except BaseException as e:
             if is_stop(e):
                 raise
             await self._crashed(as_failure(e, "a hook of the procedure"))
         finally:
             for key in reversed(held):
-                self.ctx.locks.release(key)
-                self.ctx.lock_holders.get(key.key, set()).discard(self.meta.id)
+                self.ctx.locks.release(self.meta.id, key)
 
     async def _acquire(self, key: StringKey) -> bool:
         """Take `key`; False (the procedure failed with `LockCycle`) if waiting would deadlock."""
-        if self.ctx.locks.would_block(key) and (cycle := self.ctx.lock_cycle(self.meta.id, key)) is not None:
+        locks = self.ctx.locks
+        if locks.would_block(key) and (cycle := locks.cycle(self.meta.id, key, self.ctx.metas.unfinished_children)):
             await self._fail(LockCycle(self.meta.id, key.key, cycle), roll_back=self._ran_before())
             return False
-        self.ctx.lock_waits[self.meta.id] = key.key
-        try:
-            # An operator's request ends the wait: the procedure fails (or rolls back) at once.
-            acquired = await self.ctx.locks.acquire_unless(key, self.meta.requested())
-        finally:
-            del self.ctx.lock_waits[self.meta.id]
-        if not acquired:
-            await self._fail(OperatorRequested(self.ctx.operator_requests[self.meta.id]), roll_back=self._ran_before())
+        # An operator's request ends the wait: the procedure fails (or rolls back) at once.
+        if not await locks.acquire(self.meta.id, key, self.meta.requested()):
+            await self._fail(OperatorRequested(self.ctx.requests[self.meta.id]), roll_back=self._ran_before())
             return False
-        self.ctx.lock_holders.setdefault(key.key, set()).add(self.meta.id)
         return True
 
     def _ran_before(self) -> bool:
@@ -160,13 +385,13 @@ class Runner:
     # -- executing -------------------------------------------------------------------
 
     def _context(self, attempt: int) -> Context:
-        ctx = self.ctx
+        ctx, lease = self.ctx, self.ctx.lease
         return Context(
             self.meta.id,
             ctx,
             is_retrying=attempt > 1,
-            fencing_token=ctx.fencing_token,
-            lease_check=ctx.lease_check,
+            fencing_token=None if lease is None else lease.fencing_token,
+            lease_check=None if lease is None else lease.check_writable,
             crash_hook=self._crash_point,
         )
 
@@ -176,15 +401,18 @@ class Runner:
     def _check_lease(self) -> None:
         """With a lease: no attempt at a step or a rollback starts once the lease may have passed
         to another manager (after a pause, or a retry's backoff); `LeaseExpired` ends the term."""
-        if self.ctx.lease_check is not None:
-            self.ctx.lease_check(f"step {self.step} of procedure {self.meta.id}")
+        if self.ctx.lease is not None:
+            self.ctx.lease.check_writable(f"step {self.step} of procedure {self.meta.id}")
 
     async def _execute_once(self, attempt: int) -> Status:
         self._check_lease()
-        await self.ctx.raise_if_requested(self.meta.id)
+        await self.ctx.requests.raise_if_requested(self.meta.id)
         # Where a test's fault plan numbers attempts (a no-op on a production store).
         await self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
-        with self.ctx.telemetry.step_span(str(self.meta.id), self.meta.type_name, self.step, attempt), IN_EXECUTE:
+        with (
+            self.ctx.settings.telemetry.step_span(str(self.meta.id), self.meta.type_name, self.step, attempt),
+            IN_EXECUTE,
+        ):
             status = await self.procedure.execute(self._context(attempt))
         if not isinstance(status, Status):
             raise TypeError(f"execute() returned {status!r}, not a Status")
@@ -194,13 +422,15 @@ class Runner:
         logger.info("procedure %s: retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc))
         self.meta.retries += 1
         # A look ahead is as old as the write's first attempt: after a backoff, look again.
-        self.ctx.request_looks.forget(self.meta.id)
-        self.ctx.telemetry.retried(self.meta.type_name, exc)
+        self.ctx.requests.looks.forget(self.meta.id)
+        self.ctx.settings.telemetry.retried(self.meta.type_name, exc)
         self.meta.set_state(ProcedureState.with_error(ProcedureStateKind.RETRYING, describe(exc), exc))
 
     async def _execute_step(self) -> None:
         try:
-            status = await self.ctx.policy.call(self._execute_once, on_retry=self._on_retry, wake=self.meta.requested)
+            status = await self.ctx.settings.policy.call(
+                self._execute_once, on_retry=self._on_retry, wake=self.meta.requested
+            )
         except Fenced:
             raise  # from `ctx.check_lease()`: not the procedure's failure, the term's end
         except Exception as e:
@@ -215,7 +445,7 @@ class Runner:
             except Exception as e:
                 await self._fail(e)
                 return
-            if (looped := self.ctx.child_cycle(self.meta.id, list(children))) is not None:
+            if (looped := self.ctx.metas.child_cycle(self.meta.id, list(children))) is not None:
                 await self._fail(
                     ProcedureError(
                         f"subprocedure {looped} is this procedure or waits for it (an ancestor, say): "
@@ -223,7 +453,7 @@ class Runner:
                     )
                 )
                 return
-            conflict = lock_conflict([self.meta, *self.ctx.ancestors(self.meta)], status.subprocedures, children)
+            conflict = lock_conflict([self.meta, *self.ctx.metas.ancestors(self.meta)], status.subprocedures, children)
             if conflict is not None:
                 await self._fail(conflict)
                 return
@@ -233,7 +463,7 @@ class Runner:
                 self.meta.add_child(child_id)
         if status.need_persist:
             if status.is_executing() and self.ctx.store.store.round_trips:
-                self.ctx.request_looks.look_ahead(self.meta.id)  # the next attempt's, during the write
+                self.ctx.requests.looks.look_ahead(self.meta.id)  # the next attempt's, during the write
             # Dumped once: every retry of the write sends these same bytes, so a retry that
             # finds its own earlier write (answer lost) recognises it, whatever dump() does.
             try:
@@ -256,8 +486,8 @@ class Runner:
     async def _with_store_retries(self, write: Callable[[], Awaitable[None]]) -> bool:
         """Run a store write with retries; on final failure fail the procedure and return False."""
         try:
-            attempt = unless_requested(self.ctx, self.meta, lambda _n: write())
-            await self.ctx.policy.call(attempt, on_retry=self._on_retry, wake=self.meta.requested)
+            attempt = self.ctx.requests.unless_requested(self.meta.id, lambda _n: write())
+            await self.ctx.settings.policy.call(attempt, on_retry=self._on_retry, wake=self.meta.requested)
         except Fenced:
             raise
         except Exception as e:
@@ -290,11 +520,11 @@ class Runner:
         """
         attempt: Callable[[int], Awaitable[None]]
         if ends_failure:
-            attempt, wake = self._commit_attempt, first_request_wakes(self.ctx, self.meta.id, self.meta.requested)
+            attempt, wake = self._commit_attempt, self.ctx.requests.first_wakes(self.meta.id, self.meta.requested)
         else:
-            attempt, wake = unless_requested(self.ctx, self.meta, self._commit_attempt), self.meta.requested
+            attempt, wake = self.ctx.requests.unless_requested(self.meta.id, self._commit_attempt), self.meta.requested
         try:
-            await self.ctx.policy.call(attempt, on_retry=self._on_retry, wake=wake)
+            await self.ctx.settings.policy.call(attempt, on_retry=self._on_retry, wake=wake)
         except Fenced:
             raise
         except Exception as e:
@@ -304,7 +534,7 @@ class Runner:
             return True
         key = self.ctx.store.key(self.meta.id, self.step, KeyType.COMMIT)
         try:
-            stored = await self.ctx.policy.call(lambda _n: self.ctx.store.store.get(key))
+            stored = await self.ctx.settings.policy.call(lambda _n: self.ctx.store.store.get(key))
         except Exception as e:
             logger.error("procedure %s: cannot tell whether %s was written: %s", self.meta.id, key, describe(e))
             return None
@@ -325,7 +555,7 @@ class Runner:
             # Not stored now, but a delayed request could still land at this step: the
             # failure goes one step above it, so the two can never share a step.
             self.step += 1
-            request = self.ctx.operator_requests.get(self.meta.id)
+            request = self.ctx.requests.get(self.meta.id)
             why = OperatorRequested(request) if request else StoreError("the commit could not be written", key=key)
             await self._fail(why)
         else:
@@ -335,7 +565,7 @@ class Runner:
         """End this run writing nothing more: the next start() decides from what is stored."""
         self.meta.keep_keys = True
         why = f"{what}; nothing more was written, and the next start() resumes it"
-        self.meta.set_state(unrecorded_end(why))
+        self.meta.set_state(ProcedureState.unrecorded_end(why))
 
     # -- subprocedures ---------------------------------------------------------------
 
@@ -364,15 +594,15 @@ class Runner:
         for (sub, child), ok in zip(new.values(), created, strict=True):
             if ok:
                 state = ProcedureState.running()
-                meta = self.ctx.new_meta(
+                meta = self.ctx.metas.register(
                     sub.id, child.type_name, self.meta.id, sub.procedure, state, child.lock_key, run
                 )
                 meta.wrote_every_key = True
-                self.ctx.telemetry.submitted(child.type_name)
+                self.ctx.settings.telemetry.submitted(child.type_name)
                 Runner(self.ctx, meta, sub.procedure, 1, child.data).start()
             else:
                 reason = "its id already has stored steps that this manager could not load"
-                poison_child(self.ctx, self.meta.id, sub.id, child.type_name, reason)
+                self.ctx.metas.register_poisoned(self.meta.id, sub.id, child.type_name, reason)
 
     async def _resume_stored_children(self) -> None:
         """After a restart, resume the children this procedure had stored, then wait for them.
@@ -382,7 +612,7 @@ class Runner:
         are deleted with the tree before its own rollback ran.
         """
         rolling_back = self.meta.state.kind in (ProcedureStateKind.PREPARE_ROLLBACK, ProcedureStateKind.ROLLING_BACK)
-        children = self.ctx.stored.children_of.get(self.meta.id, [])
+        children = self.ctx.recovered.children_of.get(self.meta.id, [])
         for child_id in list(children):
             self.meta.add_child(child_id)
             if child_id not in self.ctx.metas:
@@ -391,7 +621,7 @@ class Runner:
             await self._wait_children()
 
     def _claim_stored(self, child_id: ProcedureId, *, roll_back: bool = False) -> bool:
-        return claim_stored_child(self.ctx, self.meta.id, child_id, self._start_child, roll_back=roll_back)
+        return self.ctx.recovered.claim(self.ctx, self.meta.id, child_id, self._start_child, roll_back=roll_back)
 
     def _start_child(self, meta: ProcedureMeta, procedure: Procedure, step: int, data: str) -> None:
         Runner(self.ctx, meta, procedure, step, data, resume_children=True).start()
@@ -427,7 +657,7 @@ class Runner:
                 raise
             logger.error("procedure %s: failing it failed too: %s", self.meta.id, describe(again))
         self.meta.keep_keys = True
-        failed = with_error(failed, f"{failed.error}; recorded as failed without running a rollback")
+        failed = failed.with_error_text(f"{failed.error}; recorded as failed without running a rollback")
         try:
             if await self._write_rollback_key(failed.error or ""):
                 await self._end_failure(failed)
@@ -439,23 +669,25 @@ class Runner:
     async def _fail(self, exc: BaseException, *, roll_back: bool = True) -> None:
         """Record the failure: PREPARE_ROLLBACK, or for a procedure without rollback (or told
         not to roll back), FAILED."""
-        failed = failed_state(exc, gave_up_after=self.ctx.policy.max_retry_times if is_transient(exc) else None)
+        failed = failed_state(
+            exc, gave_up_after=self.ctx.settings.policy.max_retry_times if is_transient(exc) else None
+        )
         self.meta.cancelled = isinstance(exc, OperatorRequested) and exc.request.kind == "cancel"
         logger.warning("procedure %s (%s) failed: %s", self.meta.id, self.meta.type_name, failed.error)
         if roll_back and self.procedure.rollback_supported:
-            self.meta.set_state(with_kind(failed, ProcedureStateKind.PREPARE_ROLLBACK))
+            self.meta.set_state(failed.with_kind(ProcedureStateKind.PREPARE_ROLLBACK))
             return
         if await self._write_rollback_key(failed.error or ""):
             await self._end_failure(failed)
         else:
-            await self._finish(not_recorded(failed, self.step), delete=False)
+            await self._finish(failed.not_recorded(self.step), delete=False)
 
     async def _prepare_rollback(self) -> None:
         state = self.meta.state
         if await self._write_rollback_key(state.error or ""):
-            self.meta.set_state(with_kind(state, ProcedureStateKind.ROLLING_BACK))
+            self.meta.set_state(state.with_kind(ProcedureStateKind.ROLLING_BACK))
         else:
-            await self._finish(not_recorded(with_kind(state, ProcedureStateKind.FAILED), self.step), delete=False)
+            await self._finish(state.with_kind(ProcedureStateKind.FAILED).not_recorded(self.step), delete=False)
 
     async def _write_rollback_key(self, error: str) -> bool:
         """Write `{step}.rollback` with the failure; False if the store refused every retry."""
@@ -474,7 +706,9 @@ class Runner:
             self.step += 1
 
         try:
-            await self.ctx.policy.call(write, wake=first_request_wakes(self.ctx, self.meta.id, self.meta.requested))
+            await self.ctx.settings.policy.call(
+                write, wake=self.ctx.requests.first_wakes(self.meta.id, self.meta.requested)
+            )
         except Fenced:
             raise
         except Exception as e:
@@ -485,7 +719,7 @@ class Runner:
 
     async def _rollback(self) -> None:
         state = self.meta.state
-        failed = with_kind(state, ProcedureStateKind.FAILED)
+        failed = state.with_kind(ProcedureStateKind.FAILED)
         if not self.procedure.rollback_supported:
             await self._end_failure(failed)
             return
@@ -495,7 +729,7 @@ class Runner:
                 "procedure %s: rollback retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc)
             )
             self.meta.retries += 1
-            self.ctx.telemetry.retried(self.meta.type_name, exc)
+            self.ctx.settings.telemetry.retried(self.meta.type_name, exc)
 
         async def attempt(n: int) -> None:
             self._check_lease()
@@ -503,8 +737,8 @@ class Runner:
                 await self.procedure.rollback(self._context(n))
 
         try:
-            wake = first_request_wakes(self.ctx, self.meta.id, self.meta.requested)
-            await self.ctx.policy.call(attempt, retry_on=is_rollback_retryable, on_retry=on_retry, wake=wake)
+            wake = self.ctx.requests.first_wakes(self.meta.id, self.meta.requested)
+            await self.ctx.settings.policy.call(attempt, retry_on=is_rollback_retryable, on_retry=on_retry, wake=wake)
         except Fenced:
             raise
         except Exception as e:
@@ -523,11 +757,11 @@ class Runner:
         if await self._write_commit(ends_failure=True):
             # Kept (if asked) for an operator to resume or rewind; its children go as usual. A
             # subprocedure resumed as a root (its parent gone) cannot be restarted: it goes too.
-            self.meta.keep_keys = self.meta.keep_keys or (self.ctx.keep_failed and self.meta.parent_id is None)
+            self.meta.keep_keys = self.meta.keep_keys or (self.ctx.settings.keep_failed and self.meta.parent_id is None)
             await self._finish(failed)
             return
         note = "its end could not be recorded, so its rollback runs again at the next start"
-        await self._finish(with_error(failed, f"{failed.error}; {note}"), delete=False)
+        await self._finish(failed.with_error_text(f"{failed.error}; {note}"), delete=False)
 
     # -- ending ----------------------------------------------------------------------
 
@@ -537,17 +771,119 @@ class Runner:
             self.meta.keep_keys = True
         self.meta.steps = max(self.step - 1, 0)
         if self.meta.is_root:
-            ids = self.ctx.tree_ids(self.meta)
-            metas = self.ctx.tree_metas(ids)
-            wait = self.ctx.inherited_deletes_after - time.monotonic() if self.meta.inherited else 0.0
+            ids = self.ctx.metas.tree_ids(self.meta.id)
+            metas = self.ctx.metas.tree_metas(ids)
+            lease = self.ctx.lease
+            wait = lease.keep_inherited_until - time.monotonic() if lease and self.meta.inherited else 0.0
             if wait > 0:
                 # A paused former leader's late write could re-create a key deleted now: the
                 # end is recorded now, the keys go after the grace.
                 await record_now(self.ctx, self.meta, ids, state)
                 self.meta.set_state(state)
                 later = delete_tree_later(self.ctx, self.meta, ids, metas, wait)
-                self.ctx.spawn(later, name=f"procstore:delete-later:{self.meta.id}")
+                self.ctx.term.spawn(later, name=f"procstore:delete-later:{self.meta.id}")
                 return
             await delete_tree(self.ctx, self.meta, ids, metas, state)
             self.ctx.on_tree_finished(ids, metas)
         self.meta.set_state(state)
+
+
+# -- ending a tree -------------------------------------------------------------------
+
+
+async def record_now(ctx: ManagerContext, root: ProcedureMeta, ids: list[ProcedureId], state: ProcedureState) -> None:
+    """Write a finished tree's end records at once (its deletion waits out a grace): until
+    they are stored, `delete_tree_later` writes them before deleting anything. An error is
+    logged: the record is then written by the deletion, or by the next start."""
+    try:
+        await ctx.settings.policy.call(lambda _n: record_tree(ctx, ids, root, state, datetime.now(UTC)))
+    except ProcedureError as e:
+        logger.warning("procedure %s ended but its end record could not be written yet: %s", root.id, e)
+
+
+async def delete_tree_later(
+    ctx: ManagerContext,
+    root: ProcedureMeta,
+    ids: list[ProcedureId],
+    metas: list[ProcedureMeta],
+    delay: float,
+) -> None:
+    """`delete_tree` after `delay` seconds: a paused former leader's late write could
+    re-create a key deleted now. It deletes the runs that ended (`metas`), never a later run
+    of the same ids that an operator started meanwhile."""
+    await asyncio.sleep(delay)
+    # An operator's `procstore resume` meanwhile (a nudge the watch has not acted on yet)
+    # keeps the root for it, as recovery keeps a nudged root.
+    try:
+        nudged = await ctx.store.resumes.get(root.id) is not None
+    except ProcedureError:
+        nudged = True  # cannot tell: keep it; the next start decides
+    await delete_tree(ctx, root, ids, metas, root.state, keep_root=nudged)
+    ctx.on_tree_finished(ids, metas)
+
+
+async def delete_tree(
+    ctx: ManagerContext,
+    root: ProcedureMeta,
+    ids: list[ProcedureId],
+    metas: list[ProcedureMeta],
+    state: ProcedureState,
+    *,
+    keep_root: bool = False,
+) -> None:
+    """Write a finished tree's end records, then delete the keys that may go (the root's
+    too, unless `keep_root`: it is about to run again).
+
+    `metas` are the runs that ended (from `ctx.tree_metas` at the end): what they wrote is
+    deleted, and nothing above their highest step, which a later run of the id (a resume
+    or rewind since) writes. Kept: unreadable procedures and those whose keys must survive
+    (`keep_keys`). A failure is logged, not raised: the next start deletes (and records)
+    what is left.
+    """
+    ended_runs = {meta.id: meta for meta in metas}
+    # Restarted meanwhile: the id's keys and request are a later run's from its copy up.
+    restarted = {pid for pid, meta in ended_runs.items() if ctx.metas.get(pid) not in (None, meta)}
+    # An unreadable procedure is kept, and so is every descendant of it: a procedure whose
+    # parent cannot be read is not known to be finished with (its parent may still need it).
+    kept = {pid for pid in ids if pid in ctx.recovered.unreadable}
+    for pid in list(kept):
+        kept.update(ctx.recovered.descendants(pid))
+    # A root restarted meanwhile is the new run's: its folder (the earlier steps too, which a
+    # rewind may copy) stays. Its ended run's children go, as the new run creates its own.
+    kept.update(restarted & {root.id})
+    if keep_root:
+        kept.add(root.id)
+    doomed = [pid for pid in ids if pid not in kept and not ((m := ended_runs.get(pid)) and m.keep_keys)]
+    children = [pid for pid in doomed if pid != root.id]
+    # The keys of procedures this term wrote from step 0: deleted without listing their folder.
+    known = {pid: keys for pid in doomed if (m := ended_runs.get(pid)) and (keys := m.known_keys(ctx.store.proc_path))}
+    through = {
+        pid: max(s for s, _ in m.terminal_keys) for pid in doomed if (m := ended_runs.get(pid)) and m.terminal_keys
+    }
+    ended = datetime.now(UTC)  # one end time for every attempt: one record, not one per retry
+    unrequested = [pid for pid in doomed if pid not in restarted]
+
+    async def delete(_attempt: int) -> None:
+        # The record first: keys deleted unrecorded would be history lost for good, and a
+        # late write re-creating one could run the procedure again (see `procstore.store.history`).
+        await record_tree(ctx, ids, root, state, ended)
+        # Children first, the root last: a crash part way leaves the root marked finished.
+        await ctx.store.delete_procedures(children, known, through)
+        if doomed and doomed[0] == root.id:
+            await ctx.store.delete_procedure(root.id, known.get(root.id), through_step=through.get(root.id))
+        # Requests go last: until the keys are gone, a restart must honour them again. A tree
+        # recovered from the store may have requests this term never read (a rollback reads none).
+        if root.inherited:
+            await ctx.store.requests.delete_present(unrequested)
+        else:
+            await ctx.store.requests.delete([pid for pid in unrequested if pid in ctx.requests])
+
+    try:
+        await ctx.settings.policy.call(delete)
+    except ProcedureError as e:
+        logger.warning(
+            "procedure %s ended but deleting its keys failed (%s); the next start() deletes them",
+            root.id,
+            e,
+            extra=procedure_fields(root.id, root.type_name, root.steps),
+        )

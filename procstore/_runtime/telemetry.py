@@ -139,12 +139,14 @@ def timed() -> Iterator[Callable[[], float]]:
 
 async def run_traced(ctx: Any, meta: Any, runner: Stepping, body: Callable[[], Awaitable[None]]) -> None:
     """Run a runner's `body` inside its procedure's span, with its log fields set."""
-    telemetry: Telemetry = ctx.telemetry
+    telemetry: Telemetry = ctx.settings.telemetry
     telemetry.running(meta.type_name, 1)
     scope = ProcedureScope(str(meta.id), meta.type_name, runner)
     enter_scope(scope)
     try:
-        with telemetry.procedure_span(str(meta.id), meta.type_name, root=meta.is_root, **ctx.span_attributes) as span:
+        with telemetry.procedure_span(
+            str(meta.id), meta.type_name, root=meta.is_root, **ctx.term.span_attributes
+        ) as span:
             try:
                 await body()
             except asyncio.CancelledError:

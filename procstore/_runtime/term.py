@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from procstore._logs import get_logger
-from procstore._runtime.context import Loader, ManagerContext, await_term_task
+from procstore._runtime.context import Loader, ManagerContext
 from procstore._runtime.operator import watch_operator_requests
 from procstore._runtime.recovery import adopt_unknown, recover
 from procstore._runtime.retry import RetryPolicy
 from procstore._runtime.telemetry import OFF, Telemetry, TracedStore, backend_of, timed
-from procstore.errors import Fenced, ProcedureError
+from procstore.errors import Fenced, ManagerStopped, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.guarded import GuardedStore
 from procstore.store.history import History, HistoryStore
@@ -43,19 +43,24 @@ from procstore.store.state_store import StateStore
 
 logger = get_logger("procstore.manager")
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True, slots=True)
-class LeaseHooks:
-    """What a term under a lease takes from its leadership, fixed when the term begins."""
+class TermLease:
+    """What a term under a lease takes from its `Leadership`, fixed when the term begins."""
 
     on_fenced: Callable[[Fenced], None]
     """Told when a runner was fenced: the leadership decides what that means."""
     check_writable: Callable[[str], None]
-    """Raises `LeaseExpired` once the term may no longer write."""
+    """Raises `LeaseExpired` once the term may no longer write: `Context.check_lease`."""
+    is_holding: Callable[[], bool]
+    """Whether the lease is still this manager's."""
     fencing_token: int | None
     """The lease epoch of this term: `Context.fencing_token`."""
-    late_write_grace: float
-    """Seconds after the term begins during which inherited trees' keys are kept."""
+    keep_inherited_until: float
+    """`time.monotonic()` before which an inherited tree's keys are not deleted (see
+    `ProcedureMeta.inherited`): a paused former leader's late write could re-create them."""
     adopt_interval: float
     """Seconds between looks for procedures stored after recovery."""
     holder: str = ""
@@ -81,30 +86,29 @@ class TermSettings:
 
 
 class Term:
-    """One term of a manager: its context, its recovery and its housekeeping."""
+    """One term of a manager: its context, its recovery and housekeeping, and every task it
+    owns (runners, a submit's write), which `end()` cancels and waits for."""
 
-    def __init__(self, settings: TermSettings, lease: LeaseHooks | None = None) -> None:
+    __slots__ = (
+        "_housekeeping", "_recovery", "_tasks", "ctx", "fenced", "problems", "running", "settings", "span_attributes",
+    )  # fmt: skip
+
+    def __init__(self, settings: TermSettings, lease: TermLease | None = None) -> None:
         self.settings = settings
-        self.lease = lease
         state_store = settings.state_store
         if settings.telemetry.enabled:
             state_store = TracedStore(state_store, settings.telemetry)
         if lease is not None:
             state_store = GuardedStore(state_store, lease.check_writable)
         store = ProcedureStore(state_store, settings.parent_path, skip_strays=lease is not None)
-        self.ctx = ManagerContext(
-            store,
-            settings.policy,
-            settings.loaders,
-            on_fenced=lease.on_fenced if lease else None,
-            lease_check=lease.check_writable if lease else None,
-            fencing_token=lease.fencing_token if lease else None,
-            inherited_deletes_after=time.monotonic() + lease.late_write_grace if lease else 0.0,
-            history=HistoryStore(state_store, settings.parent_path, settings.history),
-            keep_failed=settings.keep_failed,
-            telemetry=settings.telemetry,
-            span_attributes=_span_attributes(settings.state_store.url, lease),
-        )
+        history = HistoryStore(state_store, settings.parent_path, settings.history)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.running = False
+        self.fenced: Fenced | None = None
+        """Set when another manager was found writing this store's step keys: nothing runs any more."""
+        self.ctx = ManagerContext(store, history, settings, self, lease)
+        self.span_attributes = _span_attributes(settings.state_store.url, lease)
+        """What every procedure span of this term carries: store scheme, lease holder and epoch."""
         self.problems: list[LoadProblem] = []
         """What this term's recovery could not load."""
         self._recovery: asyncio.Task[None] | None = None
@@ -112,17 +116,17 @@ class Term:
 
     def begin(self) -> None:
         """Start running: recovery begins in its own task (a lease's renewals go on meanwhile)."""
-        self.ctx.running = True
+        self.running = True
         self._recovery = asyncio.get_running_loop().create_task(self._recover(), name="procstore:recovery")
 
     async def _recover(self) -> None:
-        telemetry = self.ctx.telemetry
-        with telemetry.span("procstore.recovery", **self.ctx.span_attributes), timed() as elapsed:
+        telemetry = self.settings.telemetry
+        with telemetry.span("procstore.recovery", **self.span_attributes), timed() as elapsed:
             self.problems = await recover(self.ctx)
         telemetry.recovered(elapsed(), len(self.problems))
         self._housekeeping = asyncio.get_running_loop().create_task(self._keep_house(), name="procstore:gc")
         interval = self.settings.request_poll_interval
-        self.ctx.spawn(watch_operator_requests(self.ctx, interval), name="procstore:requests")
+        self.spawn(watch_operator_requests(self.ctx, interval), name="procstore:requests")
 
     async def wait_recovered(self) -> None:
         """Wait for recovery; raise its error, or `ManagerStopped` if the term ended first."""
@@ -140,18 +144,76 @@ class Term:
 
     async def end(self) -> None:
         """Stop running: cancel everything of the term and wait for it. Idempotent."""
-        if not self.ctx.running:
+        if not self.running:
             return
-        self.ctx.running = False
+        self.running = False
         for task in (self._recovery, self._housekeeping):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        await self.ctx.cancel_all()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._abandon_unfinished()
 
     def forget_finished(self) -> int:
         """Forget finished trees older than the metadata TTL; returns how many procedures."""
-        return self.ctx.remove_outdated_metadata(self.settings.metadata_ttl)
+        return self.ctx.metas.remove_outdated(self.settings.metadata_ttl)
+
+    # -- tasks -----------------------------------------------------------------------
+
+    def run_in_term(
+        self, coro: Coroutine[Any, Any, T], what: str, on_done: Callable[[], None] | None = None
+    ) -> Coroutine[Any, Any, T]:
+        """Start `coro` in a task of this term, which `end` cancels and waits for, and
+        return what awaits it (`await term.run_in_term(...)`).
+
+        For work started by a caller outside the term (a `submit`'s write): once the term has
+        ended, none of it can still land; and a caller cancelled meanwhile leaves it to
+        finish. `on_done` runs when the task ends, however it ends. The await raises
+        `ManagerStopped` if the term ended it. Not a coroutine itself: each of thousands of
+        concurrent submits would hold one more frame while its write is under way.
+        """
+        task = self.spawn(coro, f"procstore:{what}")
+        if on_done is not None:
+            task.add_done_callback(lambda _task: on_done())
+        return await_term_task(task, what)
+
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # Only a BaseException gets here (the runner turns errors into FAILED): a
+            # simulated crash or an interpreter exit. The task is simply gone, as in a kill.
+            logger.debug("runner task %s ended by %r", task.get_name(), exc)
+
+    def step_down(self, fenced: Fenced) -> None:
+        """Another manager writes to this store: cancel every other runner (at its next await,
+        before any further write) and wake their watchers. The caller stops by itself. Under
+        a lease, the leadership decides what a fence means instead."""
+        if self.ctx.lease is not None:
+            self.ctx.lease.on_fenced(fenced)
+            return
+        if self.fenced is None:
+            self.fenced = fenced
+            logger.error("stepping down: %s", fenced)
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        self._abandon_unfinished()
+
+    def _abandon_unfinished(self) -> None:
+        for meta in self.ctx.metas.values():
+            if not meta.state.is_ended():
+                meta.abandon()
 
     # -- housekeeping ---------------------------------------------------------------
 
@@ -159,7 +221,7 @@ class Term:
         # A second walk of the whole store would double start()'s cost; temp files left by a
         # crashed writer are invisible to loading and can go a moment later.
         await self._remove_stale_temps()
-        adopt_every = self.lease.adopt_interval if self.lease is not None else None
+        adopt_every = self.ctx.lease.adopt_interval if self.ctx.lease is not None else None
         interval = adopt_every if adopt_every is not None else self.settings.gc_interval
         unknown: set[ProcedureId] = set()
         next_gc = time.monotonic() + self.settings.gc_interval
@@ -193,10 +255,60 @@ class Term:
                 logger.warning("could not remove stale temp files: %s", e)
 
 
-def _span_attributes(url: str, lease: LeaseHooks | None) -> dict[str, Any]:
+def _span_attributes(url: str, lease: TermLease | None) -> dict[str, Any]:
     attributes: dict[str, Any] = {"procstore.store.backend": backend_of(url)}
     if lease is not None and lease.fencing_token is not None:
         attributes["procstore.lease.epoch"] = lease.fencing_token
     if lease is not None:
         attributes["procstore.lease.holder"] = lease.holder
     return attributes
+
+
+async def await_term_task(task: asyncio.Task[T], what: str) -> T:
+    """Await a task that the term owns (shielded: the caller's cancel does not reach it).
+
+    Raises `ManagerStopped` when the term cancelled the task (a stop, a lost lease), the
+    caller's own `CancelledError` when the caller was cancelled.
+    """
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if task.cancelled() and not (current is not None and current.cancelling()):
+            raise ManagerStopped(what=what) from None
+        raise
+
+
+class SingleTerm:
+    """A manager's terms without a lease: one, from `start()` to `stop()`.
+
+    The same interface as `Leadership`: `start`, `stop` (as a kill would), `release`, `close`,
+    `term` and `is_leading`.
+    """
+
+    __slots__ = ("settings", "term")
+
+    def __init__(self, settings: TermSettings) -> None:
+        self.settings = settings
+        self.term: Term | None = None
+        """The term, running or ended: its metadata stays readable after it ends."""
+
+    @property
+    def is_leading(self) -> bool:
+        return self.term is not None and self.term.running
+
+    async def start(self) -> None:
+        """Begin the term and wait for its recovery."""
+        self.term = Term(self.settings)
+        self.term.begin()
+        await self.term.wait_recovered()
+
+    async def stop(self) -> None:
+        if self.term is not None:
+            await self.term.end()
+
+    async def release(self) -> None:
+        """Nothing to release without a lease."""
+
+    async def close(self) -> None:
+        """Nothing of its own to close."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from procstore._runtime.manager import ProcedureManager
+from procstore._runtime.manager import ProcedureManager, halt
 
 
 async def kill_manager(manager: ProcedureManager) -> None:
@@ -13,7 +13,4 @@ async def kill_manager(manager: ProcedureManager) -> None:
     Afterwards, `await manager.stop()` closes its store; with a lease, that releases the
     lease only if the stored record is still this manager's term (no standby took over yet).
     """
-    leadership = manager._leadership
-    if leadership is not None:
-        await leadership.stop()
-    await manager._end_term()
+    await halt(manager)

@@ -22,8 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from procstore._runtime.outcome import ProcessKill
-from procstore.errors import StoreError
+from procstore.errors import ProcessKill, StoreError
 from procstore.store.wrapping import CRASH_POINT, MUTATING_KINDS, WRITE_KINDS
 
 Action = Literal["transient", "crash", "tear", "delay", "error"]

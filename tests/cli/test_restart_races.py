@@ -220,11 +220,10 @@ async def test_a_procedure_being_restarted_is_never_adopted_as_a_stranger(
         return await real(*args)
 
     lease = Lease(ttl=0.5, adopt_interval=0.1)
-    async with manager_on(str(tmp_path), keep_failed=True, lease=lease) as manager:
+    async with manager_on(str(tmp_path), keep_failed=True, lease=lease, metadata_ttl=0.0) as manager:
         await manager.wait_until_leading()
         pid, name = await failed_and_kept(manager)
         Flaky.broken.discard(name)
-        manager.metadata_ttl = 0.0
         manager.remove_outdated_metadata()  # as a kept root older than the metadata TTL is
         monkeypatch.setattr(runtime_restart, "check_restart", slow_check)
         assert await asyncio.wait_for((await manager.rewind(pid, 0)).wait(), 10) == name

@@ -102,7 +102,6 @@ async def test_rewind_runs_again_from_the_step_asked_for_and_keeps_every_key(tmp
         before = [str(k) for k in await manager.store.procedure_keys(pid)]
         Flaky.broken.discard(name)
         Flaky.broken.add(name + "-never")  # still fails nowhere
-        manager.keep_failed = True
         watcher = await manager.rewind(pid, 1)
         assert await watcher.wait() == name
         assert Flaky.effects[name] == [0, 1, 1, 2, 3]

@@ -1,0 +1,88 @@
+"""`LockTable`: which procedure holds or waits for which lock key, and the cycles of waits."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from procstore._runtime.locks import KeyRwLock
+from procstore._runtime.registry import Edges, walk
+from procstore.ids import ProcedureId
+from procstore.lock_key import StringKey
+
+
+class LockTable:
+    """The procedures' lock keys (`KeyRwLock`), with who holds and who waits for each key;
+    and the locks procedures take inside a step (`Context.acquire_lock`), apart."""
+
+    __slots__ = ("_holders", "_locks", "_step_locks", "_waits")
+
+    def __init__(self) -> None:
+        self._locks = KeyRwLock()
+        self._step_locks = KeyRwLock()
+        self._holders: dict[str, set[ProcedureId]] = {}
+        """Who holds each lock key, for finding cycles of waits."""
+        self._waits: dict[ProcedureId, str] = {}
+        """The lock key each procedure is waiting for, if it is waiting for one."""
+
+    async def acquire(self, pid: ProcedureId, key: StringKey, requested: asyncio.Event) -> bool:
+        """Take `key` for `pid`, unless `requested` is set first (an operator's request ends
+        the wait): False then, with nothing taken."""
+        self._waits[pid] = key.key
+        try:
+            acquired = await self._locks.acquire_unless(key, requested)
+        finally:
+            del self._waits[pid]
+        if acquired:
+            self._holders.setdefault(key.key, set()).add(pid)
+        return acquired
+
+    def take_all_now(self, pid: ProcedureId, keys: Sequence[StringKey]) -> bool:
+        """Take every key for `pid` if none would block (else none); see `KeyRwLock.acquire_all_now`."""
+        if not keys:
+            return True
+        if not self._locks.acquire_all_now(keys):
+            return False
+        for held in keys:
+            self._holders.setdefault(held.key, set()).add(pid)
+        return True
+
+    def release(self, pid: ProcedureId, key: StringKey) -> None:
+        self._locks.release(key)
+        self._holders.get(key.key, set()).discard(pid)
+
+    def would_block(self, key: StringKey) -> bool:
+        return self._locks.would_block(key)
+
+    @asynccontextmanager
+    async def hold_in_step(self, key: StringKey) -> AsyncIterator[None]:
+        async with self._step_locks.hold(key):
+            yield
+
+    def cycle(self, waiter: ProcedureId, key: StringKey, children: Edges) -> list[ProcedureId] | None:
+        """The procedures `waiter` would wait for in a cycle back to itself, if it waited for
+        `key` now; None if there is no such cycle.
+
+        A procedure waits for the holders of the key it waits for (and for those queued
+        before it), and a parent for its unfinished subprocedures (`children`): it holds its
+        locks while they run.
+        """
+
+        def waited_for(pid: ProcedureId) -> list[ProcedureId]:
+            waits = self._waited_for(self._waits[pid], pid) if pid in self._waits else set()
+            return [*waits, *children(pid)]
+
+        came_from = walk(self._waited_for(key.key, waiter), waited_for)
+        if waiter not in came_from:
+            return None
+        cycle: list[ProcedureId] = []
+        at = came_from[waiter]
+        while at is not None:
+            cycle.append(at)
+            at = came_from[at]
+        return cycle[::-1]
+
+    def _waited_for(self, key: str, waiter: ProcedureId) -> set[ProcedureId]:
+        queued = {pid for pid, waited in self._waits.items() if waited == key and pid != waiter}
+        return (self._holders.get(key, set()) | queued) - {waiter}
