@@ -178,7 +178,6 @@ class ProcedureManager:
         self._lease = Lease.from_option(lease)
         self._loaders: dict[str, Loader] = {}
         self._paused = False
-        self._submitting: set[ProcedureId] = set()
         self._terms: Leadership | SingleTerm | None = None
         """The owner of this manager's terms (the last one's, once stopped: its metadata
         stays readable until the next start)."""
@@ -308,7 +307,6 @@ class ProcedureManager:
             self.gc_interval,
             self.metadata_ttl,
             self.request_poll_interval,
-            self._submitting,
             self.history,
             self.keep_failed,
             get_telemetry() if self.telemetry else OFF,
@@ -499,9 +497,9 @@ class ProcedureManager:
         pid = procedure.id
         if not isinstance(pid, ProcedureId):
             raise InvalidProcedureId(pid)
-        if ctx.is_known(pid) or pid in self._submitting:
+        if ctx.is_known(pid) or pid in ctx.metas.submitting:
             raise DuplicateProcedure(pid)
-        if ctx.metas.unfinished + len(self._submitting) >= self.max_running_procedures:
+        if ctx.metas.unfinished + len(ctx.metas.submitting) >= self.max_running_procedures:
             raise TooManyRunningProcedures(self.max_running_procedures)
         proc = procedure.procedure
         type_name = type_name_of(proc)
@@ -510,14 +508,14 @@ class ProcedureManager:
         # Both before the write: an error here reaches the caller with nothing stored.
         lock_key = checked_lock_key(proc)
         data = dumped(proc)
-        self._submitting.add(pid)
+        ctx.metas.submit_begins(pid)
         # The write and the runner's start are one task of the term: stop() cancels it and
         # waits for it, so it can never land after stop() returned; and a caller that gives
         # up (a timeout) cannot leave a stored procedure that nothing runs. (No lambdas: their
         # cells would live in this frame, one of thousands waiting for their writes.)
-        stored = store_and_run(ctx, procedure, type_name, lock_key, data, self._submitting)
+        stored = store_and_run(ctx, procedure, type_name, lock_key, data)
         try:
-            meta = await ctx.term.run_in_term(stored, what="submitting", on_done=partial(self._submitting.discard, pid))
+            meta = await ctx.term.run_in_term(stored, what="submitting", on_done=partial(ctx.metas.submit_ended, pid))
         except ManagerStopped as e:
             raise StoreError(
                 f"submitting procedure {pid}: the manager stopped leading or was stopped while the write was under "

@@ -42,7 +42,9 @@ class Registry:
     written here): a tree is what runs in memory and what waits in the store.
     """
 
-    __slots__ = ("_ended", "_finished_trees", "_metas", "_on_end", "_stored_children", "restarting", "unfinished")
+    __slots__ = (
+        "_ended", "_finished_trees", "_metas", "_on_end", "_stored_children", "restarting", "submitting", "unfinished",
+    )  # fmt: skip
 
     def __init__(
         self, stored_children: Mapping[ProcedureId, list[ProcedureId]], on_end: Callable[[ProcedureMeta], None]
@@ -59,6 +61,9 @@ class Registry:
         self.restarting: set[ProcedureId] = set()
         """Procedures an operator's resume or rewind is restarting now: one at a time each
         (see `restarting_now`)."""
+        self.submitting: set[ProcedureId] = set()
+        """The ids of submits whose first write is under way: never taken for strangers, and
+        counted against `max_running_procedures` until registered (see `submit_begins`)."""
 
     def get(self, procedure_id: ProcedureId) -> ProcedureMeta | None:
         return self._metas.get(procedure_id)
@@ -89,6 +94,8 @@ class Registry:
             lock_key = procedure.lock_key() if procedure is not None else NO_KEYS
         if procedure_id in self._metas:
             raise AssertionError(f"procedure {procedure_id} registered twice")
+        # Counted by both, a submitted procedure would count twice against `max_running_procedures`.
+        self.submitting.discard(procedure_id)
         meta = ProcedureMeta(procedure_id, type_name, parent_id, lock_key, state, self._ended, run)
         self._metas[procedure_id] = meta
         if not state.is_ended():
@@ -111,6 +118,13 @@ class Registry:
         """Drop an ended run's metadata: the id is about to run again. The old metadata stays
         in its tree's TTL entry, which then removes nothing (it is no longer the id's)."""
         self._metas.pop(procedure_id, None)
+
+    def submit_begins(self, procedure_id: ProcedureId) -> None:
+        self.submitting.add(procedure_id)
+
+    def submit_ended(self, procedure_id: ProcedureId) -> None:
+        """However the submit ended: registered, refused, or cancelled with its term."""
+        self.submitting.discard(procedure_id)
 
     @contextmanager
     def restarting_now(self, procedure_id: ProcedureId) -> Iterator[None]:

@@ -217,18 +217,14 @@ async def store_and_run(
     type_name: str,
     lock_key: LockKey,
     data: str,
-    submitting: set[ProcedureId],
 ) -> ProcedureMeta | None:
     """Store a submitted procedure's first step and start its runner; None for a duplicate
-    (the key holds another value). `lock_key` and `data` were computed by the caller. The id leaves
-    `submitting` (the submits in flight) as its procedure is registered, in the same step:
-    counted by both, it would count twice against `max_running_procedures`."""
+    (the key holds another value). `lock_key` and `data` were computed by the caller."""
     pid, proc = procedure.id, procedure.procedure
     if not await store_submitted(ctx, pid, type_name, data):
         return None
     ctx.settings.telemetry.submitted(type_name)
     meta = ctx.metas.register(pid, type_name, None, proc, ProcedureState.running(), lock_key)
-    submitting.discard(pid)  # known now: a duplicate submit or an adoption sees it registered
     meta.wrote_every_key = True
     if not (ctx.term.running and (ctx.lease is None or ctx.lease.is_holding())):
         # Stored, but the term ended as the write landed: the next term (this manager's next

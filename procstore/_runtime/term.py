@@ -78,8 +78,6 @@ class TermSettings:
     gc_interval: float
     metadata_ttl: float
     request_poll_interval: float
-    submitting: set[ProcedureId]
-    """The ids of the manager's submits under way (shared): never taken for strangers."""
     history: History = field(default_factory=History)
     keep_failed: bool = False
     telemetry: Telemetry = OFF
@@ -231,7 +229,7 @@ class Term:
             # recovery would wait for the next takeover, silently.
             if adopt_every is not None:
                 try:
-                    unknown = await adopt_unknown(self.ctx, unknown, self.settings.submitting)
+                    unknown = await adopt_unknown(self.ctx, unknown, self.ctx.metas.submitting)
                 except ProcedureError as e:
                     logger.warning("could not look for procedures stored after recovery: %s", e)
                 except Exception:
