@@ -29,15 +29,13 @@ SEEDS = int(os.environ.get("PROCSTORE_SIM_SEEDS", "200"))
 runs 70% as many, at about 15 seeds/s): a few hundred in all, well within CI's 3 minutes."""
 
 KNOWN_FINDINGS = {
-    "ledger": [68, 536, 827, 894],
+    "ledger": [827, 894],
     "machines": [283],
 }
 """Seeds (of the first 900 ledger and 400 machines seeds) where the simulation still reports
 a problem on this code: replay one with `python -m procstore.testing.simulate --world W
 --seed S`. The many-seeds test runs a range clear of them (ledger from FIRST_SEED); each is
-an open finding to fix. 68 and 536: a procedure loaded from the store that fails at its
-lock wait does not undo a step 0 an earlier process ran, nor roll back its stored
-children (fixes that rolled back without the locks, or could deadlock, were backed out)."""
+an open finding to fix."""
 
 FIRST_SEED = {"ledger": 100, "machines": 0}
 
