@@ -24,6 +24,7 @@ import time
 
 from procstore._logs import get_logger, procedure_fields
 from procstore._runtime.context import LoadFailed, ManagerContext
+from procstore._runtime.history import record_superseded
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.recovery import resume_root
 from procstore._runtime.writes import delete_tree
@@ -110,6 +111,9 @@ async def _restart(
     ctx.operator_requests.pop(procedure_id, None)
     if plan.source is not None or not nudged:
         await ctx.store.requests.delete([procedure_id])
+    if (old := ctx.metas.get(procedure_id)) is not None and not plan.ended and not old.state.recorded:
+        # Its run ended here, but the store could not be told: the new run supersedes it.
+        await record_superseded(ctx, old, "resumed" if to_step is None else f"rewound to step {to_step}")
     message = await apply_restart(ctx.store, plan, stored, retention=ctx.history.settings.retention)
     if runs_here(ctx, procedure_id):  # defence: nothing may have started it meanwhile
         raise ProcedureError(f"procedure {procedure_id} was started meanwhile: it runs here already")

@@ -432,10 +432,18 @@ class Runner:
         Runner(self.ctx, meta, procedure, step, data, resume_children=True).start()
 
     async def _wait_children(self) -> None:
+        """Wait until every child has ended. One whose end could not be stored ends this run
+        the same way: the store says the child has not ended (the next start resumes the
+        tree), so its parent must neither go on as if it had, nor roll back past it."""
+        unrecorded: list[ProcedureId] = []
         for child_id in list(self.meta.children):
             child = self.ctx.metas.get(child_id)
             if child is not None:
                 await child.wait_ended()
+                if not child.state.recorded:
+                    unrecorded.append(child_id)
+        if unrecorded:
+            self._stop_unrecorded(f"the end of its subprocedure {unrecorded[0]} could not be stored")
 
     # -- failing and rolling back ----------------------------------------------------
 

@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from procstore.store.history import HistoryRecord
 from procstore.store.keys import PROC_PATH, KeyType, ParsedKey
 from procstore.store.message import MessageDecodeError, ProcedureMessage
@@ -93,6 +95,9 @@ def runs_from_log(log: Iterable[LoggedOp], roots: set[str]) -> dict[str, Procedu
         if not op.landed:
             continue
         for key in op.key.split(","):
+            if op.created and (ended := _end_record(key, op.value)) is not None:
+                _recorded(procedures.setdefault(ended[0], Procedure()), *ended[1:], op)
+                continue
             parsed = ParsedKey.parse(PROC_PATH, key)
             if parsed is None:
                 continue
@@ -146,6 +151,32 @@ def _deleted(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp) -> None
             f"{pid}: {parsed.step}.{parsed.key_type.value} deleted at {op.at:.2f} by {op.process} while run "
             f"{len(proc.runs)} (begun at {run.started_at:.2f}) had not ended: a running procedure's keys went"
         )
+
+
+def _end_record(key: str, value: bytes | None) -> tuple[str, int, str] | None:
+    """(id, run, outcome) of an end record's key and value; None for any other key."""
+    name = key.rsplit("/", 1)[-1]
+    if not key.startswith("history/") or not value:
+        return None
+    pid, dot, run = name.removesuffix(".json").rpartition(".")
+    if not (dot and run.isdigit()):
+        return None
+    try:
+        record = msgspec.json.decode(value, type=HistoryRecord)
+    except msgspec.DecodeError:
+        return None
+    return pid, int(run), record.outcome
+
+
+def _recorded(proc: Procedure, number: int, outcome: str, op: LoggedOp) -> None:
+    """An end record for the current run before any `.commit` of it: the run ended here
+    without its end being stored, and an operator's restart superseded it (the record is
+    that run's end)."""
+    run = proc.current
+    if run is not None and run.number == number and run.ended_at is None:
+        run.ended_at = op.at
+        run.outcome = "done" if outcome == "done" else "failed"
+        proc.ended_numbers.add(number)
 
 
 def _parent(value: bytes) -> str | None:
