@@ -84,7 +84,8 @@ async def test_a_parent_stops_unrecorded_when_its_childs_end_could_not_be_stored
     tree = ProcedureWithId.new(parent)
     store = FaultyStore(open_state_store(local_target.url))
     for step in range(1, 4):
-        store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=f"procedure/{child}/{step:010}.*"))
+        key = f"procedure/{child}/{step:010}.*"
+        store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key))
     async with manager_for(store, max_retry_times=1) as manager:
         watcher = await manager.submit(tree)
         with pytest.raises(EndNotRecorded):
