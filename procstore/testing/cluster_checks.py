@@ -284,6 +284,16 @@ def check_runs(
     return problems
 
 
+def _requests_honoured(error: str | None) -> set[int]:
+    """The operator requests (`op#N`) an error says ended the run: its own request's text
+    (`OperatorRequest.describe`, perhaps inherited from an ancestor). A request named further
+    in (a child's failure of an earlier run that the procedure's own code reports) did not."""
+    text = re.sub(r"^procedure \S+ failed: ", "", error or "")
+    if not text.startswith(("cancelled by an operator", "failed by an operator")):
+        return set()
+    return {int(n) for n in REQUEST_TAG.findall(text)}
+
+
 def check_requests(
     procedures: dict[str, Procedure], history: dict[str, list[HistoryRecord]], model: Model, left: list[str]
 ) -> list[str]:
@@ -291,7 +301,7 @@ def check_requests(
     problems = [f"an operator request outlived its procedure: {key}" for key in left]
     actions = {a.number: a for a in model.operator}
     for restart in model.operator:
-        for number in {int(n) for n in REQUEST_TAG.findall(restart.ended_with or "")}:
+        for number in _requests_honoured(restart.ended_with):
             action = actions.get(number)
             if action is not None and action.stored_at is not None and action.stored_at < restart.issued_at:
                 problems.append(
@@ -304,7 +314,7 @@ def check_requests(
         # A first run may inherit its parent's request (it belongs to the parent's run); a
         # later run (a restart, or a child named again by its restarted parent) may not.
         for run, record in list(zip(runs, records, strict=False))[1:]:
-            for number in {int(n) for n in REQUEST_TAG.findall(record.error or "")}:
+            for number in _requests_honoured(record.error):
                 action = actions.get(number)
                 if action is None or action.stored_at is None or run.started_at <= action.stored_at:
                     continue

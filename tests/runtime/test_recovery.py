@@ -386,3 +386,24 @@ async def test_a_folder_of_ours_that_cannot_be_read_does_not_stop_recovery(
         await asyncio.sleep(0.2)  # ten looks of the watch
     warned = [r.getMessage() for r in caplog.records if "cannot list" in r.getMessage()]
     assert len(warned) == 2, warned  # once per folder, not once per look
+
+
+@pytest.mark.parametrize("kept", [True, False])
+async def test_a_recovered_end_is_recorded_through_a_store_error(tmp_path: Path, kept: bool) -> None:
+    """A root rolled back and committed, then its manager died before the end record: the
+    next start records it (and, unless kept for an operator, deletes it). One failed write
+    of the record is retried, not left for yet another start."""
+    from procstore.store.history import HistoryStore
+    from procstore.testing import Fault
+
+    pid = "5e1f0c2a-9b8d-4c7e-8f6a-5b4c3d2e1f0a"
+    data = json.dumps({"world": World.new().name, "steps": 3, "at": 1})
+    write_raw(tmp_path, f"procedure/{pid}/0000000000.step", greptime_step("test::Undoable", data, 0))
+    write_raw(tmp_path, f"procedure/{pid}/0000000001.rollback", greptime_step("test::Undoable", data, 1, error="boom"))
+    write_raw(tmp_path, f"procedure/{pid}/0000000002.commit", b"")
+    store = FaultyStore(LocalDirStore(tmp_path))
+    store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key="history/*", times=1))
+    async with manager_for(store, keep_failed=kept):
+        pass
+    assert [run for (id_, run) in await HistoryStore(store).ended_runs() if id_ == pid] == [1]
+    assert (tmp_path / "procedure" / pid).exists() == kept

@@ -179,7 +179,8 @@ def test_the_load_reads_a_sorted_listing_as_it_reads_any(
 async def _run_keys(store: ProcedureStore, pid: ProcedureId, later: list[tuple[int, int]]) -> None:
     """Run 1 ended (0.step, 1.step, 2.commit); then keys (step, run) above it."""
     for step in (0, 1):
-        await store.store.put_if_absent(store.key(pid, step, KeyType.STEP), ProcedureMessage("T", "d", None, step).encode())
+        message = ProcedureMessage("T", "d", None, step).encode()
+        await store.store.put_if_absent(store.key(pid, step, KeyType.STEP), message)
     await store.commit_procedure(pid, 2)
     for step, run in later:
         message = ProcedureMessage("T", "d", None, step, run=run).encode()
