@@ -36,9 +36,14 @@ logger = get_logger("procstore.runtime")
 
 
 def runs_here(ctx: ManagerContext, procedure_id: ProcedureId) -> bool:
-    """The procedure is running, or waiting for its parent, in this term."""
+    """The procedure is running, being submitted (its first write backs off), or waiting for
+    its parent, in this term."""
     meta = ctx.metas.get(procedure_id)
-    return (meta is not None and not meta.state.is_ended()) or procedure_id in ctx.stored.messages
+    return (
+        (meta is not None and not meta.state.is_ended())
+        or procedure_id in ctx.stored.messages
+        or procedure_id in ctx.submit_wakes
+    )
 
 
 async def restart(
@@ -53,7 +58,13 @@ async def restart(
     """
     meta = ctx.metas.get(procedure_id)
     if runs_here(ctx, procedure_id):
-        state = meta.state.kind.name if meta is not None else "waiting for its parent"
+        state = (
+            meta.state.kind.name
+            if meta is not None
+            else "being submitted"
+            if procedure_id in ctx.submit_wakes
+            else "waiting for its parent"
+        )
         raise ProcedureError(
             f"procedure {procedure_id} is running here ({state}): cancel it and wait until it has ended first"
         )

@@ -3,6 +3,7 @@ every key, by listing it whenever a write's outcome is unknown."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -122,4 +123,24 @@ async def test_a_rewind_of_a_run_that_ended_unrecorded_records_that_run(local_ta
             await (await manager.rewind(procedure.id, 0)).wait()
     runs = sorted(run for (pid, run) in await HistoryStore(store).ended_runs() if pid == str(procedure.id))
     assert runs == [1, 2]
+    await store.inner.close()
+
+
+async def test_a_restart_is_refused_while_the_procedure_is_being_submitted(local_target: StoreTarget) -> None:
+    """The submit's first write backs off (its answers lost); an operator's rewind of the
+    id meanwhile must not write a second run beside the one the submit then starts."""
+    from procstore import ProcedureError
+
+    world = World.new()
+    procedure = steps(world, 2)
+    store = FaultyStore(open_state_store(local_target.url))
+    key = f"procedure/{procedure.id}/0000000000.step"
+    store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, when="after", times=2))
+    async with manager_for(store, retry_delay=0.2, max_retry_delay=0.2, max_retry_times=5) as manager:
+        submitting = asyncio.ensure_future(manager.submit(procedure))
+        await asyncio.sleep(0.1)  # its first answer is lost: it backs off
+        with pytest.raises(ProcedureError, match="being submitted"):
+            await manager.rewind(procedure.id, 0)
+        await (await submitting).wait()
+    assert world.counts["steps/0"] == 1 and world.counts["steps/1"] == 1
     await store.inner.close()
