@@ -26,12 +26,16 @@ class LockTable:
         self._waits: dict[ProcedureId, str] = {}
         """The lock key each procedure is waiting for, if it is waiting for one."""
 
-    async def acquire(self, pid: ProcedureId, key: StringKey, requested: asyncio.Event) -> bool:
-        """Take `key` for `pid`, unless `requested` is set first (an operator's request ends
-        the wait): False then, with nothing taken."""
+    async def acquire(self, pid: ProcedureId, key: StringKey, unless: asyncio.Event | None) -> bool:
+        """Take `key` for `pid`, unless `unless` is set first (an operator's request ends the
+        wait): False then, with nothing taken."""
         self._waits[pid] = key.key
         try:
-            acquired = await self._locks.acquire_unless(key, requested)
+            if unless is None:
+                await self._locks.acquire(key)
+                acquired = True
+            else:
+                acquired = await self._locks.acquire_unless(key, unless)
         finally:
             del self._waits[pid]
         if acquired:
