@@ -19,7 +19,7 @@ from procstore.ids import ProcedureId
 from procstore.store.requests import OperatorRequest, RequestStore
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
-"""`ManagerContext.spawn`: a task of the term."""
+"""`Term.spawn`: a task of the term."""
 
 
 class RequestLooks:
@@ -37,7 +37,7 @@ class RequestLooks:
     def __init__(self, requests: RequestStore, spawn: Spawn) -> None:
         self._requests = requests
         self._spawn = spawn
-        """Starts a task of the term (`ManagerContext.spawn`): a stop cancels a look and waits for it."""
+        """Starts a task of the term (`Term.spawn`): a stop cancels a look and waits for it."""
         self._waiting: dict[ProcedureId, list[asyncio.Future[OperatorRequest | None]]] = {}
         """Calls made since the current look began, waiting for the next one."""
         self._look: asyncio.Task[None] | None = None

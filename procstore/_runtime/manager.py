@@ -11,10 +11,9 @@ from typing import Any, Generic, Self, TypeVar, overload
 
 from procstore._logs import get_logger
 from procstore._runtime.context import Loader, ManagerContext
-from procstore._runtime.leadership import Leadership, check_lease_support, lease_key
+from procstore._runtime.leadership import Leadership, check_lease_support, lease_key, refuse_if_lease_is_live
 from procstore._runtime.lease import LEASE_FOLDER, Lease
 from procstore._runtime.lifecycle import Lifecycle
-from procstore._runtime.live_lease import refuse_if_lease_is_live
 from procstore._runtime.operator import request as request_stop
 from procstore._runtime.restart import restart
 from procstore._runtime.retry import RetryBudget, RetryPolicy

@@ -118,17 +118,22 @@ class StoredProcedures:
             self.unreadable[child_id] = e.problem
             ctx.metas.register_poisoned(parent_id, child_id, message.type_name, e.problem.reason)
             return True
-        if rolling_back:
-            state = ProcedureState.with_error(ProcedureStateKind.ROLLING_BACK, message.error or "unknown error")
-        elif roll_back:
+        if roll_back and not rolling_back:
             state = ProcedureState.with_error(
                 ProcedureStateKind.PREPARE_ROLLBACK, f"its parent {parent_id} is rolling back"
             )
         else:
-            state = ProcedureState.running()
+            state = resumed_state(message, rolling_back=rolling_back)
         meta = ctx.metas.register(child_id, message.type_name, parent_id, procedure, state, lock_key, message.run)
         start(meta, procedure, message.step + 1, message.data)
         return True
+
+
+def resumed_state(message: ProcedureMessage, *, rolling_back: bool) -> ProcedureState:
+    """The state a stored procedure resumes in: rolling back (from its `.rollback`), or running."""
+    if rolling_back:
+        return ProcedureState.with_error(ProcedureStateKind.ROLLING_BACK, message.error or "unknown error")
+    return ProcedureState.running()
 
 
 async def recover(ctx: ManagerContext) -> list[LoadProblem]:
@@ -463,10 +468,7 @@ def _resume_root(
         problems.append(e.problem)
         ctx.recovered.unreadable[pid] = e.problem
         return []
-    if rolling_back:
-        state = ProcedureState.with_error(ProcedureStateKind.ROLLING_BACK, message.error or "unknown error")
-    else:
-        state = ProcedureState.running()
+    state = resumed_state(message, rolling_back=rolling_back)
     meta = ctx.metas.register(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)
     meta.is_root = True
     meta.inherited = True

@@ -452,7 +452,7 @@ class Runner:
                 self._execute_once, on_retry=self._on_retry, wake=self.meta.requested
             )
         except Fenced:
-            raise  # from `ctx.check_lease()`: not the procedure's failure, the term's end
+            raise  # from `_check_lease()`: not the procedure's failure, the term's end
         except Exception as e:
             await self._fail(e)
             return
@@ -522,14 +522,14 @@ class Runner:
         self.step += 1
         self._stored_data = data
 
-    async def _commit(self) -> None:
+    async def _commit_attempt(self, _attempt: int) -> None:
         await self.ctx.store.commit_procedure(self.meta.id, self.step)
+        self._committed()
+
+    def _committed(self) -> None:
         self.meta.terminal_keys += ((self.step, KeyType.COMMIT),)
         self.meta.end_stored = True
         self.step += 1
-
-    async def _commit_attempt(self, _attempt: int) -> None:
-        await self._commit()
 
     async def _write_commit(self, *, ends_failure: bool = False) -> bool | None:
         """Write `{step}.commit`: True once stored, False if the store surely lacks it, None if unknown.
@@ -560,9 +560,7 @@ class Runner:
             return None
         if stored is None:
             return False
-        self.meta.terminal_keys += ((self.step, KeyType.COMMIT),)
-        self.meta.end_stored = True
-        self.step += 1
+        self._committed()
         return True
 
     async def _commit_or_fail(self, done: ProcedureState) -> None:
@@ -862,7 +860,7 @@ async def delete_tree(
     """Write a finished tree's end records, then delete the keys that may go (the root's
     too, unless `keep_root`: it is about to run again).
 
-    `metas` are the runs that ended (from `ctx.tree_metas` at the end): what they wrote is
+    `metas` are the runs that ended (from `Registry.tree_metas` at the end): what they wrote is
     deleted, and nothing above their highest step, which a later run of the id (a resume
     or rewind since) writes. Kept: unreadable procedures and those whose keys must survive
     (`keep_keys`). A failure is logged, not raised: the next start deletes (and records)
