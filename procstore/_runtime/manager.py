@@ -58,7 +58,6 @@ class _Setting(Generic[T]):
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._name = name
-        self._private = f"_{name}"
 
     @overload
     def __get__(self, manager: None, owner: type) -> _Setting[T]: ...
@@ -67,13 +66,13 @@ class _Setting(Generic[T]):
     def __get__(self, manager: ProcedureManager | None, owner: type) -> T | _Setting[T]:
         if manager is None:
             return self
-        value: T = getattr(manager, self._private)
+        value: T = manager._settings[self._name]
         return value
 
     def __set__(self, manager: ProcedureManager, value: T) -> None:
         if manager.is_running:
             raise SettingFrozen(self._name)
-        setattr(manager, self._private, value)
+        manager._settings[self._name] = value
 
 
 class ProcedureManager:
@@ -155,15 +154,23 @@ class ProcedureManager:
     ) -> None:
         self._given_store = url if isinstance(url, StateStore) else None
         self._state_store: StateStore | None = None
-        self._url = url.url if isinstance(url, StateStore) else os.fspath(url)
-        self._storage_options = dict(storage_options or {})
-        self._retry_budget = retry_budget if retry_budget is not None else RetryBudget()
-        self._policy = RetryPolicy(max_retry_times, retry_delay, max_retry_delay, self._retry_budget)
-        self._max_running_procedures = max_running_procedures
-        self._metadata_ttl = metadata_ttl
-        self._gc_interval = gc_interval
-        self._parent_path = parent_path
-        self._request_poll_interval = request_poll_interval
+        budget = retry_budget if retry_budget is not None else RetryBudget()
+        self._settings: dict[str, Any] = {
+            "url": url.url if isinstance(url, StateStore) else os.fspath(url),
+            "storage_options": dict(storage_options or {}),
+            "retry_budget": budget,
+            "policy": RetryPolicy(max_retry_times, retry_delay, max_retry_delay, budget),
+            "max_running_procedures": max_running_procedures,
+            "metadata_ttl": metadata_ttl,
+            "gc_interval": gc_interval,
+            "parent_path": parent_path,
+            "request_poll_interval": request_poll_interval,
+            "history": history if isinstance(history, History) else History(),
+            "keep_failed": keep_failed,
+            "telemetry": telemetry,
+            "lease": Lease.from_option(lease),
+        }
+        """The values of the `_Setting`s, by name."""
         if history is False:
             warnings.warn(
                 "history=False no longer turns history off: each ended run's record is its end record, "
@@ -171,10 +178,6 @@ class ProcedureManager:
                 DeprecationWarning,
                 stacklevel=2,
             )
-        self._history = history if isinstance(history, History) else History()
-        self._keep_failed = keep_failed
-        self._telemetry = telemetry
-        self._lease = Lease.from_option(lease)
         self._loaders: dict[str, Loader] = {}
         self._paused = False
         self._terms: Leadership | SingleTerm | None = None

@@ -184,10 +184,6 @@ class Registry:
         one of these ids gets metadata of its own)."""
         return [meta for pid in ids if (meta := self._metas.get(pid)) is not None]
 
-    def is_current(self, meta: ProcedureMeta) -> bool:
-        """Whether `meta` is its id's run now (not restarted since)."""
-        return self._metas.get(meta.id, meta) is meta
-
     def tree_finished(self, metas: list[ProcedureMeta]) -> None:
         """Start the metadata TTL of a finished tree's runs."""
         self._finished_trees.append((time.monotonic(), metas))

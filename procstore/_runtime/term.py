@@ -1,8 +1,9 @@
 """A term: one stretch of time in which a manager runs the store's procedures.
 
-Without a lease a single term runs from `start()` to `stop()`. With one, each leadership is
-a term: begun when the lease is won, ended when it is lost or the manager stops. A term's
-life, all of it in this file:
+Each term has one owner, which creates it, holds it as `term` and ends it; the manager
+delegates to that owner. Without a lease it is `SingleTerm` (below): one term from
+`start()` to `stop()`. With one it is `Leadership` (leadership.py): a term per leadership,
+begun when the lease is won, ended when it is lost or the manager stops. A term's life:
 
     begin()    a fresh ManagerContext over the store (writes guarded by the lease, if any)
        |       recovery task: load the store, resume unfinished procedures

@@ -5,12 +5,15 @@ recovery found, in recovery's module)."""
 from __future__ import annotations
 
 import ast
+import inspect
+import textwrap
 from pathlib import Path
 
 import pytest
 
 import procstore
 from procstore._runtime.context import ManagerContext
+from procstore._runtime.leadership import Leadership
 from procstore._runtime.lock_table import LockTable
 from procstore._runtime.operator import OperatorRequests
 from procstore._runtime.recovery import StoredProcedures
@@ -28,6 +31,8 @@ SHARED = [
     TermLease,
     TermSettings,
     SingleTerm,
+    Leadership,
+    procstore.ProcedureManager,
 ]
 OWNERS = {"recovered": "_runtime/recovery.py"}
 """A part whose fields a module other than its class's own may write: recovery fills the
@@ -36,9 +41,18 @@ MUTATORS = {"add", "append", "clear", "discard", "extend", "pop", "remove", "set
 
 
 def fields(cls: type) -> set[str]:
+    """Its `__slots__`, or else the `self.x` its `__init__` assigns."""
     slots = cls.__dict__.get("__slots__")
-    assert slots is not None, f"{cls.__qualname__} has no __slots__: its fields cannot be counted"
-    return {slots} if isinstance(slots, str) else set(slots)
+    if slots is not None:
+        return {slots} if isinstance(slots, str) else set(slots)
+    init = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))  # type: ignore[misc]
+    return {
+        target.attr
+        for node in ast.walk(init)
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
+    }
 
 
 @pytest.mark.parametrize("cls", SHARED, ids=lambda cls: cls.__qualname__)
