@@ -1,21 +1,23 @@
 """Recovery at `start()`: load every procedure and resume the unfinished ones.
 
 Order, as in GreptimeDB: rolling-back roots first (they may hold locks the others need),
-then unfinished roots. Subprocedures are not resubmitted: they wait in
-`StoredProcedures` (`ManagerContext.recovered`) until their parent runs again and claims them. Committed roots,
-and committed children whose parent is gone, have their keys deleted.
+then unfinished roots. Subprocedures are not resubmitted: they wait in `StoredProcedures`
+(`ManagerContext.recovered`) until their parent runs again and claims them. Committed
+roots, and committed children whose parent is gone, have their keys deleted, after their
+end records (`record_recovered`, `record_kept`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from procstore._bulk import collector_paused
 from procstore._logs import get_logger
-from procstore._runtime.history import record_kept, record_recovered
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.registry import walk
 from procstore._runtime.runner import Runner
@@ -23,8 +25,8 @@ from procstore.errors import LoadFailed, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.procedure import Procedure
 from procstore.state import ProcedureState, ProcedureStateKind
-from procstore.store.history import Recorded, RunKey
-from procstore.store.keys import KeysByProcedure, KeyType
+from procstore.store.history import HistoryRecord, Recorded, RunKey, iso, record_from_keys
+from procstore.store.keys import KeysByProcedure, KeyType, procedure_dir
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
 
@@ -567,3 +569,42 @@ def _adopt_children(ctx: ManagerContext, root: ProcedureId, loaded: ProcedureMes
 def _warn_deleting(ids: list[ProcedureId], why: str) -> None:
     """One warning for folders recovery or a leader's look deletes, naming the first ten."""
     logger.warning("deleting %d procedure folders %s: %s", len(ids), why, ", ".join(map(str, ids[:10])))
+
+
+async def record_recovered(
+    ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId], recorded: Recorded
+) -> None:
+    """End records for the finished runs recovery is about to delete, unless history holds
+    that end (`recorded`: a record of another run of the same id says nothing of this one).
+
+    What the store keeps of them is their last message: no start time, no retry count.
+    """
+    now = iso(datetime.now(UTC)) or ""
+    records = [
+        record_from_keys(pid, message, rolled_back=pid in loaded.rolled_back_ids, ended_at=now)
+        for pid in ids
+        if (message := loaded.finished_messages.get(pid)) is not None
+    ]
+    await ctx.history.put_unrecorded(records, recorded)
+
+
+async def record_kept(
+    ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId], recorded: Recorded
+) -> None:
+    """End records for failed roots kept for an operator whose end history lacks: a crash
+    came between their `.commit` and their record. The record says when the `.commit` was
+    written (where the store knows), so one that retention swept since stays swept instead
+    of coming back, as ending now, at every start."""
+    now = time.time()
+    records: list[HistoryRecord] = []
+    for pid in ids:
+        message = loaded.finished_messages.get(pid)
+        if message is None or recorded.has(pid, message.run):
+            continue
+        modified = await ctx.store.store.walk_modified(procedure_dir(ctx.store.proc_path, pid))
+        ended = max((t for t in modified.values() if t is not None), default=now)
+        if now - ended > ctx.history.settings.retention:
+            continue
+        at = iso(datetime.fromtimestamp(ended, UTC)) or ""
+        records.append(record_from_keys(pid, message, rolled_back=True, ended_at=at))
+    await ctx.history.put_many(records)

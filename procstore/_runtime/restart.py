@@ -23,10 +23,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from procstore._logs import get_logger, procedure_fields
-from procstore._runtime.history import record_superseded
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.recovery import resume_root
-from procstore._runtime.runner import delete_tree
+from procstore._runtime.runner import delete_tree, record_superseded
 from procstore.errors import LoadFailed, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.restart import RestartedMeanwhile, apply_restart, check_restart, plan_restart

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, TypeVar
 
 from procstore._aio import gather_settled
 from procstore._logs import get_logger, procedure_fields
-from procstore._runtime.history import record_tree
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.retry import is_rollback_retryable, is_transient
 from procstore._runtime.telemetry import run_traced
@@ -54,6 +53,7 @@ from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.state import ProcedureState, ProcedureStateKind
+from procstore.store.history import HistoryRecord, iso
 from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.requests import OperatorRequested
@@ -915,3 +915,61 @@ async def delete_tree(
             e,
             extra=procedure_fields(root.id, root.type_name, root.steps),
         )
+
+
+async def record_tree(
+    ctx: ManagerContext, ids: list[ProcedureId], root: ProcedureMeta, root_state: ProcedureState, ended: datetime
+) -> None:
+    """Write the end record of each run of a finished tree whose end is stored (its
+    `.commit`), before its keys go; a run whose end is not stored gets none (it runs again).
+
+    Raises the store's error: the caller then keeps the keys, and the next start records
+    and deletes them.
+    """
+    records: list[HistoryRecord] = []
+    for pid in ids:
+        meta = ctx.metas.get(pid)
+        if meta is not None:
+            state = root_state if meta is root else meta.state
+            if meta.end_stored and state.is_ended():
+                records.append(_record(meta, state, ended))
+        elif (type_name := ctx.recovered.committed.get(pid)) is not None:
+            # A child that ended in an earlier term: the store kept only its last message, which
+            # does not say whether it rolled back or had no rollback (`StoredStatus.FAILED`).
+            error = ctx.recovered.rolled_back.get(pid)
+            records.append(
+                HistoryRecord(
+                    id=str(pid),
+                    type_name=type_name,
+                    parent_id=next((str(p) for p, kids in ctx.recovered.children_of.items() if pid in kids), None),
+                    outcome="done" if error is None else "failed",
+                    error=error,
+                    ended_at=iso(ended) or "",
+                    run=ctx.recovered.committed_runs.get(pid, 1),
+                )
+            )
+    await ctx.history.put_many(records)
+
+
+async def record_superseded(ctx: ManagerContext, meta: ProcedureMeta, how: str) -> None:
+    """The end record of a run that ended here without its end being stored (the store
+    shows it unfinished), written as an operator's restart supersedes it (`how`): history
+    holds one record per run, and recovery never runs a run that has one."""
+    state = meta.state
+    error = f"{state.error}; {how} before this end was stored" if state.error else how
+    await ctx.history.put_many([_record(meta, state.with_error_text(error), datetime.now(UTC))])
+
+
+def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime) -> HistoryRecord:
+    return HistoryRecord(
+        id=str(meta.id),
+        type_name=meta.type_name,
+        parent_id=None if meta.parent_id is None else str(meta.parent_id),
+        outcome=meta.outcome(state),
+        error=state.error,
+        started_at=iso(meta.start_time),
+        ended_at=iso(meta.end_time or ended) or "",
+        steps=meta.steps,
+        retries=meta.retries,
+        run=meta.run,
+    )
