@@ -13,7 +13,7 @@ import pytest
 
 from procstore import Context, Procedure, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId, Status
 from procstore._logs import current_procedure
-from procstore._runtime.looks import RequestLooks
+from procstore._runtime.operator import RequestLooks
 from procstore.errors import StoreUnavailable
 from procstore.store.local import LocalDirStore
 from procstore.store.memory import MemoryStore
