@@ -2,9 +2,8 @@
 
 A manager with `lease=` is a standby until it wins the lease; it then begins a `Term` (a
 fresh context that recovers everything the store holds, as `start()` does), holds it as
-`term`, and renews the
-lease every `ttl / 4` seconds. The term ends, with every runner cancelled and awaited,
-when:
+`term`, and renews the lease every `ttl / 4` seconds. The term ends, with every runner
+cancelled and awaited, when:
 
 - the lease is found held by another manager (a renewal's compare-and-swap is refused);
 - no renewal succeeded in time: at `ttl - stop_margin` seconds after the last renewal was
