@@ -8,7 +8,8 @@ import json
 from dataclasses import dataclass, field
 
 from procstore import ProcedureId, ProcedureManager, ProcedureWithId
-from procstore.store import ProcedureStore, StateStore
+from procstore.store import StateStore
+from procstore.store.procedure_store import ProcedureStore
 from tests.greptime import greptime_step
 from tests.procedures import BLOCKERS, Undoable, World, register_all
 

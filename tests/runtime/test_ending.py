@@ -12,14 +12,13 @@ from procstore import ProcedureFailed, ProcedureWithId
 from procstore.store import StateStore, open_state_store
 from procstore.store.wrapping import WrappingStore
 from procstore.testing import Fault, FaultyStore
-from tests.conftest import StoreTarget
 from tests.procedures import Parent, World
-from tests.runtime.helpers import manager_for, steps
-from tests.support import store_targets
+from tests.runtime.helpers import steps
+from tests.support import StoreTarget, manager_for, store_targets
 
 T = TypeVar("T")
 
-target = store_targets("local", "s3", "mem")
+target = store_targets("local", "s3", "memory")
 
 
 class Counting(WrappingStore):

@@ -12,13 +12,13 @@ import msgspec
 import pytest
 
 from procstore import Lease, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId
-from procstore.store import LocalDirStore
+from procstore.store.local import LocalDirStore
 from procstore.store.requests import OperatorRequest
 from procstore.testing import FaultyStore
-from tests.conftest import StoreTarget
 from tests.greptime import greptime_step
 from tests.procedures import Steps, Undoable, World
-from tests.runtime.helpers import blocker, eventually, manager_for, steps, wait_for_state
+from tests.runtime.helpers import blocker, eventually, steps, wait_for_state
+from tests.support import StoreTarget, manager_for
 
 
 def write_raw(root: Path, key: str, value: bytes) -> None:

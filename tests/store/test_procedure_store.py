@@ -10,9 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from procstore import ProcedureId
-from procstore.store import KeyType, LocalDirStore, ProcedureMessage, ProcedureStore
-from procstore.store.keys import latest_in_sorted
-from procstore.store.procedure_store import _latest, _latest_first
+from procstore.store import ProcedureMessage
+from procstore.store.keys import KeyType, latest_in_sorted
+from procstore.store.local import LocalDirStore
+from procstore.store.procedure_store import ProcedureStore, _latest, _latest_first
 from procstore.testing import FaultyStore
 
 
