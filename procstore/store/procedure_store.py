@@ -1,6 +1,6 @@
 """`ProcedureStore`: procedures' steps, commits and rollbacks on a `StateStore`.
 
-The layout and the rules are GreptimeDB's (see `store-format.md`): one folder per
+The layout and the rules are GreptimeDB's (see docs/stores.md, "The layout"): one folder per
 procedure, one key per persisted step, and the highest step decides what a procedure is
 on recovery. A value that cannot be read is reported with its key and skipped; it is never
 deleted and never stops the others from loading.
