@@ -230,7 +230,12 @@ class ProcedureStore:
         return sorted((p for p in parsed if p is not None), key=lambda p: p.step)
 
     async def delete_procedure(
-        self, procedure_id: ProcedureId, keys: Sequence[ParsedKey] | None = None, *, through_step: int | None = None
+        self,
+        procedure_id: ProcedureId,
+        keys: Sequence[ParsedKey] | None = None,
+        *,
+        through_step: int | None = None,
+        everything: bool = False,
     ) -> None:
         """Delete a procedure's keys: every `.step`, then its terminal keys from the lowest to
         the highest (a `.rollback` before the `.commit` above it), then the folder.
@@ -242,9 +247,13 @@ class ProcedureStore:
         the listing; a key it does not name would be left behind, so only a writer sure of
         every write passes them.
 
-        `through_step`: the highest step of the run that ended. A key above it belongs to a
-        later run of the same id (an operator's resume or rewind writes its copy above every
-        key): it is never deleted, and neither is the folder then.
+        `through_step`: the highest step of the run that ended. A listed key above it belongs
+        to a later run of the same id (an operator's resume or rewind writes its copy above
+        every key, and may copy the earlier steps again): the folder is the later run's then,
+        and nothing is deleted. Without `through_step`, a key above the highest `.commit`
+        whose message is of a later run than the key below that commit (or that cannot be
+        read) is such a key. `everything` deletes every key, a later run's too (an operator's
+        `procstore delete`).
         """
         folder = procedure_dir(self.proc_path, procedure_id)
         if keys is not None:
@@ -253,6 +262,13 @@ class ProcedureStore:
             await self.store.delete_in_order(steps, ends, folder)
             return
         keys_found = await self.store.walk(folder)
+        if not everything and await self._later_run_in(keys_found, through_step):
+            logger.info(
+                "procedure %s runs again (a later run's keys are in its folder): its keys stay",
+                procedure_id,
+                extra=procedure_fields(procedure_id),
+            )
+            return
         step_keys: list[str] = []
         finish_keys: list[tuple[int, str]] = []
         for key in keys_found:
@@ -260,13 +276,27 @@ class ProcedureStore:
             if parsed is None:
                 about = procedure_fields(procedure_id)
                 logger.warning("unknown key while deleting procedure %s: %s", procedure_id, key, extra=about)
-            elif through_step is not None and parsed.step > through_step:
-                continue  # a later run's: see the docstring
             elif parsed.key_type is KeyType.STEP:
                 step_keys.append(key)
             else:
                 finish_keys.append((parsed.step, key))
         await self.store.delete_in_order(step_keys, [key for _, key in sorted(finish_keys)], folder)
+
+    async def _later_run_in(self, keys: Sequence[str], through_step: int | None) -> bool:
+        """Whether a listed key belongs to a run after the one being deleted (see
+        `delete_procedure`)."""
+        parsed = [p for key in keys if (p := ParsedKey.parse(self.proc_path, key)) is not None]
+        if through_step is not None:
+            return any(p.step > through_step for p in parsed)
+        top = max((p.step for p in parsed if p.key_type is KeyType.COMMIT), default=None)
+        above = [p for p in parsed if top is not None and p.step > top]
+        below = max((p for p in parsed if top is not None and p.step < top), key=lambda p: p.step, default=None)
+        if top is None or not above:
+            return False
+        if below is None:
+            return True  # which run the keys above are cannot be told: they stay
+        runs = [_run_of(v) for v in await self._read_all([str(below), *(str(p) for p in above)])]
+        return runs[0] is None or any(run is None or run > runs[0] for run in runs[1:])
 
     async def delete_procedures(
         self,
@@ -538,3 +568,13 @@ def _latest(found: list[StepAndType]) -> StepAndType:
 def _latest_first(key: StepAndType) -> tuple[int, bool]:
     """The latest-step rule: the highest step wins, and at the same step a commit or rollback."""
     return key[0], key[1] is not KeyType.STEP
+
+
+def _run_of(value: bytes | Exception | None) -> int | None:
+    """The run of a stored message; None if it cannot be read."""
+    if not isinstance(value, bytes):
+        return None
+    try:
+        return ProcedureMessage.decode(value).run
+    except MessageDecodeError:
+        return None
