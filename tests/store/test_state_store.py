@@ -15,6 +15,7 @@ from procstore.store import open_state_store
 from procstore.store.fsspec_store import BucketStore, FsspecStore
 from procstore.store.gcs import GcsStore
 from procstore.store.local import LocalDirStore
+from procstore.store.memory import MemoryStore
 from procstore.store.s3 import S3Store
 from procstore.store.state_store import StateStore
 from tests.conftest import s3_options
@@ -375,7 +376,7 @@ async def test_each_url_opens_the_backend_that_knows_its_conditional_writes(
         (s3_target.url, s3_target.storage_options, S3Store),
         (gcs_target.url, gcs_target.storage_options, GcsStore),
         (str(tmp_path), None, LocalDirStore),
-        ("memory://procstore-kinds/", None, FsspecStore),
+        ("memory://procstore-kinds/", None, MemoryStore),
         # A blocking client asked for in the options: the generic store, no S3 specifics.
         (s3_target.url, {**s3_target.storage_options, "asynchronous": False}, FsspecStore),
     ]
