@@ -9,6 +9,7 @@ import pickle
 import re
 import tomllib
 import types
+import typing
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,26 @@ def test_public_classes_and_functions_name_the_package_that_exports_them(package
         if isinstance(value := getattr(module, name), type | types.FunctionType) and value.__module__ != package
     }
     assert named_elsewhere == {}
+
+
+@pytest.mark.parametrize("package", PUBLIC_PACKAGES)
+def test_the_type_hints_of_public_classes_still_resolve_under_the_exporting_package(package: str) -> None:
+    """`get_type_hints` (and msgspec, pydantic, dataclass tools) reads a class's text
+    annotations in the module `__module__` names: the exporting package's, now."""
+    module = importlib.import_module(package)
+    unresolved = {}
+    for name in module.__all__:
+        if isinstance(value := getattr(module, name), type):
+            try:
+                typing.get_type_hints(value)
+            except NameError as e:
+                unresolved[name] = str(e)
+    assert unresolved == {}
+
+    class Mine(procstore.Procedure):  # a user's subclass: the base's hints resolve too
+        type_name = "mine"
+
+    assert {"type_name", "rollback_supported"} <= set(typing.get_type_hints(Mine))
 
 
 def test_public_values_and_errors_survive_pickling() -> None:
