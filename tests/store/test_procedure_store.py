@@ -214,7 +214,7 @@ async def test_a_deletion_cut_short_leaves_a_rewound_procedure_read_as_its_last_
     """Run 1 rolled back (0.step, 1.rollback, 2.commit); a rewind ran run 2 to its end
     (3.step, 4.commit). A deletion that stops at any stage must leave a folder that reads as
     run 2 ended (done), never as rolled back by run 1's `.rollback`."""
-    from procstore.testing import Fault
+    from procstore.testing import Fault, InjectedFailure
 
     store, recorder = make_store(tmp_path)
     pid = ProcedureId.random()
@@ -225,7 +225,7 @@ async def test_a_deletion_cut_short_leaves_a_rewound_procedure_read_as_its_last_
     await store.store.put_if_absent(store.key(pid, 3, KeyType.STEP), message)
     await store.commit_procedure(pid, 4)
     recorder.plan.faults.append(Fault("error", kinds=frozenset({"delete", "batch_delete"}), nth=failing))
-    with pytest.raises(Exception):
+    with pytest.raises(InjectedFailure):
         await store.delete_procedure(pid)
     left = sorted(k.rsplit("/", 1)[1] for k in await store.store.walk(f"data/procedure/{pid}/"))
     loaded = await store.load_messages()
