@@ -3,6 +3,7 @@
 The public surface is re-exported here; see `api.md` for the contract.
 """
 
+from procstore import _public
 from procstore._runtime.lease import Lease
 from procstore._runtime.lease_clock import LeaseClock
 from procstore._runtime.manager import ProcedureManager
@@ -25,6 +26,7 @@ from procstore.errors import (
     ProcedureError,
     ProcedureFailed,
     RetryLater,
+    SettingFrozen,
     StoreError,
     StoreUnavailable,
     SubmissionsPaused,
@@ -78,8 +80,11 @@ __all__ = [
     "StringKey",
     "StoreError",
     "StoreUnavailable",
+    "SettingFrozen",
     "SubmissionsPaused",
     "TooManyRunningProcedures",
     "Watcher",
     "__version__",
 ]
+
+_public.present_under(__name__, globals())

@@ -42,8 +42,8 @@ from procstore._cli.output import (
     time_option,
 )
 from procstore.ids import ProcedureId
-from procstore.store import ProcedureStore
 from procstore.store.inventory import Inventory, StoredProcedure, StoredStatus, read_inventory
+from procstore.store.procedure_store import ProcedureStore
 from procstore.store.state_store import walk_readable
 
 STATUS_STYLE = {

@@ -1,6 +1,6 @@
 """`ProcedureStore`: procedures' steps, commits and rollbacks on a `StateStore`.
 
-The layout and the rules are GreptimeDB's (see `store-format.md`): one folder per
+The layout and the rules are GreptimeDB's (see docs/stores.md, "The layout"): one folder per
 procedure, one key per persisted step, and the highest step decides what a procedure is
 on recovery. A value that cannot be read is reported with its key and skipped; it is never
 deleted and never stops the others from loading.
@@ -237,12 +237,12 @@ class ProcedureStore:
         through_step: int | None = None,
         everything: bool = False,
     ) -> None:
-        """Delete a procedure's keys: every `.step`, then its terminal keys from the lowest to
-        the highest (a `.rollback` before the `.commit` above it), then the folder.
+        """Delete a procedure's keys in the stages of `_deletion_stages`, then the folder.
 
         Each stage is verified gone before the next starts (a store that cannot delete a key
         raises), so a crash or an error part way leaves the highest terminal key and the
-        procedure still reads as finished, never as unfinished or as rolling back.
+        procedure still reads as finished with the same outcome, never as unfinished or as
+        rolling back.
         `keys`, when the caller knows every key the procedure has (it wrote them all), saves
         the listing; a key it does not name would be left behind, so only a writer sure of
         every write passes them.
@@ -257,9 +257,7 @@ class ProcedureStore:
         """
         folder = procedure_dir(self.proc_path, procedure_id)
         if keys is not None:
-            steps = [str(k) for k in keys if k.key_type is KeyType.STEP]
-            ends = [str(k) for k in sorted((k for k in keys if k.key_type.is_terminal), key=lambda k: k.step)]
-            await self.store.delete_in_order(steps, ends, folder)
+            await self.store.delete_in_order(*_deletion_stages(keys), folder)
             return
         keys_found = await self.store.walk(folder)
         if not everything and await self._later_run_in(keys_found, through_step):
@@ -269,18 +267,15 @@ class ProcedureStore:
                 extra=procedure_fields(procedure_id),
             )
             return
-        step_keys: list[str] = []
-        finish_keys: list[tuple[int, str]] = []
+        found: list[ParsedKey] = []
         for key in keys_found:
             parsed = ParsedKey.parse(self.proc_path, key)
             if parsed is None:
                 about = procedure_fields(procedure_id)
                 logger.warning("unknown key while deleting procedure %s: %s", procedure_id, key, extra=about)
-            elif parsed.key_type is KeyType.STEP:
-                step_keys.append(key)
             else:
-                finish_keys.append((parsed.step, key))
-        await self.store.delete_in_order(step_keys, [key for _, key in sorted(finish_keys)], folder)
+                found.append(parsed)
+        await self.store.delete_in_order(*_deletion_stages(found), folder)
 
     async def _later_run_in(self, keys: Sequence[str], through_step: int | None) -> bool:
         """Whether a listed key belongs to a run after the one being deleted (see
@@ -578,3 +573,20 @@ def _run_of(value: bytes | Exception | None) -> int | None:
         return ProcedureMessage.decode(value).run
     except MessageDecodeError:
         return None
+
+
+def _deletion_stages(keys: Sequence[ParsedKey]) -> tuple[list[str], list[str]]:
+    """The keys a deletion removes at once, then those it removes one at a time, in order:
+    every `.step`, then the terminal keys from the lowest (a `.rollback` before the `.commit`
+    above it). Where the folder holds an earlier run's end too (more than one `.commit`), all
+    but the highest `.commit` and the key right below it go first: that key says how the
+    last run ended, and an earlier run's `.rollback` left alone beside it would say rolled
+    back."""
+    ordered = sorted(keys, key=lambda k: (k.step, k.key_type is KeyType.COMMIT))
+    commits = [k for k in ordered if k.key_type is KeyType.COMMIT]
+    if len(commits) > 1:
+        at = ordered.index(commits[-1])
+        last = ordered[max(at - 1, 0) : at + 1]
+        return [str(k) for k in ordered if k not in last], [str(k) for k in last]
+    steps = [str(k) for k in ordered if k.key_type is KeyType.STEP]
+    return steps, [str(k) for k in ordered if k.key_type.is_terminal]

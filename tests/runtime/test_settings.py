@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from procstore import ProcedureManager
-from procstore.errors import SettingFrozen
+from procstore import ProcedureManager, SettingFrozen
 
 
 async def test_a_setting_changed_after_start_is_refused_not_silently_ignored(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from procstore import Lease, ProcedureId
 from procstore.store.message import ProcedureMessage
-from tests.conftest import StoreTarget
-from tests.runtime.helpers import eventually, manager_for
+from tests.runtime.helpers import eventually
+from tests.support import manager_for
 
 TTL = 1.0
 
@@ -19,9 +19,8 @@ async def test_a_takeover_reports_what_its_recovery_could_not_load(tmp_path: Pat
     folder = tmp_path / "procedure" / str(unloadable)
     folder.mkdir(parents=True)
     (folder / "0000000000.step").write_bytes(ProcedureMessage("test::NoLoader", "{}", None, 0).encode())
-    target = StoreTarget("local", str(tmp_path))
-    leader = manager_for(target, lease=Lease(ttl=TTL, holder="cp-1"))
-    standby = manager_for(target, lease=Lease(ttl=TTL, holder="cp-2"))
+    leader = manager_for(tmp_path, lease=Lease(ttl=TTL, holder="cp-1"))
+    standby = manager_for(tmp_path, lease=Lease(ttl=TTL, holder="cp-2"))
     await leader.start()
     assert [p.procedure_id for p in leader.recovery_problems] == [unloadable]
     await standby.start()

@@ -28,7 +28,7 @@ SEEDS = int(os.environ.get("PROCSTORE_SIM_SEEDS", "200"))
 """Seeds of the ledger world for the many-seeds test (about 7 seeds/s; the machines world
 runs 70% as many, at about 15 seeds/s): a few hundred in all, well within CI's 3 minutes."""
 
-KNOWN_FINDINGS = {
+KNOWN_FINDINGS: dict[str, list[int]] = {
     "ledger": [],
     "machines": [],
 }
