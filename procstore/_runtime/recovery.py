@@ -554,16 +554,21 @@ def _leftovers(loaded: ProcedureMessages, *, keep_failed: bool) -> list[Procedur
 
 def _adopt_children(ctx: ManagerContext, root: ProcedureId, loaded: ProcedureMessages) -> None:
     """Keep an adopted root's stored descendants for it to claim, as recovery does."""
-    parents = {root}
-    while parents:
-        found: set[ProcedureId] = set()
-        for messages, rolling_back in ((loaded.messages, False), (loaded.rollback_messages, True)):
-            for pid, message in messages.items():
-                if message.parent_id in parents and not ctx.is_known(pid):
-                    ctx.recovered.messages[pid] = (message, rolling_back)
-                    ctx.recovered.add_child(message.parent_id, pid)
-                    found.add(pid)
-        parents = found
+    stored: dict[ProcedureId, tuple[ProcedureMessage, bool]] = {}
+    children: dict[ProcedureId, list[ProcedureId]] = {}
+    for messages, rolling_back in ((loaded.messages, False), (loaded.rollback_messages, True)):
+        for pid, message in messages.items():
+            if message.parent_id is not None:
+                stored[pid] = (message, rolling_back)
+                children.setdefault(message.parent_id, []).append(pid)
+
+    def unknown_children(pid: ProcedureId) -> list[ProcedureId]:
+        return [child for child in children.get(pid, ()) if not ctx.is_known(child)]
+
+    for pid, parent in walk([root], unknown_children).items():
+        if parent is not None:
+            ctx.recovered.messages[pid] = stored[pid]
+            ctx.recovered.add_child(parent, pid)
 
 
 def _warn_deleting(ids: list[ProcedureId], why: str) -> None:
