@@ -173,11 +173,10 @@ def _end_record(key: str, value: bytes | None) -> tuple[str, int, str] | None:
 
 
 def _recorded(proc: Procedure, number: int, outcome: str, op: LoggedOp) -> None:
-    """An end record for the current run before any `.commit` of it: the run ended here
-    without its end being stored, and an operator's restart superseded it (the record is
-    that run's end)."""
-    run = proc.current
-    if run is not None and run.number == number and run.ended_at is None:
+    """An end record of a run no `.commit` ended: it ended without its end being stored (or
+    was stuck) and an operator's restart superseded it; the record is that run's end."""
+    run = next((r for r in proc.runs if r.number == number), None)
+    if run is not None and run.ended_at is None:
         run.ended_at = op.at
         run.outcome = "done" if outcome == "done" else "failed"
         proc.ended_numbers.add(number)

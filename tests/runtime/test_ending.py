@@ -167,3 +167,26 @@ async def test_a_resume_as_stored_of_a_run_that_ended_unrecorded_goes_on_with_th
             await resumed.wait()
     assert "steps/0" not in world.effects
     await store.inner.close()
+
+
+async def test_a_rewind_of_a_stuck_run_records_that_run_ended(local_target: StoreTarget) -> None:
+    """A submit's create landed but every answer was lost: the submit raised and nothing runs
+    the stored run 1. The operator rewinds it: run 2 runs, and run 1 gets its end record
+    (failed, superseded) once the copy is written: history holds one record per run."""
+    from procstore import StoreError
+    from procstore.store.history import HistoryStore
+
+    world = World.new()
+    procedure = steps(world, 2)
+    store = FaultyStore(open_state_store(local_target.url))
+    key = f"procedure/{procedure.id}/0000000000.step"
+    store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, when="after"))
+    async with manager_for(store, max_retry_times=0) as manager:
+        with pytest.raises(StoreError):
+            await manager.submit(procedure)
+        await (await manager.rewind(procedure.id, 0)).wait()
+    records = {r.run: r for r in await HistoryStore(store).list() if r.id == str(procedure.id)}
+    assert sorted(records) == [1, 2]
+    assert records[1].outcome == "failed" and "rewound to step 0" in (records[1].error or "")
+    assert world.counts["steps/0"] == 1
+    await store.inner.close()
