@@ -116,15 +116,12 @@ class ManagerContext:
 
     # -- loading ---------------------------------------------------------------------
 
-    def load(self, procedure_id: ProcedureId, message: ProcedureMessage, key: str | ParsedKey) -> Procedure:
-        """Rebuild a procedure from a stored message; raises `LoadFailed` saying why."""
-        return self.load_with_lock_key(procedure_id, message, key)[0]
-
     def load_with_lock_key(
         self, procedure_id: ProcedureId, message: ProcedureMessage, key: str | ParsedKey | KeyType
     ) -> tuple[Procedure, LockKey]:
-        """`load`, and the procedure's lock key, computed once: a `lock_key()` that fails on a
-        second call must fail here, as a load problem, not later where nothing handles it.
+        """Rebuild a procedure from a stored message, and its lock key; raises `LoadFailed`
+        saying why. The lock key is computed once: a `lock_key()` that fails on a second call
+        must fail here, as a load problem, not later where nothing handles it.
         `key` is the message's, or its suffix (the key is then the one at `message.step`):
         it is formatted only for a problem, since recovery loads thousands."""
 

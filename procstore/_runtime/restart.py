@@ -104,7 +104,7 @@ async def _restart(
     plan = await plan_restart(ctx.store, procedure_id, to_step)
     stored = await check_restart(ctx.store, plan)
     try:
-        procedure = ctx.load(procedure_id, stored, str(plan.source or plan.latest))
+        procedure, _ = ctx.load_with_lock_key(procedure_id, stored, str(plan.source or plan.latest))
     except LoadFailed as e:
         raise ProcedureError(f"procedure {procedure_id} cannot run: {e.problem}") from e
     if to_step is None and plan.ended and procedure.rollback_supported:
