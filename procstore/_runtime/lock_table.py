@@ -56,6 +56,9 @@ class LockTable:
         self._locks.release(key)
         self._holders.get(key.key, set()).discard(pid)
 
+    def holders_of(self, key: StringKey) -> set[ProcedureId]:
+        return set(self._holders.get(key.key, ()))
+
     def would_block(self, key: StringKey) -> bool:
         return self._locks.would_block(key)
 
