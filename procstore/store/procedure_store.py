@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import operator
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +19,7 @@ from procstore._bulk import collector_paused
 from procstore._logs import get_logger, procedure_fields
 from procstore.errors import Fenced, ListingIncomplete, StoreError
 from procstore.ids import ProcedureId
+from procstore.store.folder import ProcedureKeys, decode_or_problem
 from procstore.store.keys import (
     MAX_STEP,
     PROC_PATH,
@@ -33,7 +33,7 @@ from procstore.store.keys import (
     procedure_dir,
     procedure_of_dir,
 )
-from procstore.store.message import MessageDecodeError, ProcedureMessage
+from procstore.store.message import ProcedureMessage
 from procstore.store.requests import RESUME_PATH, RequestStore
 from procstore.store.state_store import StateStore
 
@@ -146,6 +146,15 @@ class ProcedureStore:
         step 0 (`ProcedureMessages.stray_ids`) and deletes empty latest keys (torn creates).
         Only managers sharing a store by lease leave those; a single manager reports them as
         usual (a store written by hand, say)."""
+        self.unknown_fields: dict[ProcedureId, str] = {}
+        """The message fields procstore does not know (`ProcedureMessage.extra`) of each
+        procedure read that has any, written back on every message written for it after:
+        what another writer (GreptimeDB's `context`) added survives procstore's writes."""
+
+    def keep_unknown_fields(self, procedure_id: ProcedureId, message: ProcedureMessage) -> None:
+        """Write `message`'s unknown fields back on every later message of the procedure."""
+        if message.extra:
+            self.unknown_fields[procedure_id] = message.extra
 
     def key(self, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
         return key_text(self.proc_path, procedure_id, step, key_type)
@@ -163,7 +172,9 @@ class ProcedureStore:
 
         Not a coroutine of its own (one frame fewer in every step's write): the key and the
         bytes are made at the call, the write when the coroutine it returns is awaited."""
-        message = ProcedureMessage(type_name, data, parent_id, step, None, run)
+        message = ProcedureMessage(
+            type_name, data, parent_id, step, None, run, self.unknown_fields.get(procedure_id, "")
+        )
         return self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.STEP), message.encode())
 
     async def _create(self, key: str, value: bytes) -> bool:
@@ -192,7 +203,8 @@ class ProcedureStore:
         Returns `False` if that key already holds something else. A value equal to ours
         counts as written: it is our own earlier write whose answer was lost.
         """
-        value = ProcedureMessage(type_name, data, parent_id, 0, None, run).encode()
+        extra = self.unknown_fields.get(procedure_id, "")
+        value = ProcedureMessage(type_name, data, parent_id, 0, None, run, extra).encode()
         return await self._create(self.key(procedure_id, 0, KeyType.STEP), value)
 
     async def create_submitted(self, procedure_id: ProcedureId, type_name: str, data: str) -> bool | None:
@@ -211,8 +223,11 @@ class ProcedureStore:
         return self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.COMMIT), b"")
 
     async def rollback_procedure(self, procedure_id: ProcedureId, message: ProcedureMessage) -> None:
-        """Mark the procedure failed: `{message.step}.rollback` holding `message` (with `error`)."""
+        """Mark the procedure failed: `{message.step}.rollback` holding `message` (with `error`,
+        and the procedure's unknown fields if `message` has none of its own)."""
         key = self.key(procedure_id, message.step, KeyType.ROLLBACK)
+        if not message.extra and (extra := self.unknown_fields.get(procedure_id)):
+            message = dataclasses.replace(message, extra=extra)
         await self._create_or_fence(procedure_id, key, message.encode())
 
     async def holds_keys(self, procedure_id: ProcedureId) -> bool:
@@ -247,6 +262,8 @@ class ProcedureStore:
         key): it is never deleted, and neither is the folder then.
         """
         folder = procedure_dir(self.proc_path, procedure_id)
+        if through_step is None:
+            self.unknown_fields.pop(procedure_id, None)
         if keys is not None:
             steps = [str(k) for k in keys if k.key_type is KeyType.STEP]
             ends = [str(k) for k in sorted((k for k in keys if k.key_type.is_terminal), key=lambda k: k.step)]
@@ -427,12 +444,9 @@ class ProcedureStore:
             )
         out: list[FolderLatest] = []
         for pid, found in grouped.steps.items():
-            latest = _latest(found)
-            below = None
-            if latest[1] is KeyType.COMMIT:
-                below = max((k for k in found if k[1] is not KeyType.COMMIT), key=_latest_first, default=None)
-            lowest = min(found, key=_STEP)[0] if self.skip_strays else 0
-            out.append((pid, latest, self.key(pid, *latest), below, None, lowest))
+            folder = ProcedureKeys.of(found)
+            lowest = folder.lowest if self.skip_strays else 0
+            out.append((pid, folder.latest, self.key(pid, *folder.latest), folder.below_commit, None, lowest))
         return out
 
     def _classify(
@@ -497,16 +511,12 @@ class ProcedureStore:
         if raw is None:
             logger.info("key %s vanished while loading (deleted by another manager?)", self.key(*key))
             return None
-        if isinstance(raw, Exception):
-            reason = f"cannot be read: {type(raw).__name__}: {raw}"
-        else:
-            try:
-                message = ProcedureMessage.decode(raw)
-            except MessageDecodeError as e:
-                reason = f"is not a valid procedure message: {e}"
-            else:
-                # The key decides the step: resuming writes at key step + 1, never over a key.
-                return message if message.step == key[1] else dataclasses.replace(message, step=key[1])
+        read = decode_or_problem(raw, key[1])
+        if isinstance(read, ProcedureMessage):
+            if read.extra:
+                self.unknown_fields[key[0]] = read.extra
+            return read
+        reason = read
         if finished:
             reason += " (the procedure finished, but whose subprocedure it was is unknown, so its keys are kept)"
         self._report(key, reason, problems)
@@ -520,21 +530,3 @@ class ProcedureStore:
 
 _Key = tuple[ProcedureId, int, KeyType]
 """A key while loading, as its parts: formatted (`ProcedureStore.key`) only to be read or reported."""
-_STEP = operator.itemgetter(0)
-
-
-def _latest(found: list[StepAndType]) -> StepAndType:
-    """The latest-step rule (`_latest_first`) over one procedure's keys, in C for the usual
-    case: the highest step, and at that step a commit or rollback over a step (the first
-    listed, if both are there)."""
-    top = max(found, key=_STEP)
-    if top[1] is KeyType.STEP and len(found) > 1:
-        ties = [found.index(t) for t in ((top[0], KeyType.COMMIT), (top[0], KeyType.ROLLBACK)) if t in found]
-        if ties:
-            return found[min(ties)]
-    return top
-
-
-def _latest_first(key: StepAndType) -> tuple[int, bool]:
-    """The latest-step rule: the highest step wins, and at the same step a commit or rollback."""
-    return key[0], key[1] is not KeyType.STEP

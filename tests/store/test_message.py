@@ -26,9 +26,19 @@ def test_error_goes_last_and_only_when_set() -> None:
     assert message.encode() == b'{"type_name":"T","data":"d","parent_id":null,"step":1,"error":"boom"}'
 
 
-def test_readers_accept_extra_fields_and_missing_error() -> None:
+def test_readers_keep_unknown_fields_and_accept_a_missing_error() -> None:
+    """GreptimeDB's `context` (and any field procstore does not know) is kept, and written
+    back after the known fields."""
     raw = b'{"type_name":"T","data":"{\\"a\\":1}","parent_id":null,"step":7,"context":{"x":1}}'
-    assert ProcedureMessage.decode(raw) == ProcedureMessage("T", '{"a":1}', None, 7)
+    message = ProcedureMessage.decode(raw)
+    assert message == ProcedureMessage("T", '{"a":1}', None, 7, extra='"context":{"x":1}')
+    assert message.encode() == raw
+
+
+def test_an_unknown_field_named_like_a_python_attribute_is_kept_as_it_was() -> None:
+    raw = b'{"type_name":"T","data":"d","parent_id":null,"step":1,"extra":"eA==","run":2}'
+    message = ProcedureMessage.decode(raw)
+    assert (message.run, message.extra) == (2, '"extra":"eA=="')
 
 
 @given(

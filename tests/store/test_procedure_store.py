@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from procstore import ProcedureId
 from procstore.store import KeyType, LocalDirStore, ProcedureMessage, ProcedureStore
 from procstore.store.keys import latest_in_sorted
-from procstore.store.procedure_store import _latest, _latest_first
 from procstore.testing import FaultyStore
 
 
@@ -110,15 +109,6 @@ async def test_message_step_follows_the_key(tmp_path: Path) -> None:
     (tmp_path / key).parent.mkdir(parents=True)
     (tmp_path / key).write_bytes(ProcedureMessage("T", "d", None, 3).encode())
     assert (await store.load_messages()).messages[pid].step == 5
-
-
-@given(
-    st.lists(st.tuples(st.integers(0, 4), st.sampled_from(list(KeyType))), min_size=1, max_size=8),
-)
-def test_the_latest_key_follows_the_latest_step_rule(found: list[tuple[int, KeyType]]) -> None:
-    """The highest step; at that step a commit or rollback over a step, the first listed of
-    them if both are there (the rule as `max` with its sort key states it)."""
-    assert _latest(found) is max(found, key=_latest_first)
 
 
 async def test_a_torn_latest_key_far_above_the_rest_is_stepped_over_by_the_listed_steps(tmp_path: Path) -> None:
