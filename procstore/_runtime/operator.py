@@ -17,6 +17,7 @@ from procstore._runtime.context import ManagerContext
 from procstore._runtime.restart import restart, runs_here
 from procstore.errors import ProcedureError, StoreError, describe
 from procstore.ids import ProcedureId
+from procstore.store.folder import latest_key
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.requests import OperatorRequest, RequestKind
 from procstore.store.state_store import walk_readable
@@ -131,7 +132,7 @@ async def _run_again(ctx: ManagerContext, procedure_id: ProcedureId) -> None:
 
 async def _latest_key(ctx: ManagerContext, procedure_id: ProcedureId) -> ParsedKey | None:
     keys = await ctx.store.procedure_keys(procedure_id)
-    return max(keys, key=lambda k: (k.step, k.key_type is KeyType.COMMIT)) if keys else None
+    return latest_key(keys) if keys else None
 
 
 def _stale(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorRequest, latest: ParsedKey) -> str:
@@ -168,9 +169,9 @@ async def request(ctx: ManagerContext, procedure_id: ProcedureId, kind: RequestK
             raise ProcedureError(
                 f"procedure {procedure_id} is not in the store (finished and deleted, or never submitted)"
             )
-        if any(k.step == keys[-1].step and k.key_type is KeyType.COMMIT for k in keys):
+        if (latest := latest_key(keys)).key_type is KeyType.COMMIT:
             raise ProcedureError(
-                f"procedure {procedure_id} has already ended (its latest key is {keys[-1].step}.commit): "
+                f"procedure {procedure_id} has already ended (its latest key is {latest.step}.commit): "
                 f"nothing to {kind}"
             )
     wanted = OperatorRequest.new(kind, reason)

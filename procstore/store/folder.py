@@ -37,7 +37,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from procstore.store.keys import KeyType, StepAndType
+from procstore.store.keys import KeyType, ParsedKey, StepAndType
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 
 _RANK = {KeyType.STEP: 0, KeyType.ROLLBACK: 1, KeyType.COMMIT: 2}
@@ -47,6 +47,11 @@ def latest_first(key: StepAndType) -> tuple[int, int]:
     """The latest-step rule as a sort key: the highest step wins, and at one step a
     `.commit` over a `.rollback` over a `.step`."""
     return key[0], _RANK[key[1]]
+
+
+def latest_key(keys: Iterable[ParsedKey]) -> ParsedKey:
+    """The latest of a non-empty collection of one procedure's keys (`latest_first`)."""
+    return max(keys, key=lambda k: latest_first((k.step, k.key_type)))
 
 
 class FolderStatus(enum.Enum):

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from procstore._logs import get_logger
 from procstore._text import valid_unicode
 from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
+from procstore.store.folder import ProcedureKeys, decode_or_problem, latest_first
 from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_of_dir
-from procstore.store.message import MessageDecodeError, ProcedureMessage
+from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
 
 logger = get_logger("procstore.store")
@@ -50,12 +51,6 @@ class StoredStatus(enum.StrEnum):
     """Its parent links form a cycle (a corrupt or hand-edited store): nothing resumes it."""
 
 
-_STATUS_OF_LATEST = {
-    KeyType.STEP: StoredStatus.UNFINISHED,
-    KeyType.COMMIT: StoredStatus.COMMITTED,
-    KeyType.ROLLBACK: StoredStatus.ROLLING_BACK,
-}
-
 ENDINGS = {
     StoredStatus.COMMITTED: "committed: the procedure finished",
     StoredStatus.FAILED: "failed: the procedure failed and ended; its rollback, if it has one, ran to its end",
@@ -64,14 +59,9 @@ ENDINGS = {
 the web page and the status `ls` and `tree` print."""
 
 
-def status_of_keys(keys: Sequence[ParsedKey]) -> StoredStatus:
-    """The status these keys (oldest first) tell: the latest-step rule, with a `.commit` above
-    a `.rollback` being `FAILED`."""
-    status = _STATUS_OF_LATEST[keys[-1].key_type]
-    readable = [k for k in keys if k.key_type is not KeyType.COMMIT]
-    if status is StoredStatus.COMMITTED and readable and readable[-1].key_type is KeyType.ROLLBACK:
-        return StoredStatus.FAILED
-    return status
+def status_of_keys(keys: Iterable[ParsedKey]) -> StoredStatus:
+    """The status these keys tell (`ProcedureKeys.status`)."""
+    return StoredStatus(ProcedureKeys.of((k.step, k.key_type) for k in keys).status.value)
 
 
 @dataclass(slots=True)
@@ -239,11 +229,12 @@ def _procedures_of(
     procedures: dict[ProcedureId, StoredProcedure] = {}
     to_read: list[_Latest] = []
     for pid, found in grouped.steps.items():
-        keys = sorted((ParsedKey(prefix, pid, step, kind) for step, kind in found), key=_order)
-        procedure = procedures[pid] = StoredProcedure(pid, keys, status_of_keys(keys), modified.get(str(keys[-1])))
-        readable = [k for k in keys if k.key_type is not KeyType.COMMIT]
-        if readable:
-            to_read.append((procedure, readable[-1]))
+        keys = [ParsedKey(prefix, pid, step, kind) for step, kind in sorted(found, key=latest_first)]
+        folder = ProcedureKeys.of(found)
+        status = StoredStatus(folder.status.value)
+        procedure = procedures[pid] = StoredProcedure(pid, keys, status, modified.get(str(keys[-1])))
+        if folder.newest_message is not None:
+            to_read.append((procedure, ParsedKey(prefix, pid, *folder.newest_message)))
     return procedures, to_read, grouped.others
 
 
@@ -252,10 +243,11 @@ def _decode_latest(to_read: list[_Latest], values: Sequence[bytes | Exception | 
     type and parent an earlier message may tell."""
     unreadable: list[_Latest] = []
     for (procedure, key), raw in zip(to_read, values, strict=True):
-        try:
-            procedure.message = _decode(raw)
-        except MessageDecodeError as e:
-            procedure.problem = f"{key}: {e}"
+        read = decode_or_problem(raw)
+        if isinstance(read, ProcedureMessage):
+            procedure.message = read
+        else:
+            procedure.problem = f"{key}: {read}"
             if not procedure.is_finished:  # finished is finished, readable or not
                 procedure.status = StoredStatus.UNREADABLE
             unreadable.append((procedure, key))
@@ -321,9 +313,8 @@ async def read_history(
     grouped = KeysByProcedure.group(store.proc_path, modified)
     for other in grouped.others:
         logger.warning("not a procedure key, ignored: %s", valid_unicode(other))
-    keys = sorted(
-        (ParsedKey(store.proc_path, procedure_id, s, k) for s, k in grouped.steps.get(procedure_id, [])), key=_order
-    )
+    found = sorted(grouped.steps.get(procedure_id, []), key=latest_first)
+    keys = [ParsedKey(store.proc_path, procedure_id, step, kind) for step, kind in found]
     values = await store.store.get_many([str(k) for k in keys])
     # Off the event loop: a procedure's steps can be megabytes each.
     return await asyncio.to_thread(_history_of, keys, values, modified)
@@ -337,10 +328,11 @@ def _history_of(
         if key.key_type is KeyType.COMMIT:
             history.append((key, modified.get(str(key)), None, None))
             continue
-        try:
-            history.append((key, modified.get(str(key)), _decode(raw), None))
-        except MessageDecodeError as e:
-            history.append((key, modified.get(str(key)), None, str(e)))
+        read = decode_or_problem(raw)
+        if isinstance(read, ProcedureMessage):
+            history.append((key, modified.get(str(key)), read, None))
+        else:
+            history.append((key, modified.get(str(key)), None, read))
     return history
 
 
@@ -360,28 +352,16 @@ def endings(history: Sequence[tuple[ParsedKey, object, object, object]]) -> list
     return out
 
 
-def _order(key: ParsedKey) -> tuple[int, bool]:
-    return key.step, key.key_type.is_terminal
-
-
-def _decode(raw: bytes | Exception | None) -> ProcedureMessage:
-    if raw is None:
-        raise MessageDecodeError("the key vanished while it was being read (deleted meanwhile?)")
-    if isinstance(raw, Exception):
-        raise MessageDecodeError(f"cannot be read: {type(raw).__name__}: {raw}")
-    return ProcedureMessage.decode(raw)
-
-
 async def _earlier_message(
     store: ProcedureStore, procedure: StoredProcedure, failed: ParsedKey
 ) -> ProcedureMessage | None:
     """The newest readable message before `failed`, for the type and parent of an unreadable procedure."""
-    earlier = [k for k in procedure.keys if k.key_type is not KeyType.COMMIT and _order(k) < _order(failed)]
+    below = procedure.keys[: procedure.keys.index(failed)]
+    earlier = [k for k in below if k.key_type is not KeyType.COMMIT]
     for key in reversed(earlier[-3:]):  # a few tries: enough for a torn last write
-        try:
-            return _decode(await store.store.get(str(key)))
-        except MessageDecodeError:
-            continue
+        read = decode_or_problem(await store.store.get(str(key)))
+        if isinstance(read, ProcedureMessage):
+            return read
     return None
 
 

@@ -130,7 +130,7 @@ class KeysByProcedure:
                 name = key[slash + 1 :]
                 parsed = names.get(name, _UNSEEN)
                 if parsed is _UNSEEN:
-                    parsed = names[name] = _parse_name(name)
+                    parsed = names[name] = parse_key_name(name)
                 if parsed is not None:
                     if not same_folder:
                         id_text = key[start:slash]
@@ -173,7 +173,7 @@ def key_text(prefix: str, procedure_id: ProcedureId, step: int, key_type: KeyTyp
 _SUFFIXES = {kt: f".{kt.value}" for kt in KeyType}
 
 
-def _parse_name(name: str) -> StepAndType | None:
+def parse_key_name(name: str) -> StepAndType | None:
     """`(step, key_type)` of a key's last part, `{digits}.{type}`; `None` for any other."""
     step_text, dot, type_text = name.partition(".")
     if (

@@ -162,9 +162,12 @@ async def apply_restart(
 
 
 async def _read(store: ProcedureStore, key: ParsedKey, procedure_id: ProcedureId) -> ProcedureMessage:
-    read = decode_or_problem(await store.store.get(str(key)))
+    raw = await store.store.get(str(key))
+    if raw is None:
+        raise ProcedureError(f"procedure {procedure_id}: {key} disappeared while restarting it; try again")
+    read = decode_or_problem(raw)
     if isinstance(read, str):
-        raise ProcedureError(f"procedure {procedure_id}: {key} {read}; rewind it to another step, or try again")
+        raise ProcedureError(f"procedure {procedure_id}: {key} cannot be read ({read}); rewind it to another step")
     return read
 
 

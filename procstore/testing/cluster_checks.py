@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from procstore.store.folder import latest_key
 from procstore.store.history import HistoryRecord
 from procstore.store.keys import PROC_PATH, KeyType, ParsedKey
 from procstore.store.message import MessageDecodeError, ProcedureMessage
@@ -240,7 +241,7 @@ def check_runs(
     for pid, keys in sorted(remaining.items()):
         if pid in model.deleted or (pid in procedures and procedures[pid].operator_deleted):
             continue
-        latest = max(keys, key=lambda k: k.step)
+        latest = latest_key(keys)
         kept = (
             model.keep_failed
             and pid in model.roots
