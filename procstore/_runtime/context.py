@@ -27,6 +27,7 @@ from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.requests import OperatorRequest, OperatorRequested
+from procstore.store.tree import descendants, reachable
 
 logger = get_logger("procstore.runtime")
 
@@ -66,18 +67,7 @@ class StoredProcedures:
         self.children_of.setdefault(parent_id, []).append(child_id)
 
     def descendants(self, procedure_id: ProcedureId) -> list[ProcedureId]:
-        # Stored parent links can form a cycle (a corrupt or hand-edited store): visit each once.
-        out: list[ProcedureId] = []
-        seen = {procedure_id}
-        queue = list(self.children_of.get(procedure_id, ()))
-        while queue:
-            child = queue.pop()
-            if child in seen:
-                continue
-            seen.add(child)
-            out.append(child)
-            queue.extend(self.children_of.get(child, ()))
-        return out
+        return descendants(procedure_id, lambda pid: self.children_of.get(pid, ()))
 
 
 class ManagerContext:
@@ -205,26 +195,17 @@ class ManagerContext:
             requested_at=request.requested_at,
             requested_by=request.requested_by,
         )
-        for child in self._descendants(procedure_id):
+        for child in descendants(procedure_id, self._children):
             meta = self.metas.get(child)
             if meta is None or not meta.state.is_ended():
                 self.operator_requests.setdefault(child, inherited)
                 if meta is not None:
                     meta.requested().set()
 
-    def _descendants(self, procedure_id: ProcedureId) -> list[ProcedureId]:
-        out: list[ProcedureId] = []
-        seen = {procedure_id}
-        queue = [procedure_id]
-        while queue:
-            pid = queue.pop()
-            meta = self.metas.get(pid)
-            for child in [*(meta.children if meta is not None else ()), *self.stored.children_of.get(pid, ())]:
-                if child not in seen:
-                    seen.add(child)
-                    out.append(child)
-                    queue.append(child)
-        return out
+    def _children(self, procedure_id: ProcedureId) -> list[ProcedureId]:
+        """Its children, in memory or only in the store."""
+        meta = self.metas.get(procedure_id)
+        return [*(meta.children if meta is not None else ()), *self.stored.children_of.get(procedure_id, ())]
 
     # -- ContextProvider -------------------------------------------------------------
 
@@ -297,36 +278,16 @@ class ManagerContext:
     def child_cycle(self, parent: ProcedureId, children: Sequence[ProcedureId]) -> ProcedureId | None:
         """The first of `children` that is `parent` itself or waits for it through its own
         unfinished subprocedures (an ancestor, say): waiting for it would never end."""
-        for child in children:
-            seen: set[ProcedureId] = set()
-            queue = deque([child])
-            while queue:
-                pid = queue.popleft()
-                if pid == parent:
-                    return child
-                meta = self.metas.get(pid)
-                if pid in seen or meta is None or meta.state.is_ended():
-                    continue
-                seen.add(pid)
-                queue.extend(meta.children)
-        return None
+
+        def waits_for(pid: ProcedureId) -> Sequence[ProcedureId]:
+            meta = self.metas.get(pid)
+            return [] if meta is None or meta.state.is_ended() else meta.children
+
+        return next((child for child in children if parent in reachable(child, waits_for)), None)
 
     def tree_ids(self, root: ProcedureMeta) -> list[ProcedureId]:
         """The root and every descendant, in memory or only in the store, root first."""
-        ids: list[ProcedureId] = []
-        seen: set[ProcedureId] = set()
-        queue = deque([root.id])
-        while queue:
-            pid = queue.popleft()
-            if pid in seen:
-                continue
-            seen.add(pid)
-            ids.append(pid)
-            meta = self.metas.get(pid)
-            if meta is not None:
-                queue.extend(meta.children)
-            queue.extend(self.stored.children_of.get(pid, ()))
-        return ids
+        return reachable(root.id, self._children)
 
     def tree_metas(self, ids: list[ProcedureId]) -> list[ProcedureMeta]:
         """The metadata of the runs `ids` name now (captured when a tree ends: a later run of

@@ -25,6 +25,7 @@ from procstore.store.history import Recorded, RunKey
 from procstore.store.keys import KeysByProcedure, KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
+from procstore.store.tree import stuck_chains
 
 logger = get_logger("procstore.recovery")
 
@@ -214,42 +215,21 @@ def _stranded(loaded: ProcedureMessages, alive: set[ProcedureId]) -> dict[Proced
     """
     parent_of = {pid: m.parent_id for pid, m in loaded.messages.items()}
     parent_of.update((pid, m.parent_id) for pid, m in loaded.rollback_messages.items())
+
+    def orphaned(pid: ProcedureId, parent: ProcedureId) -> bool:
+        return parent not in alive and pid not in loaded.rollback_messages
+
     stranded: dict[ProcedureId, str] = {}
-    settled: set[ProcedureId] = set()
-    for start in [pid for pid, parent in parent_of.items() if parent is not None]:  # a root is never stranded
-        # Walk up from `start` until a verdict: `chain` is the path walked (by position: a
-        # membership test is one lookup, however deep the chain), `culprits` the members
-        # that are themselves the problem (a cycle's members, or the orphan).
-        chain: dict[ProcedureId, int] = {}
-        culprits: set[ProcedureId] = set()
-        first: ProcedureId | None = None
-        reason: str | None = None
-        pid = start
-        while True:
-            if pid in settled:
-                break
-            if pid in stranded:
-                first, culprits, reason = pid, {pid}, stranded[pid]
-                break
-            if pid in chain:
-                cycle = list(chain)[chain[pid] :]
-                first, culprits, reason = pid, set(cycle), _cycle_reason(cycle)
-                break
-            chain[pid] = len(chain)
-            parent = parent_of[pid]
-            if parent is None:
-                break
-            if parent not in parent_of:
-                if parent not in alive and pid not in loaded.rollback_messages:
-                    reason = f"orphaned subprocedure: its parent {parent} has no unfinished state"
-                    first, culprits = pid, {pid}
-                break
-            pid = parent
+    reasons: dict[ProcedureId, str] = {}  # by culprit: a cycle's is logged once
+    for pid, stuck in stuck_chains(parent_of, orphaned).items():
+        reason = reasons.get(stuck.culprit)
         if reason is None:
-            settled.update(chain)
-            continue
-        for member in chain:
-            stranded[member] = reason if member in culprits else f"its ancestor {first} cannot run: {reason}"
+            if stuck.cycle:
+                reason = _cycle_reason(list(stuck.cycle))
+            else:
+                reason = f"orphaned subprocedure: its parent {parent_of[stuck.culprit]} has no unfinished state"
+            reasons[stuck.culprit] = reason
+        stranded[pid] = reason if pid in stuck.blamed else f"its ancestor {stuck.culprit} cannot run: {reason}"
     return stranded
 
 

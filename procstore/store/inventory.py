@@ -20,6 +20,7 @@ from procstore.store.folder import ProcedureKeys, decode_or_problem, latest_firs
 from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_of_dir
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
+from procstore.store.tree import descendants, reachable, stuck_chains
 
 logger = get_logger("procstore.store")
 
@@ -146,36 +147,17 @@ class Inventory:
 
     def ancestors(self, p: StoredProcedure) -> list[StoredProcedure]:
         """Its parent, grandparent... as stored, nearest first (each once: a cycle ends the walk)."""
-        out: list[StoredProcedure] = []
-        seen = {p.procedure_id}
-        current = p
-        while current.parent_id is not None and current.parent_id not in seen:
-            parent = self.procedures.get(current.parent_id)
-            if parent is None:
-                break
-            out.append(parent)
-            seen.add(parent.procedure_id)
-            current = parent
-        return out
+        chain = reachable(p.procedure_id, self._stored_parent)
+        return [self.procedures[pid] for pid in chain[1:]]
+
+    def _stored_parent(self, procedure_id: ProcedureId) -> list[ProcedureId]:
+        parent = self.procedures[procedure_id].parent_id
+        return [parent] if parent is not None and parent in self.procedures else []
 
     def descendants(self, procedure_id: ProcedureId) -> list[StoredProcedure]:
-        """Children, grandchildren... of a procedure, deepest first (each once, cycles too).
-        Iterative: a chain thousands deep is as easy as a wide tree."""
-        out: list[StoredProcedure] = []
-        seen = {procedure_id}
-        # (procedure, its children not yet visited): a depth-first walk, children before parents.
-        stack = [(procedure_id, iter(self.procedures[procedure_id].children))]
-        while stack:
-            pid, pending = stack[-1]
-            child_id = next((c for c in pending if c not in seen), None)
-            if child_id is None:
-                stack.pop()
-                if stack:
-                    out.append(self.procedures[pid])
-                continue
-            seen.add(child_id)
-            stack.append((child_id, iter(self.procedures[child_id].children)))
-        return out
+        """Children, grandchildren... of a procedure, deepest first (each once, cycles too)."""
+        below = descendants(procedure_id, lambda pid: self.procedures[pid].children)
+        return [self.procedures[pid] for pid in reversed(below)]
 
     def collectable(self) -> list[StoredProcedure]:
         """Committed procedures a manager would delete: those without a live parent. One
@@ -270,26 +252,13 @@ _CYCLE_SHOWN = 6
 
 def _flag_parent_cycles(procedures: dict[ProcedureId, StoredProcedure]) -> set[ProcedureId]:
     """Mark every procedure whose parent links loop back to it; returns one member of each
-    cycle. Linear: each procedure has one parent, so one walk from each procedure not yet
-    seen stops at a procedure seen before, and closes a cycle only if that one is on the
-    walk itself."""
-    entries: set[ProcedureId] = set()
-    done: set[ProcedureId] = set()
-    for start in procedures.values():
-        walk: dict[ProcedureId, int] = {}  # the ids of this walk, by position
-        current: StoredProcedure | None = start
-        while current is not None and current.procedure_id not in done and current.procedure_id not in walk:
-            walk[current.procedure_id] = len(walk)
-            parent = current.parent_id
-            current = procedures.get(parent) if parent is not None else None
-        if current is not None and current.procedure_id in walk:
-            order = list(walk)
-            cycle = order[walk[current.procedure_id] :]
-            entries.add(cycle[0])
-            for at, pid in enumerate(cycle):
-                _mark_cycle(procedures[pid], cycle, at)
-        done.update(walk)
-    return entries
+    cycle (where the walk that found it met it first)."""
+    parent_of = {pid: p.parent_id for pid, p in procedures.items()}
+    cycles = {stuck.culprit: list(stuck.cycle) for stuck in stuck_chains(parent_of).values()}
+    for cycle in cycles.values():
+        for at, pid in enumerate(cycle):
+            _mark_cycle(procedures[pid], cycle, at)
+    return set(cycles)
 
 
 def _mark_cycle(procedure: StoredProcedure, cycle: list[ProcedureId], at: int) -> None:
