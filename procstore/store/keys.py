@@ -225,7 +225,7 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
     """Each procedure's latest key, read off a sorted listing of canonical keys only; `None`
     for any other listing (unsorted, a key of another shape, a step of more than ten digits
     or above `MAX_STEP`), which `KeysByProcedure.group` then reads. The answers are `group`'s
-    and `_latest`'s.
+    and `ProcedureKeys.of`'s (`procstore.store.folder`), as `tests/store/test_folder.py` checks.
     Without `lowest`, every lowest step is given as 0 (not looked for).
 
     Recovery lists every key of every procedure but needs only each one's latest: on a
@@ -269,7 +269,7 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
 
 def _highest_below_commit(keys: Sequence[str], at: int, first: int, digits_end: int) -> str | None:
     """The highest key that is not a commit in the folder whose run of `keys` begins at
-    `first`, a rollback over a step at one step (`_latest_first`), for the commit at `at`:
+    `first`, a rollback over a step at one step (`folder.latest_first`), for the commit at `at`:
     the key after the commit at its step, or a walk back past any other commit."""
     if at + 1 < len(keys) and keys[at + 1].startswith(keys[at][:digits_end]):  # its rollback or step
         return keys[at + 1]
