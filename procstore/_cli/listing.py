@@ -43,7 +43,8 @@ from procstore._cli.output import (
 )
 from procstore.ids import ProcedureId
 from procstore.store import ProcedureStore
-from procstore.store.inventory import Inventory, StoredProcedure, StoredStatus, read_inventory
+from procstore.store.folder import StoredStatus
+from procstore.store.inventory import Inventory, StoredProcedure, read_inventory
 from procstore.store.state_store import walk_readable
 
 STATUS_STYLE = {

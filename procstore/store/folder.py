@@ -54,13 +54,25 @@ def latest_key(keys: Iterable[ParsedKey]) -> ParsedKey:
     return max(keys, key=lambda k: latest_first((k.step, k.key_type)))
 
 
-class FolderStatus(enum.Enum):
-    """What a procedure's keys say of it."""
+class StoredStatus(enum.StrEnum):
+    """A procedure's status as its keys tell it (the latest-step rule)."""
 
     UNFINISHED = "unfinished"
-    ROLLING_BACK = "rolling back"
+    """Highest key `.step`: the next start resumes it."""
     COMMITTED = "committed"
+    """Highest key `.commit`: finished; its keys are waiting to be deleted."""
+    ROLLING_BACK = "rolling back"
+    """Highest key `.rollback`: failed; the next start (re)runs its rollback."""
     FAILED = "failed"
+    """Highest key `.commit` above a `.rollback`: it failed and ended, its rollback (if it
+    has one) run to its end. The keys do not say whether it had a rollback: a procedure
+    that rolled back and one without rollback (kept by `keep_failed`) are stored alike."""
+    ROLLED_BACK = "failed"
+    """The former name of `FAILED` (an alias)."""
+    UNREADABLE = "unreadable"
+    """Its highest value cannot be decoded: recovery skips it and leaves it alone."""
+    PARENT_CYCLE = "parent cycle"
+    """Its parent links form a cycle (a corrupt or hand-edited store): nothing resumes it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +101,14 @@ class ProcedureKeys:
         return self.newest_message if self.latest[1] is KeyType.COMMIT else None
 
     @property
-    def status(self) -> FolderStatus:
+    def status(self) -> StoredStatus:
         kind = self.latest[1]
         if kind is KeyType.STEP:
-            return FolderStatus.UNFINISHED
+            return StoredStatus.UNFINISHED
         if kind is KeyType.ROLLBACK:
-            return FolderStatus.ROLLING_BACK
+            return StoredStatus.ROLLING_BACK
         below = self.newest_message
-        return FolderStatus.FAILED if below is not None and below[1] is KeyType.ROLLBACK else FolderStatus.COMMITTED
+        return StoredStatus.FAILED if below is not None and below[1] is KeyType.ROLLBACK else StoredStatus.COMMITTED
 
 
 def decode_or_problem(raw: bytes | Exception | None, step: int | None = None) -> ProcedureMessage | str:

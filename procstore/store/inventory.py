@@ -8,7 +8,6 @@ whoever wrote it (GreptimeDB or procstore).
 from __future__ import annotations
 
 import asyncio
-import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -16,7 +15,7 @@ from procstore._logs import get_logger
 from procstore._text import valid_unicode
 from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
-from procstore.store.folder import ProcedureKeys, decode_or_problem, latest_first
+from procstore.store.folder import ProcedureKeys, StoredStatus, decode_or_problem, latest_first
 from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_of_dir
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
@@ -31,27 +30,6 @@ Progress = Callable[[int, int], None]
 """Called with (values read so far, values to read)."""
 
 
-class StoredStatus(enum.StrEnum):
-    """A procedure's status as its keys tell it (the latest-step rule)."""
-
-    UNFINISHED = "unfinished"
-    """Highest key `.step`: the next start resumes it."""
-    COMMITTED = "committed"
-    """Highest key `.commit`: finished; its keys are waiting to be deleted."""
-    ROLLING_BACK = "rolling back"
-    """Highest key `.rollback`: failed; the next start (re)runs its rollback."""
-    FAILED = "failed"
-    """Highest key `.commit` above a `.rollback`: it failed and ended, its rollback (if it
-    has one) run to its end. The keys do not say whether it had a rollback: a procedure
-    that rolled back and one without rollback (kept by `keep_failed`) are stored alike."""
-    ROLLED_BACK = "failed"
-    """The former name of `FAILED` (an alias)."""
-    UNREADABLE = "unreadable"
-    """Its highest value cannot be decoded: recovery skips it and leaves it alone."""
-    PARENT_CYCLE = "parent cycle"
-    """Its parent links form a cycle (a corrupt or hand-edited store): nothing resumes it."""
-
-
 ENDINGS = {
     StoredStatus.COMMITTED: "committed: the procedure finished",
     StoredStatus.FAILED: "failed: the procedure failed and ended; its rollback, if it has one, ran to its end",
@@ -62,7 +40,7 @@ the web page and the status `ls` and `tree` print."""
 
 def status_of_keys(keys: Iterable[ParsedKey]) -> StoredStatus:
     """The status these keys tell (`ProcedureKeys.status`)."""
-    return StoredStatus(ProcedureKeys.of((k.step, k.key_type) for k in keys).status.value)
+    return ProcedureKeys.of((k.step, k.key_type) for k in keys).status
 
 
 @dataclass(slots=True)
@@ -213,8 +191,7 @@ def _procedures_of(
     for pid, found in grouped.steps.items():
         keys = [ParsedKey(prefix, pid, step, kind) for step, kind in sorted(found, key=latest_first)]
         folder = ProcedureKeys.of(found)
-        status = StoredStatus(folder.status.value)
-        procedure = procedures[pid] = StoredProcedure(pid, keys, status, modified.get(str(keys[-1])))
+        procedure = procedures[pid] = StoredProcedure(pid, keys, folder.status, modified.get(str(keys[-1])))
         if folder.newest_message is not None:
             to_read.append((procedure, ParsedKey(prefix, pid, *folder.newest_message)))
     return procedures, to_read, grouped.others

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 
 from procstore.errors import Fenced, LeaseExpired, ProcedureError
 from procstore.ids import ProcedureId
-from procstore.store.folder import FolderStatus, ProcedureKeys, decode_or_problem
+from procstore.store.folder import ProcedureKeys, StoredStatus, decode_or_problem
 from procstore.store.history import History, HistoryStore, iso, record_from_keys
 from procstore.store.keys import MAX_STEP, KeyType, ParsedKey, procedure_dir
 from procstore.store.message import ProcedureMessage
@@ -89,8 +89,8 @@ async def plan_restart(store: ProcedureStore, procedure_id: ProcedureId, to_step
     steps = {k.step: k for k in keys if k.key_type is KeyType.STEP}
     # Only the message right below the commit says how it ended: a rewound procedure has an
     # older `.rollback` further down, from the run before.
-    ended = folder.status is FolderStatus.FAILED
-    if folder.status is FolderStatus.COMMITTED:
+    ended = folder.status is StoredStatus.FAILED
+    if folder.status is StoredStatus.COMMITTED:
         raise ProcedureError(f"procedure {procedure_id} finished successfully ({latest}): nothing to restart")
     pending = latest.key_type is KeyType.STEP and any(
         k.step == latest.step - 1 and k.key_type is KeyType.COMMIT for k in keys

@@ -27,7 +27,7 @@ from typing import Any
 from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ManagerStopped, ProcedureFailed
 from procstore.state import ProcedureInfo
-from procstore.store.folder import FolderStatus, ProcedureKeys
+from procstore.store.folder import ProcedureKeys, StoredStatus
 from procstore.store.history import History, HistoryStore
 from procstore.store.keys import StepAndType, parse_key_name
 from procstore.store.memory import MemoryStore
@@ -190,7 +190,7 @@ def _rolling_back(keys: list[str]) -> set[str]:
         parts = key.split("/")
         if len(parts) == 3 and (parsed := parse_key_name(parts[2])) is not None:  # procedure/ID/NAME
             found.setdefault(parts[1], []).append(parsed)
-    return {pid for pid, folder in found.items() if ProcedureKeys.of(folder).status is FolderStatus.ROLLING_BACK}
+    return {pid for pid, folder in found.items() if ProcedureKeys.of(folder).status is StoredStatus.ROLLING_BACK}
 
 
 async def _failed(report: ReplayReport, sandbox: MemoryStore, pid: str, error: str, failing: set[str]) -> None:

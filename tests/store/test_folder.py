@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from procstore import ProcedureId
 from procstore.store import KeyType
-from procstore.store.folder import FolderStatus, ProcedureKeys, latest_first
+from procstore.store.folder import ProcedureKeys, StoredStatus, latest_first
 from procstore.store.keys import key_text, latest_in_sorted
 
 _PREFIX = "data/procedure/"
@@ -30,11 +30,11 @@ def test_the_reading_of_a_folder_does_not_depend_on_the_order_of_its_keys(
 
 def test_at_one_step_a_commit_ranks_over_a_rollback_over_a_step() -> None:
     both = [(3, KeyType.STEP), (3, KeyType.ROLLBACK)]
-    assert ProcedureKeys.of(both).status is FolderStatus.ROLLING_BACK
-    assert ProcedureKeys.of(reversed(both)).status is FolderStatus.ROLLING_BACK
+    assert ProcedureKeys.of(both).status is StoredStatus.ROLLING_BACK
+    assert ProcedureKeys.of(reversed(both)).status is StoredStatus.ROLLING_BACK
     ended = [(3, KeyType.COMMIT), (3, KeyType.STEP), (3, KeyType.ROLLBACK)]
     assert ProcedureKeys.of(ended).latest == (3, KeyType.COMMIT)
-    assert ProcedureKeys.of(ended).status is FolderStatus.FAILED
+    assert ProcedureKeys.of(ended).status is StoredStatus.FAILED
 
 
 @given(st.dictionaries(st.sampled_from(_IDS), _FOLDER, min_size=1), st.booleans())
