@@ -263,7 +263,7 @@ async def delete(url: str, storage_options: tuple[str, ...], parent_path: str, p
         _confirm(f"Delete {what} {p.procedure_id} ({p.status.value}){children}?", yes)
         await record_ends(store, doomed)
         for each in doomed:
-            await store.delete_procedure(each.procedure_id)
+            await store.delete_procedure(each.procedure_id, everything=True)
     finally:
         await store.store.close()
     ids = ", ".join(str(d.procedure_id) for d in doomed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import UTC, datetime
 
@@ -64,6 +65,15 @@ async def record_tree(
                 )
             )
     await ctx.history.put_many(records)
+
+
+async def record_superseded(ctx: ManagerContext, meta: ProcedureMeta, how: str) -> None:
+    """The end record of a run that ended here without its end being stored (the store
+    shows it unfinished), written as an operator's restart supersedes it (`how`): history
+    holds one record per run, and recovery never runs a run that has one."""
+    state = meta.state
+    error = f"{state.error}; {how} before this end was stored" if state.error else how
+    await ctx.history.put_many([_record(meta, dataclasses.replace(state, error=error), datetime.now(UTC))])
 
 
 async def record_recovered(

@@ -113,10 +113,26 @@ async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: Ope
     await ctx.store.resumes.delete([procedure_id])
     if runs_here(ctx, procedure_id) or procedure_id in ctx.restarting:
         return
+    if latest is not None and latest.key_type is KeyType.COMMIT:
+        await _delete_if_kept_for_the_nudge(ctx, procedure_id)
     now = await _latest_key(ctx, procedure_id)
     if now is not None and now.key_type is not KeyType.COMMIT and str(now) != str(latest):
         logger.info("procedure %s: %s was written while its resume nudge was handled; running it", procedure_id, now)
         await _run_again(ctx, procedure_id)
+
+
+async def _delete_if_kept_for_the_nudge(ctx: ManagerContext, procedure_id: ProcedureId) -> None:
+    """A failed root that recovery kept only because a nudge asked to resume it (without
+    `keep_failed`) goes once the nudge was refused or stale, as it would have without the
+    nudge: its end record first (recovery wrote it; if it is missing, the next start decides)."""
+    if ctx.keep_failed or procedure_id in ctx.metas or procedure_id not in ctx.stored.rolled_back:
+        return
+    if await ctx.store.holds_keys(procedure_id) and await ctx.history.has_ended(
+        procedure_id, ctx.stored.committed_runs.get(procedure_id, 1)
+    ):
+        logger.info("procedure %s: deleting it, kept only for the resume nudge", procedure_id)
+        await ctx.store.delete_procedure(procedure_id)
+        ctx.forget(procedure_id)
 
 
 async def _run_again(ctx: ManagerContext, procedure_id: ProcedureId) -> None:

@@ -76,13 +76,13 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     kept_roots = [pid for pid in ctx.stored.rolled_back if (m := loaded.finished_messages.get(pid)) and not m.parent_id]
     if kept_roots:
         try:
-            await record_kept(ctx, loaded, kept_roots, recorded)
+            await ctx.policy.call(lambda _n: record_kept(ctx, loaded, kept_roots, recorded))
         except ProcedureError as e:
             logger.warning("could not record the end of failed procedures kept for an operator (%s)", e)
     if to_delete:
         logger.info("deleting %d finished procedures left by an interrupted cleanup", len(to_delete))
         try:
-            await record_recovered(ctx, loaded, to_delete, recorded)
+            await ctx.policy.call(lambda _n: record_recovered(ctx, loaded, to_delete, recorded))
             await ctx.store.delete_procedures(to_delete)
         except ProcedureError as e:
             logger.warning("could not delete finished procedures (%s); the next start tries again", e)

@@ -24,6 +24,7 @@ import time
 
 from procstore._logs import get_logger, procedure_fields
 from procstore._runtime.context import LoadFailed, ManagerContext
+from procstore._runtime.history import record_superseded
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.recovery import resume_root
 from procstore._runtime.writes import delete_tree
@@ -35,9 +36,14 @@ logger = get_logger("procstore.runtime")
 
 
 def runs_here(ctx: ManagerContext, procedure_id: ProcedureId) -> bool:
-    """The procedure is running, or waiting for its parent, in this term."""
+    """The procedure is running, being submitted (its first write backs off), or waiting for
+    its parent, in this term."""
     meta = ctx.metas.get(procedure_id)
-    return (meta is not None and not meta.state.is_ended()) or procedure_id in ctx.stored.messages
+    return (
+        (meta is not None and not meta.state.is_ended())
+        or procedure_id in ctx.stored.messages
+        or procedure_id in ctx.submit_wakes
+    )
 
 
 async def restart(
@@ -52,7 +58,13 @@ async def restart(
     """
     meta = ctx.metas.get(procedure_id)
     if runs_here(ctx, procedure_id):
-        state = meta.state.kind.name if meta is not None else "waiting for its parent"
+        state = (
+            meta.state.kind.name
+            if meta is not None
+            else "being submitted"
+            if procedure_id in ctx.submit_wakes
+            else "waiting for its parent"
+        )
         raise ProcedureError(
             f"procedure {procedure_id} is running here ({state}): cancel it and wait until it has ended first"
         )
@@ -110,6 +122,9 @@ async def _restart(
     ctx.operator_requests.pop(procedure_id, None)
     if plan.source is not None or not nudged:
         await ctx.store.requests.delete([procedure_id])
+    if (old := ctx.metas.get(procedure_id)) is not None and not plan.ended and not old.state.recorded:
+        # Its run ended here, but the store could not be told: the new run supersedes it.
+        await record_superseded(ctx, old, "resumed" if to_step is None else f"rewound to step {to_step}")
     message = await apply_restart(ctx.store, plan, stored, retention=ctx.history.settings.retention)
     if runs_here(ctx, procedure_id):  # defence: nothing may have started it meanwhile
         raise ProcedureError(f"procedure {procedure_id} was started meanwhile: it runs here already")

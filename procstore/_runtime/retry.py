@@ -89,11 +89,11 @@ class RetryBudget:
             self.retries += 1
 
 
-async def _unless_set(waiting: Awaitable[None], event: asyncio.Event) -> bool:
-    """Await `waiting` unless `event` is set first (then it is cancelled): True if it ended."""
+async def _unless_set(waiting: Callable[[], Awaitable[None]], event: asyncio.Event) -> bool:
+    """Await `waiting()` unless `event` is set first (then it is cancelled): True if it ended."""
     if event.is_set():
         return False
-    task = asyncio.ensure_future(waiting)
+    task = asyncio.ensure_future(waiting())
     woken = asyncio.ensure_future(event.wait())
     try:
         await asyncio.wait((task, woken), return_when=asyncio.FIRST_COMPLETED)
@@ -120,7 +120,7 @@ class RetryPolicy:
             return
         woken = wake()
         # The wait for a token is part of the backoff: in an outage it can be the longest part.
-        if self.budget is not None and not await _unless_set(self.budget.take(), woken):
+        if self.budget is not None and not await _unless_set(self.budget.take, woken):
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(woken.wait(), delay)

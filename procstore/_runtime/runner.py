@@ -14,6 +14,7 @@ children first and itself last, so a crash part way still leaves it marked finis
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
@@ -91,13 +92,13 @@ class Runner:
         self.ctx.spawn(run, name=f"procstore:{self.meta.type_name}:{self.meta.id}")
 
     async def _run(self) -> None:
-        held: tuple[StringKey, ...] = ()
+        held: list[StringKey] = []
         try:
-            for key in self.meta.lock_key.keys_to_lock():
-                if not self.holds_locks and not await self._acquire(key):
-                    await self._drive()  # the failure it recorded (a rollback, if supported)
-                    return
-                held += (key,)
+            if self.holds_locks:
+                held += self.meta.lock_key.keys_to_lock()
+            elif not await self._acquire_all(held):
+                await self._drive()  # the failure it recorded (a rollback, if supported)
+                return
             self.meta.mark_started()
             if self._resume_children:
                 await self._resume_stored_children()
@@ -116,34 +117,68 @@ class Runner:
                 raise
             await self._crashed(as_failure(e, "a hook of the procedure"))
         finally:
-            for key in reversed(held):
-                self.ctx.locks.release(key)
-                self.ctx.lock_holders.get(key.key, set()).discard(self.meta.id)
+            self._release(held)
 
-    async def _acquire(self, key: StringKey) -> bool:
-        """Take `key`; False (the procedure failed with `LockCycle`) if waiting would deadlock."""
-        if self.ctx.locks.would_block(key) and (cycle := self.ctx.lock_cycle(self.meta.id, key)) is not None:
-            await self._fail(LockCycle(self.meta.id, key.key, cycle), roll_back=self._ran_before())
-            return False
-        self.ctx.lock_waits[self.meta.id] = key.key
-        try:
-            # An operator's request ends the wait: the procedure fails (or rolls back) at once.
-            acquired = await self.ctx.locks.acquire_unless(key, self.meta.requested())
-        finally:
-            del self.ctx.lock_waits[self.meta.id]
-        if not acquired:
-            await self._fail(OperatorRequested(self.ctx.operator_requests[self.meta.id]), roll_back=self._ran_before())
-            return False
-        self.ctx.lock_holders.setdefault(key.key, set()).add(self.meta.id)
+    async def _acquire_all(self, held: list[StringKey]) -> bool:
+        """Take every lock key, in order, appending each to `held`; False if the procedure
+        failed instead (it recorded the failure).
+
+        One that may have run a step already (`_may_have_run`) must roll back holding its
+        locks, so neither an operator's request nor a would-be deadlock ends its wait: a
+        request is honoured once it holds them (as between steps), and before a wait that
+        would close a cycle it gives back what it holds (a cycle through it runs through a
+        key it holds: it runs no children yet) and waits for all of them again.
+        """
+        may_have_run = self._may_have_run()
+        keys = self.meta.lock_key.keys_to_lock()
+        while len(held) < len(keys):
+            key = keys[len(held)]
+            if self.ctx.locks.would_block(key) and (cycle := self.ctx.lock_cycle(self.meta.id, key)) is not None:
+                if may_have_run and held:
+                    self._release(held)
+                    continue
+                await self._fail(LockCycle(self.meta.id, key.key, cycle), roll_back=may_have_run)
+                return False
+            # An operator's request ends the wait of one that never ran: it fails at once.
+            if not await self._wait_for(key, None if may_have_run else self.meta.requested()):
+                await self._fail(OperatorRequested(self.ctx.operator_requests[self.meta.id]), roll_back=False)
+                return False
+            held.append(key)
         return True
 
-    def _ran_before(self) -> bool:
-        """Whether an earlier run stored a step past the submitted state (or began rolling
-        back). A procedure failed while waiting for its locks rolls back only then: without
-        the locks, and with nothing to undo, its rollback must not run. (A step 0 that an
-        earlier process ran without storing the next state is not undone then: a known
-        finding of the cluster simulator, ledger seed 68.)"""
-        return self.step > 1 or self.meta.state.kind is not ProcedureStateKind.RUNNING
+    async def _wait_for(self, key: StringKey, unless: asyncio.Event | None) -> bool:
+        """Wait for `key` (or until `unless` is set: then False, nothing taken)."""
+        self.ctx.lock_waits[self.meta.id] = key.key
+        try:
+            if unless is None:
+                await self.ctx.locks.acquire(key)
+                acquired = True
+            else:
+                acquired = await self.ctx.locks.acquire_unless(key, unless)
+        finally:
+            del self.ctx.lock_waits[self.meta.id]
+        if acquired:
+            self.ctx.lock_holders.setdefault(key.key, set()).add(self.meta.id)
+        return acquired
+
+    def _release(self, held: list[StringKey]) -> None:
+        while held:
+            key = held.pop()
+            self.ctx.locks.release(key)
+            self.ctx.lock_holders.get(key.key, set()).discard(self.meta.id)
+
+    def _may_have_run(self) -> bool:
+        """Whether a step may have run already: it stored one past the submitted state, began
+        rolling back, or was loaded from the store (an earlier process may have run its step
+        0 and died before storing the next state: the store shows only step 0, but the
+        step's effects are there) or has stored children. One this term submitted and never
+        ran has nothing to undo."""
+        return (
+            self.step > 1
+            or self.meta.state.kind is not ProcedureStateKind.RUNNING
+            or not self.meta.wrote_every_key
+            or self._resume_children
+        )
 
     async def _drive(self) -> None:
         while True:
@@ -397,10 +432,18 @@ class Runner:
         Runner(self.ctx, meta, procedure, step, data, resume_children=True).start()
 
     async def _wait_children(self) -> None:
+        """Wait until every child has ended. One whose end could not be stored ends this run
+        the same way: the store says the child has not ended (the next start resumes the
+        tree), so its parent must neither go on as if it had, nor roll back past it."""
+        unrecorded: list[ProcedureId] = []
         for child_id in list(self.meta.children):
             child = self.ctx.metas.get(child_id)
             if child is not None:
                 await child.wait_ended()
+                if not child.state.recorded:
+                    unrecorded.append(child_id)
+        if unrecorded:
+            self._stop_unrecorded(f"the end of its subprocedure {unrecorded[0]} could not be stored")
 
     # -- failing and rolling back ----------------------------------------------------
 

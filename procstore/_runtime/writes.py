@@ -125,9 +125,11 @@ async def delete_tree(
     kept = {pid for pid in ids if pid in ctx.stored.unreadable}
     for pid in list(kept):
         kept.update(ctx.stored.descendants(pid))
-    # A root restarted meanwhile is the new run's: its folder (the earlier steps too, which a
-    # rewind may copy) stays. Its ended run's children go, as the new run creates its own.
-    kept.update(restarted & {root.id})
+    # An id restarted meanwhile is the new run's: its folder stays (a root's earlier steps
+    # too, which a rewind may copy; a child's keys of the new run, which its key names alone
+    # cannot tell from the ended run's). A restart deletes the ended run's children itself
+    # before the new run creates its own (`procstore._runtime.restart`).
+    kept.update(restarted)
     if keep_root:
         kept.add(root.id)
     doomed = [pid for pid in ids if pid not in kept and not ((m := ended_runs.get(pid)) and m.keep_keys)]

@@ -19,7 +19,7 @@ from procstore._bulk import collector_paused
 from procstore._logs import get_logger, procedure_fields
 from procstore.errors import Fenced, ListingIncomplete, StoreError
 from procstore.ids import ProcedureId
-from procstore.store.folder import ProcedureKeys, decode_or_problem
+from procstore.store.folder import ProcedureKeys, decode_or_problem, latest_key
 from procstore.store.keys import (
     MAX_STEP,
     PROC_PATH,
@@ -245,7 +245,12 @@ class ProcedureStore:
         return sorted((p for p in parsed if p is not None), key=lambda p: p.step)
 
     async def delete_procedure(
-        self, procedure_id: ProcedureId, keys: Sequence[ParsedKey] | None = None, *, through_step: int | None = None
+        self,
+        procedure_id: ProcedureId,
+        keys: Sequence[ParsedKey] | None = None,
+        *,
+        through_step: int | None = None,
+        everything: bool = False,
     ) -> None:
         """Delete a procedure's keys: every `.step`, then its terminal keys from the lowest to
         the highest (a `.rollback` before the `.commit` above it), then the folder.
@@ -257,19 +262,32 @@ class ProcedureStore:
         the listing; a key it does not name would be left behind, so only a writer sure of
         every write passes them.
 
-        `through_step`: the highest step of the run that ended. A key above it belongs to a
-        later run of the same id (an operator's resume or rewind writes its copy above every
-        key): it is never deleted, and neither is the folder then.
+        `through_step`: the highest step of the run that ended. A listed key above it belongs
+        to a later run of the same id (an operator's resume or rewind writes its copy above
+        every key, and may copy the earlier steps again): the folder is the later run's then,
+        and nothing is deleted. Without `through_step`, a key above the highest `.commit`
+        whose message is of a later run than the key below that commit (or that cannot be
+        read) is such a key. `everything` deletes every key, a later run's too (an operator's
+        `procstore delete`).
         """
         folder = procedure_dir(self.proc_path, procedure_id)
-        if through_step is None:
-            self.unknown_fields.pop(procedure_id, None)
         if keys is not None:
+            if through_step is None:
+                self.unknown_fields.pop(procedure_id, None)
             steps = [str(k) for k in keys if k.key_type is KeyType.STEP]
             ends = [str(k) for k in sorted((k for k in keys if k.key_type.is_terminal), key=lambda k: k.step)]
             await self.store.delete_in_order(steps, ends, folder)
             return
         keys_found = await self.store.walk(folder)
+        if not everything and await self._later_run_in(keys_found, through_step):
+            logger.info(
+                "procedure %s runs again (a later run's keys are in its folder): its keys stay",
+                procedure_id,
+                extra=procedure_fields(procedure_id),
+            )
+            return
+        if through_step is None:
+            self.unknown_fields.pop(procedure_id, None)
         step_keys: list[str] = []
         finish_keys: list[tuple[int, str]] = []
         for key in keys_found:
@@ -277,13 +295,28 @@ class ProcedureStore:
             if parsed is None:
                 about = procedure_fields(procedure_id)
                 logger.warning("unknown key while deleting procedure %s: %s", procedure_id, key, extra=about)
-            elif through_step is not None and parsed.step > through_step:
-                continue  # a later run's: see the docstring
             elif parsed.key_type is KeyType.STEP:
                 step_keys.append(key)
             else:
                 finish_keys.append((parsed.step, key))
         await self.store.delete_in_order(step_keys, [key for _, key in sorted(finish_keys)], folder)
+
+    async def _later_run_in(self, keys: Sequence[str], through_step: int | None) -> bool:
+        """Whether a listed key belongs to a run after the one being deleted (see
+        `delete_procedure`)."""
+        parsed = [p for key in keys if (p := ParsedKey.parse(self.proc_path, key)) is not None]
+        if through_step is not None:
+            return any(p.step > through_step for p in parsed)
+        top = max((p.step for p in parsed if p.key_type is KeyType.COMMIT), default=None)
+        above = [p for p in parsed if top is not None and p.step > top]
+        if top is None or not above:
+            return False
+        under = [p for p in parsed if p.step < top]
+        if not under:
+            return True  # which run the keys above are cannot be told: they stay
+        below = latest_key(under)
+        runs = [_run_of(v) for v in await self._read_all([str(below), *(str(p) for p in above)])]
+        return runs[0] is None or any(run is None or run > runs[0] for run in runs[1:])
 
     async def delete_procedures(
         self,
@@ -415,14 +448,14 @@ class ProcedureStore:
         latest_of: dict[ProcedureId, StepAndType] = {}
         stray: list[ProcedureId] = []
         below_commit: dict[ProcedureId, StepAndType] = {}
-        for pid, latest, latest_key, below, below_key, lowest in self._each_latest(keys):
+        for pid, latest, latest_text, below, below_key, lowest in self._each_latest(keys):
             step, key_type = latest
             if self.skip_strays and key_type is not KeyType.COMMIT and step > 0 and lowest > 0:
                 stray.append(pid)  # read all the same: its run decides (`_set_strays_apart`)
             latest_of[pid] = latest
             if key_type is not KeyType.COMMIT:
                 to_read.append((pid, step, key_type))
-                texts.append(latest_key)
+                texts.append(latest_text)
             elif below is not None:
                 # A finished procedure's parent, type and outcome are in its highest message
                 # below the commit: a `.step` (it succeeded) or a `.rollback` (it rolled back).
@@ -530,3 +563,9 @@ class ProcedureStore:
 
 _Key = tuple[ProcedureId, int, KeyType]
 """A key while loading, as its parts: formatted (`ProcedureStore.key`) only to be read or reported."""
+
+
+def _run_of(value: bytes | Exception | None) -> int | None:
+    """The run of a stored message; None if it cannot be read."""
+    read = decode_or_problem(value)
+    return read.run if isinstance(read, ProcedureMessage) else None

@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from procstore.store.folder import latest_key
 from procstore.store.history import HistoryRecord
 from procstore.store.keys import PROC_PATH, KeyType, ParsedKey
@@ -94,6 +96,9 @@ def runs_from_log(log: Iterable[LoggedOp], roots: set[str]) -> dict[str, Procedu
         if not op.landed:
             continue
         for key in op.key.split(","):
+            if op.created and (ended := _end_record(key, op.value)) is not None:
+                _recorded(procedures.setdefault(ended[0], Procedure()), *ended[1:], op)
+                continue
             parsed = ParsedKey.parse(PROC_PATH, key)
             if parsed is None:
                 continue
@@ -147,6 +152,32 @@ def _deleted(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp) -> None
             f"{pid}: {parsed.step}.{parsed.key_type.value} deleted at {op.at:.2f} by {op.process} while run "
             f"{len(proc.runs)} (begun at {run.started_at:.2f}) had not ended: a running procedure's keys went"
         )
+
+
+def _end_record(key: str, value: bytes | None) -> tuple[str, int, str] | None:
+    """(id, run, outcome) of an end record's key and value; None for any other key."""
+    name = key.rsplit("/", 1)[-1]
+    if not key.startswith("history/") or not value:
+        return None
+    pid, dot, run = name.removesuffix(".json").rpartition(".")
+    if not (dot and run.isdigit()):
+        return None
+    try:
+        record = msgspec.json.decode(value, type=HistoryRecord)
+    except msgspec.DecodeError:
+        return None
+    return pid, int(run), record.outcome
+
+
+def _recorded(proc: Procedure, number: int, outcome: str, op: LoggedOp) -> None:
+    """An end record for the current run before any `.commit` of it: the run ended here
+    without its end being stored, and an operator's restart superseded it (the record is
+    that run's end)."""
+    run = proc.current
+    if run is not None and run.number == number and run.ended_at is None:
+        run.ended_at = op.at
+        run.outcome = "done" if outcome == "done" else "failed"
+        proc.ended_numbers.add(number)
 
 
 def _parent(value: bytes) -> str | None:
@@ -254,6 +285,16 @@ def check_runs(
     return problems
 
 
+def _requests_honoured(error: str | None) -> set[int]:
+    """The operator requests (`op#N`) an error says ended the run: its own request's text
+    (`OperatorRequest.describe`, perhaps inherited from an ancestor). A request named further
+    in (a child's failure of an earlier run that the procedure's own code reports) did not."""
+    text = re.sub(r"^procedure \S+ failed: ", "", error or "")
+    if not text.startswith(("cancelled by an operator", "failed by an operator")):
+        return set()
+    return {int(n) for n in REQUEST_TAG.findall(text)}
+
+
 def check_requests(
     procedures: dict[str, Procedure], history: dict[str, list[HistoryRecord]], model: Model, left: list[str]
 ) -> list[str]:
@@ -261,7 +302,7 @@ def check_requests(
     problems = [f"an operator request outlived its procedure: {key}" for key in left]
     actions = {a.number: a for a in model.operator}
     for restart in model.operator:
-        for number in {int(n) for n in REQUEST_TAG.findall(restart.ended_with or "")}:
+        for number in _requests_honoured(restart.ended_with):
             action = actions.get(number)
             if action is not None and action.stored_at is not None and action.stored_at < restart.issued_at:
                 problems.append(
@@ -274,7 +315,7 @@ def check_requests(
         # A first run may inherit its parent's request (it belongs to the parent's run); a
         # later run (a restart, or a child named again by its restarted parent) may not.
         for run, record in list(zip(runs, records, strict=False))[1:]:
-            for number in {int(n) for n in REQUEST_TAG.findall(record.error or "")}:
+            for number in _requests_honoured(record.error):
                 action = actions.get(number)
                 if action is None or action.stored_at is None or run.started_at <= action.stored_at:
                     continue

@@ -1,7 +1,7 @@
 """`python -m procstore.testing.simulate`: seeded cluster simulations, from the command line.
 
     python -m procstore.testing.simulate --seeds 200            # seeds 0..199, the example machines
-    python -m procstore.testing.simulate --seed 4711            # replay one seed, with its schedule
+    python -m procstore.testing.simulate --seed 4711            # replay a seed (or several), with its schedule
     python -m procstore.testing.simulate --minutes 30           # soak: new seeds until the time is up
     python -m procstore.testing.simulate --world ledger --seeds 500
 
@@ -68,13 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m procstore.testing.simulate", description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run (from --first)")
     parser.add_argument("--first", type=int, default=0, help="the first seed of --seeds or --minutes")
-    parser.add_argument("--seed", type=int, help="run this one seed and print its report")
+    parser.add_argument("--seed", type=int, nargs="+", help="run these seeds and print each one's report")
     parser.add_argument("--minutes", type=float, help="soak: run new seeds for this long")
     parser.add_argument("--world", choices=sorted(WORLDS), default="machines")
     args = parser.parse_args(argv)
     simulation = simulation_for(args.world)
     if args.seed is not None:
-        seeds: Iterator[int] = iter([args.seed])
+        seeds: Iterator[int] = iter(args.seed)
     elif args.minutes is not None:
         seeds = _until(args.minutes, args.first)
     else:

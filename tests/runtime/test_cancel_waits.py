@@ -57,11 +57,66 @@ class Waits(Procedure):
         return Status.done()
 
 
+EFFECTS: set[str] = set()
+"""What `UndoesItsStep` steps did to the outside world, and their rollbacks undid."""
+
+
+class UndoesItsStep(Procedure):
+    """One step that applies `effect` under its locks; its rollback undoes it, and notes (in
+    `overlapped`) whether the lock's other holder was still running then."""
+
+    type_name = "cancel-waits::UndoesItsStep"
+    rollback_supported = True
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    def lock_key(self) -> LockKey:
+        return LockKey([StringKey.exclusive(k) for k in self.data["locks"]])
+
+    async def execute(self, ctx: Context) -> Status:
+        EFFECTS.add(self.data["effect"])
+        return Status.done()
+
+    async def rollback(self, ctx: Context) -> None:
+        if not GATES[self.data["holder_gate"]].is_set():
+            EFFECTS.add(f"{self.data['effect']}/rolled back beside the holder")
+        EFFECTS.discard(self.data["effect"])
+
+
+class HoldsWhileItsChildRuns(Procedure):
+    """Holds `lock` and, once `gate` opens, suspends on a `Waits` child that needs `child_lock`."""
+
+    type_name = "cancel-waits::HoldsWhileItsChildRuns"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    def lock_key(self) -> LockKey:
+        return LockKey([StringKey.exclusive(self.data["lock"])])
+
+    async def execute(self, ctx: Context) -> Status:
+        if self.data.get("suspended"):
+            return Status.done()
+        await GATES[self.data["gate"]].wait()
+        self.data["suspended"] = True
+        child = Waits({"how": "gate", "gate": self.data["child_gate"], "lock": self.data["child_lock"]})
+        return Status.suspended([ProcedureWithId.new(child)])
+
+
 def manager(tmp_path: Path) -> ProcedureManager:
     # Backoffs of a minute, and a look at requests/ only every minute: the cancel must not
     # depend on either.
     m = ProcedureManager(tmp_path, max_retry_times=50, retry_delay=60, max_retry_delay=60, request_poll_interval=60)
     m.register(Waits)
+    m.register(UndoesItsStep)
+    m.register(HoldsWhileItsChildRuns)
     return m
 
 
@@ -195,3 +250,90 @@ async def test_a_watch_that_keeps_failing_says_so_once_and_says_when_it_works_ag
     failed = [r for r in caplog.records if "looking for operator requests failed" in r.getMessage()]
     assert len(failed) == 1 and failed[0].exc_info is not None, failed
     assert any("works again" in r.getMessage() for r in caplog.records)
+
+
+async def _inherit(tmp_path: Path, procedure: ProcedureWithId) -> None:
+    """Store `procedure` at step 0, as an earlier process left it."""
+    from procstore.store.message import ProcedureMessage
+    from procstore.store.open import open_state_store
+
+    store = open_state_store(str(tmp_path))
+    message = ProcedureMessage(procedure.procedure.type_name, procedure.procedure.dump(), None, 0)
+    assert await store.put_if_absent(f"procedure/{procedure.id}/0000000000.step", message.encode())
+    await store.close()
+
+
+async def test_a_loaded_procedure_cancelled_at_its_lock_wait_undoes_the_step_an_earlier_process_ran(
+    tmp_path: Path,
+) -> None:
+    """An earlier process ran the step of `loaded` and died before storing the next state:
+    the store shows step 0 only, but the effect is out there. The next manager loads it and
+    it waits for its lock behind `holder`. An operator's request then makes it roll back,
+    holding its lock (never beside the holder): the effect is undone."""
+    gate, effect = os.urandom(8).hex(), os.urandom(8).hex()
+    GATES[gate] = asyncio.Event()
+    # Recovery takes locks in the ids' order: the holder goes first.
+    holder = ProcedureWithId(
+        ProcedureId.parse("00000000-0000-4000-8000-000000000001"), Waits({"how": "gate", "gate": gate, "lock": "t"})
+    )
+    loaded = ProcedureWithId(
+        ProcedureId.parse("ffffffff-0000-4000-8000-000000000001"),
+        UndoesItsStep({"locks": ["t"], "effect": effect, "holder_gate": gate}),
+    )
+    for procedure in (holder, loaded):
+        await _inherit(tmp_path, procedure)
+    EFFECTS.add(effect)  # the earlier process's step
+    async with manager(tmp_path) as m:
+        await asyncio.sleep(0.2)  # the holder runs; `loaded` waits for the lock
+        state = m.procedure_state(loaded.id)
+        assert state is not None and not state.is_ended()
+        await m.cancel(loaded.id, "not needed any more")
+        await asyncio.sleep(0.2)
+        assert effect in EFFECTS, "rolled back without its lock"
+        GATES[gate].set()
+        watcher = m.procedure_watcher(loaded.id)
+        assert watcher is not None
+        with pytest.raises(ProcedureFailed, match="not needed any more"):
+            await asyncio.wait_for(watcher.wait(), 5)
+    assert effect not in EFFECTS
+    assert f"{effect}/rolled back beside the holder" not in EFFECTS
+
+
+async def test_a_loaded_procedure_that_would_close_a_lock_cycle_waits_again_instead_of_failing(
+    tmp_path: Path,
+) -> None:
+    """`loaded` (its step may have run in an earlier process) takes `a`, then finds that
+    waiting for `b` would close a cycle: `b`'s holder waits for its child, which waits for
+    `a`. Failing would leave its step's effect without a rollback, and rolling back needs
+    both locks: it gives `a` back and waits for both again, and runs once they are free."""
+    holder_gate, parent_gate, child_gate, effect = (os.urandom(8).hex() for _ in range(4))
+    for gate in (holder_gate, parent_gate, child_gate):
+        GATES[gate] = asyncio.Event()
+    GATES[child_gate].set()
+    # Recovery takes locks in the ids' order: `holder` takes `a`, `loaded` queues for it.
+    holder = ProcedureWithId(
+        ProcedureId.parse("00000000-0000-4000-8000-000000000002"),
+        Waits({"how": "gate", "gate": holder_gate, "lock": "a"}),
+    )
+    loaded = ProcedureWithId(
+        ProcedureId.parse("ffffffff-0000-4000-8000-000000000002"),
+        UndoesItsStep({"locks": ["a", "b"], "effect": effect, "holder_gate": holder_gate}),
+    )
+    for procedure in (holder, loaded):
+        await _inherit(tmp_path, procedure)
+    async with manager(tmp_path) as m:
+        await asyncio.sleep(0.2)
+        parent = await m.submit(
+            ProcedureWithId.new(
+                HoldsWhileItsChildRuns({"lock": "b", "gate": parent_gate, "child_gate": child_gate, "child_lock": "a"})
+            )
+        )
+        await asyncio.sleep(0.1)
+        GATES[parent_gate].set()  # the parent holds `b` and suspends; its child queues for `a`
+        await asyncio.sleep(0.1)
+        GATES[holder_gate].set()  # `a` goes to `loaded`, which would now wait for `b`
+        await asyncio.wait_for(parent.wait(), 5)
+        watcher = m.procedure_watcher(loaded.id)
+        assert watcher is not None
+        await asyncio.wait_for(watcher.wait(), 5)
+    assert effect in EFFECTS

@@ -3,12 +3,15 @@ every key, by listing it whenever a write's outcome is unknown."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from procstore import ProcedureFailed, ProcedureWithId
+import pytest
+
+from procstore import EndNotRecorded, ProcedureFailed, ProcedureWithId
 from procstore.store import StateStore, open_state_store
 from procstore.store.wrapping import WrappingStore
 from procstore.testing import Fault, FaultyStore
@@ -69,3 +72,75 @@ async def test_a_write_with_an_unknown_outcome_makes_the_end_list_the_folder(loc
         assert any(str(procedure.id) in k for k in counting.listed)
         assert await counting.walk(f"procedure/{procedure.id}/") == []
     await counting.inner.close()
+
+
+async def test_a_parent_stops_unrecorded_when_its_childs_end_could_not_be_stored(local_target: StoreTarget) -> None:
+    """Child `a` runs its first step, then nothing of its can be written: neither its next
+    step, nor its commit, nor its failure. The store says it has not ended, so its parent
+    must not go on as if it had (roll back, commit, delete the tree with the child's keys):
+    it stops unrecorded too, and the next start runs the tree to its end."""
+    world = World.new()
+    parent = Parent.create(world, ["a"])
+    child = parent.data["children"]["a"]
+    tree = ProcedureWithId.new(parent)
+    store = FaultyStore(open_state_store(local_target.url))
+    for step in range(1, 4):
+        key = f"procedure/{child}/{step:010}.*"
+        store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key))
+    async with manager_for(store, max_retry_times=1) as manager:
+        watcher = await manager.submit(tree)
+        with pytest.raises(EndNotRecorded):
+            await watcher.wait()
+    assert "parent/joined" not in world.log
+    assert await store.walk(f"procedure/{child}/") != []  # the child's keys wait for the next start
+    store.plan.faults.clear()
+    async with manager_for(store) as manager:
+        resumed = manager.procedure_watcher(tree.id)
+        assert resumed is not None
+        await resumed.wait()
+    assert "parent/joined" in world.log
+    assert await store.walk("procedure/") == []
+    await store.inner.close()
+
+
+async def test_a_rewind_of_a_run_that_ended_unrecorded_records_that_run(local_target: StoreTarget) -> None:
+    """A run fails but the store refuses its failure (it shows the run unfinished); the
+    operator rewinds it on the leader that knows. The new run supersedes the old one, so
+    the old one gets its end record then: history holds one record per run."""
+    from procstore.store.history import HistoryStore
+
+    world = World.new()
+    procedure = steps(world, 3, fail_at=1)
+    store = FaultyStore(open_state_store(local_target.url))
+    for step in range(1, 4):
+        key = f"procedure/{procedure.id}/{step:010}.*"
+        store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, times=4))
+    async with manager_for(store, max_retry_times=1, keep_failed=True) as manager:
+        with pytest.raises(EndNotRecorded):
+            await (await manager.submit(procedure)).wait()
+        store.plan.faults.clear()
+        with pytest.raises(ProcedureFailed):  # step 1 fails again, and this time the store says so
+            await (await manager.rewind(procedure.id, 0)).wait()
+    runs = sorted(run for (pid, run) in await HistoryStore(store).ended_runs() if pid == str(procedure.id))
+    assert runs == [1, 2]
+    await store.inner.close()
+
+
+async def test_a_restart_is_refused_while_the_procedure_is_being_submitted(local_target: StoreTarget) -> None:
+    """The submit's first write backs off (its answers lost); an operator's rewind of the
+    id meanwhile must not write a second run beside the one the submit then starts."""
+    from procstore import ProcedureError
+
+    world = World.new()
+    procedure = steps(world, 2)
+    store = FaultyStore(open_state_store(local_target.url))
+    key = f"procedure/{procedure.id}/0000000000.step"
+    store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, when="after", times=2))
+    async with manager_for(store, retry_delay=0.2, max_retry_delay=0.2, max_retry_times=5) as manager:
+        submitting = asyncio.ensure_future(manager.submit(procedure))
+        await asyncio.sleep(0.1)  # its first answer is lost: it backs off
+        with pytest.raises(ProcedureError, match="being submitted"):
+            await manager.rewind(procedure.id, 0)
+        await (await submitting).wait()
+    assert world.counts["steps/0"] == 1 and world.counts["steps/1"] == 1
+    await store.inner.close()

@@ -386,3 +386,44 @@ async def test_a_folder_of_ours_that_cannot_be_read_does_not_stop_recovery(
         await asyncio.sleep(0.2)  # ten looks of the watch
     warned = [r.getMessage() for r in caplog.records if "cannot list" in r.getMessage()]
     assert len(warned) == 2, warned  # once per folder, not once per look
+
+
+@pytest.mark.parametrize("kept", [True, False])
+async def test_a_recovered_end_is_recorded_through_a_store_error(tmp_path: Path, kept: bool) -> None:
+    """A root rolled back and committed, then its manager died before the end record: the
+    next start records it (and, unless kept for an operator, deletes it). One failed write
+    of the record is retried, not left for yet another start."""
+    from procstore.store.history import HistoryStore
+    from procstore.testing import Fault
+
+    pid = "5e1f0c2a-9b8d-4c7e-8f6a-5b4c3d2e1f0a"
+    data = json.dumps({"world": World.new().name, "steps": 3, "at": 1})
+    write_raw(tmp_path, f"procedure/{pid}/0000000000.step", greptime_step("test::Undoable", data, 0))
+    write_raw(tmp_path, f"procedure/{pid}/0000000001.rollback", greptime_step("test::Undoable", data, 1, error="boom"))
+    write_raw(tmp_path, f"procedure/{pid}/0000000002.commit", b"")
+    store = FaultyStore(LocalDirStore(tmp_path))
+    store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key="history/*", times=1))
+    async with manager_for(store, keep_failed=kept):
+        pass
+    assert [run for (id_, run) in await HistoryStore(store).ended_runs() if id_ == pid] == [1]
+    assert (tmp_path / "procedure" / pid).exists() == kept
+
+
+async def test_a_rolled_back_root_kept_for_a_refused_resume_nudge_goes(tmp_path: Path) -> None:
+    """Without `keep_failed`, start() keeps a rolled-back root only because a resume nudge
+    names it; resuming it is refused (rewind it instead), and then it goes as it would have
+    without the nudge, its end recorded."""
+    from procstore.store import ProcedureStore
+    from procstore.store.history import HistoryStore
+
+    pid = "6f2a1d3b-0c9e-4d8f-9a7b-6c5d4e3f2a1b"
+    data = json.dumps({"world": World.new().name, "steps": 3, "at": 1})
+    write_raw(tmp_path, f"procedure/{pid}/0000000000.step", greptime_step("test::Undoable", data, 0))
+    write_raw(tmp_path, f"procedure/{pid}/0000000001.rollback", greptime_step("test::Undoable", data, 1, error="boom"))
+    write_raw(tmp_path, f"procedure/{pid}/0000000002.commit", b"")
+    nudge = OperatorRequest.new("resume", "resume", step=2)
+    await ProcedureStore(LocalDirStore(tmp_path)).resumes.put(ProcedureId.parse(pid), nudge)
+    async with manager_for(StoreTarget("local", str(tmp_path)), request_poll_interval=0.05):
+        await eventually(lambda: not (tmp_path / "procedure" / pid).exists(), timeout=5)
+    assert [run for (id_, run) in await HistoryStore(LocalDirStore(tmp_path)).ended_runs() if id_ == pid] == [1]
+    assert not (tmp_path / "requests" / "resume" / f"{pid}.json").exists()

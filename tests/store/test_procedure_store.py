@@ -164,3 +164,32 @@ def test_the_load_reads_a_sorted_listing_as_it_reads_any(
     with patch("procstore.store.procedure_store.latest_in_sorted", lambda *_a, **_k: None):
         general = store._latest_keys(keys)
     assert fast == general
+
+
+async def _run_keys(store: ProcedureStore, pid: ProcedureId, later: list[tuple[int, int]]) -> None:
+    """Run 1 ended (0.step, 1.step, 2.commit); then keys (step, run) above it."""
+    for step in (0, 1):
+        message = ProcedureMessage("T", "d", None, step).encode()
+        await store.store.put_if_absent(store.key(pid, step, KeyType.STEP), message)
+    await store.commit_procedure(pid, 2)
+    for step, run in later:
+        message = ProcedureMessage("T", "d", None, step, run=run).encode()
+        await store.store.put_if_absent(store.key(pid, step, KeyType.STEP), message)
+
+
+async def test_deleting_an_ended_run_leaves_a_later_run_of_the_id_whole(tmp_path: Path) -> None:
+    """An end's deletion that lists the folder (a former leader's, late) finds a rewind's
+    copy above the `.commit`: the folder is the new run's now (it may copy the earlier
+    steps again), so nothing is deleted. A late key of the ended run itself goes; an
+    operator's `procstore delete` takes everything."""
+    store, _ = make_store(tmp_path)
+    rewound, late, deleted = ProcedureId.random(), ProcedureId.random(), ProcedureId.random()
+    await _run_keys(store, rewound, [(3, 2)])
+    await _run_keys(store, late, [(3, 1)])
+    await _run_keys(store, deleted, [(3, 2)])
+    await store.delete_procedure(rewound)
+    await store.delete_procedure(late)
+    await store.delete_procedure(deleted, everything=True)
+    assert len(await store.store.walk(f"data/procedure/{rewound}/")) == 4
+    assert await store.store.walk(f"data/procedure/{late}/") == []
+    assert await store.store.walk(f"data/procedure/{deleted}/") == []
