@@ -28,6 +28,15 @@ by chance or not at all:
 - Message fields that procstore does not know (GreptimeDB's `context`, say) are read and
   written back on every key procstore writes for the procedure (`ProcedureMessage.extra`).
   The `run` field procstore adds is one GreptimeDB ignores.
+- Elsewhere, each beside the code it constrains: a key is one only in the exact shape
+  written, never one GreptimeDB's right-to-left parser would also take, nor above step
+  2^32 - 1 (`keys.ParsedKey.parse`); a message that cannot be read is reported and kept,
+  where GreptimeDB only logs it (`ProcedureStore.load_messages`); with managers sharing a
+  store by lease, an unfinished-looking procedure without a step 0 is a stray a paused
+  leader re-created, and an empty latest value a torn create (`skip_strays`).
+- What GreptimeDB never reads, it cannot act on: `requests/` (operator requests and
+  resume nudges) and `history/` (end records). docs/stores.md, "What GreptimeDB sees",
+  says what a switch in either direction does.
 """
 
 from __future__ import annotations
