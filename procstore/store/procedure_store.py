@@ -19,7 +19,7 @@ from procstore._bulk import collector_paused
 from procstore._logs import get_logger, procedure_fields
 from procstore.errors import Fenced, ListingIncomplete, StoreError
 from procstore.ids import ProcedureId
-from procstore.store.folder import ProcedureKeys, decode_or_problem, latest_key
+from procstore.store.folder import ProcedureKeys, decode_or_problem, latest_first, latest_key
 from procstore.store.keys import (
     MAX_STEP,
     PROC_PATH,
@@ -271,35 +271,29 @@ class ProcedureStore:
         `procstore delete`).
         """
         folder = procedure_dir(self.proc_path, procedure_id)
-        if keys is not None:
-            if through_step is None:
-                self.unknown_fields.pop(procedure_id, None)
-            steps = [str(k) for k in keys if k.key_type is KeyType.STEP]
-            ends = [str(k) for k in sorted((k for k in keys if k.key_type.is_terminal), key=lambda k: k.step)]
-            await self.store.delete_in_order(steps, ends, folder)
-            return
-        keys_found = await self.store.walk(folder)
-        if not everything and await self._later_run_in(keys_found, through_step):
-            logger.info(
-                "procedure %s runs again (a later run's keys are in its folder): its keys stay",
-                procedure_id,
-                extra=procedure_fields(procedure_id),
-            )
-            return
+        if keys is None:
+            listed = await self.store.walk(folder)
+            if not everything and await self._later_run_in(listed, through_step):
+                logger.info(
+                    "procedure %s runs again (a later run's keys are in its folder): its keys stay",
+                    procedure_id,
+                    extra=procedure_fields(procedure_id),
+                )
+                return
+            keys = [parsed for key in listed if (parsed := self._parsed_or_warned(procedure_id, key)) is not None]
         if through_step is None:
             self.unknown_fields.pop(procedure_id, None)
-        step_keys: list[str] = []
-        finish_keys: list[tuple[int, str]] = []
-        for key in keys_found:
-            parsed = ParsedKey.parse(self.proc_path, key)
-            if parsed is None:
-                about = procedure_fields(procedure_id)
-                logger.warning("unknown key while deleting procedure %s: %s", procedure_id, key, extra=about)
-            elif parsed.key_type is KeyType.STEP:
-                step_keys.append(key)
-            else:
-                finish_keys.append((parsed.step, key))
-        await self.store.delete_in_order(step_keys, [key for _, key in sorted(finish_keys)], folder)
+        steps = [str(k) for k in keys if k.key_type is KeyType.STEP]
+        # Lowest first by the latest-step rule: what is left always reads as finished.
+        ends = sorted((k for k in keys if k.key_type.is_terminal), key=lambda k: latest_first((k.step, k.key_type)))
+        await self.store.delete_in_order(steps, [str(k) for k in ends], folder)
+
+    def _parsed_or_warned(self, procedure_id: ProcedureId, key: str) -> ParsedKey | None:
+        parsed = ParsedKey.parse(self.proc_path, key)
+        if parsed is None:
+            about = procedure_fields(procedure_id)
+            logger.warning("unknown key while deleting procedure %s: %s", procedure_id, key, extra=about)
+        return parsed
 
     async def _later_run_in(self, keys: Sequence[str], through_step: int | None) -> bool:
         """Whether a listed key belongs to a run after the one being deleted (see
@@ -546,8 +540,7 @@ class ProcedureStore:
             return None
         read = decode_or_problem(raw, key[1])
         if isinstance(read, ProcedureMessage):
-            if read.extra:
-                self.unknown_fields[key[0]] = read.extra
+            self.keep_unknown_fields(key[0], read)
             return read
         reason = read
         if finished:

@@ -193,3 +193,18 @@ async def test_deleting_an_ended_run_leaves_a_later_run_of_the_id_whole(tmp_path
     assert len(await store.store.walk(f"data/procedure/{rewound}/")) == 4
     assert await store.store.walk(f"data/procedure/{late}/") == []
     assert await store.store.walk(f"data/procedure/{deleted}/") == []
+
+
+async def test_a_rollback_and_a_commit_at_one_step_are_deleted_rollback_first(tmp_path: Path) -> None:
+    """The `.commit` ranks over the `.rollback` at one step (`procstore.store.folder`), so it
+    goes last: a crash between the two leaves the procedure finished, never rolling back."""
+    store, recorder = make_store(tmp_path)
+    pid = ProcedureId.random()
+    await store.store_procedure(pid, 0, "T", "d", None)
+    await store.rollback_procedure(pid, ProcedureMessage("T", "d", None, 1, "boom"))
+    await store.commit_procedure(pid, 1)
+    recorder.ops.clear()
+    await store.delete_procedure(pid)
+    folder = f"data/procedure/{pid}/"
+    deleted = [op.key for op in recorder.ops if op.kind in ("batch_delete", "delete")]
+    assert deleted.index(f"{folder}0000000001.rollback") < deleted.index(f"{folder}0000000001.commit")
