@@ -127,6 +127,7 @@ async def test_rollback_commit_and_restart_copies_keep_the_context(tmp_path: Pat
         copy = greptimedb_reads(tmp_path, f"{folder}/0000000004.step")
         assert copy.context == CONTEXT
         assert json.loads((tmp_path / f"{folder}/0000000004.step").read_bytes())["run"] == 2
+        assert list((tmp_path / "history").iterdir())  # end records: GreptimeDB reads `procedure/` alone
         assert greptimedb_reads(tmp_path, f"{folder}/0000000005.rollback").context == CONTEXT
     command = ["rewind", str(tmp_path), str(pid), "--to-step", "0", "--yes"]
     result = await asyncio.to_thread(CliRunner().invoke, cli, command)
