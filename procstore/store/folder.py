@@ -116,8 +116,13 @@ class ProcedureKeys:
             return StoredStatus.UNFINISHED
         if kind is KeyType.ROLLBACK:
             return StoredStatus.ROLLING_BACK
-        below = self.newest_message
-        return StoredStatus.FAILED if below is not None and below[1] is KeyType.ROLLBACK else StoredStatus.COMMITTED
+        return ended_as(None if self.newest_message is None else self.newest_message[1])
+
+
+def ended_as(below: KeyType | None) -> StoredStatus:
+    """What a `.commit` ends its procedure as, by the highest message below it (its key
+    type): `FAILED` above a `.rollback`, else `COMMITTED`."""
+    return StoredStatus.FAILED if below is KeyType.ROLLBACK else StoredStatus.COMMITTED
 
 
 def decode_or_problem(raw: bytes | Exception | None, step: int | None = None) -> ProcedureMessage | str:

@@ -15,7 +15,7 @@ from procstore._logs import get_logger
 from procstore._text import valid_unicode
 from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
-from procstore.store.folder import ProcedureKeys, StoredStatus, decode_or_problem, latest_first
+from procstore.store.folder import ProcedureKeys, StoredStatus, decode_or_problem, ended_as, latest_first
 from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_of_dir
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
@@ -294,7 +294,7 @@ def endings(history: Sequence[tuple[ParsedKey, object, object, object]]) -> list
             below = key.key_type
             out.append(None)
         else:
-            out.append(StoredStatus.FAILED if below is KeyType.ROLLBACK else StoredStatus.COMMITTED)
+            out.append(ended_as(below))
     return out
 
 
