@@ -13,7 +13,6 @@ loader (serde, unknown fields ignored) reads the others.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -55,10 +54,10 @@ class ProcedureMessage:
     """The run that wrote it: 1 for a submit (and for a message without the field, written
     before runs were stored), one more for each resume or rewind. A child is created in its
     parent's run, so a run number never repeats for one id."""
-    extra: str = ""
+    extra: bytes = b""
     """The fields of the stored message that procstore does not know, as the members of a
-    JSON object (`"context":{...}`): written back as they were on every key procstore
-    writes for the procedure, so that what another writer added is never lost."""
+    JSON object (`"context":{...}`), each value's bytes as stored: written back on every key
+    procstore writes for the procedure, so that what another writer added is never lost."""
 
     def encode(self) -> bytes:
         """The exact bytes GreptimeDB would write for this message (its known fields first)."""
@@ -77,7 +76,7 @@ class ProcedureMessage:
         # memory of a procedure waiting in its step. A copy is exactly as long as the value.
         encoded = orjson.dumps(obj)
         if self.extra:
-            return b"".join((memoryview(encoded)[:-1], b",", self.extra.encode(), b"}"))
+            return b"".join((memoryview(encoded)[:-1], b",", self.extra, b"}"))
         return bytes(memoryview(encoded))
 
     @classmethod
@@ -94,8 +93,8 @@ class ProcedureMessage:
         except (msgspec.ValidationError, *UNDECODABLE):
             pass
         else:
-            if 0 <= direct.step <= _U32_MAX and 1 <= direct.run <= _U32_MAX:
-                return cls(direct.type_name, direct.data, direct.parent_id, direct.step, direct.error, direct.run)
+            if 0 <= direct.step <= _U32_MAX and 1 <= direct.run <= _U32_MAX and cls is ProcedureMessage:
+                return _message_of(direct)
         try:
             stored = _decoder.decode(raw)
         except msgspec.ValidationError as e:
@@ -115,14 +114,16 @@ class ProcedureMessage:
         )
 
 
-def _unknown_fields(raw: bytes) -> str:
-    """The members of the stored object that are not `ProcedureMessage`'s, as JSON text.
-
-    Read with the standard library, which keeps any JSON number (msgspec accepted the value
-    already, so it is JSON): this is only for the rare value with fields of another writer."""
-    fields = json.loads(raw)
-    unknown = {name: value for name, value in fields.items() if name not in _KNOWN_FIELDS}
-    return json.dumps(unknown, separators=(",", ":"))[1:-1] if unknown else ""
+def _unknown_fields(raw: bytes) -> bytes:
+    """The members of the stored object that are not `ProcedureMessage`'s, each value's
+    bytes exactly as stored (a number, a string or a nested object is never read and
+    written again, so it comes back as it was)."""
+    try:
+        fields = _members_decoder.decode(raw)
+    except UNDECODABLE as e:
+        raise MessageDecodeError(f"the value is not JSON ({e})") from None
+    unknown = (orjson.dumps(name) + b":" + bytes(value) for name, value in fields.items() if name not in _KNOWN_FIELDS)
+    return b",".join(unknown)
 
 
 class _StoredMessage(msgspec.Struct, kw_only=True):
@@ -158,4 +159,24 @@ class _KnownFieldsOnly(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 
 _KNOWN_FIELDS = frozenset(_KnownFieldsOnly.__struct_fields__)
+_set_type_name, _set_data, _set_parent_id, _set_step, _set_error, _set_run, _set_extra = (
+    vars(ProcedureMessage)[name].__set__ for name in ("type_name", "data", "parent_id", "step", "error", "run", "extra")
+)
+
+
+def _message_of(known: _KnownFieldsOnly) -> ProcedureMessage:
+    """The message of a value with known fields only, its slots filled directly: the frozen
+    dataclass's `__init__` costs as much again as the decoding (recovery decodes thousands)."""
+    message = object.__new__(ProcedureMessage)
+    _set_type_name(message, known.type_name)
+    _set_data(message, known.data)
+    _set_parent_id(message, known.parent_id)
+    _set_step(message, known.step)
+    _set_error(message, known.error)
+    _set_run(message, known.run)
+    _set_extra(message, b"")
+    return message
+
+
+_members_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _direct_decoder = msgspec.json.Decoder(_KnownFieldsOnly, dec_hook=_procedure_id)

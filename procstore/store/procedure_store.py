@@ -146,7 +146,7 @@ class ProcedureStore:
         step 0 (`ProcedureMessages.stray_ids`) and deletes empty latest keys (torn creates).
         Only managers sharing a store by lease leave those; a single manager reports them as
         usual (a store written by hand, say)."""
-        self.unknown_fields: dict[ProcedureId, str] = {}
+        self.unknown_fields: dict[ProcedureId, bytes] = {}
         """The message fields procstore does not know (`ProcedureMessage.extra`) of each
         procedure read that has any, written back on every message written for it after:
         what another writer (GreptimeDB's `context`) added survives procstore's writes."""
@@ -173,7 +173,7 @@ class ProcedureStore:
         Not a coroutine of its own (one frame fewer in every step's write): the key and the
         bytes are made at the call, the write when the coroutine it returns is awaited."""
         message = ProcedureMessage(
-            type_name, data, parent_id, step, None, run, self.unknown_fields.get(procedure_id, "")
+            type_name, data, parent_id, step, None, run, self.unknown_fields.get(procedure_id, b"")
         )
         return self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.STEP), message.encode())
 
@@ -203,7 +203,7 @@ class ProcedureStore:
         Returns `False` if that key already holds something else. A value equal to ours
         counts as written: it is our own earlier write whose answer was lost.
         """
-        extra = self.unknown_fields.get(procedure_id, "")
+        extra = self.unknown_fields.get(procedure_id, b"")
         value = ProcedureMessage(type_name, data, parent_id, 0, None, run, extra).encode()
         return await self._create(self.key(procedure_id, 0, KeyType.STEP), value)
 

@@ -32,7 +32,7 @@ CONTEXT = {"who": "alice@ops", "why": "ALTER TABLE t ADD COLUMN c"}
 
 def context_of(message: ProcedureMessage) -> object:
     """The `context` a procstore message kept, as GreptimeDB wrote it."""
-    return json.loads("{" + message.extra + "}").get("context")
+    return json.loads(b"{" + message.extra + b"}").get("context")
 
 
 def manager(root: Path, **options: Any) -> ProcedureManager:
