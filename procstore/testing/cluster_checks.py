@@ -317,7 +317,14 @@ def check_requests(
         for run, record in list(zip(runs, records, strict=False))[1:]:
             for number in _requests_honoured(record.error):
                 action = actions.get(number)
-                if action is None or action.stored_at is None or run.started_at <= action.stored_at:
+                if action is None or action.stored_at is None:
+                    continue
+                # An ancestor's request reaches the children its current run creates: it
+                # must have been stored in that run of the ancestor, not before it.
+                began = run.started_at
+                if action.procedure_id != pid and (target := procedures.get(action.procedure_id)) is not None:
+                    began = max((r.started_at for r in target.runs if r.started_at <= run.started_at), default=began)
+                if began <= action.stored_at:
                     continue
                 problems.append(
                     f"{pid}: its run begun at {run.started_at:.2f} ended {record.outcome} by op#{number} "
