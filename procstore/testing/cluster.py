@@ -37,8 +37,9 @@ from procstore._runtime.lease import Lease
 from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ProcedureError, ProcedureFailed
 from procstore.ids import ProcedureId
-from procstore.store.folder import latest_key
+from procstore.store.folder import StoredStatus, latest_key
 from procstore.store.history import HISTORY_PATH, History
+from procstore.store.inventory import status_of_keys
 from procstore.store.keys import PROC_PATH, ParsedKey
 from procstore.store.memory import MemoryStore
 from procstore.store.requests import REQUESTS_PATH
@@ -488,12 +489,6 @@ async def _stored(store: MemoryStore) -> dict[str, list[ParsedKey]]:
     return found
 
 
-def _kept(keys: list[ParsedKey]) -> bool:
-    """A failed procedure's keys, as `keep_failed` keeps them (a `.rollback` under the `.commit`)."""
-    ordered = sorted(keys, key=lambda k: (k.step, k.key_type.value == "commit"))
-    return len(ordered) > 1 and ordered[-2].key_type.value == "rollback"
-
-
 def _requested_id(key: str) -> str:
     """The procedure id a request's key names (`requests/ID.json`, `requests/resume/ID.json`)."""
     return key.rsplit("/", 1)[-1].removesuffix(".json")
@@ -507,7 +502,7 @@ async def _busy(store: MemoryStore) -> bool:
     stored = await _stored(store)
     if any(latest_key(keys).key_type.value != "commit" for keys in stored.values()):
         return True
-    if any(not _kept(keys) for keys in stored.values()):
+    if any(status_of_keys(keys) is not StoredStatus.FAILED for keys in stored.values()):
         return True
     # Any request: one whose procedure is gone is deleted by the leader's watch once it is
     # `STALE_REQUEST_AGE` old (it may be a cancel written just before its submit landed).
