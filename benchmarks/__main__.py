@@ -54,8 +54,8 @@ QUICK = Sizes(  # CI runs this: under three minutes
     placement=100,
 )
 FULL = Sizes(  # S3 stops at 1,000: the moto server here does ~150 puts/s, 10,000 would take 7 minutes
-    # memory:// (fsspec's) stops at 1,000: its cost per operation grows with the keys it holds
-    # (see --only memstore), so beyond that it measures fsspec, not procstore.
+    # memory:// stops at 1,000, as when it was fsspec's memory filesystem, so that figures stay
+    # comparable with earlier runs (see --only memstore for what the scheme's store costs).
     step={"local": (1, 100, 1000, 10_000), "memory": (1, 100, 1000), "s3": (1, 100, 1000)},
     throughput={"local": (1, 100, 1000, 10_000), "memory": (1, 100, 1000), "s3": (1, 100, 1000)},
     recovery=(1, 100, 1000, 10_000),

@@ -3,6 +3,7 @@
 The public surface is re-exported here; see `api.md` for the contract.
 """
 
+from procstore import _public
 from procstore._runtime.lease import Lease
 from procstore._runtime.lease_clock import LeaseClock
 from procstore._runtime.manager import ProcedureManager
@@ -83,3 +84,5 @@ __all__ = [
     "Watcher",
     "__version__",
 ]
+
+_public.present_under(__name__, globals())

@@ -85,6 +85,10 @@ class ProcedureId:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("ProcedureId is immutable")
 
+    def __reduce__(self) -> tuple[type[ProcedureId], tuple[str]]:
+        # Immutability refuses pickle's default attribute restore; rebuild from the text instead.
+        return (ProcedureId, (self._text,))
+
 
 new_uuid: Callable[[], uuid.UUID] = uuid.uuid4
 """Where random ids come from: `uuid.uuid4`, or a seeded generator while a seeded

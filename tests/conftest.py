@@ -12,7 +12,6 @@ import shutil
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +26,12 @@ from procstore.testing.pytest_plugin import (
     s3_storage_options,
     serving,
 )
-from tests.support import store_targets
+from tests.support import StoreTarget, store_targets
 
 # Our own suite's choice (a user's project keeps its own): bounded examples under CI.
 register_hypothesis_profiles()
 if os.environ.get("CI"):
     settings.load_profile("procstore-ci")
-
-
-@dataclass(frozen=True)
-class StoreTarget:
-    """A store URL and the storage options that reach it."""
-
-    kind: str
-    url: str
-    storage_options: dict[str, Any] = field(default_factory=dict)
 
 
 @pytest.fixture(scope="session")
@@ -73,12 +63,6 @@ def local_target(tmp_path: Path) -> StoreTarget:
 @pytest.fixture
 def memory_target() -> StoreTarget:
     return StoreTarget("memory", f"memory://procstore-test-{uuid.uuid4().hex}/")
-
-
-@pytest.fixture
-def mem_target() -> StoreTarget:
-    """procstore's own in-memory store (`MemoryStore`)."""
-    return StoreTarget("mem", f"mem://procstore-test-{uuid.uuid4().hex}/")
 
 
 class WrappedFS:

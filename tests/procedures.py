@@ -190,7 +190,20 @@ class Parent(JsonProcedure):
         return LockKey([StringKey.exclusive(k) for k in self.data.get("exclusive", [])])
 
 
-ALL = (Steps, Undoable, Child, Parent)
+class Parked(JsonProcedure):
+    """Persists one step, then waits in `execute` until its manager stops."""
+
+    type_name = "test::Parked"
+
+    async def execute(self, ctx: Context) -> Status:
+        if not self.data.get("persisted"):
+            self.data["persisted"] = True
+            return Status.executing()
+        await asyncio.Event().wait()
+        return Status.done()
+
+
+ALL = (Steps, Undoable, Child, Parent, Parked)
 
 
 def register_all(manager: ProcedureManager) -> ProcedureManager:

@@ -1,4 +1,5 @@
-"""What many test modules share: store parametrisation and a manager tuned for tests.
+"""What many test modules share: store targets, their parametrisation, and the one factory
+of managers for tests.
 
 Fixtures live in `conftest.py` (pytest finds them there); the factories that build
 fixtures and managers live here, so that no test module carries its own copy.
@@ -7,14 +8,26 @@ fixtures and managers live here, so that no test module carries its own copy.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from procstore import ProcedureManager
-from procstore.store import open_state_store
-from procstore.store.state_store import StateStore
+from procstore import Procedure, ProcedureManager
+from procstore.store import StateStore, open_state_store
+from tests.procedures import register_all
+
+
+@dataclass(frozen=True)
+class StoreTarget:
+    """A store URL and the storage options that reach it."""
+
+    kind: str
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
 
 # Backends that need a server get a marker of their own, so that `-m "not s3 and not gcs"`
 # is a quick run on this machine alone.
@@ -37,16 +50,29 @@ def store_targets(*kinds: str, doc: str = "The same test on each of these stores
     return target
 
 
-def fast_manager(
-    store: StateStore | str,
-    register: Callable[[ProcedureManager], object],
+FAST = {"retry_delay": 0.001, "max_retry_delay": 0.005}
+"""Retry delays of milliseconds: a test that retries does not wait."""
+
+
+def manager_for(
+    store: StoreTarget | StateStore | str | os.PathLike[str],
+    *procedures: type[Procedure],
+    register: Callable[[ProcedureManager], object] | None = None,
     storage_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> ProcedureManager:
-    """A manager whose retries wait milliseconds, with `register(manager)` already applied."""
-    options = {"retry_delay": 0.001, "max_retry_delay": 0.01, **options}
-    manager = ProcedureManager(store, storage_options, **options)
-    register(manager)
+    """A manager on `store` (a `StoreTarget` brings its storage options) whose retries wait
+    milliseconds unless `options` say otherwise, with every procedure of `tests/procedures.py`
+    registered, then `procedures`, then whatever `register(manager)` adds (machines whose
+    loaders need a world)."""
+    if isinstance(store, StoreTarget):
+        storage_options = {**store.storage_options, **(storage_options or {})}
+        store = store.url
+    manager = register_all(ProcedureManager(store, storage_options, **{**FAST, **options}))
+    for procedure in procedures:
+        manager.register(procedure)
+    if register is not None:
+        register(manager)
     return manager
 
 

@@ -9,9 +9,7 @@ import functools
 import os
 import re
 import sys
-import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine
-from datetime import UTC, datetime
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import click
@@ -21,8 +19,10 @@ from procstore._cli.output import FORMATS
 from procstore._text import TEXT_LIMIT, bounded, terminal_text
 from procstore.errors import StoreError
 from procstore.ids import ProcedureId
-from procstore.store import LocalDirStore, ProcedureStore, open_state_store
+from procstore.store import open_state_store
 from procstore.store.keys import KeysByProcedure
+from procstore.store.local import LocalDirStore
+from procstore.store.procedure_store import ProcedureStore
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -200,22 +200,6 @@ def parse_age(text: str) -> float:
     if not parts or "".join(n + u for n, u in parts) != text.replace(" ", ""):
         raise click.BadParameter(f"expected an age such as 90s, 15m, 12h, 7d or 1d12h, got {text!r}")
     return sum(float(n) * _SECONDS[u] for n, u in parts)
-
-
-def format_time(timestamp: float | None) -> str:
-    if timestamp is None:
-        return "-"
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def format_age(timestamp: float | None, now: float | None = None) -> str:
-    if timestamp is None:
-        return "-"
-    seconds = max(0.0, (now or time.time()) - timestamp)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit} ago"
-    return f"{int(seconds)}s ago"
 
 
 def quiet_closed_pipe() -> NoReturn:

@@ -1,5 +1,5 @@
 """`procstore demo`: region migrations and table creations on a simulated cluster, with the
-manager killed at random store operations (see `procstore_machines/demo.py`)."""
+manager killed at random store operations (see `machines/demo.py`, installed as `procstore_machines.demo`)."""
 
 from __future__ import annotations
 

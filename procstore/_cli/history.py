@@ -26,8 +26,8 @@ from procstore._cli.output import (
     table_time,
 )
 from procstore.ids import ProcedureId
-from procstore.store import ProcedureStore
 from procstore.store.history import HistoryRecord, HistoryStore
+from procstore.store.procedure_store import ProcedureStore
 
 _FIELDS = ("id", "type_name", "outcome", "steps", "retries", "parent_id", "started_at", "ended_at", "error")
 

@@ -17,7 +17,7 @@ from procstore._cli.common import (
 )
 from procstore._cli.output import chosen_format, emit, iso_time, output_options, stored, table_time
 from procstore._runtime.lease import LEASE_KEY, LeaseRecord
-from procstore.store import ProcedureStore
+from procstore.store.procedure_store import ProcedureStore
 
 
 def lease_state(record: LeaseRecord, age: float | None) -> tuple[str, str]:

@@ -31,8 +31,8 @@ from procstore._cli.maintenance import _confirm
 from procstore._cli.output import output_console, plural, stored
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
-from procstore.store import ProcedureStore
 from procstore.store.message import ProcedureMessage
+from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import OperatorRequest
 from procstore.store.restart import RestartedMeanwhile, RestartPlan, apply_restart, check_restart, plan_restart
 

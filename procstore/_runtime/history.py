@@ -9,10 +9,12 @@ from datetime import UTC, datetime
 from procstore._logs import get_logger
 from procstore._runtime.context import ManagerContext
 from procstore._runtime.meta import ProcedureMeta
+from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.state import ProcedureState
 from procstore.store.history import HistoryRecord, Recorded, iso, record_from_keys
 from procstore.store.keys import procedure_dir
+from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureMessages
 
 logger = get_logger("procstore.runtime")
@@ -67,13 +69,38 @@ async def record_tree(
     await ctx.history.put_many(records)
 
 
-async def record_superseded(ctx: ManagerContext, meta: ProcedureMeta, how: str) -> None:
-    """The end record of a run that ended here without its end being stored (the store
-    shows it unfinished), written as an operator's restart supersedes it (`how`): history
-    holds one record per run, and recovery never runs a run that has one."""
-    state = meta.state
-    error = f"{state.error}; {how} before this end was stored" if state.error else how
-    await ctx.history.put_many([_record(meta, dataclasses.replace(state, error=error), datetime.now(UTC))])
+async def record_superseded(
+    ctx: ManagerContext, procedure_id: ProcedureId, old: ProcedureMeta | None, new_run: ProcedureMessage, how: str
+) -> None:
+    """The end record of the run an operator's restart (`how`) has just superseded with a
+    copy (`new_run`'s first message) before that run's end was stored: it ended here
+    unrecorded (`old`, its metadata), or it was stuck (nothing here ran it). History holds
+    one record per run; written after the copy, so that a crash between the two leaves the
+    run to the new one, never an unfinished run marked ended. An error is logged: the new
+    run goes on, and that one record is missing."""
+    if old is not None and old.run == new_run.run - 1 and old.state.is_ended():
+        state = old.state
+        error = f"{state.error}; {how} before this end was stored" if state.error else how
+        record = _record(old, dataclasses.replace(state, error=error), datetime.now(UTC))
+    else:
+        record = HistoryRecord(
+            id=str(procedure_id),
+            type_name=new_run.type_name,
+            parent_id=None if new_run.parent_id is None else str(new_run.parent_id),
+            outcome="failed",
+            error=f"{how} before it ended",
+            ended_at=iso(datetime.now(UTC)) or "",
+            run=new_run.run - 1,
+        )
+    try:
+        await ctx.policy.call(lambda _n: ctx.history.put_many([record]))
+    except ProcedureError as e:
+        logger.warning(
+            "run %d of procedure %s was superseded, but its end record could not be written: %s",
+            record.run,
+            procedure_id,
+            e,
+        )
 
 
 async def record_recovered(

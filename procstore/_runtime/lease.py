@@ -22,7 +22,7 @@ write reaches the store within `stop_margin` of being sent. A holder that is pau
 checks the lease and is refused with `LeaseExpired`. A holder whose machine was suspended
 since its last renewal, however briefly, takes its lease as lapsed (see `lease_clock`). A
 write already past that check when the pause began can still land late; step keys are create-only, so it cannot replace
-anything the new leader wrote (see README, "Many managers").
+anything the new leader wrote (see docs/many-managers.md).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ class ProcedureManager:
             (a `Lease`, kept in the store) runs procedures, the others stand by and take
             over when it stops renewing. Needs a store with compare-and-swap and
             create-only writes (S3, a local directory, memory://). A number is the TTL in
-            seconds (`Lease(ttl=…)`), True the default `Lease()`. See README, "Many managers".
+            seconds (`Lease(ttl=…)`), True the default `Lease()`. See docs/many-managers.md.
         request_poll_interval: seconds between looks for operator requests (`cancel`,
             `procstore fail`) that must reach procedures waiting for children or a retry.
             A procedure about to attempt a step always reads its own request first.
@@ -524,7 +524,7 @@ class ProcedureManager:
         """Why this manager stepped down, if it did: another manager wrote one of its step keys.
 
         It then cancelled every runner before their next write, and `submit` raises this
-        error; `stop()` it and let the other manager work (see README, "Many managers").
+        error; `stop()` it and let the other manager work (see docs/many-managers.md).
         """
         return None if self._ctx is None else self._ctx.fenced
 

@@ -122,10 +122,12 @@ async def _restart(
     ctx.operator_requests.pop(procedure_id, None)
     if plan.source is not None or not nudged:
         await ctx.store.requests.delete([procedure_id])
-    if (old := ctx.metas.get(procedure_id)) is not None and not plan.ended and not old.state.recorded:
-        # Its run ended here, but the store could not be told: the new run supersedes it.
-        await record_superseded(ctx, old, "resumed" if to_step is None else f"rewound to step {to_step}")
     message = await apply_restart(ctx.store, plan, stored, retention=ctx.history.settings.retention)
+    if plan.source is not None and not plan.ended:
+        # The copy starts a new run over one whose end is not stored (it ended here
+        # unrecorded, or was stuck). Resumed as stored, without a copy, the same run goes on.
+        how = "resumed" if to_step is None else f"rewound to step {to_step}"
+        await record_superseded(ctx, procedure_id, ctx.metas.get(procedure_id), message, how)
     if runs_here(ctx, procedure_id):  # defence: nothing may have started it meanwhile
         raise ProcedureError(f"procedure {procedure_id} was started meanwhile: it runs here already")
     # A copy a nudge finds written is a `procstore rewind`'s (`procstore resume` writes none).

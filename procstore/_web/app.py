@@ -45,7 +45,7 @@ from procstore._web.headers import SecurityHeaders
 from procstore._web.links import procedure_link
 from procstore.errors import StoreError
 from procstore.ids import ProcedureId
-from procstore.store import ProcedureStore, open_state_store
+from procstore.store import open_state_store
 from procstore.store.folder import StoredStatus
 from procstore.store.history import HistoryRecord, HistoryStore
 from procstore.store.inventory import (
@@ -58,6 +58,7 @@ from procstore.store.inventory import (
 )
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.message import ProcedureMessage
+from procstore.store.procedure_store import ProcedureStore
 
 _TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),

@@ -1,6 +1,7 @@
 """Typed state machines: states as dataclasses in a tagged union, a persistent context
 stored with the state, and a volatile context rebuilt after every load."""
 
+from procstore import _public
 from procstore.machine.codec import SKIP_IF_EMPTY, MachineDataError, to_builtins
 from procstore.machine.duration import Duration
 from procstore.machine.machine import MachineContext, State, StateMachine
@@ -17,3 +18,5 @@ __all__ = [
     "StateRegistry",
     "to_builtins",
 ]
+
+_public.present_under(__name__, globals())

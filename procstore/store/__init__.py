@@ -1,30 +1,42 @@
-"""The store layer: keys, messages, the key-value backends and the procedure store."""
+"""The store layer, for those who write a store backend or a wrapper around one.
 
-from procstore.store.fsspec_store import FsspecStore
-from procstore.store.gcs import GcsStore
-from procstore.store.keys import PROC_PATH, KeyType, ParsedKey
-from procstore.store.local import LocalDirStore
-from procstore.store.memory import MemoryStore
-from procstore.store.message import MessageDecodeError, ProcedureMessage
+Public here: `StateStore` (what a backend implements), `WrappingStore` (a backend that
+passes each operation to another through one hook), `open_state_store` and
+`ProcedureMessage` (what a procedure's key holds). Everything else of the store layer is
+internal: import it from its module (`procstore.store.procedure_store`, ...) knowing that it
+may change.
+"""
+
+from procstore import _deprecated_names, _public
+from procstore.store.message import ProcedureMessage
 from procstore.store.open import open_state_store
-from procstore.store.procedure_store import LoadProblem, ProcedureMessages, ProcedureStore
-from procstore.store.s3 import S3Store
 from procstore.store.state_store import StateStore
+from procstore.store.wrapping import WrappingStore
 
 __all__ = [
-    "PROC_PATH",
-    "FsspecStore",
-    "GcsStore",
-    "KeyType",
-    "LoadProblem",
-    "LocalDirStore",
-    "MemoryStore",
-    "MessageDecodeError",
-    "ParsedKey",
     "ProcedureMessage",
-    "ProcedureMessages",
-    "ProcedureStore",
-    "S3Store",
     "StateStore",
+    "WrappingStore",
     "open_state_store",
 ]
+
+_public.present_under(__name__, globals())
+
+# Exported here before this package's surface was cut to what docs/api.md promises.
+__getattr__ = _deprecated_names.moved_names(
+    __name__,
+    {
+        "PROC_PATH": "procstore.store.keys",
+        "KeyType": "procstore.store.keys",
+        "ParsedKey": "procstore.store.keys",
+        "FsspecStore": "procstore.store.fsspec_store",
+        "GcsStore": "procstore.store.gcs",
+        "S3Store": "procstore.store.s3",
+        "LocalDirStore": "procstore.store.local",
+        "MemoryStore": "procstore.testing",
+        "MessageDecodeError": "procstore.store.message",
+        "LoadProblem": "procstore",
+        "ProcedureMessages": "procstore.store.procedure_store",
+        "ProcedureStore": "procstore.store.procedure_store",
+    },
+)

@@ -1,4 +1,4 @@
-"""`MemoryStore` (`mem://name/`): procstore's own in-memory store, for tests and the toolkit.
+"""`MemoryStore` (`memory://name/`): procstore's own in-memory store, for tests and the toolkit.
 
 fsspec's memory:// scans every key it holds on each listing and each `find`, so a store
 with many keys makes every operation slower (a persisted step cost 126 times a raw put at
@@ -7,7 +7,7 @@ a dict operation and O(log n) on the index, and listing a prefix costs O(log n +
 found), whatever else the store holds.
 
 Semantics are memory://'s: keys live as long as the process, and every `MemoryStore` opened
-on the same name (`mem://name/`) sees the same keys, so a "restarted" manager finds what the
+on the same name (`memory://name/`) sees the same keys, so a "restarted" manager finds what the
 "killed" one wrote. Create-only and compare-and-swap are atomic (within the process: the
 only place the keys are). Each operation yields to the event loop once, as a real store's
 request would, so concurrent procedures interleave. Wrap it in `FaultyStore` for faults
@@ -24,7 +24,7 @@ from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
 from procstore.store.state_store import StateStore
 
-SCHEME = "mem://"
+SCHEME = "memory://"
 
 
 class _Space:
@@ -77,7 +77,7 @@ class MemoryStore(StateStore):
 
     @classmethod
     def from_url(cls, url: str) -> MemoryStore:
-        return cls(url[len(SCHEME) :])
+        return cls(url.split("://", 1)[1])
 
     @staticmethod
     def forget(name: str) -> None:

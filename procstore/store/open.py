@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import fsspec
@@ -28,8 +29,9 @@ def _protocol_of(url: str) -> str:
 def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> StateStore:
     """Build the store for `url` without touching the network or the disk.
 
-    A plain path or `file://` URL gives a `LocalDirStore` (durable writes); `mem://name/` a
-    `MemoryStore` (procstore's own, for tests); anything else goes through fsspec with
+    A plain path or `file://` URL gives a `LocalDirStore` (durable writes); `memory://name/`
+    a `MemoryStore` (procstore's own, for tests; `mem://name/` too, deprecated, with a
+    `DeprecationWarning`); anything else goes through fsspec with
     `storage_options`. Must be called inside the event loop that
     will use the store, because async filesystems bind to it.
 
@@ -43,6 +45,12 @@ def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any
         path = text[len("file://") :] if text.startswith("file://") else text
         return LocalDirStore(os.path.expanduser(path))
     if protocol == "mem":
+        warnings.warn(
+            "the mem:// scheme is deprecated and goes in the next release: use memory://, the same store",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    if protocol in ("memory", "mem"):
         return MemoryStore.from_url(text)
     if protocol in ("s3", "s3a"):
         # botocore would refuse to return an object whose stored checksum does not match (a
@@ -60,8 +68,6 @@ def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any
         options.setdefault("asynchronous", True)
         options.setdefault("skip_instance_cache", True)
         options.setdefault("use_listings_cache", False)
-    elif protocol == "memory":
-        options.setdefault("skip_instance_cache", True)
     try:
         fs, path = fsspec.core.url_to_fs(text, **options)
     except ImportError as e:

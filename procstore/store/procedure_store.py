@@ -1,6 +1,6 @@
 """`ProcedureStore`: procedures' steps, commits and rollbacks on a `StateStore`.
 
-The layout and the rules are GreptimeDB's (see `store-format.md`): one folder per
+The layout and the rules are GreptimeDB's (see docs/stores.md, "The layout"): one folder per
 procedure, one key per persisted step, and the highest step decides what a procedure is
 on recovery. A value that cannot be read is reported with its key and skipped; it is never
 deleted and never stops the others from loading.
@@ -252,12 +252,12 @@ class ProcedureStore:
         through_step: int | None = None,
         everything: bool = False,
     ) -> None:
-        """Delete a procedure's keys: every `.step`, then its terminal keys from the lowest to
-        the highest (a `.rollback` before the `.commit` above it), then the folder.
+        """Delete a procedure's keys in the stages of `_deletion_stages`, then the folder.
 
         Each stage is verified gone before the next starts (a store that cannot delete a key
         raises), so a crash or an error part way leaves the highest terminal key and the
-        procedure still reads as finished, never as unfinished or as rolling back.
+        procedure still reads as finished with the same outcome, never as unfinished or as
+        rolling back.
         `keys`, when the caller knows every key the procedure has (it wrote them all), saves
         the listing; a key it does not name would be left behind, so only a writer sure of
         every write passes them.
@@ -283,10 +283,7 @@ class ProcedureStore:
             keys = [parsed for key in listed if (parsed := self._parsed_or_warned(procedure_id, key)) is not None]
         if through_step is None:
             self.unknown_fields.pop(procedure_id, None)
-        steps = [str(k) for k in keys if k.key_type is KeyType.STEP]
-        # Lowest first by the latest-step rule: what is left always reads as finished.
-        ends = sorted((k for k in keys if k.key_type.is_terminal), key=lambda k: latest_first((k.step, k.key_type)))
-        await self.store.delete_in_order(steps, [str(k) for k in ends], folder)
+        await self.store.delete_in_order(*_deletion_stages(keys), folder)
 
     def _parsed_or_warned(self, procedure_id: ProcedureId, key: str) -> ParsedKey | None:
         parsed = ParsedKey.parse(self.proc_path, key)
@@ -562,3 +559,21 @@ def _run_of(value: bytes | Exception | None) -> int | None:
     """The run of a stored message; None if it cannot be read."""
     read = decode_or_problem(value)
     return read.run if isinstance(read, ProcedureMessage) else None
+
+
+def _deletion_stages(keys: Sequence[ParsedKey]) -> tuple[list[str], list[str]]:
+    """The keys a deletion removes at once, then those it removes one at a time, in order:
+    every `.step`, then the terminal keys from the lowest by the latest-step rule (a
+    `.rollback` before the `.commit` above it or at its step): what is left reads as
+    finished. Where the folder holds an earlier run's end too (more than one `.commit`), all
+    but the highest `.commit` and the key right below it go first: that key says how the
+    last run ended, and an earlier run's `.rollback` left alone beside it would say rolled
+    back."""
+    ordered = sorted(keys, key=lambda k: latest_first((k.step, k.key_type)))
+    commits = [k for k in ordered if k.key_type is KeyType.COMMIT]
+    if len(commits) > 1:
+        at = ordered.index(commits[-1])
+        last = ordered[max(at - 1, 0) : at + 1]
+        return [str(k) for k in ordered if k not in last], [str(k) for k in last]
+    steps = [str(k) for k in ordered if k.key_type is KeyType.STEP]
+    return steps, [str(k) for k in ordered if k.key_type.is_terminal]

@@ -3,6 +3,7 @@ explorer that kills a scenario before and after every store operation and checks
 nothing was lost or done twice, and `ClusterSimulation`, seeded runs of a whole cluster
 (managers, operators, pauses, faults and clocks) checked against a model."""
 
+from procstore import _public
 from procstore.store.memory import MemoryStore
 from procstore.testing.clock import SuspendableClock
 from procstore.testing.cluster import ClusterSimulation, SimulationResult
@@ -63,3 +64,5 @@ __all__ = [
     "write_parent_chain",
     "write_parent_cycle",
 ]
+
+_public.present_under(__name__, globals())

@@ -42,6 +42,8 @@ class Run:
     out never to have started: see `runs_from_log`)."""
     top_step: int = 0
     """The highest step of a key it wrote before it ended."""
+    first_step: int = 0
+    """The step of its first key (a restart's copy is above every earlier run's key)."""
 
 
 @dataclass
@@ -148,6 +150,8 @@ def _deleted(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp) -> None
     if proc.operator_deleted:
         return  # `procstore delete` is destructive by design: what a leader still writes may go
     run = proc.current
+    if run is not None and parsed.step < run.first_step:
+        return  # an earlier run's key, below the running one's copy: that run has ended
     if run is not None and run.ended_at is None and run.deleted_while_running is None:
         run.deleted_while_running = (
             f"{pid}: {parsed.step}.{parsed.key_type.value} deleted at {op.at:.2f} by {op.process} while run "
@@ -171,11 +175,10 @@ def _end_record(key: str, value: bytes | None) -> tuple[str, int, str] | None:
 
 
 def _recorded(proc: Procedure, number: int, outcome: str, op: LoggedOp) -> None:
-    """An end record for the current run before any `.commit` of it: the run ended here
-    without its end being stored, and an operator's restart superseded it (the record is
-    that run's end)."""
-    run = proc.current
-    if run is not None and run.number == number and run.ended_at is None:
+    """An end record of a run no `.commit` ended: it ended without its end being stored (or
+    was stuck) and an operator's restart superseded it; the record is that run's end."""
+    run = next((r for r in proc.runs if r.number == number), None)
+    if run is not None and run.ended_at is None:
         run.ended_at = op.at
         run.outcome = "done" if outcome == "done" else "failed"
         proc.ended_numbers.add(number)
@@ -208,7 +211,7 @@ def _created(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp, number:
             _late(proc, pid, parsed, op, ended)
             return
         if run is None or run.number != number:
-            proc.runs.append(Run(number, op.at))
+            proc.runs.append(Run(number, op.at, first_step=parsed.step))
             run = proc.current
         assert run is not None
         run.top_step = max(run.top_step, parsed.step)

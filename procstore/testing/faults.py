@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal, TypeVar
 
 from procstore.store.state_store import StateStore
-from procstore.store.wrapping import CRASH_POINT, WrappingStore
+from procstore.store.wrapping import CRASH_POINT, WRITE_KINDS, WrappingStore
 from procstore.testing.naming import ProcedureNames
-from procstore.testing.plan import ATTEMPT, ATTEMPT_MARK, WRITES, Fault, FaultPlan, SimulatedCrash, StoreOp, torn
+from procstore.testing.plan import ATTEMPT, ATTEMPT_MARK, Fault, FaultPlan, SimulatedCrash, StoreOp, torn
 
 T = TypeVar("T")
 
@@ -76,7 +76,7 @@ class FaultyStore(WrappingStore):
         for fault in later:
             if fault.action == "delay":
                 await asyncio.sleep(fault.seconds)
-            elif fault.action == "tear" and kind in WRITES and value is not None:
+            elif fault.action == "tear" and kind in WRITE_KINDS and value is not None:
                 await self.inner.put(key, torn(value))
                 raise self.plan.crash(f"torn write of {key}")
         try:

@@ -24,13 +24,11 @@ from typing import Literal
 
 from procstore._runtime.outcome import ProcessKill
 from procstore.errors import StoreError
-from procstore.store.wrapping import CRASH_POINT, MUTATING_KINDS, WRITE_KINDS
+from procstore.store.wrapping import CRASH_POINT, MUTATING_KINDS
 
 Action = Literal["transient", "crash", "tear", "delay", "error"]
 When = Literal["before", "after"]
 
-WRITES = WRITE_KINDS
-MUTATING = MUTATING_KINDS
 COUNTED = MUTATING_KINDS | {CRASH_POINT}
 """What a `FaultPlan` numbers (and a crash explorer kills around): the operations that
 change the store, and the crash points procedures declare (`Context.crash_point`)."""

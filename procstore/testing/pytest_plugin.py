@@ -5,7 +5,7 @@ Fixtures:
 - `procstore_gcs_endpoint` (session): gcp-storage-emulator on 127.0.0.1 in its own process,
   answering GCS's preconditions (`procstore.testing.gcs_server`); reach it with
   `gcs_storage_options(endpoint)`.
-- `procstore_store`: a `StoreUnderTest` parametrized over memory (procstore's `mem://`), a local directory and
+- `procstore_store`: a `StoreUnderTest` parametrized over memory (procstore's `memory://`), a local directory and
   S3 on that moto server (a fresh bucket per test). Its `run_url(n)` gives run n of a crash
   explorer its own empty store.
 - `procstore_explorer`: `procstore_explorer(scenario)` makes a `CrashExplorer` on that store.
@@ -80,7 +80,7 @@ class StoreUnderTest:
         """An empty store for run `n` of an explorer: a new name, folder or prefix on every
         call, so that a second explorer in the same test never starts on the first's keys."""
         if self.kind == "memory":
-            return f"mem://procstore-{uuid.uuid4().hex}/"
+            return f"memory://procstore-{uuid.uuid4().hex}/"
         return f"{self.base}run-{n}-{uuid.uuid4().hex[:8]}/"
 
 
@@ -154,10 +154,10 @@ def create_bucket(endpoint: str) -> str:
 
 @pytest.fixture(params=["memory", "local", "s3"])
 def procstore_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreUnderTest:
-    """The same test in memory (`mem://`), on a local directory and on S3 (a moto server on 127.0.0.1)."""
+    """The same test in memory (`memory://`), on a local directory and on S3 (a moto server on 127.0.0.1)."""
     kind = request.param
     if kind == "memory":
-        url = f"mem://procstore-{uuid.uuid4().hex}/"
+        url = f"memory://procstore-{uuid.uuid4().hex}/"
         return StoreUnderTest(kind, url, base=url)
     if kind == "local":
         return StoreUnderTest(kind, str(tmp_path / "store"), base=f"{tmp_path}/")

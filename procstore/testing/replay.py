@@ -1,7 +1,7 @@
 """Upgrade safety: replay a real store's unfinished procedures with new code, in a sandbox.
 
 Temporal's WorkflowReplayer for procstore: take a copy of a store (a live URL, or a snapshot
-written by `procstore export`), load it into a fresh `mem://` store, start a manager on that
+written by `procstore export`), load it into a fresh `memory://` store, start a manager on that
 sandbox with your new code's loaders, and run every unfinished procedure to its end. The
 report lists each procedure that could not be loaded (with the key and the reason), each
 that failed (with its error and traceback), and each that did not end in time. The real

@@ -13,7 +13,7 @@ deterministic simulation, in the small).
   `ProcedureId.random()` and the retry jitter draw from it too: the same seed replays the
   same interleaving of concurrent procedures, another seed tries another.
 
-Both hold for code that does no real I/O: use the `mem://` store. A backend that works in
+Both hold for code that does no real I/O: use the `memory://` store. A backend that works in
 threads (a local directory, S3) still runs, but time then jumps past work a thread is
 still doing, so timeouts and waits lose their meaning there.
 

@@ -16,7 +16,7 @@ and at the end it checks:
 
 Subclass it, implement `attach`, `new_procedure` and `check_world`, and expose it to pytest
 with `TestX = MyMachine.TestCase`. Each instance runs its own event loop and a fresh
-`mem://` store (`MemoryStore`: flat cost per operation, however many keys).
+`memory://` store (`MemoryStore`: flat cost per operation, however many keys).
 
 The loop is a `SimulatedLoop` (`simulated_time = True`, the default): backoffs and waits
 take no real time, and the order in which concurrent procedures interleave is drawn from a
@@ -74,7 +74,7 @@ class ProcedureStateMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.loop = SimulatedLoop() if self.simulated_time else asyncio.new_event_loop()
-        self.url = f"mem://stateful-{uuid.uuid4().hex}/"
+        self.url = f"memory://stateful-{uuid.uuid4().hex}/"
         self.submitted: dict[ProcedureId, ProcedureWithId] = {}
         self.outcomes: dict[ProcedureId, str] = {}
         self.history: list[StoreOp] = []

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from procstore.store.wrapping import MUTATING_KINDS
 from procstore.testing.explorer import CrashPoint
-from procstore.testing.plan import MUTATING, Fault
+from procstore.testing.plan import Fault
 
 
 def crash_points(operations: int) -> st.SearchStrategy[CrashPoint]:
@@ -13,7 +14,7 @@ def crash_points(operations: int) -> st.SearchStrategy[CrashPoint]:
     return st.builds(CrashPoint, st.integers(0, max(0, operations - 1)), st.sampled_from(["before", "after"]))
 
 
-def faults(kinds: frozenset[str] = MUTATING, *, crashes: bool = True) -> st.SearchStrategy[Fault]:
+def faults(kinds: frozenset[str] = MUTATING_KINDS, *, crashes: bool = True) -> st.SearchStrategy[Fault]:
     """One fault: transient errors a few times, a delay, or (with `crashes`) a crash or torn write."""
     kind = st.sampled_from(sorted(kinds)).map(lambda k: frozenset({k}))
     transient = st.builds(Fault, st.just("transient"), kind, times=st.integers(1, 3))

@@ -7,10 +7,12 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 
-from procstore import ProcedureId, ProcedureManager, ProcedureWithId
-from procstore.store import ProcedureStore, StateStore
+from procstore import ProcedureId, ProcedureWithId
+from procstore.store import StateStore
+from procstore.store.procedure_store import ProcedureStore
 from tests.greptime import greptime_step
-from tests.procedures import BLOCKERS, Undoable, World, register_all
+from tests.procedures import BLOCKERS, Undoable, World
+from tests.support import manager_for
 
 
 @dataclass
@@ -72,7 +74,7 @@ async def build_mixed_store(state_store: StateStore, prefix: str) -> MixedStore:
     committed = ProcedureId.random()
     mixed.ps_committed = str(committed)
     BLOCKERS["cli-hold"] = asyncio.Event()
-    manager = register_all(ProcedureManager(state_store, parent_path=prefix))
+    manager = manager_for(state_store, parent_path=prefix)
     async with manager:
         data = {"world": mixed.world.name, "name": "undo", "steps": 4, "block": "cli-hold", "block_at": 2}
         submitted = ProcedureWithId.new(Undoable(data))

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 from starlette.testclient import TestClient
 
-from procstore import ProcedureId, ProcedureManager
+from procstore import ProcedureId
 from procstore._cli.app import cli
 from procstore._cli.common import ExitCode
 from procstore._web.app import create_app
@@ -24,7 +24,8 @@ from procstore.store import open_state_store
 from procstore.store.message import ProcedureMessage
 from procstore.testing.pytest_plugin import create_bucket, free_port, s3_storage_options
 from tests.cli.store_builder import MixedStore, build_mixed_store
-from tests.procedures import BLOCKERS, register_all
+from tests.procedures import BLOCKERS
+from tests.support import manager_for
 
 
 class Place:
@@ -167,7 +168,7 @@ def test_fail_writes_a_request_and_a_manager_rolls_back(mixed: tuple[Place, Mixe
     pid = ProcedureId.parse(store.ps_unfinished)
 
     async def restart() -> None:
-        manager = register_all(ProcedureManager(place.url, place.options, retry_delay=0.001))
+        manager = manager_for(place.url, storage_options=place.options)
         async with manager:
             while (state := manager.procedure_state(pid)) is None or not state.is_ended():
                 await asyncio.sleep(0.01)

@@ -13,8 +13,8 @@ from click.testing import CliRunner, Result
 
 from procstore._cli.app import cli
 from procstore.ids import ProcedureId
-from procstore.store import LocalDirStore
 from procstore.store.history import HistoryRecord, HistoryStore, Outcome
+from procstore.store.local import LocalDirStore
 
 
 def run(*args: str, columns: int = 80) -> Result:

@@ -14,8 +14,9 @@ from click.testing import CliRunner, Result
 from procstore import Context, ProcedureFailed, ProcedureId, ProcedureManager, Status
 from procstore._cli.app import cli
 from procstore._cli.common import ExitCode
-from procstore.store import LocalDirStore, ProcedureStore
+from procstore.store.local import LocalDirStore
 from procstore.store.message import ProcedureMessage
+from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import OperatorRequest
 from procstore.testing import kill_manager
 from tests.runtime.test_operations import Flaky, Undone, flaky, manager_on

@@ -12,9 +12,8 @@ from click.testing import CliRunner, Result
 from procstore import Lease, ProcedureFailed, ProcedureManager
 from procstore._cli.app import cli
 from procstore._cli.common import ExitCode
-from tests.conftest import StoreTarget
 from tests.runtime.test_operations import Flaky, flaky, manager_on
-from tests.support import store_targets
+from tests.support import StoreTarget, store_targets
 
 target = store_targets("local", "s3", "gcs")
 

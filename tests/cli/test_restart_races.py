@@ -23,7 +23,7 @@ import procstore.store.requests as requests_module
 from procstore import Context, ProcedureError, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId, Status
 from procstore._cli.app import cli
 from procstore._cli.common import ExitCode, open_existing_store
-from procstore.store import ProcedureStore
+from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import OperatorRequest
 from procstore.testing import Fault, FaultyStore, SimulatedCrash
 from tests.runtime.helpers import eventually

@@ -17,7 +17,8 @@ from click.testing import CliRunner, Result
 
 from procstore._cli.app import cli
 from procstore._cli.common import ExitCode
-from procstore.store import LocalDirStore, open_state_store
+from procstore.store import open_state_store
+from procstore.store.local import LocalDirStore
 from tests.cli.store_builder import MixedStore, build_mixed_store
 from tests.support import put_now as put
 

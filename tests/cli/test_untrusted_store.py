@@ -19,8 +19,9 @@ from starlette.testclient import TestClient
 import procstore.store.inventory
 from procstore._cli.app import cli
 from procstore._web.app import create_app
-from procstore.store import LocalDirStore, StateStore
+from procstore.store import StateStore
 from procstore.store.inventory import status_of_keys
+from procstore.store.local import LocalDirStore
 from procstore.testing import write_many_commits, write_parent_cycle
 
 T = TypeVar("T")

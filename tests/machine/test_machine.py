@@ -21,7 +21,7 @@ from procstore.machine import (
     StateMachine,
     StateRegistry,
 )
-from tests.conftest import StoreTarget
+from tests.support import StoreTarget
 
 registry = StateRegistry("demo_state", machine="test::Counter")
 

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from procstore import ProcedureFailed, ProcedureManager, ProcedureWithId
-from procstore.store import LocalDirStore, StateStore
+from procstore.store import StateStore
+from procstore.store.local import LocalDirStore
 from procstore.testing import CrashExplorer
 from procstore_machines.create_table import CreateTable, new_create_table, register
 from procstore_machines.region_migration import SimCluster, check_cluster
 from procstore_machines.region_migration.cluster import DatanodeError
 from tests.machines.scenarios import CreateThreeRegionTable, run_url
-from tests.support import fast_manager
+from tests.support import manager_for
 
 
-def manager_on(store: StateStore, cluster: SimCluster, **options: float) -> ProcedureManager:
-    return fast_manager(store, lambda m: register(m, cluster), None, **options)
+def manager_on(store: StateStore, cluster: SimCluster, **options: Any) -> ProcedureManager:
+    return manager_for(store, register=lambda m: register(m, cluster), **options)
 
 
 async def test_creates_the_table_and_its_regions(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ def test_same_seed_same_plan(tmp_path: Path) -> None:
 def test_demo_passes_on_object_stores(request: pytest.FixtureRequest, backend: str) -> None:
     """Every seed crashed with `internal error: ManagerStopped` on S3: a watcher of a killed
     manager raised it before the round looked, and the demo took it for a failure."""
-    from tests.conftest import StoreTarget
+    from tests.support import StoreTarget
 
     target: StoreTarget = request.getfixturevalue(f"{backend}_target")
     options = [f"-o{key}={value}" for key, value in target.storage_options.items() if isinstance(value, str)]

@@ -12,9 +12,8 @@ from procstore.store import StateStore, open_state_store
 from procstore.testing import CrashExplorer, FaultyStore
 from procstore_machines.publish import Publish, new_publish, read_current, register
 from procstore_machines.publish.machine import current_key
-from tests.conftest import StoreTarget
 from tests.machines.scenarios import PublishV2, run_url
-from tests.support import fast_manager
+from tests.support import StoreTarget, manager_for
 
 
 async def build(source: StateStore, name: str, version: str, files: dict[str, str]) -> None:
@@ -25,7 +24,9 @@ async def build(source: StateStore, name: str, version: str, files: dict[str, st
 def manager_on(
     procedures: StateStore | str, store: StateStore, source: StateStore, options: dict[str, str] | None = None
 ) -> ProcedureManager:
-    return fast_manager(procedures, lambda m: register(m, store, source), options, max_retry_times=10)
+    return manager_for(
+        procedures, register=lambda m: register(m, store, source), storage_options=options, max_retry_times=10
+    )
 
 
 async def test_publish_flip_and_collect_on_s3(s3_target: StoreTarget) -> None:

@@ -9,7 +9,8 @@ import pytest
 
 from procstore import ProcedureFailed, ProcedureManager, ProcedureWithId
 from procstore.machine import Duration
-from procstore.store import LocalDirStore, StateStore
+from procstore.store import StateStore
+from procstore.store.local import LocalDirStore
 from procstore.testing import CrashExplorer
 from procstore_machines.region_migration import (
     RegionMigration,
@@ -21,7 +22,7 @@ from procstore_machines.region_migration import (
 from procstore_machines.region_migration.cluster import region_id
 from procstore_machines.region_migration.machine import PersistentContext, UpdateMetadata
 from tests.machines.scenarios import MigrateTwoRegions, run_url
-from tests.support import fast_manager
+from tests.support import manager_for
 
 DATA = Path(__file__).parent / "data"
 TABLE = 1024
@@ -35,7 +36,7 @@ async def new_cluster(store: StateStore, regions: int = 1) -> SimCluster:
 
 
 def manager_on(store: StateStore, cluster: SimCluster) -> ProcedureManager:
-    return fast_manager(store, lambda m: RegionMigration.register_with(m, lambda _p: VolatileContext(cluster)))
+    return manager_for(store, register=lambda m: RegionMigration.register_with(m, lambda _p: VolatileContext(cluster)))
 
 
 async def migrate(store: StateStore, cluster: SimCluster, machine: RegionMigration) -> object:

@@ -7,19 +7,7 @@ import uuid
 from typing import Any
 
 from procstore import ProcedureId, ProcedureManager, ProcedureState, ProcedureWithId
-from procstore.store.state_store import StateStore
-from tests.conftest import StoreTarget
-from tests.procedures import BLOCKERS, Steps, World, register_all
-
-FAST = {"retry_delay": 0.001, "max_retry_delay": 0.005}
-
-
-def manager_for(target: StoreTarget | StateStore, **options: Any) -> ProcedureManager:
-    """A manager with every test procedure registered and millisecond retry delays."""
-    kwargs = {**FAST, **options}
-    if isinstance(target, StateStore):
-        return register_all(ProcedureManager(target, **kwargs))
-    return register_all(ProcedureManager(target.url, target.storage_options, **kwargs))
+from tests.procedures import BLOCKERS, Steps, World
 
 
 def steps(world: World, n: int = 3, **data: Any) -> ProcedureWithId:

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from procstore import ProcedureId, ProcedureManager
+from procstore import ProcedureId
 from procstore.store import open_state_store
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.message import ProcedureMessage
-from tests.procedures import World, register_all
-from tests.runtime.helpers import FAST
+from tests.procedures import World
+from tests.support import manager_for
 
 PREFIX = "procedure/"
 
@@ -106,7 +106,7 @@ async def _check(parts: list[tuple[str, dict[str, bytes]]]) -> None:
     for key, value in good_keys.items():
         await store.put(key, value)
 
-    manager = register_all(ProcedureManager(url, **FAST))  # type: ignore[arg-type]
+    manager = manager_for(url)
     async with manager:  # start() must not raise
         for pid in good:
             while (state := manager.procedure_state(pid)) is None or not state.is_ended():

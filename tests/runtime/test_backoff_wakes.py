@@ -13,9 +13,8 @@ from procstore import ProcedureFailed, ProcedureManager, ProcedureStateKind, Pro
 from procstore.store import open_state_store
 from procstore.store.requests import OperatorRequest
 from procstore.testing import Fault, FaultyStore, run_simulated
-from tests.conftest import StoreTarget
-from tests.procedures import Steps, Undoable, World, register_all
-from tests.support import store_targets
+from tests.procedures import Steps, Undoable, World
+from tests.support import StoreTarget, manager_for, store_targets
 
 BACKOFF = 1000.0
 POLL = 1.0
@@ -32,7 +31,7 @@ def manager_on(store: FaultyStore, **options: Any) -> ProcedureManager:
         "request_poll_interval": POLL,
         **options,
     }
-    return register_all(ProcedureManager(store, **settings))
+    return manager_for(store, **settings)
 
 
 async def cancel_during_backoff(
@@ -46,7 +45,7 @@ async def cancel_during_backoff(
 ) -> float:
     """Fail the writes of `failing_key` (`failures` times; None: every one), cancel once the
     procedure waits out a backoff; return the virtual seconds from the cancel to its end."""
-    store = FaultyStore(open_state_store(f"mem://{procedure.id}/"))
+    store = FaultyStore(open_state_store(f"memory://{procedure.id}/"))
     store.plan.faults.append(Fault("transient", key=f"procedure/*/{failing_key}", times=failures))
     loop = asyncio.get_running_loop()
     async with manager_on(store, **options) as manager:
@@ -124,7 +123,7 @@ def test_a_cancel_stored_while_a_submits_write_backs_off_ends_the_backoff(from_a
     async def main() -> float:
         world = World.new()
         procedure = ProcedureWithId.new(Steps({"world": world.name, "steps": 3}))
-        store = FaultyStore(open_state_store(f"mem://{procedure.id}/"))
+        store = FaultyStore(open_state_store(f"memory://{procedure.id}/"))
         store.plan.faults.append(Fault("transient", key="procedure/*/0000000000.step", when="after", times=1))
         loop = asyncio.get_running_loop()
         async with manager_on(store) as manager:
@@ -170,7 +169,7 @@ def test_stop_ends_a_writes_backoff_at_once() -> None:
     async def main() -> float:
         world = World.new()
         procedure = ProcedureWithId.new(Steps({"world": world.name, "steps": 3}))
-        store = FaultyStore(open_state_store(f"mem://{procedure.id}/"))
+        store = FaultyStore(open_state_store(f"memory://{procedure.id}/"))
         store.plan.faults.append(Fault("transient", key="procedure/*/0000000001.step"))
         loop = asyncio.get_running_loop()
         manager = manager_on(store)

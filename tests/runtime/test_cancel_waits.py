@@ -25,6 +25,7 @@ from procstore import (
     StringKey,
 )
 from procstore._runtime.locks import KeyRwLock
+from tests.support import manager_for
 
 GATES: dict[str, asyncio.Event] = {}
 
@@ -113,11 +114,16 @@ class HoldsWhileItsChildRuns(Procedure):
 def manager(tmp_path: Path) -> ProcedureManager:
     # Backoffs of a minute, and a look at requests/ only every minute: the cancel must not
     # depend on either.
-    m = ProcedureManager(tmp_path, max_retry_times=50, retry_delay=60, max_retry_delay=60, request_poll_interval=60)
-    m.register(Waits)
-    m.register(UndoesItsStep)
-    m.register(HoldsWhileItsChildRuns)
-    return m
+    return manager_for(
+        tmp_path,
+        Waits,
+        UndoesItsStep,
+        HoldsWhileItsChildRuns,
+        max_retry_times=50,
+        retry_delay=60,
+        max_retry_delay=60,
+        request_poll_interval=60,
+    )
 
 
 async def cancelled_in_time(m: ProcedureManager, procedure: ProcedureWithId, settle: float = 0.2) -> None:
@@ -172,7 +178,7 @@ async def test_a_folder_that_cannot_be_listed_does_not_stop_the_watch(
     """The watch checks an old request of a procedure it does not know by listing that
     procedure's folder: one that cannot be read made every look fail before it reached the
     requests after it (a cancel written by `procstore cancel`, here), for good."""
-    from procstore.store import ProcedureStore
+    from procstore.store.procedure_store import ProcedureStore
     from procstore.store.requests import OperatorRequest
 
     stranger = "00000000-2222-4000-8000-000000000001"  # listed before any other request
@@ -205,7 +211,7 @@ async def test_a_request_folder_that_cannot_be_read_does_not_stop_the_watch(
 ) -> None:
     """`requests/resume/` unreadable: every look failed, and a cancel written by the CLI
     never reached a procedure in its backoff."""
-    from procstore.store import ProcedureStore
+    from procstore.store.procedure_store import ProcedureStore
     from procstore.store.requests import OperatorRequest
 
     (tmp_path / "requests" / "resume").mkdir(parents=True)

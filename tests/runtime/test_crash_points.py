@@ -16,9 +16,8 @@ import pytest
 from procstore import ProcedureManager, ProcedureWithId
 from procstore.store import StateStore
 from procstore.testing import CrashExplorer, Scenario
-from tests.conftest import StoreTarget
 from tests.procedures import Parent, Undoable, World, register_all
-from tests.support import store_targets
+from tests.support import StoreTarget, store_targets
 
 
 class WorldScenario(Scenario):

@@ -15,14 +15,13 @@ from procstore import EndNotRecorded, ProcedureFailed, ProcedureWithId
 from procstore.store import StateStore, open_state_store
 from procstore.store.wrapping import WrappingStore
 from procstore.testing import Fault, FaultyStore
-from tests.conftest import StoreTarget
-from tests.procedures import Parent, World
-from tests.runtime.helpers import manager_for, steps
-from tests.support import store_targets
+from tests.procedures import Parent, Undoable, World
+from tests.runtime.helpers import steps
+from tests.support import StoreTarget, manager_for, store_targets
 
 T = TypeVar("T")
 
-target = store_targets("local", "s3", "mem")
+target = store_targets("local", "s3", "memory")
 
 
 class Counting(WrappingStore):
@@ -143,4 +142,51 @@ async def test_a_restart_is_refused_while_the_procedure_is_being_submitted(local
             await manager.rewind(procedure.id, 0)
         await (await submitting).wait()
     assert world.counts["steps/0"] == 1 and world.counts["steps/1"] == 1
+    await store.inner.close()
+
+
+async def test_a_resume_as_stored_of_a_run_that_ended_unrecorded_goes_on_with_that_run(
+    local_target: StoreTarget,
+) -> None:
+    """Resumed without a copy (its latest key is a `.step`), the same run goes on: it has not
+    ended, so it gets no end record, and its rollback still runs when it fails."""
+    from procstore.store.history import HistoryStore
+
+    world = World.new()
+    procedure = ProcedureWithId.new(Undoable({"world": world.name, "steps": 3, "fail_at": 1}))
+    store = FaultyStore(open_state_store(local_target.url))
+    key = f"procedure/{procedure.id}/0000000002.*"
+    store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, times=8))
+    async with manager_for(store, max_retry_times=1) as manager:
+        with pytest.raises(EndNotRecorded):
+            await (await manager.submit(procedure)).wait()
+        resumed = await manager.resume(procedure.id)
+        assert [run for (pid, run) in await HistoryStore(store).ended_runs() if pid == str(procedure.id)] == []
+        store.plan.faults.clear()
+        with pytest.raises((ProcedureFailed, EndNotRecorded)):
+            await resumed.wait()
+    assert "steps/0" not in world.effects
+    await store.inner.close()
+
+
+async def test_a_rewind_of_a_stuck_run_records_that_run_ended(local_target: StoreTarget) -> None:
+    """A submit's create landed but every answer was lost: the submit raised and nothing runs
+    the stored run 1. The operator rewinds it: run 2 runs, and run 1 gets its end record
+    (failed, superseded) once the copy is written: history holds one record per run."""
+    from procstore import StoreError
+    from procstore.store.history import HistoryStore
+
+    world = World.new()
+    procedure = steps(world, 2)
+    store = FaultyStore(open_state_store(local_target.url))
+    key = f"procedure/{procedure.id}/0000000000.step"
+    store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, when="after"))
+    async with manager_for(store, max_retry_times=0) as manager:
+        with pytest.raises(StoreError):
+            await manager.submit(procedure)
+        await (await manager.rewind(procedure.id, 0)).wait()
+    records = {r.run: r for r in await HistoryStore(store).list() if r.id == str(procedure.id)}
+    assert sorted(records) == [1, 2]
+    assert records[1].outcome == "failed" and "rewound to step 0" in (records[1].error or "")
+    assert world.counts["steps/0"] == 1
     await store.inner.close()

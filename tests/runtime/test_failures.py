@@ -18,11 +18,12 @@ from procstore import (
     Status,
     StoreError,
 )
-from procstore.store import LocalDirStore, StateStore
+from procstore.store import StateStore
+from procstore.store.local import LocalDirStore
 from procstore.testing import Fault, FaultyStore
-from tests.conftest import StoreTarget
 from tests.procedures import JsonProcedure, Undoable, World
-from tests.runtime.helpers import blocker, manager_for, steps
+from tests.runtime.helpers import blocker, steps
+from tests.support import StoreTarget, manager_for
 
 
 async def collect_kinds(watcher: Any, gate: asyncio.Event | None = None) -> list[ProcedureStateKind]:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from procstore import Context, Fenced, ProcedureStateKind, ProcedureWithId, Status
-from procstore.store import LocalDirStore, open_state_store
+from procstore.store import open_state_store
+from procstore.store.local import LocalDirStore
 from procstore.testing import Fault, FaultPlan, FaultyStore
-from tests.conftest import StoreTarget
 from tests.procedures import Steps, World
-from tests.runtime.helpers import blocker, eventually, manager_for, steps, wait_for_state
-from tests.support import store_targets
+from tests.runtime.helpers import blocker, eventually, steps, wait_for_state
+from tests.support import StoreTarget, manager_for, store_targets
 
 
 class Stamped(Steps):

@@ -7,7 +7,7 @@ import json
 import time
 import uuid
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -26,16 +26,18 @@ from procstore import (
     StoreUnavailable,
 )
 from procstore._runtime.lease import LEASE_KEY, Lease, LeaseRecord
-from procstore.store import LocalDirStore, MemoryStore, open_state_store
+from procstore.store import open_state_store
 from procstore.store.keys import KeyType
+from procstore.store.local import LocalDirStore
+from procstore.store.memory import MemoryStore
 from procstore.store.message import ProcedureMessage
 from procstore.store.state_store import StateStore
 from procstore.store.wrapping import WrappingStore
 from procstore.testing import Fault, FaultyStore, kill_manager
-from tests.conftest import StoreTarget, gcs_bucket_target
+from tests.conftest import gcs_bucket_target
 from tests.procedures import World
-from tests.runtime.helpers import blocker, eventually, manager_for, steps
-from tests.support import store_targets
+from tests.runtime.helpers import blocker, eventually, steps
+from tests.support import StoreTarget, manager_for, store_targets
 
 TTL = 1.0
 SERVER_TTL = 2.0
@@ -48,11 +50,11 @@ def ttl_for(target: StoreTarget | StateStore) -> float:
     return SERVER_TTL if isinstance(target, StoreTarget) and target.kind in ("s3", "gcs") else TTL
 
 
-def leased(target: StoreTarget | StateStore, name: str, **options: object) -> ProcedureManager:
+def leased(target: StoreTarget | StateStore, name: str, **options: Any) -> ProcedureManager:
     return manager_for(target, lease=Lease(ttl=ttl_for(target), holder=name), **options)
 
 
-shared_target = store_targets("local", "s3", "memory", "mem", "gcs")
+shared_target = store_targets("local", "s3", "memory", "gcs")
 
 
 def test_lease_record_round_trips() -> None:

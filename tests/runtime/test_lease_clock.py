@@ -13,9 +13,9 @@ from procstore import Lease, LeaseClock, LeaseExpired
 from procstore._runtime.lease import LEASE_KEY
 from procstore.store import open_state_store
 from procstore.testing import FaultyStore, SuspendableClock, run_simulated
-from tests.conftest import StoreTarget
 from tests.procedures import World
-from tests.runtime.helpers import blocker, eventually, manager_for, steps
+from tests.runtime.helpers import blocker, eventually, steps
+from tests.support import StoreTarget, manager_for
 
 TTL = 1.0
 

@@ -11,8 +11,7 @@ from procstore import NotLeader, StoreError
 from procstore._runtime.lease import LEASE_KEY, Lease, LeaseKeeper, LeaseRecord
 from procstore.store import open_state_store
 from procstore.testing import Fault, FaultyStore, run_simulated
-from tests.conftest import StoreTarget
-from tests.runtime.helpers import manager_for
+from tests.support import StoreTarget, manager_for
 
 TTL = 1.0
 
@@ -33,11 +32,11 @@ async def stored(store: FaultyStore) -> LeaseRecord:
 
 
 def test_a_renewal_whose_answer_was_lost_is_recognised_and_counted_from_its_first_send(
-    mem_target: StoreTarget,
+    memory_target: StoreTarget,
 ) -> None:
     # In the loop's virtual time (the lease's clock there): exact, whatever the machine's load.
     async def body() -> None:
-        store = FaultyStore(open_state_store(mem_target.url))
+        store = FaultyStore(open_state_store(memory_target.url))
         keeper = keeper_on(store)
         assert await keeper.acquire_once()
         store.plan.faults.append(lost_answer())

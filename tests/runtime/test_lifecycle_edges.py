@@ -31,7 +31,7 @@ from procstore import (
     StringKey,
 )
 from procstore.store.local import LocalDirStore
-from tests.runtime.helpers import FAST
+from tests.support import manager_for
 
 RUNS: Counter[str] = Counter()
 """`name/step` -> how many times that step's execute() ran (across managers)."""
@@ -94,18 +94,10 @@ class Recording(LocalDirStore):
             return self.landed[mark:]
 
 
-def manager(url: Any, *procedures: type[Procedure], **options: Any) -> ProcedureManager:
-    m = ProcedureManager(url, **{**FAST, **options})
-    classes: list[type[Procedure]] = [Counted, *procedures]
-    for procedure in classes:
-        m.register(procedure)
-    return m
-
-
 @pytest.mark.parametrize("lease", [None, 2.0])
 async def test_a_cancelled_stop_still_stops_everything(tmp_path: Path, lease: float | None) -> None:
     store = Recording(tmp_path)
-    m = manager(store, lease=lease)
+    m = manager_for(store, Counted, lease=lease)
     await m.start()
     await m.wait_until_leading()
     await m.submit(counted("cancelled-stop", 10_000, sleep=0.005))
@@ -140,7 +132,7 @@ class StopsItsManager(Procedure):
 
 
 async def test_stop_called_from_a_procedure_stops_the_manager(tmp_path: Path) -> None:
-    m = manager(tmp_path, StopsItsManager, lease=Lease(ttl=2.0))
+    m = manager_for(tmp_path, Counted, StopsItsManager, lease=Lease(ttl=2.0))
     StopsItsManager.managers[:] = [m]
     await m.start()
     await m.wait_until_leading()
@@ -152,7 +144,7 @@ async def test_stop_called_from_a_procedure_stops_the_manager(tmp_path: Path) ->
 
 
 async def test_a_submit_during_start_waits_for_recovery(tmp_path: Path) -> None:
-    m = manager(Recording(tmp_path, slow_walk=0.3))
+    m = manager_for(Recording(tmp_path, slow_walk=0.3), Counted)
     starting = asyncio.ensure_future(m.start())
     while not m.is_running:
         await asyncio.sleep(0.005)
@@ -165,7 +157,7 @@ async def test_a_submit_during_start_waits_for_recovery(tmp_path: Path) -> None:
 
 async def test_a_submit_whose_caller_gives_up_still_runs(tmp_path: Path) -> None:
     store = Recording(tmp_path, slow_write="0000000000.step")
-    m = manager(store)
+    m = manager_for(store, Counted)
     async with m:
         procedure = counted("given-up", 2)
         with pytest.raises(asyncio.TimeoutError):
@@ -179,8 +171,8 @@ async def test_a_submit_whose_caller_gives_up_still_runs(tmp_path: Path) -> None
 
 
 async def test_wait_until_leading_raises_manager_stopped_when_stopped_during_recovery(tmp_path: Path) -> None:
-    a = manager(tmp_path, lease=Lease(ttl=1.0, holder="A"))
-    b = manager(Recording(tmp_path, slow_walk=1.0), lease=Lease(ttl=1.0, holder="B"))
+    a = manager_for(tmp_path, Counted, lease=Lease(ttl=1.0, holder="A"))
+    b = manager_for(Recording(tmp_path, slow_walk=1.0), Counted, lease=Lease(ttl=1.0, holder="B"))
     await a.start()
     await b.start()
     waiter = asyncio.ensure_future(b.wait_until_leading())
@@ -226,7 +218,7 @@ _RAISED: dict[str, type[BaseException]] = {
 @pytest.mark.parametrize("where", ["execute", "dump"])
 @pytest.mark.parametrize("raised", sorted(_RAISED))
 async def test_a_base_exception_from_user_code_fails_the_procedure(tmp_path: Path, where: str, raised: str) -> None:
-    m = manager(tmp_path, Raises, max_running_procedures=1)
+    m = manager_for(tmp_path, Counted, Raises, max_running_procedures=1)
     async with m:
         watcher = await m.submit(ProcedureWithId.new(Raises({"in": where, "raise": raised})))
         with pytest.raises(ProcedureFailed):
@@ -234,7 +226,7 @@ async def test_a_base_exception_from_user_code_fails_the_procedure(tmp_path: Pat
         # The slot it held is free again.
         await asyncio.wait_for((await m.submit(counted(f"after-{where}-{raised}", 1))).wait(), 10)
     # Its failure is stored: a restart does not run it again.
-    again = manager(tmp_path, Raises)
+    again = manager_for(tmp_path, Counted, Raises)
     async with again:
         assert again.procedure_state(watcher.procedure_id) is None
         assert again.recovery_problems == []
@@ -257,11 +249,11 @@ class FlakyLocks(Counted):
 
 
 async def test_a_lock_key_computed_once_at_recovery(tmp_path: Path) -> None:
-    first = manager(tmp_path, FlakyLocks)
+    first = manager_for(tmp_path, Counted, FlakyLocks)
     async with first:
         await first.submit(ProcedureWithId.new(FlakyLocks({"name": "flaky", "n": 2, "sleep": 30})))
         await first.submit(counted("other", 2, sleep=30))
-    second = manager(tmp_path, FlakyLocks)
+    second = manager_for(tmp_path, Counted, FlakyLocks)
     await asyncio.wait_for(second.start(), 10)  # not a KeyError
     assert len([i for i in second.list_procedures() if not i.state.is_ended()]) == 2
     await second.stop()
@@ -271,7 +263,7 @@ async def test_a_lease_epoch_at_its_maximum_is_a_clear_error(tmp_path: Path) -> 
     (tmp_path / "lease").mkdir()
     record = {"holder": "x", "epoch": 2**63 - 1, "renewal": 0, "ttl": 1.0, "released": True}
     (tmp_path / "lease" / "procedures.json").write_text(json.dumps(record))
-    m = manager(tmp_path, lease=Lease(ttl=1.0))
+    m = manager_for(tmp_path, Counted, lease=Lease(ttl=1.0))
     with pytest.raises(StoreError, match="epoch has reached its maximum"):
         await asyncio.wait_for(m.start(), 10)
 
@@ -316,7 +308,7 @@ class SuspendsOn(Procedure):
 
 
 async def test_a_procedure_waiting_for_itself_fails_instead_of_hanging(tmp_path: Path) -> None:
-    m = manager(tmp_path, SuspendsOn)
+    m = manager_for(tmp_path, Counted, SuspendsOn)
     async with m:
         watcher = await m.submit(ProcedureWithId.new(SuspendsOn({"on": "self"})))
         with pytest.raises(ProcedureFailed, match="would never end"):
@@ -324,7 +316,7 @@ async def test_a_procedure_waiting_for_itself_fails_instead_of_hanging(tmp_path:
 
 
 async def test_a_child_waiting_for_its_parent_fails_and_the_parent_goes_on(tmp_path: Path) -> None:
-    m = manager(tmp_path, SuspendsOn)
+    m = manager_for(tmp_path, Counted, SuspendsOn)
     async with m:
         watcher = await m.submit(ProcedureWithId.new(SuspendsOn({"on": "a child naming me"})))
         await asyncio.wait_for(watcher.wait(), 10)  # the parent sees its child failed, and ends
@@ -335,8 +327,8 @@ async def test_a_child_waiting_for_its_parent_fails_and_the_parent_goes_on(tmp_p
 
 async def test_a_standby_cancel_never_lands_after_stop(tmp_path: Path) -> None:
     store = Recording(tmp_path, slow_write=".json")
-    leader = manager(tmp_path, lease=Lease(ttl=5.0, holder="A"))
-    standby = manager(store, lease=Lease(ttl=5.0, holder="B"))
+    leader = manager_for(tmp_path, Counted, lease=Lease(ttl=5.0, holder="A"))
+    standby = manager_for(store, Counted, lease=Lease(ttl=5.0, holder="B"))
     async with leader:
         await leader.wait_until_leading()
         watcher = await leader.submit(counted("standby-cancel", 10_000, sleep=0.01))
@@ -388,7 +380,7 @@ async def test_a_procedure_that_held_its_locks_takes_them_first_after_a_restart(
     Ordered.gate = asyncio.Event()
     holder = ProcedureWithId(ProcedureId.parse("ffffffff-ffff-4fff-bfff-ffffffffffff"), Ordered({"name": "holder"}))
     queued = ProcedureWithId(ProcedureId.parse("00000000-0000-4000-8000-000000000000"), Ordered({"name": "queued"}))
-    first = manager(tmp_path, Ordered)
+    first = manager_for(tmp_path, Counted, Ordered)
     await first.start()
     await first.submit(holder)
     while ORDER != ["holder/0", "holder/1"]:
@@ -398,7 +390,7 @@ async def test_a_procedure_that_held_its_locks_takes_them_first_after_a_restart(
     await first.stop()
     Ordered.gate = None
     ORDER.clear()
-    second = manager(tmp_path, Ordered)
+    second = manager_for(tmp_path, Counted, Ordered)
     async with second:
         for procedure in (holder, queued):
             watcher = second.procedure_watcher(procedure.id)
@@ -438,7 +430,7 @@ async def test_a_procedure_killed_in_its_first_step_takes_its_lock_before_a_late
     holder = ProcedureWithId(
         ProcedureId.parse("ffffffff-ffff-4fff-bfff-ffffffffffff"), Ordered({"name": "holder", "wait_at": 0})
     )
-    first = manager(url, Ordered, Filler, max_running_procedures=1000)
+    first = manager_for(url, Counted, Ordered, Filler, max_running_procedures=1000)
     await first.start()
     for i in range(300):
         await first.submit(ProcedureWithId(ProcedureId.parse(f"00000000-0000-4000-8000-{i:012d}"), Filler({})))
@@ -449,7 +441,7 @@ async def test_a_procedure_killed_in_its_first_step_takes_its_lock_before_a_late
     await first.stop()
     Ordered.gate = None
     ORDER.clear()
-    second = manager(url, Ordered, Filler, max_running_procedures=1000)
+    second = manager_for(url, Counted, Ordered, Filler, max_running_procedures=1000)
     async with second:
         later = await second.submit(ProcedureWithId.new(Ordered({"name": "later"})))
         await asyncio.wait_for(later.wait(), 10)
@@ -459,7 +451,7 @@ async def test_a_procedure_killed_in_its_first_step_takes_its_lock_before_a_late
 
 async def test_stop_start_stop_leaves_the_manager_stopped(tmp_path: Path) -> None:
     store = Recording(tmp_path, slow_write=".step")
-    m = manager(store)
+    m = manager_for(store, Counted)
     await m.start()
     await m.submit(counted("stop-start-stop", 5))
     stopping = asyncio.ensure_future(m.stop())
@@ -475,7 +467,7 @@ async def test_stop_start_stop_leaves_the_manager_stopped(tmp_path: Path) -> Non
 
 
 def test_a_manager_serves_two_asyncio_runs(tmp_path: Path) -> None:
-    m = manager(tmp_path)
+    m = manager_for(tmp_path, Counted)
 
     async def run(name: str) -> None:
         await asyncio.gather(m.start(), m.start())
@@ -515,7 +507,7 @@ class Peer(Procedure):
 async def test_procedures_suspending_on_each_other_in_one_tick_do_not_hang(tmp_path: Path, peers: int) -> None:
     Peer.barrier, Peer.arrived = (peers, asyncio.Event()), 0
     ids = [ProcedureId.random() for _ in range(peers)]
-    async with manager(tmp_path, Peer) as m:
+    async with manager_for(tmp_path, Counted, Peer) as m:
         watchers = [
             await m.submit(ProcedureWithId(pid, Peer({"other": str(ids[(i + 1) % peers])})))
             for i, pid in enumerate(ids)
@@ -553,7 +545,7 @@ class Guarded(Procedure):
 
 async def test_a_procedure_cancelled_while_waiting_for_its_locks_does_not_roll_back(tmp_path: Path) -> None:
     Guarded.rollbacks.clear()
-    async with manager(tmp_path, Guarded) as m:
+    async with manager_for(tmp_path, Counted, Guarded) as m:
         holder = await m.submit(ProcedureWithId.new(Guarded({"name": "holder", "hold": 0.5})))
         await asyncio.sleep(0.05)
         waiter = await m.submit(ProcedureWithId.new(Guarded({"name": "waiter", "hold": 0})))

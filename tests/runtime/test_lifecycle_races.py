@@ -30,9 +30,9 @@ from procstore.store.io_threads import IoThreads
 from procstore.store.local import LocalDirStore
 from procstore.store.procedure_store import ProcedureStore
 from procstore.testing import Fault, FaultyStore
-from tests.conftest import StoreTarget
-from tests.procedures import BLOCKERS, JsonProcedure, World, register_all
-from tests.runtime.helpers import FAST, blocker, steps
+from tests.procedures import BLOCKERS, JsonProcedure, World
+from tests.runtime.helpers import blocker, steps
+from tests.support import StoreTarget, manager_for
 
 
 class BadLocks(JsonProcedure):
@@ -89,17 +89,12 @@ class WantsB(JsonProcedure):
         return LockKey([StringKey.exclusive("b")])
 
 
-def _manager(target: StoreTarget | str, **options: object) -> ProcedureManager:
-    url = target if isinstance(target, str) else target.url
-    manager = register_all(ProcedureManager(url, **{**FAST, **options}))  # type: ignore[arg-type]
-    for cls in (BadLocks, CancelsItself, HoldsC, WantsB):
-        manager.register(cls)
-    return manager
+PROCEDURES = (BadLocks, CancelsItself, HoldsC, WantsB)
 
 
 async def test_a_lock_key_that_raises_stores_nothing_and_never_stops_a_start(tmp_path: Path) -> None:
     world = World.new()
-    async with _manager(str(tmp_path)) as manager:
+    async with manager_for(str(tmp_path), *PROCEDURES) as manager:
         with pytest.raises(KeyError, match="no such table"):
             await manager.submit(ProcedureWithId.new(BadLocks({"world": world.name})))
     assert await LocalDirStore(tmp_path).walk("procedure/") == []
@@ -107,7 +102,7 @@ async def test_a_lock_key_that_raises_stores_nothing_and_never_stops_a_start(tmp
     # One stored anyway (an older release, another process): start() reports it and goes on.
     bad = ProcedureId.random()
     await ProcedureStore(LocalDirStore(tmp_path)).create_procedure(bad, BadLocks.type_name, "{}", None)
-    async with _manager(str(tmp_path)) as manager:
+    async with manager_for(str(tmp_path), *PROCEDURES) as manager:
         assert [p.procedure_id for p in manager.recovery_problems] == [bad]
         assert "lock_key() failed" in manager.recovery_problems[0].reason
         await (await manager.submit(steps(world, 1))).wait()
@@ -115,7 +110,7 @@ async def test_a_lock_key_that_raises_stores_nothing_and_never_stops_a_start(tmp
 
 async def test_a_stray_cancelled_error_fails_the_procedure_instead_of_hanging(memory_target: StoreTarget) -> None:
     world = World.new()
-    async with _manager(memory_target) as manager:
+    async with manager_for(memory_target, *PROCEDURES) as manager:
         watcher = await manager.submit(ProcedureWithId.new(CancelsItself({"world": world.name})))
         with pytest.raises(ProcedureFailed, match="nothing cancelled the procedure"):
             await asyncio.wait_for(watcher.wait(), 10)
@@ -124,11 +119,11 @@ async def test_a_stray_cancelled_error_fails_the_procedure_instead_of_hanging(me
 async def test_concurrent_starts_run_every_procedure_once(tmp_path: Path) -> None:
     world = World.new()
     name, gate = blocker()
-    async with _manager(str(tmp_path)) as first:
+    async with manager_for(str(tmp_path), *PROCEDURES) as first:
         await first.submit(steps(world, 2, block=name, block_at=1))
         while world.counts["steps/0"] == 0:
             await asyncio.sleep(0.01)
-    manager = _manager(str(tmp_path))
+    manager = manager_for(str(tmp_path), *PROCEDURES)
     gate.set()
     await asyncio.gather(manager.start(), manager.start(), manager.start())
     while world.counts["steps/1"] == 0:
@@ -142,7 +137,7 @@ async def test_stop_returns_only_once_an_in_flight_submit_can_no_longer_land(tmp
     world = World.new()
     slow = Fault("delay", kinds=frozenset({"put_if_absent"}), key="*/0000000000.step", seconds=0.3)
     store = FaultyStore(LocalDirStore(tmp_path), faults=[slow])
-    manager = register_all(ProcedureManager(store, **FAST))  # type: ignore[arg-type]
+    manager = manager_for(store)
     await manager.start()
     submitting = asyncio.ensure_future(manager.submit(steps(world, 1)))
     await asyncio.sleep(0.05)
@@ -175,8 +170,8 @@ async def test_a_thread_is_waited_for_however_often_its_caller_is_cancelled(
 
 
 async def test_wait_until_leading_raises_after_the_standbys_stop(tmp_path: Path) -> None:
-    leader = _manager(str(tmp_path), lease=Lease(ttl=5.0, holder="leader"))
-    standby = _manager(str(tmp_path), lease=Lease(ttl=5.0, holder="standby"))
+    leader = manager_for(str(tmp_path), *PROCEDURES, lease=Lease(ttl=5.0, holder="leader"))
+    standby = manager_for(str(tmp_path), *PROCEDURES, lease=Lease(ttl=5.0, holder="standby"))
     await leader.start()
     await standby.start()
     waiting = asyncio.ensure_future(standby.wait_until_leading())
@@ -189,7 +184,7 @@ async def test_wait_until_leading_raises_after_the_standbys_stop(tmp_path: Path)
 
 async def test_the_epoch_never_goes_backwards_when_the_lease_object_is_deleted(tmp_path: Path) -> None:
     lease_file = tmp_path / "lease" / "procedures.json"
-    manager = _manager(str(tmp_path), lease=Lease(ttl=2.0, holder="only"))
+    manager = manager_for(str(tmp_path), *PROCEDURES, lease=Lease(ttl=2.0, holder="only"))
     epochs = []
     for _ in range(2):
         await manager.start()
@@ -217,7 +212,7 @@ async def test_an_invalid_lease_record_is_taken_over_as_an_unreadable_one(
 ) -> None:
     (tmp_path / "lease").mkdir()
     (tmp_path / "lease" / "procedures.json").write_text(json.dumps(record))
-    manager = _manager(str(tmp_path), lease=Lease(ttl=0.5, holder="new"))
+    manager = manager_for(str(tmp_path), *PROCEDURES, lease=Lease(ttl=0.5, holder="new"))
     await manager.start()
     try:
         await asyncio.wait_for(manager.wait_until_leading(), 10)
@@ -230,7 +225,7 @@ async def test_a_three_procedure_lock_cycle_fails_one_instead_of_deadlocking(mem
     world = World.new()
     name, gate = blocker()
     child = ProcedureId.random()
-    async with _manager(memory_target) as manager:
+    async with manager_for(memory_target, *PROCEDURES) as manager:
         holder = await manager.submit(
             ProcedureWithId.new(HoldsC({"world": world.name, "gate": name, "child": str(child)}))
         )

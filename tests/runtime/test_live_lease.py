@@ -10,14 +10,13 @@ import pytest
 
 from procstore import Lease, LeaseHeld, ProcedureManager, StoreUnavailable
 from procstore.testing import kill_manager
-from tests.conftest import StoreTarget
 from tests.procedures import World
-from tests.runtime.helpers import blocker, eventually, manager_for, steps
-from tests.support import store_targets
+from tests.runtime.helpers import blocker, eventually, steps
+from tests.support import StoreTarget, manager_for, store_targets
 
 TTL = 1.0
 
-target = store_targets("local", "mem", "s3")
+target = store_targets("local", "memory", "s3")
 
 
 def leader(target: StoreTarget, **options: Any) -> ProcedureManager:
@@ -72,11 +71,11 @@ async def test_a_manager_without_a_lease_starts_after_a_killed_leaders_lease_exp
     await first.stop()
 
 
-async def test_the_lease_looked_at_is_the_one_under_the_managers_parent_path(mem_target: StoreTarget) -> None:
-    async with leader(mem_target, parent_path="region-a/") as first:
+async def test_the_lease_looked_at_is_the_one_under_the_managers_parent_path(memory_target: StoreTarget) -> None:
+    async with leader(memory_target, parent_path="region-a/") as first:
         await first.wait_until_leading()
         with pytest.raises(LeaseHeld) as refused:
-            await manager_for(mem_target, parent_path="region-a/").start()
+            await manager_for(memory_target, parent_path="region-a/").start()
         assert refused.value.key == "region-a/lease/procedures.json"
-        async with manager_for(mem_target, parent_path="region-b/") as other:  # another region's store
+        async with manager_for(memory_target, parent_path="region-b/") as other:  # another region's store
             assert other.is_running

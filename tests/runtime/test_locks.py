@@ -9,9 +9,9 @@ import pytest
 
 from procstore import Context, LockKey, ProcedureWithId, Status, StringKey
 from procstore._runtime import KeyRwLock
-from tests.conftest import StoreTarget
 from tests.procedures import JsonProcedure, World
-from tests.runtime.helpers import blocker, eventually, manager_for, steps
+from tests.runtime.helpers import blocker, eventually, steps
+from tests.support import StoreTarget, manager_for
 
 
 def test_lock_key_sorts_dedupes_and_prefers_exclusive() -> None:

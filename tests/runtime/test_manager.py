@@ -23,14 +23,14 @@ from procstore import (
     SubmissionsPaused,
     TooManyRunningProcedures,
 )
-from procstore.store import LocalDirStore, open_state_store
+from procstore.store import open_state_store
+from procstore.store.local import LocalDirStore
 from procstore.store.wrapping import WrappingStore
 from procstore.testing import FaultyStore
 from procstore.testing.pytest_plugin import free_port
-from tests.conftest import StoreTarget
 from tests.procedures import Steps, World
-from tests.runtime.helpers import blocker, eventually, manager_for, steps
-from tests.support import store_targets
+from tests.runtime.helpers import blocker, eventually, steps
+from tests.support import StoreTarget, manager_for, store_targets
 
 T = TypeVar("T")
 
@@ -42,7 +42,7 @@ def written(recorder: FaultyStore, pid: ProcedureId) -> list[str]:
     ]
 
 
-every_target = store_targets("memory", "mem", "local", "s3", "gcs", "wrapped")
+every_target = store_targets("memory", "local", "s3", "gcs", "wrapped")
 
 
 async def test_submit_runs_to_done_on_every_store(every_target: StoreTarget) -> None:
@@ -201,7 +201,7 @@ async def test_a_procedure_whose_submit_just_returned_counts_once_toward_the_lim
             return result
 
     manager = manager_for(
-        SubmitsAsTheFirstLands(open_state_store(f"mem://{uuid.uuid4().hex}/")), max_running_procedures=2
+        SubmitsAsTheFirstLands(open_state_store(f"memory://{uuid.uuid4().hex}/")), max_running_procedures=2
     )
     async with manager:
         await manager.submit(steps(world, 2, name="a", block=name))

@@ -21,11 +21,13 @@ from procstore import (
     ProcedureWithId,
     Status,
 )
-from procstore.store import LocalDirStore, ProcedureStore, StateStore
+from procstore.store import StateStore
 from procstore.store.history import HistoryStore
+from procstore.store.local import LocalDirStore
+from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import OperatorRequest
 from procstore.testing import Fault, FaultyStore, kill_manager
-from tests.support import fast_manager
+from tests.support import manager_for
 
 
 class Flaky(Procedure):
@@ -71,11 +73,8 @@ def flaky(cls: type[Flaky] = Flaky, fail_at: int = 2) -> tuple[ProcedureWithId, 
 
 
 def manager_on(store: StateStore | str, **options: Any) -> ProcedureManager:
-    def register(m: ProcedureManager) -> None:
-        m.register(Flaky)
-        m.register(Undone)
-
-    return fast_manager(store, register, max_retry_times=0, **options)
+    """A failure is final at once: these tests are about what an operator does next."""
+    return manager_for(store, Flaky, Undone, max_retry_times=0, **options)
 
 
 async def failed_and_kept(manager: ProcedureManager, cls: type[Flaky] = Flaky) -> tuple[ProcedureId, str]:

@@ -12,13 +12,13 @@ import msgspec
 import pytest
 
 from procstore import Lease, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId
-from procstore.store import LocalDirStore
+from procstore.store.local import LocalDirStore
 from procstore.store.requests import OperatorRequest
 from procstore.testing import FaultyStore
-from tests.conftest import StoreTarget
 from tests.greptime import greptime_step
 from tests.procedures import Steps, Undoable, World
-from tests.runtime.helpers import blocker, eventually, manager_for, steps, wait_for_state
+from tests.runtime.helpers import blocker, eventually, steps, wait_for_state
+from tests.support import StoreTarget, manager_for
 
 
 def write_raw(root: Path, key: str, value: bytes) -> None:
@@ -413,8 +413,8 @@ async def test_a_rolled_back_root_kept_for_a_refused_resume_nudge_goes(tmp_path:
     """Without `keep_failed`, start() keeps a rolled-back root only because a resume nudge
     names it; resuming it is refused (rewind it instead), and then it goes as it would have
     without the nudge, its end recorded."""
-    from procstore.store import ProcedureStore
     from procstore.store.history import HistoryStore
+    from procstore.store.procedure_store import ProcedureStore
 
     pid = "6f2a1d3b-0c9e-4d8f-9a7b-6c5d4e3f2a1b"
     data = json.dumps({"world": World.new().name, "steps": 3, "at": 1})

@@ -21,7 +21,7 @@ from procstore.store.open import open_state_store
 from procstore.store.requests import OperatorRequest, RequestStore
 from procstore.testing import FaultyStore
 from procstore.testing.plan import Fault
-from tests.conftest import StoreTarget
+from tests.support import StoreTarget
 
 
 def spawn(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:

@@ -7,7 +7,8 @@ from typing import Literal
 
 import pytest
 
-from procstore.store import LocalDirStore, ProcedureStore
+from procstore.store.local import LocalDirStore
+from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import OperatorRequest
 from procstore.testing import Fault, FaultyStore
 from tests.runtime.helpers import eventually

@@ -28,10 +28,9 @@ from procstore.store.history import HistoryRecord, HistoryStore
 from procstore.store.keys import KeyType
 from procstore.store.message import ProcedureMessage
 from procstore.store.wrapping import WrappingStore
-from tests.conftest import StoreTarget
 from tests.procedures import BLOCKERS, WORLDS, JsonProcedure, World
-from tests.runtime.helpers import blocker, eventually, manager_for, steps
-from tests.support import store_targets
+from tests.runtime.helpers import blocker, eventually, steps
+from tests.support import StoreTarget, manager_for, store_targets
 
 T = TypeVar("T")
 
@@ -79,13 +78,6 @@ class Family(JsonProcedure):
         return Status.done("joined")
 
 
-def runs_manager(store: StoreTarget | Any, **options: Any) -> Any:
-    manager = manager_for(store, **options)
-    manager.register(Flaky)
-    manager.register(Family)
-    return manager
-
-
 async def test_a_postponed_deletion_never_deletes_a_resumed_run(target: StoreTarget) -> None:
     """Item 1: an inherited root fails during `late_write_grace` (its deletion waits out the
     grace); an operator resumes it; the postponed deletion must leave the new run's keys."""
@@ -99,7 +91,7 @@ async def test_a_postponed_deletion_never_deletes_a_resumed_run(target: StoreTar
     await _write(store, f"{folder}0000000000.step", submitted)
     await store.close()
     lease = Lease(ttl=TTL, holder="cp-2", late_write_grace=1.0)
-    async with runs_manager(target, lease=lease, keep_failed=True, max_retry_times=0) as manager:
+    async with manager_for(target, Flaky, Family, lease=lease, keep_failed=True, max_retry_times=0) as manager:
         await manager.wait_until_leading()
         watcher = manager.procedure_watcher(flaky.id)
         assert watcher is not None
@@ -127,7 +119,7 @@ async def test_a_rewound_parent_runs_its_child_again_whatever_the_earlier_run_le
     family = ProcedureWithId.new(
         Family({"world": world.name, "child_id": str(child_id), "child": {"name": "c", "block": name, "steps": 3}})
     )
-    async with runs_manager(memory_target, keep_failed=True) as manager:
+    async with manager_for(memory_target, Flaky, Family, keep_failed=True) as manager:
         watcher = await manager.submit(family)
         await eventually(lambda: world.counts["c/attempts"] == 1)
         await manager.cancel(family.id, "operator says stop")
@@ -147,7 +139,7 @@ async def test_a_rewind_reruns_a_failed_child_on_a_manager_that_remembers_it(mem
     family = ProcedureWithId.new(
         Family({"world": world.name, "child_id": str(ProcedureId.random()), "child": {"name": "c", "fail_times": 1}})
     )
-    async with runs_manager(memory_target, keep_failed=True, max_retry_times=0) as manager:
+    async with manager_for(memory_target, Flaky, Family, keep_failed=True, max_retry_times=0) as manager:
         with pytest.raises(ProcedureFailed, match="child failed"):
             await (await manager.submit(family)).wait()
         rewound = await manager.rewind(family.id, 0)
@@ -165,7 +157,7 @@ async def test_history_records_the_end_of_the_run_that_ended_last(target: StoreT
     world = World.new()
     pid = ProcedureId.random()
     data = json.dumps({"world": world.name, "name": "f", "at": 1})
-    async with runs_manager(target) as manager:
+    async with manager_for(target, Flaky, Family) as manager:
         store, history = manager.store, HistoryStore(manager.store.store)
         await _write(
             store.store, store.key(pid, 0, KeyType.STEP), ProcedureMessage("test::runs::Flaky", data, None, 0).encode()
@@ -185,7 +177,7 @@ async def test_history_records_the_end_of_the_run_that_ended_last(target: StoreT
         copy = ProcedureMessage("test::runs::Flaky", data, None, 3, None, 2)
         await _write(store.store, store.key(pid, 3, KeyType.STEP), copy.encode())
         await _write(store.store, store.key(pid, 4, KeyType.COMMIT), b"")
-    async with runs_manager(target) as manager:
+    async with manager_for(target, Flaky, Family) as manager:
         assert manager.recovery_problems == []
         found = await HistoryStore(manager.store.store).find(pid)
     assert found is not None and (found.outcome, found.run) == ("done", 2)
@@ -199,12 +191,12 @@ async def test_a_finished_procedure_recreated_by_a_late_write_never_runs_again(t
     world = World.new()
     submitted = steps(world, 2)
     as_submitted = submitted.procedure.dump()
-    async with runs_manager(target) as manager:
+    async with manager_for(target, Flaky, Family) as manager:
         assert await (await manager.submit(submitted)).wait() == "steps done"
         store = manager.store
         late = ProcedureMessage("test::Steps", as_submitted, None, 0).encode()
         await _write(store.store, store.key(submitted.id, 0, KeyType.STEP), late)
-    async with runs_manager(target) as manager:
+    async with manager_for(target, Flaky, Family) as manager:
         assert manager.recovery_problems == []
         assert manager.procedure_state(submitted.id) is None
         assert await manager.store.store.walk(f"procedure/{submitted.id}/") == []
@@ -218,7 +210,7 @@ async def test_a_leader_deletes_a_finished_procedure_a_late_write_recreated(loca
     look for procedures stored after recovery deletes the key instead of adopting it."""
     world = World.new()
     lease = Lease(ttl=TTL, holder="cp-1", adopt_interval=0.05, late_write_grace=0)
-    async with runs_manager(local_target, lease=lease, metadata_ttl=0.05, gc_interval=0.05) as manager:
+    async with manager_for(local_target, Flaky, Family, lease=lease, metadata_ttl=0.05, gc_interval=0.05) as manager:
         await manager.wait_until_leading()
         submitted = steps(world, 2)
         as_submitted = submitted.procedure.dump()
@@ -241,12 +233,12 @@ async def test_a_child_created_late_for_a_finished_tree_is_deleted_not_stranded(
     world = World.new()
     child_id = ProcedureId.random()
     family = ProcedureWithId.new(Family({"world": world.name, "child_id": str(child_id), "child": {"name": "c"}}))
-    async with runs_manager(target) as manager:
+    async with manager_for(target, Flaky, Family) as manager:
         assert await (await manager.submit(family)).wait() == "joined"
         store = manager.store
         late = ProcedureMessage("test::runs::Flaky", json.dumps({"world": world.name, "name": "c"}), family.id, 0)
         await _write(store.store, store.key(child_id, 0, KeyType.STEP), late.encode())
-    async with runs_manager(target) as manager:
+    async with manager_for(target, Flaky, Family) as manager:
         assert manager.recovery_problems == []
         assert await manager.store.store.walk("procedure/") == []
     assert world.counts["c/0"] == 1
@@ -256,7 +248,7 @@ async def test_one_record_per_run_whoever_writes_it(memory_target: StoreTarget) 
     """Item 8: a paused leader's record of an end lands after the new leader's: still one."""
     world = World.new()
     submitted = steps(world, 2)
-    async with runs_manager(memory_target) as manager:
+    async with manager_for(memory_target, Flaky, Family) as manager:
         await (await manager.submit(submitted)).wait()
         history = HistoryStore(manager.store.store)
         (mine,) = await history.list()
@@ -305,7 +297,7 @@ async def test_a_commit_that_lands_late_is_deleted_with_the_failure(target: Stor
     is left to read as success."""
     world = World.new()
     store = LateCommit(open_state_store(target.url, target.storage_options))
-    async with runs_manager(store, max_retry_times=1) as manager:
+    async with manager_for(store, Flaky, Family, max_retry_times=1) as manager:
         submitted = steps(world, 1)
         with pytest.raises(ProcedureFailed, match="commit could not be written"):
             await (await manager.submit(submitted)).wait()
@@ -325,7 +317,7 @@ async def test_a_store_written_before_runs_is_read_and_run_as_before(tmp_path: P
     shutil.copytree(FROZEN, tmp_path, dirs_exist_ok=True)
     world = WORLDS["frozen"] = World("frozen")
     kept = ProcedureId.parse("00000000-0000-4000-8000-000000000002")
-    async with runs_manager(StoreTarget("local", str(tmp_path)), keep_failed=True) as manager:
+    async with manager_for(StoreTarget("local", str(tmp_path)), Flaky, Family, keep_failed=True) as manager:
         assert manager.recovery_problems == []
         unfinished = manager.procedure_watcher(ProcedureId.parse("00000000-0000-4000-8000-000000000003"))
         assert unfinished is not None and await unfinished.wait() == "unfinished done"
@@ -356,7 +348,9 @@ async def test_metadata_expiry_forgets_the_run_that_ended_never_the_one_resumed(
     world = World.new()
     name, gate = blocker()
     flaky = ProcedureWithId.new(Flaky({"world": world.name, "name": "f", "fail_times": 1, "block": name}))
-    async with runs_manager(memory_target, keep_failed=True, max_retry_times=0, metadata_ttl=0.0) as manager:
+    async with manager_for(
+        memory_target, Flaky, Family, keep_failed=True, max_retry_times=0, metadata_ttl=0.0
+    ) as manager:
         with pytest.raises(ProcedureFailed):
             await (await manager.submit(flaky)).wait()
         resumed = await manager.resume(flaky.id)

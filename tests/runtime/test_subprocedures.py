@@ -16,11 +16,11 @@ from procstore import (
     Status,
     StringKey,
 )
-from procstore.store import LocalDirStore, ProcedureMessage
+from procstore.store import ProcedureMessage
+from procstore.store.local import LocalDirStore
 from procstore.testing import FaultyStore
-from tests.conftest import StoreTarget
 from tests.procedures import Child, JsonProcedure, Parent, World
-from tests.runtime.helpers import manager_for
+from tests.support import StoreTarget, manager_for
 
 
 async def test_parent_waits_for_children_and_sees_their_states(store_target: StoreTarget) -> None:

@@ -18,12 +18,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from procstore import Lease, ProcedureFailed, ProcedureId, ProcedureWithId
-from procstore.store import LocalDirStore
 from procstore.store.history import HistoryStore
+from procstore.store.local import LocalDirStore
 from procstore.store.requests import OperatorRequest, RequestStore
 from procstore.testing import Fault, FaultyStore, kill_manager
 from tests.procedures import Parent, Undoable, World
-from tests.runtime.helpers import blocker, manager_for, steps
+from tests.runtime.helpers import blocker, steps
+from tests.support import manager_for
 
 SPANS = InMemorySpanExporter()
 READER = InMemoryMetricReader()

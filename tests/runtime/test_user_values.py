@@ -21,26 +21,8 @@ from procstore import (
     ProcedureWithId,
     Status,
 )
-from tests.runtime.helpers import FAST
-
-
-class Parked(Procedure):
-    """Persists one step, then waits in `execute` until its manager stops."""
-
-    type_name = "values::Parked"
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.data = data
-
-    def dump(self) -> str:
-        return json.dumps(self.data)
-
-    async def execute(self, ctx: Context) -> Status:
-        if not self.data.get("persisted"):
-            self.data["persisted"] = True
-            return Status.executing()
-        await asyncio.Event().wait()
-        return Status.done()
+from tests.procedures import Parked
+from tests.support import manager_for
 
 
 class SurrogateDump(Procedure):
@@ -93,13 +75,7 @@ class DictDump(Procedure):
         return Status.executing()
 
 
-def manager(path: Path, **options: Any) -> ProcedureManager:
-    m = ProcedureManager(path, **{**FAST, **options})
-    m.register(Parked)
-    m.register(DictDump)
-    m.register(SurrogateDump)
-    m.register(ListLockKey)
-    return m
+PROCEDURES = (DictDump, SurrogateDump, ListLockKey)
 
 
 async def parked_until_stored(m: ProcedureManager) -> ProcedureId:
@@ -111,12 +87,12 @@ async def parked_until_stored(m: ProcedureManager) -> ProcedureId:
 
 
 async def test_a_cancel_with_no_reason_is_stored_as_text_and_honoured_after_a_restart(tmp_path: Path) -> None:
-    async with manager(tmp_path) as first:
+    async with manager_for(tmp_path, *PROCEDURES) as first:
         pid = await parked_until_stored(first)
         await first.cancel(pid, None)  # None: no reason given
     stored = orjson.loads((tmp_path / "requests" / f"{pid}.json").read_bytes())
     assert stored["reason"] == ""
-    async with manager(tmp_path) as second:
+    async with manager_for(tmp_path, *PROCEDURES) as second:
         watcher = second.procedure_watcher(pid)
         assert watcher is not None
         with pytest.raises(ProcedureFailed, match="cancelled by an operator"):
@@ -124,13 +100,13 @@ async def test_a_cancel_with_no_reason_is_stored_as_text_and_honoured_after_a_re
 
 
 async def test_a_cancel_stored_with_a_null_reason_by_an_earlier_release_is_honoured(tmp_path: Path) -> None:
-    async with manager(tmp_path) as first:
+    async with manager_for(tmp_path, *PROCEDURES) as first:
         pid = await parked_until_stored(first)
     # What `cancel(id, None)` of the previous release wrote.
     stored = b'{"kind":"cancel","reason":null,"requested_at":1700000000.0,"requested_by":"ops@cp-1"}'
     (tmp_path / "requests").mkdir()
     (tmp_path / "requests" / f"{pid}.json").write_bytes(stored)
-    async with manager(tmp_path) as second:
+    async with manager_for(tmp_path, *PROCEDURES) as second:
         watcher = second.procedure_watcher(pid)
         assert watcher is not None
         with pytest.raises(ProcedureFailed, match="cancelled by an operator"):
@@ -138,7 +114,7 @@ async def test_a_cancel_stored_with_a_null_reason_by_an_earlier_release_is_honou
 
 
 async def test_a_cancel_whose_reason_is_not_text_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
-    async with manager(tmp_path) as m:
+    async with manager_for(tmp_path, *PROCEDURES) as m:
         pid = await parked_until_stored(m)
         with pytest.raises(TypeError, match="reason"):
             await m.cancel(pid, {"why": "stuck"})  # type: ignore[arg-type]
@@ -152,18 +128,18 @@ async def test_a_cancel_whose_reason_is_not_text_is_refused_and_nothing_is_writt
 async def test_dump_returning_what_cannot_be_stored_fails_the_procedure_at_once_and_it_stays_loadable(
     tmp_path: Path, procedure: type[Procedure], error: str
 ) -> None:
-    async with manager(tmp_path, keep_failed=True) as m:
+    async with manager_for(tmp_path, *PROCEDURES, keep_failed=True) as m:
         watcher = await m.submit(ProcedureWithId.new(procedure({})))  # type: ignore[call-arg]
         with pytest.raises(ProcedureFailed, match=error):
             await asyncio.wait_for(watcher.wait(), 10)
         pid = watcher.procedure_id
-    async with manager(tmp_path, keep_failed=True) as again:
+    async with manager_for(tmp_path, *PROCEDURES, keep_failed=True) as again:
         assert again.recovery_problems == []  # every stored value is still readable
         assert [k.key_type.name for k in await again.store.procedure_keys(pid)] == ["STEP", "ROLLBACK", "COMMIT"]
 
 
 async def test_a_submit_whose_dump_is_not_text_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
-    async with manager(tmp_path) as m:
+    async with manager_for(tmp_path, *PROCEDURES) as m:
         pid = ProcedureId.random()
         with pytest.raises(TypeError, match=r"dump\(\) returned dict"):
             await m.submit(ProcedureWithId(pid, DictDump({"ran": True})))
@@ -171,7 +147,7 @@ async def test_a_submit_whose_dump_is_not_text_is_refused_and_nothing_is_written
 
 
 async def test_a_submit_whose_lock_key_is_not_a_lock_key_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
-    async with manager(tmp_path) as m:
+    async with manager_for(tmp_path, *PROCEDURES) as m:
         pid = ProcedureId.random()
         with pytest.raises(TypeError, match=r"lock_key\(\) returned list"):
             await m.submit(ProcedureWithId(pid, ListLockKey({})))

@@ -7,9 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from procstore import ProcedureId
-from procstore.store import KeyType
 from procstore.store.folder import ProcedureKeys, StoredStatus, latest_first
-from procstore.store.keys import key_text, latest_in_sorted
+from procstore.store.keys import KeyType, key_text, latest_in_sorted
 
 _PREFIX = "data/procedure/"
 _IDS = [ProcedureId.parse(f"00000000-0000-4000-8000-00000000000{i}") for i in range(4)]

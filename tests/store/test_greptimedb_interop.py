@@ -15,11 +15,13 @@ from click.testing import CliRunner
 
 from procstore import ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId
 from procstore._cli.app import cli
-from procstore.store import LocalDirStore, ProcedureMessage, ProcedureStore
+from procstore.store import ProcedureMessage
+from procstore.store.local import LocalDirStore
+from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import OperatorRequest
 from tests import greptimedb_loader as greptimedb
-from tests.procedures import BLOCKERS, WORLDS, Steps, World, register_all
-from tests.support import fast_manager
+from tests.procedures import BLOCKERS, WORLDS, Steps, World
+from tests.support import manager_for
 
 FROZEN = Path(__file__).parent.parent / "data" / "store-by-greptimedb"
 """Written as GreptimeDB writes (`greptimedb_loader.GreptimeMessage.encode`), messages with
@@ -36,7 +38,7 @@ def context_of(message: ProcedureMessage) -> object:
 
 
 def manager(root: Path, **options: Any) -> ProcedureManager:
-    return fast_manager(LocalDirStore(root), register_all, **options)
+    return manager_for(LocalDirStore(root), **options)
 
 
 async def eventually(condition: object, seconds: float = 10.0) -> None:

@@ -7,8 +7,7 @@ import pytest
 from procstore import LeaseExpired
 from procstore.store import open_state_store
 from procstore.store.guarded import GuardedStore
-from tests.conftest import StoreTarget
-from tests.support import store_targets
+from tests.support import StoreTarget, store_targets
 
 server_target = store_targets("s3", "gcs")
 

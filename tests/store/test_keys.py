@@ -1,4 +1,4 @@
-"""`ParsedKey` and `ProcedureId`: the test vectors of store-format.md, and round trips."""
+"""`ParsedKey` and `ProcedureId`: the key layout of docs/stores.md, and round trips."""
 
 from __future__ import annotations
 

@@ -5,44 +5,19 @@ skipped, and never walked through, so that nothing outside the store is deleted.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 from click.testing import CliRunner
 
-from procstore import Context, Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Status
+from procstore import ProcedureId, ProcedureWithId
 from procstore._cli.app import cli
-from tests.runtime.helpers import FAST
-
-
-class Parked(Procedure):
-    """Persists one step, then waits until its manager stops."""
-
-    type_name = "links::Parked"
-
-    def __init__(self, data: dict[str, bool]) -> None:
-        self.data = data
-
-    def dump(self) -> str:
-        return json.dumps(self.data)
-
-    async def execute(self, ctx: Context) -> Status:
-        if not self.data.get("persisted"):
-            self.data["persisted"] = True
-            return Status.executing()
-        await asyncio.Event().wait()
-        return Status.done()
-
-
-def manager(store: Path) -> ProcedureManager:
-    m = ProcedureManager(store, retry_delay=FAST["retry_delay"], max_retry_delay=FAST["max_retry_delay"])
-    m.register(Parked)
-    return m
+from tests.procedures import Parked
+from tests.support import manager_for
 
 
 async def two_parked(store: Path) -> tuple[ProcedureId, ProcedureId]:
     ids = (ProcedureId.random(), ProcedureId.random())
-    async with manager(store) as m:
+    async with manager_for(store) as m:
         for pid in ids:
             await m.submit(ProcedureWithId(pid, Parked({})))
         for pid in ids:
@@ -66,7 +41,7 @@ async def test_recovery_reports_a_linked_procedure_folder_keeps_it_and_resumes_t
     linked, plain = await two_parked(store)
     outside = link_out(store, elsewhere, linked)
     files = sorted(p.name for p in outside.iterdir())
-    async with manager(store) as m:
+    async with manager_for(store) as m:
         assert [problem.procedure_id for problem in m.recovery_problems] == [linked]
         assert "symbolic link" in m.recovery_problems[0].reason
         assert m.procedure_watcher(plain) is not None  # the other one runs again

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from procstore.store.local import TRASH, TRASH_FROM_KEYS, LocalDirStore
-from tests.conftest import StoreTarget
 from tests.procedures import World
-from tests.runtime.helpers import manager_for, steps
+from tests.runtime.helpers import steps
+from tests.support import StoreTarget, manager_for
 
 STEPS = [f"procedure/a/{i:010d}.step" for i in range(TRASH_FROM_KEYS)]
 COMMIT = f"procedure/a/{TRASH_FROM_KEYS:010d}.commit"

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 from procstore._cli.app import cli
 from procstore._runtime.lease import LEASE_KEY
 from procstore._web.app import create_app
-from procstore.store import LocalDirStore
+from procstore.store.local import LocalDirStore
 
 GOOD, BAD = "88888888-8888-4888-8888-888888888888", "99999999-9999-4999-8999-999999999999"
 

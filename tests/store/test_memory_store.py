@@ -1,4 +1,4 @@
-"""`MemoryStore` (`mem://`): memory:// semantics, conditional writes, and a flat cost."""
+"""`MemoryStore` (`memory://`, the one in-memory scheme): shared names, conditional writes, and a flat cost."""
 
 from __future__ import annotations
 
@@ -6,12 +6,15 @@ import asyncio
 import contextlib
 import uuid
 
-from procstore.store import MemoryStore, open_state_store
+import pytest
+
+from procstore.store import open_state_store
+from procstore.store.memory import MemoryStore
 from procstore.testing import Fault, FaultyStore, SimulatedCrash
 
 
 def fresh() -> MemoryStore:
-    store = open_state_store(f"mem://t-{uuid.uuid4().hex}/")
+    store = open_state_store(f"memory://t-{uuid.uuid4().hex}/")
     assert isinstance(store, MemoryStore)
     return store
 
@@ -61,11 +64,21 @@ async def test_create_only_and_compare_and_swap() -> None:
 
 async def test_names_are_shared_within_the_process_and_isolated_between_names() -> None:
     name = f"shared-{uuid.uuid4().hex}"
-    first, second, other = MemoryStore(name), open_state_store(f"mem://{name}/"), fresh()
+    first, second, other = MemoryStore(name), open_state_store(f"memory://{name}/"), fresh()
     await first.put("k", b"v")
     assert await second.get("k") == b"v" and await other.get("k") is None
     MemoryStore.forget(name)
     assert await MemoryStore(name).get("k") is None
+
+
+async def test_memory_urls_open_procstores_store_and_the_former_mem_scheme_warns_but_opens_the_same() -> None:
+    name = f"schemes-{uuid.uuid4().hex}"
+    store = open_state_store(f"memory://{name}/")
+    assert isinstance(store, MemoryStore) and store.url == f"memory://{name}/"
+    await store.put("k", b"v")
+    with pytest.warns(DeprecationWarning, match="use memory://"):
+        former = open_state_store(f"mem://{name}/")
+    assert isinstance(former, MemoryStore) and await former.get("k") == b"v"
 
 
 async def test_one_winner_among_concurrent_creates() -> None:

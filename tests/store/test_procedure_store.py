@@ -6,12 +6,15 @@ import asyncio
 from pathlib import Path
 from unittest.mock import patch
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from procstore import ProcedureId
-from procstore.store import KeyType, LocalDirStore, ProcedureMessage, ProcedureStore
-from procstore.store.keys import latest_in_sorted
+from procstore.store import ProcedureMessage
+from procstore.store.keys import KeyType, latest_in_sorted
+from procstore.store.local import LocalDirStore
+from procstore.store.procedure_store import ProcedureStore
 from procstore.testing import FaultyStore
 
 
@@ -193,6 +196,31 @@ async def test_deleting_an_ended_run_leaves_a_later_run_of_the_id_whole(tmp_path
     assert len(await store.store.walk(f"data/procedure/{rewound}/")) == 4
     assert await store.store.walk(f"data/procedure/{late}/") == []
     assert await store.store.walk(f"data/procedure/{deleted}/") == []
+
+
+@pytest.mark.parametrize("failing", [1, 2, 3])
+async def test_a_deletion_cut_short_leaves_a_rewound_procedure_read_as_its_last_run_ended(
+    tmp_path: Path, failing: int
+) -> None:
+    """Run 1 rolled back (0.step, 1.rollback, 2.commit); a rewind ran run 2 to its end
+    (3.step, 4.commit). A deletion that stops at any stage must leave a folder that reads as
+    run 2 ended (done), never as rolled back by run 1's `.rollback`."""
+    from procstore.testing import Fault, InjectedFailure
+
+    store, recorder = make_store(tmp_path)
+    pid = ProcedureId.random()
+    await store.store_procedure(pid, 0, "T", "d", None)
+    await store.rollback_procedure(pid, ProcedureMessage("T", "d", None, 1, "boom"))
+    await store.commit_procedure(pid, 2)
+    message = ProcedureMessage("T", "d", None, 3, run=2).encode()
+    await store.store.put_if_absent(store.key(pid, 3, KeyType.STEP), message)
+    await store.commit_procedure(pid, 4)
+    recorder.plan.faults.append(Fault("error", kinds=frozenset({"delete", "batch_delete"}), nth=failing))
+    with pytest.raises(InjectedFailure):
+        await store.delete_procedure(pid)
+    left = sorted(k.rsplit("/", 1)[1] for k in await store.store.walk(f"data/procedure/{pid}/"))
+    loaded = await store.load_messages()
+    assert pid not in loaded.rolled_back_ids, left
 
 
 async def test_a_rollback_and_a_commit_at_one_step_are_deleted_rollback_first(tmp_path: Path) -> None:

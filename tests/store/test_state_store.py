@@ -11,13 +11,17 @@ from typing import Any
 import pytest
 
 from procstore import ListingIncomplete, StoreError, StoreUnavailable
-from procstore.store import FsspecStore, GcsStore, LocalDirStore, S3Store, open_state_store
-from procstore.store.fsspec_store import BucketStore
+from procstore.store import open_state_store
+from procstore.store.fsspec_store import BucketStore, FsspecStore
+from procstore.store.gcs import GcsStore
+from procstore.store.local import LocalDirStore
+from procstore.store.memory import MemoryStore
+from procstore.store.s3 import S3Store
 from procstore.store.state_store import StateStore
-from tests.conftest import StoreTarget, s3_options
-from tests.support import store_targets
+from tests.conftest import s3_options
+from tests.support import StoreTarget, store_targets
 
-any_target = store_targets("memory", "mem", "local", "s3", "gcs", "wrapped")
+any_target = store_targets("memory", "local", "s3", "gcs", "wrapped")
 
 
 async def test_put_get_walk_delete(any_target: StoreTarget) -> None:
@@ -372,7 +376,7 @@ async def test_each_url_opens_the_backend_that_knows_its_conditional_writes(
         (s3_target.url, s3_target.storage_options, S3Store),
         (gcs_target.url, gcs_target.storage_options, GcsStore),
         (str(tmp_path), None, LocalDirStore),
-        ("memory://procstore-kinds/", None, FsspecStore),
+        ("memory://procstore-kinds/", None, MemoryStore),
         # A blocking client asked for in the options: the generic store, no S3 specifics.
         (s3_target.url, {**s3_target.storage_options, "asynchronous": False}, FsspecStore),
     ]

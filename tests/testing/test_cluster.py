@@ -28,7 +28,7 @@ SEEDS = int(os.environ.get("PROCSTORE_SIM_SEEDS", "200"))
 """Seeds of the ledger world for the many-seeds test (about 7 seeds/s; the machines world
 runs 70% as many, at about 15 seeds/s): a few hundred in all, well within CI's 3 minutes."""
 
-KNOWN_FINDINGS = {
+KNOWN_FINDINGS: dict[str, list[int]] = {
     "ledger": [],
     "machines": [],
 }
@@ -39,13 +39,19 @@ an open finding to fix."""
 
 FIRST_SEED = {"ledger": 100, "machines": 0}
 
-FIXED_FINDINGS = {"ledger": [68, 536, 894, 954, 1030, 1031, 1065, 1350, 1839, 1967], "machines": [283]}
+FIXED_FINDINGS = {
+    "ledger": [68, 536, 894, 954, 1030, 1031, 1065, 1350, 1839, 1967, 2249, 3063, 3409, 3555],
+    "machines": [283, 626, 5613, 6152],
+}
 """Seeds outside the many-seeds range where the simulation found a break that is fixed now:
 a loaded procedure ended at its lock wait (68, 536), a deletion of an ended run taking a
 later run's keys (894, 954, 1839), a parent going on past a child whose end was not stored
 (1031, 1350), a restart superseding a run that ended unrecorded (1967), a recovered end's
 record lost to one store error (1065), a rewind beside a submit still backing off (machines
-283), a failed root kept only for a refused resume nudge (1030)."""
+283), a failed root kept only for a refused resume nudge (1030), a deletion of a rewound
+procedure cut short (3063), a resume as stored given an end record (3555), a rewind of a
+stuck run (machines 6152); and false reports of the model or a world (2249, 3409, 626,
+5613)."""
 
 
 class Complaining(LedgerWorld):

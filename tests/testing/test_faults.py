@@ -9,16 +9,20 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from procstore import ProcedureManager, StoreError
-from procstore.store import LocalDirStore, open_state_store
+from procstore import StoreError
+from procstore.store import open_state_store
+from procstore.store.local import LocalDirStore
+from procstore.store.wrapping import WRITE_KINDS
 from procstore.testing import Fault, FaultPlan, FaultyStore
-from procstore.testing.plan import WRITES
 from tests.procedures import World
-from tests.runtime.helpers import manager_for, steps
+from tests.runtime.helpers import steps
+from tests.support import manager_for
 
 
 async def test_transient_faults_are_retried(tmp_path: Path) -> None:
-    fault = Fault("transient", kinds=WRITES, key="procedure/*/000000000[1-9].step", times=3)  # steps, not the submit
+    fault = Fault(
+        "transient", kinds=WRITE_KINDS, key="procedure/*/000000000[1-9].step", times=3
+    )  # steps, not the submit
     store = FaultyStore(LocalDirStore(tmp_path), faults=[fault])
     world = World.new()
     async with manager_for(store, max_retry_times=3) as manager:
@@ -43,7 +47,7 @@ async def test_a_fault_after_the_operation_has_landed(tmp_path: Path) -> None:
 
 
 async def test_torn_write_is_reported_and_kept(tmp_path: Path) -> None:
-    fault = Fault("tear", kinds=WRITES, key="*/0000000001.step")
+    fault = Fault("tear", kinds=WRITE_KINDS, key="*/0000000001.step")
     store = FaultyStore(LocalDirStore(tmp_path), faults=[fault])
     world = World.new()
     manager = manager_for(store)
@@ -58,7 +62,7 @@ async def test_torn_write_is_reported_and_kept(tmp_path: Path) -> None:
 
 
 async def test_delays_slow_but_do_not_break(memory_target: object) -> None:
-    fault = Fault("delay", kinds=WRITES | {"get"}, seconds=0.01)
+    fault = Fault("delay", kinds=WRITE_KINDS | {"get"}, seconds=0.01)
     store = FaultyStore(open_state_store(f"memory://slow-{uuid.uuid4().hex}/"), faults=[fault])
     world = World.new()
     async with manager_for(store) as manager:
@@ -69,27 +73,24 @@ async def test_delays_slow_but_do_not_break(memory_target: object) -> None:
 async def test_faulty_url_wraps_any_fsspec_filesystem() -> None:
     name = f"/faulty-{uuid.uuid4().hex}"
     inner = fsspec.filesystem("memory")
-    plan = FaultPlan([Fault("transient", kinds=WRITES, key="*/000000000[1-9].step", times=2)])
+    plan = FaultPlan([Fault("transient", kinds=WRITE_KINDS, key="*/000000000[1-9].step", times=2)])
     options = {"fs": inner, "path": name, "plan": plan}
     world = World.new()
-    async with manager_for_url("faulty://store/", options) as manager:
+    async with manager_for("faulty://store/", storage_options=options) as manager:
         assert await (await manager.submit(steps(world, 3))).wait() == "steps done"
-    assert plan.faults[0].fired == 2 and any(op.kind in WRITES for op in plan.landed())
+    assert plan.faults[0].fired == 2 and any(op.kind in WRITE_KINDS for op in plan.landed())
 
     crash = FaultPlan([Fault("crash", nth=2)])
     options = {"fs": inner, "path": name, "plan": crash}
-    manager = manager_for_url("faulty://store/", options)
+    manager = manager_for("faulty://store/", storage_options=options)
     await manager.start()
     await manager.submit(steps(world, 4, name="again"))
     await asyncio.wait_for(crash.crashed.wait(), 10)
     await manager.stop()
-    async with manager_for_url(f"memory://{name}/store/", {}) as manager:
+    # Restarted through the same filesystem, with no faults planned this time.
+    async with manager_for(
+        "faulty://store/", storage_options={"fs": inner, "path": name, "plan": FaultPlan([])}
+    ) as manager:
         [info] = manager.list_procedures()
         watcher = manager.procedure_watcher(info.id)
         assert watcher is not None and await watcher.wait() == "again done"
-
-
-def manager_for_url(url: str, options: dict[str, object]) -> ProcedureManager:
-    from tests.procedures import register_all
-
-    return register_all(ProcedureManager(url, options, retry_delay=0.001, max_retry_delay=0.005))

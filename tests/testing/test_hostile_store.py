@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from procstore.ids import ProcedureId
-from procstore.store import LocalDirStore, MemoryStore
+from procstore.store.local import LocalDirStore
+from procstore.store.memory import MemoryStore
 from procstore.store.message import ProcedureMessage
 from procstore.testing import HOSTILE_TEXTS, write_hostile_store, write_parent_chain, write_parent_cycle
 from tests.procedures import World
-from tests.runtime.helpers import manager_for, steps
+from tests.runtime.helpers import steps
+from tests.support import manager_for
 
 
 async def test_recovery_skips_every_hostile_procedure_and_runs_the_others(tmp_path: Path) -> None:

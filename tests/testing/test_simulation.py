@@ -58,7 +58,7 @@ class CarefulIncrement(Increment):
 async def three_increments(cls: type[Increment]) -> tuple[int, list[str]]:
     COUNTERS.clear()
     ORDER.clear()
-    manager = ProcedureManager(f"mem://sim-{uuid.uuid4().hex}/")
+    manager = ProcedureManager(f"memory://sim-{uuid.uuid4().hex}/")
     manager.register_loader(Increment.type_name, cls.load)
     async with manager:
         watchers = await asyncio.gather(*(manager.submit(ProcedureWithId.new(cls(name))) for name in "abc"))
@@ -94,7 +94,7 @@ def test_a_lease_expires_in_virtual_time() -> None:
     from procstore.testing import kill_manager
 
     async def takeover() -> float:
-        url = f"mem://sim-{uuid.uuid4().hex}/"
+        url = f"memory://sim-{uuid.uuid4().hex}/"
         first = ProcedureManager(url, lease=Lease(ttl=60.0, holder="cp-1"))
         second = ProcedureManager(url, lease=Lease(ttl=60.0, holder="cp-2"))
         await first.start()

@@ -60,7 +60,7 @@ TestStepsAndRollbacks = StepsAndRollbacks.TestCase
 
 
 class CreateTables(ProcedureStateMachine):
-    """`procstore_machines/create_table` under random crashes: the cluster lives in the same store."""
+    """`machines/create_table` under random crashes: the cluster lives in the same store."""
 
     def __init__(self) -> None:
         self.clusters: weakref.WeakKeyDictionary[StateStore, SimCluster] = weakref.WeakKeyDictionary()
@@ -99,7 +99,7 @@ TestCreateTables = CreateTables.TestCase
 
 
 class MigrateRegions(ProcedureStateMachine):
-    """`procstore_machines/region_migration` under random crashes; migrations may race and abort."""
+    """`machines/region_migration` under random crashes; migrations may race and abort."""
 
     def __init__(self) -> None:
         self.clusters: weakref.WeakKeyDictionary[StateStore, SimCluster] = weakref.WeakKeyDictionary()

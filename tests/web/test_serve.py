@@ -20,8 +20,9 @@ from starlette.testclient import TestClient
 from procstore._cli.app import cli
 from procstore._runtime.lease import LEASE_KEY
 from procstore._web.app import create_app
-from procstore.store import LocalDirStore, open_state_store
+from procstore.store import open_state_store
 from procstore.store.history import HistoryStore
+from procstore.store.local import LocalDirStore
 from procstore.testing.pytest_plugin import free_port
 from tests.cli.store_builder import MixedStore, build_mixed_store
 from tests.support import put_now as put
@@ -83,7 +84,8 @@ def test_the_history_of_ended_procedures_and_their_pages(tmp_path: Path) -> None
     gone shows its record (as `procstore show` does)."""
     from procstore import ProcedureFailed, ProcedureWithId
     from tests.procedures import Parent, World
-    from tests.runtime.helpers import manager_for, steps
+    from tests.runtime.helpers import steps
+    from tests.support import manager_for
 
     url = str(tmp_path)
     world = World.new()
@@ -133,7 +135,8 @@ def test_a_failed_procedure_is_not_shown_as_rolled_back(tmp_path: Path) -> None:
     (`.rollback`, then `.commit`); the web view and `procstore ls` call both `failed`."""
     from procstore import ProcedureFailed, ProcedureWithId
     from tests.procedures import Undoable, World
-    from tests.runtime.helpers import manager_for, steps
+    from tests.runtime.helpers import steps
+    from tests.support import manager_for
 
     url = str(tmp_path)
     world = World.new()

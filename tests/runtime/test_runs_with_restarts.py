@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -27,10 +28,10 @@ from procstore import (
 from procstore.store import open_state_store
 from procstore.store.history import HistoryRecord, HistoryStore, iso
 from procstore.store.message import ProcedureMessage
-from tests.conftest import StoreTarget
 from tests.procedures import JsonProcedure, World
 from tests.runtime.helpers import blocker, eventually
-from tests.runtime.test_runs import Family, Flaky, runs_manager
+from tests.runtime.test_runs import Family, Flaky
+from tests.support import StoreTarget, manager_for
 
 TTL = 1.0
 
@@ -82,7 +83,7 @@ async def test_a_submit_is_refused_while_history_keeps_a_later_run_of_the_id(loc
     await history.put_many([run_1, run_2])
     assert await history.sweep() == 0
     assert {r.run for r in await history.list()} == {1, 2}
-    async with runs_manager(local_target, keep_failed=True) as manager:
+    async with manager_for(local_target, Flaky, Family, keep_failed=True) as manager:
         with pytest.raises(DuplicateProcedure):
             await (await manager.submit(ProcedureWithId(proc.id, Flaky(dict(data))))).wait()
     assert world.counts["f/0"] == 0
@@ -114,7 +115,7 @@ async def test_an_end_the_previous_release_recorded_is_not_recorded_again(local_
     }
     assert await store.put_if_absent(f"history/1795773601000-{pid}.json", json.dumps(old).encode())
     await store.close()
-    async with runs_manager(local_target) as manager:
+    async with manager_for(local_target, Flaky, Family) as manager:
         assert manager.recovery_problems == []
         records = [r for r in await HistoryStore(manager.store.store).list() if r.id == str(pid)]
     assert len(records) == 1
@@ -130,8 +131,8 @@ async def test_a_refused_resubmit_leaves_the_kept_procedure_to_rewind(local_targ
     data = {"world": world.name, "name": "f", "fail_times": 1}
     proc = ProcedureWithId.new(Flaky(dict(data)))
     folder = f"procedure/{proc.id}/"
-    options = {"keep_failed": True, "max_retry_times": 0}
-    async with runs_manager(local_target, metadata_ttl=0.05, gc_interval=0.05, **options) as manager:
+    options: dict[str, Any] = {"keep_failed": True, "max_retry_times": 0}
+    async with manager_for(local_target, Flaky, Family, metadata_ttl=0.05, gc_interval=0.05, **options) as manager:
         with pytest.raises(ProcedureFailed):
             await (await manager.submit(proc)).wait()
         kept = sorted(await manager.store.store.walk(folder))
@@ -139,7 +140,7 @@ async def test_a_refused_resubmit_leaves_the_kept_procedure_to_rewind(local_targ
         with pytest.raises(DuplicateProcedure):
             await manager.submit(ProcedureWithId(proc.id, Flaky(dict(data))))
         assert sorted(await manager.store.store.walk(folder)) == kept
-    async with runs_manager(local_target, **options) as manager:
+    async with manager_for(local_target, Flaky, Family, **options) as manager:
         assert await (await manager.rewind(proc.id, 0)).wait() == "f"
 
 
@@ -156,7 +157,7 @@ async def test_a_parent_rewound_during_the_grace_runs_its_failed_child_again(loc
     )
     await _inherited(local_target, family)
     lease = Lease(ttl=TTL, holder="cp-2", late_write_grace=1.0)
-    async with runs_manager(local_target, lease=lease, keep_failed=True, max_retry_times=0) as manager:
+    async with manager_for(local_target, Flaky, Family, lease=lease, keep_failed=True, max_retry_times=0) as manager:
         await manager.wait_until_leading()
         watcher = manager.procedure_watcher(family.id)
         assert watcher is not None
@@ -175,7 +176,7 @@ async def _restart_by_cli_during_the_grace(target: StoreTarget, *command: str) -
     flaky = ProcedureWithId.new(Flaky({"world": world.name, "name": "f", "fail_times": 1}))
     await _inherited(target, flaky)
     lease = Lease(ttl=TTL, holder="cp-2", late_write_grace=2.0)
-    async with runs_manager(target, lease=lease, max_retry_times=0, request_poll_interval=2.5) as manager:
+    async with manager_for(target, Flaky, Family, lease=lease, max_retry_times=0, request_poll_interval=2.5) as manager:
         await manager.wait_until_leading()
         watcher = manager.procedure_watcher(flaky.id)
         assert watcher is not None
@@ -224,9 +225,9 @@ async def test_a_resumed_run_survives_a_refused_resubmit_and_a_crash(local_targe
     name, gate = blocker()
     data = {"world": world.name, "name": "f", "fail_times": 1, "block": name}
     proc = ProcedureWithId.new(Flaky(dict(data)))
-    options = {"keep_failed": True, "max_retry_times": 0, "metadata_ttl": 0.05, "gc_interval": 0.05}
+    options: dict[str, Any] = {"keep_failed": True, "max_retry_times": 0, "metadata_ttl": 0.05, "gc_interval": 0.05}
     lease = Lease(ttl=TTL, holder="cp-1", adopt_interval=0.2)
-    async with runs_manager(local_target, lease=lease, **options) as manager:
+    async with manager_for(local_target, Flaky, Family, lease=lease, **options) as manager:
         await manager.wait_until_leading()
         with pytest.raises(ProcedureFailed):
             await (await manager.submit(proc)).wait()
@@ -237,7 +238,7 @@ async def test_a_resumed_run_survives_a_refused_resubmit_and_a_crash(local_targe
         await eventually(lambda: world.counts["f/attempts"] == 2)  # run 2 waits in its step 1
     # stop() leaves the running procedure as a process exit would; the next leader starts.
     gate.set()
-    async with runs_manager(local_target, lease=Lease(ttl=TTL, holder="cp-2"), **options) as manager:
+    async with manager_for(local_target, Flaky, Family, lease=Lease(ttl=TTL, holder="cp-2"), **options) as manager:
         await manager.wait_until_leading()
         watcher = manager.procedure_watcher(proc.id)
         assert watcher is not None, "the resumed run was deleted at the next start"
@@ -264,14 +265,14 @@ async def test_a_failure_whose_text_is_not_unicode_is_stored_and_never_runs_agai
     it ended and never runs it (or its effects) again."""
     world = World.new()
     proc = ProcedureWithId.new(BadText({"world": world.name}))
-    manager = runs_manager(local_target, max_retry_times=0)
+    manager = manager_for(local_target, Flaky, Family, max_retry_times=0)
     manager.register(BadText)
     async with manager:
         with pytest.raises(ProcedureFailed, match="cannot open"):
             await asyncio.wait_for((await manager.submit(proc)).wait(), 10)
         record = await HistoryStore(manager.store.store).find(proc.id)
         assert record is not None and record.outcome == "failed"
-    manager = runs_manager(local_target, max_retry_times=0)
+    manager = manager_for(local_target, Flaky, Family, max_retry_times=0)
     manager.register(BadText)
     async with manager:
         assert manager.procedure_watcher(proc.id) is None
@@ -286,8 +287,8 @@ async def test_a_kept_roots_swept_end_record_is_not_written_again_as_ending_now(
     period): either no record, or the one with the end's own time."""
     world = World.new()
     proc = ProcedureWithId.new(Flaky({"world": world.name, "name": "f", "fail_times": 1}))
-    options = {"keep_failed": True, "history": History(retention=0.5)}
-    async with runs_manager(local_target, max_retry_times=0, gc_interval=0.05, **options) as manager:
+    options: dict[str, Any] = {"keep_failed": True, "history": History(retention=0.5)}
+    async with manager_for(local_target, Flaky, Family, max_retry_times=0, gc_interval=0.05, **options) as manager:
         with pytest.raises(ProcedureFailed):
             await (await manager.submit(proc)).wait()
         history = HistoryStore(manager.store.store)
@@ -299,7 +300,7 @@ async def test_a_kept_roots_swept_end_record_is_not_written_again_as_ending_now(
                 await asyncio.sleep(0.05)
 
         await asyncio.wait_for(swept(), 10)
-    async with runs_manager(local_target, **options) as manager:
+    async with manager_for(local_target, Flaky, Family, **options) as manager:
         again = await HistoryStore(manager.store.store).find(proc.id)
     assert again is None or again.ended_at == first.ended_at
 
@@ -332,7 +333,7 @@ async def test_a_resume_goes_on_with_the_children_its_run_finished(local_target:
     the children it names anew.)"""
     world = World.new()
     joiner = ProcedureWithId.new(Joiner({"world": world.name, "child_id": str(ProcedureId.random())}))
-    async with runs_manager(local_target, keep_failed=True, max_retry_times=0) as manager:
+    async with manager_for(local_target, Flaky, Family, keep_failed=True, max_retry_times=0) as manager:
         manager.register(Joiner)
         with pytest.raises(ProcedureFailed, match="failed once"):
             await (await manager.submit(joiner)).wait()
@@ -345,7 +346,7 @@ async def test_a_restart_never_writes_back_an_end_record_retention_swept(local_t
     record that retention swept (its `.commit` older than the retention) stays swept."""
     world = World.new()
     flaky = ProcedureWithId.new(Flaky({"world": world.name, "name": "f", "fail_times": 1}))
-    async with runs_manager(local_target, keep_failed=True, max_retry_times=0) as manager:
+    async with manager_for(local_target, Flaky, Family, keep_failed=True, max_retry_times=0) as manager:
         with pytest.raises(ProcedureFailed):
             await (await manager.submit(flaky)).wait()
         history = HistoryStore(manager.store.store, manager.store.parent_path)

@@ -44,8 +44,8 @@ class MachinesWorld:
         self.folder = Path(tempfile.mkdtemp(prefix="procstore-sim-"))
         self.services: dict[str, list[str]] = {}
         self.next_table = 2000
-        self.migrated: dict[str, int] = {}
-        """Each migration's region, by the migration's id."""
+        self.touched: dict[str, set[int]] = {}
+        """The regions each migration or create-table acts on, by its id."""
         self.cluster: SimCluster
 
     async def prepare(self, store: StateStore) -> None:
@@ -76,12 +76,14 @@ class MachinesWorld:
             region = rng.choice(route.regions)
             target = rng.choice([n for n in NODES if n != region.leader])
             migration = ProcedureWithId.new(new_migration(cluster, [region.region_id], region.leader, target))
-            self.migrated[str(migration.id)] = region.region_id
+            self.touched[str(migration.id)] = {region.region_id}
             return migration
         if kind == "create":
             self.next_table += 1
             leaders = [rng.choice(NODES) for _ in range(rng.randint(1, 3))]
-            return ProcedureWithId.new(new_create_table(cluster, f"t{self.next_table}", self.next_table, leaders))
+            create = ProcedureWithId.new(new_create_table(cluster, f"t{self.next_table}", self.next_table, leaders))
+            self.touched[str(create.id)] = {region_id(self.next_table, n) for n in range(1, len(leaders) + 1)}
+            return create
         if kind == "publish":
             return ProcedureWithId.new(await new_publish(store, store, "docs", rng.choice(sorted(VERSIONS))))
         resources = sorted({f"r{rng.randint(1, 4)}" for _ in range(rng.randint(1, 3))})
@@ -89,9 +91,10 @@ class MachinesWorld:
         return ProcedureWithId.new(ProvisionService.create(self.folder, name, resources))
 
     async def check(self, store: StateStore, outcomes: dict[str, str]) -> list[str]:
-        # A migration with no outcome was deleted by an operator while it ran (`procstore
-        # delete` is destructive by design) or restarted: its region is not checked.
-        unchecked = {f"region {r}:" for pid, r in self.migrated.items() if pid not in outcomes}
+        # A migration or create with no outcome was deleted by an operator while it ran
+        # (`procstore delete` is destructive by design) or restarted: its regions are not
+        # checked.
+        unchecked = {f"region {r}:" for pid, rs in self.touched.items() if pid not in outcomes for r in rs}
         problems = [p for p in await check_cluster(store) if not p.startswith(tuple(unchecked))]
         version, _ = await read_current(store, "docs")
         if version not in VERSIONS:

@@ -28,30 +28,25 @@ from procstore.store.open import open_state_store
 from procstore.store.procedure_store import ProcedureStore
 from procstore.testing import Fault, FaultyStore
 from procstore.testing.pytest_plugin import create_bucket, free_port, s3_storage_options
-from tests.conftest import StoreTarget
-from tests.procedures import World, register_all
-from tests.runtime.helpers import FAST, blocker, manager_for, steps
-from tests.runtime.review_procedures import LostCommit, Region, Stamped, Table
+from tests.procedures import World
+from tests.runtime.guarantee_procedures import LostCommit, Region, Stamped, Table
+from tests.runtime.helpers import blocker, steps
+from tests.support import StoreTarget, manager_for
 
-
-def _manager(store: object, **options: object) -> ProcedureManager:
-    manager = register_all(ProcedureManager(store, **{**FAST, **options}))  # type: ignore[arg-type]
-    for cls in (Region, Table, Stamped):
-        manager.register(cls)
-    return manager
+PROCEDURES = (Region, Table, Stamped)
 
 
 async def _run_until_crash(tmp_path: Path, procedure: ProcedureWithId, crash: Fault) -> None:
     """Submit `procedure` on a local store and let it run until `crash` kills the manager."""
     crashing = FaultyStore(LocalDirStore(tmp_path), faults=[crash])
-    async with _manager(crashing) as manager:
+    async with manager_for(crashing, *PROCEDURES) as manager:
         await manager.submit(procedure)
         while not crashing.crashed.is_set():
             await asyncio.sleep(0.01)
 
 
 async def _restart_and_settle(store_url: str, seconds: float = 0.5) -> ProcedureManager:
-    manager = _manager(store_url)
+    manager = manager_for(store_url, *PROCEDURES)
     async with manager:
         await asyncio.sleep(seconds)
     return manager
@@ -86,9 +81,9 @@ async def test_s3_per_key_delete_error_is_retried_and_the_commit_goes_last(
 ) -> None:
     url, options = s3_with_delete_errors
     world = World.new()
-    async with _manager(url, storage_options=options) as manager:
+    async with manager_for(url, *PROCEDURES, storage_options=options) as manager:
         await (await manager.submit(steps(world, 3))).wait()
-    async with _manager(url, storage_options=options) as manager:
+    async with manager_for(url, *PROCEDURES, storage_options=options) as manager:
         await asyncio.sleep(0.3)
         assert await manager.store.store.walk("procedure/") == []
     assert world.counts == {"steps/0": 1, "steps/1": 1, "steps/2": 1}
@@ -102,7 +97,7 @@ async def test_a_childs_finished_rollback_never_runs_again_after_its_parent_comm
     table = Table.new(world.name)
     # The process dies at the first delete after the table's commit: every key is still there.
     crashing = FaultyStore(LocalDirStore(tmp_path), faults=[Fault("crash", kinds=frozenset({"batch_delete"}), nth=0)])
-    manager = _manager(crashing)
+    manager = manager_for(crashing, *PROCEDURES)
     async with manager:
         watcher = await manager.submit(table)
         while not crashing.crashed.is_set():
@@ -156,7 +151,7 @@ async def test_a_commit_whose_answer_was_lost_is_read_back_before_anything_else(
 ) -> None:
     world = World.new()
     pwid = steps(world, 2)
-    async with _manager(LostCommit(LocalDirStore(tmp_path), reads_fail=reads_fail)) as manager:
+    async with manager_for(LostCommit(LocalDirStore(tmp_path), reads_fail=reads_fail), *PROCEDURES) as manager:
         watcher = await manager.submit(pwid)
         if reads_fail:
             with pytest.raises(EndNotRecorded, match="cannot say whether"):
@@ -178,7 +173,7 @@ async def test_a_retried_write_sends_the_bytes_of_its_first_attempt(memory_targe
     world = World.new()
     lost_answer = Fault("transient", kinds=frozenset({"put_if_absent"}), key="*/0000000001.step", when="after", nth=0)
     store = FaultyStore(open_state_store(memory_target.url, {}), faults=[lost_answer])
-    async with _manager(store) as manager:
+    async with manager_for(store, *PROCEDURES) as manager:
         await (await manager.submit(ProcedureWithId.new(Stamped({"world": world.name})))).wait()
         # The manager is still in charge: an unrelated procedure runs.
         await (await manager.submit(steps(world, 1))).wait()
@@ -242,7 +237,7 @@ async def test_an_operators_request_stops_a_running_procedure_before_its_next_st
 async def test_a_request_reaches_a_parent_waiting_for_its_children(memory_target: StoreTarget) -> None:
     world = World.new()
     table = Table.new(world.name)
-    async with _manager(memory_target.url, request_poll_interval=0.05) as manager:
+    async with manager_for(memory_target.url, *PROCEDURES, request_poll_interval=0.05) as manager:
         # Cancel at once: the table is suspended on its first child or about to be.
         watcher = await manager.submit(table)
         await manager.cancel(table.id, "operator says no")
