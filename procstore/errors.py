@@ -182,16 +182,26 @@ class LockCycle(LockConflict):
     so the others go on: lock keys in one order across a tree to avoid it.
     """
 
-    def __init__(self, waiter: ProcedureId, key: str, cycle: list[ProcedureId]) -> None:
+    def __init__(self, waiter: ProcedureId, key: str, cycle: list[ProcedureId], *, kept: bool = False) -> None:
         self.parent_id = cycle[0] if cycle else waiter
         self.child_id = waiter
         self.keys = [key]
         self.cycle = cycle
+        self.kept = kept
+        """Its step may have run, and its rollback needs the locks: it failed without one, its
+        keys kept for an operator to resume or rewind it."""
+        then = (
+            "; its step may have run and its rollback needs the locks, so it fails without a rollback "
+            "and its keys are kept: resume or rewind it once the cycle is gone"
+            if kept
+            else "; it fails instead of deadlocking"
+        )
         ProcedureError.__init__(
             self,
             f"procedure {waiter} would wait for lock key {key!r} in a cycle: "
             + " -> ".join(map(str, [waiter, *cycle, waiter]))
-            + "; it fails instead of deadlocking. Take lock keys in one order across a tree.",
+            + then
+            + ". Take lock keys in one order across a tree.",
         )
 
 

@@ -75,6 +75,13 @@ async def restart(
             f"procedure {procedure_id} ended {meta.state.kind.name} and its keys are deleted (or being deleted): "
             "nothing to restart (managers keep a failed procedure's keys with keep_failed=True)"
         )
+    if meta is not None and (child := _unrecorded_descendant(ctx, meta)) is not None:
+        # Only the next start knows the subprocedure again (from the store): a new run here
+        # would go on past it, or create it anew over its keys.
+        raise ProcedureError(
+            f"procedure {procedure_id}: its subprocedure {child} ended without its end being stored, so the "
+            "store says it has not ended: restart the manager (its next start runs the tree on from the store)"
+        )
     if procedure_id in ctx.restarting:
         raise ProcedureError(f"procedure {procedure_id} is being restarted already")
     ctx.restarting.add(procedure_id)
@@ -98,6 +105,13 @@ async def restart(
         raise ProcedureError(f"procedure {procedure_id} kept being restarted by others while this manager tried")
     finally:
         ctx.restarting.discard(procedure_id)
+
+
+def _unrecorded_descendant(ctx: ManagerContext, root: ProcedureMeta) -> ProcedureId | None:
+    for pid in ctx.tree_ids(root)[1:]:
+        if (meta := ctx.metas.get(pid)) is not None and meta.state.is_ended() and not meta.state.recorded:
+            return pid
+    return None
 
 
 async def _restart(

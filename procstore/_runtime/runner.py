@@ -14,14 +14,13 @@ children first and itself last, so a crash part way still leaves it marked finis
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TypeVar
 
 from procstore._aio import gather_settled
-from procstore._logs import get_logger
+from procstore._logs import get_logger, procedure_fields
 from procstore._runtime.children import claim_stored_child, poison_child
 from procstore._runtime.context import ManagerContext
 from procstore._runtime.meta import ProcedureMeta
@@ -124,37 +123,54 @@ class Runner:
         failed instead (it recorded the failure).
 
         One that may have run a step already (`_may_have_run`) must roll back holding its
-        locks, so neither an operator's request nor a would-be deadlock ends its wait: a
-        request is honoured once it holds them (as between steps), and before a wait that
-        would close a cycle it gives back what it holds (a cycle through it runs through a
-        key it holds: it runs no children yet) and waits for all of them again.
+        locks, so an operator's request does not end its wait: it is honoured once the
+        procedure holds them (as between steps). Before a wait that would close a cycle, it
+        gives back what it holds and waits for all of them again, once: a cycle that
+        remains runs through an ancestor (which holds its locks while it waits for this
+        one), and no wait can end it. It then fails without a rollback and its keys are
+        kept, for an operator to resume or rewind: rolling back without the locks could
+        undo work beside their holder.
         """
         may_have_run = self._may_have_run()
+        gave_back = False
         keys = self.meta.lock_key.keys_to_lock()
         while len(held) < len(keys):
             key = keys[len(held)]
             if self.ctx.locks.would_block(key) and (cycle := self.ctx.lock_cycle(self.meta.id, key)) is not None:
-                if may_have_run and held:
+                if may_have_run and held and not gave_back:
                     self._release(held)
-                    continue
-                await self._fail(LockCycle(self.meta.id, key.key, cycle), roll_back=may_have_run)
+                    gave_back = True
+                    if self.ctx.lock_cycle(self.meta.id, keys[0]) is None:
+                        continue
+                self.meta.keep_keys = self.meta.keep_keys or may_have_run
+                await self._fail(LockCycle(self.meta.id, key.key, cycle, kept=may_have_run), roll_back=False)
                 return False
-            # An operator's request ends the wait of one that never ran: it fails at once.
-            if not await self._wait_for(key, None if may_have_run else self.meta.requested()):
+            if not await self._wait_for(key, ends_on_request=not may_have_run):
+                # An operator's request ends the wait of one that never ran: it fails at once.
                 await self._fail(OperatorRequested(self.ctx.operator_requests[self.meta.id]), roll_back=False)
                 return False
             held.append(key)
         return True
 
-    async def _wait_for(self, key: StringKey, unless: asyncio.Event | None) -> bool:
-        """Wait for `key` (or until `unless` is set: then False, nothing taken)."""
+    async def _wait_for(self, key: StringKey, *, ends_on_request: bool) -> bool:
+        """Wait for `key`; False (nothing taken) if an operator's request came first and
+        `ends_on_request`. Otherwise the request waits, said once in the log."""
         self.ctx.lock_waits[self.meta.id] = key.key
         try:
-            if unless is None:
+            acquired = await self.ctx.locks.acquire_unless(key, self.meta.requested())
+            if not acquired and not ends_on_request:
+                holders = ", ".join(str(h) for h in sorted(self.ctx.lock_holders.get(key.key, set()), key=str))
+                logger.warning(
+                    "procedure %s: %s: honoured once it holds its locks (its step may have run, and its "
+                    "rollback needs them); it waits for %s, held by %s",
+                    self.meta.id,
+                    self.ctx.operator_requests[self.meta.id].describe(),
+                    key.key,
+                    holders or "procedures queued before it",
+                    extra=procedure_fields(self.meta.id, self.meta.type_name, self.step),
+                )
                 await self.ctx.locks.acquire(key)
                 acquired = True
-            else:
-                acquired = await self.ctx.locks.acquire_unless(key, unless)
         finally:
             del self.ctx.lock_waits[self.meta.id]
         if acquired:
@@ -432,9 +448,10 @@ class Runner:
         Runner(self.ctx, meta, procedure, step, data, resume_children=True).start()
 
     async def _wait_children(self) -> None:
-        """Wait until every child has ended. One whose end could not be stored ends this run
-        the same way: the store says the child has not ended (the next start resumes the
-        tree), so its parent must neither go on as if it had, nor roll back past it."""
+        """Wait until every child has ended. One whose end could not be stored (the store
+        refused its failure, or the `.commit` after its rollback) ends this run the same way:
+        the store says the child has not ended (the next start resumes the tree), so its
+        parent must neither go on as if it had, nor roll back past it."""
         unrecorded: list[ProcedureId] = []
         for child_id in list(self.meta.children):
             child = self.ctx.metas.get(child_id)
@@ -570,7 +587,7 @@ class Runner:
             await self._finish(failed)
             return
         note = "its end could not be recorded, so its rollback runs again at the next start"
-        await self._finish(with_error(failed, f"{failed.error}; {note}"), delete=False)
+        await self._finish(unrecorded_end(f"{failed.error}; {note}", failed), delete=False)
 
     # -- ending ----------------------------------------------------------------------
 
