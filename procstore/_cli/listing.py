@@ -42,7 +42,8 @@ from procstore._cli.output import (
     time_option,
 )
 from procstore.ids import ProcedureId
-from procstore.store.inventory import Inventory, StoredProcedure, StoredStatus, read_inventory
+from procstore.store.folder import StoredStatus
+from procstore.store.inventory import Inventory, StoredProcedure, read_inventory
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.state_store import walk_readable
 

@@ -25,7 +25,8 @@ from procstore._cli.history import show_ended
 from procstore._cli.listing import STATUS_STYLE
 from procstore._cli.output import chosen_format, emit, iso_time, output_options, plural, stored
 from procstore._text import bounded
-from procstore.store.inventory import ENDINGS, StoredStatus, endings, read_history
+from procstore.store.folder import StoredStatus
+from procstore.store.inventory import ENDINGS, endings, read_history
 from procstore.store.message import ProcedureMessage
 
 FIELDS_SHOWN = 200

@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from procstore._runtime.locks import KeyRwLock
-from procstore._runtime.registry import Edges, walk
+from procstore._runtime.registry import Edges
 from procstore.ids import ProcedureId
 from procstore.lock_key import StringKey
+from procstore.store.tree import reachable
 
 
 class LockTable:
@@ -76,16 +77,25 @@ class LockTable:
         locks while they run.
         """
 
-        def waited_for(pid: ProcedureId) -> list[ProcedureId]:
-            waits = self._waited_for(self._waits[pid], pid) if pid in self._waits else set()
-            return [*waits, *children(pid)]
+        came_from: dict[ProcedureId, ProcedureId] = {}
+        """Each procedure reached, and the first it was reached from (breadth first)."""
 
-        came_from = walk(self._waited_for(key.key, waiter), waited_for)
+        def waited_for(pid: ProcedureId) -> list[ProcedureId]:
+            if pid == waiter:
+                nexts = list(self._waited_for(key.key, waiter))
+            else:
+                waits = self._waited_for(self._waits[pid], pid) if pid in self._waits else set()
+                nexts = [*waits, *children(pid)]
+            for nxt in nexts:
+                came_from.setdefault(nxt, pid)
+            return nexts
+
+        reachable(waiter, waited_for)
         if waiter not in came_from:
             return None
         cycle: list[ProcedureId] = []
         at = came_from[waiter]
-        while at is not None:
+        while at != waiter:
             cycle.append(at)
             at = came_from[at]
         return cycle[::-1]

@@ -46,6 +46,7 @@ from procstore._runtime.registry import Registry
 from procstore._runtime.restart import restart, runs_here
 from procstore.errors import ProcedureError, StoreError, describe
 from procstore.ids import ProcedureId
+from procstore.store.folder import latest_key
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import OperatorRequest, OperatorRequested, RequestKind, RequestStore
@@ -444,7 +445,7 @@ async def _run_again(ctx: ManagerContext, procedure_id: ProcedureId) -> None:
 
 async def _latest_key(ctx: ManagerContext, procedure_id: ProcedureId) -> ParsedKey | None:
     keys = await ctx.store.procedure_keys(procedure_id)
-    return max(keys, key=lambda k: (k.step, k.key_type is KeyType.COMMIT)) if keys else None
+    return latest_key(keys) if keys else None
 
 
 def _stale(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorRequest, latest: ParsedKey) -> str:
@@ -484,9 +485,9 @@ async def request(
             raise ProcedureError(
                 f"procedure {procedure_id} is not in the store (finished and deleted, or never submitted)"
             )
-        if any(k.step == keys[-1].step and k.key_type is KeyType.COMMIT for k in keys):
+        if (latest := latest_key(keys)).key_type is KeyType.COMMIT:
             raise ProcedureError(
-                f"procedure {procedure_id} has already ended (its latest key is {keys[-1].step}.commit): "
+                f"procedure {procedure_id} has already ended (its latest key is {latest.step}.commit): "
                 f"nothing to {kind}"
             )
     wanted = OperatorRequest.new(kind, reason)

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 from procstore._bulk import collector_paused
 from procstore._logs import get_logger
 from procstore._runtime.meta import ProcedureMeta
-from procstore._runtime.registry import walk
 from procstore._runtime.runner import Runner
 from procstore.errors import LoadFailed, ProcedureError
 from procstore.ids import ProcedureId
@@ -29,6 +28,7 @@ from procstore.store.history import HistoryRecord, Recorded, RunKey, iso, record
 from procstore.store.keys import KeysByProcedure, KeyType, procedure_dir
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
+from procstore.store.tree import descendants, stuck_chains
 
 if TYPE_CHECKING:
     from procstore._runtime.context import ManagerContext
@@ -71,7 +71,7 @@ class StoredProcedures:
 
     def descendants(self, procedure_id: ProcedureId) -> list[ProcedureId]:
         """Its descendants found in the store."""
-        return list(walk([procedure_id], lambda pid: self.children_of.get(pid, ())))[1:]
+        return descendants(procedure_id, lambda pid: self.children_of.get(pid, ()))
 
     def __contains__(self, procedure_id: object) -> bool:
         return procedure_id in self.messages or procedure_id in self.committed or procedure_id in self.unreadable
@@ -320,42 +320,21 @@ def _stranded(loaded: ProcedureMessages, alive: set[ProcedureId]) -> dict[Proced
     """
     parent_of = {pid: m.parent_id for pid, m in loaded.messages.items()}
     parent_of.update((pid, m.parent_id) for pid, m in loaded.rollback_messages.items())
+
+    def orphaned(pid: ProcedureId, parent: ProcedureId) -> bool:
+        return parent not in alive and pid not in loaded.rollback_messages
+
     stranded: dict[ProcedureId, str] = {}
-    settled: set[ProcedureId] = set()
-    for start in [pid for pid, parent in parent_of.items() if parent is not None]:  # a root is never stranded
-        # Walk up from `start` until a verdict: `chain` is the path walked (by position: a
-        # membership test is one lookup, however deep the chain), `culprits` the members
-        # that are themselves the problem (a cycle's members, or the orphan).
-        chain: dict[ProcedureId, int] = {}
-        culprits: set[ProcedureId] = set()
-        first: ProcedureId | None = None
-        reason: str | None = None
-        pid = start
-        while True:
-            if pid in settled:
-                break
-            if pid in stranded:
-                first, culprits, reason = pid, {pid}, stranded[pid]
-                break
-            if pid in chain:
-                cycle = list(chain)[chain[pid] :]
-                first, culprits, reason = pid, set(cycle), _cycle_reason(cycle)
-                break
-            chain[pid] = len(chain)
-            parent = parent_of[pid]
-            if parent is None:
-                break
-            if parent not in parent_of:
-                if parent not in alive and pid not in loaded.rollback_messages:
-                    reason = f"orphaned subprocedure: its parent {parent} has no unfinished state"
-                    first, culprits = pid, {pid}
-                break
-            pid = parent
+    reasons: dict[ProcedureId, str] = {}  # by culprit: a cycle's is logged once
+    for pid, stuck in stuck_chains(parent_of, orphaned).items():
+        reason = reasons.get(stuck.culprit)
         if reason is None:
-            settled.update(chain)
-            continue
-        for member in chain:
-            stranded[member] = reason if member in culprits else f"its ancestor {first} cannot run: {reason}"
+            if stuck.cycle:
+                reason = _cycle_reason(list(stuck.cycle))
+            else:
+                reason = f"orphaned subprocedure: its parent {parent_of[stuck.culprit]} has no unfinished state"
+            reasons[stuck.culprit] = reason
+        stranded[pid] = reason if pid in stuck.blamed else f"its ancestor {stuck.culprit} cannot run: {reason}"
     return stranded
 
 
@@ -565,10 +544,10 @@ def _adopt_children(ctx: ManagerContext, root: ProcedureId, loaded: ProcedureMes
     def unknown_children(pid: ProcedureId) -> list[ProcedureId]:
         return [child for child in children.get(pid, ()) if not ctx.is_known(child)]
 
-    for pid, parent in walk([root], unknown_children).items():
-        if parent is not None:
-            ctx.recovered.messages[pid] = stored[pid]
-            ctx.recovered.add_child(parent, pid)
+    for pid in descendants(root, unknown_children):
+        message, rolling_back = stored[pid]
+        ctx.recovered.messages[pid] = (message, rolling_back)
+        ctx.recovered.add_child(message.parent_id or root, pid)
 
 
 def _warn_deleting(ids: list[ProcedureId], why: str) -> None:

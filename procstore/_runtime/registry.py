@@ -1,4 +1,5 @@
-"""`Registry`: the metadata of every procedure a term knows, and the one walk of its graph."""
+"""`Registry`: the metadata of every procedure a term knows, and the walks of its tree
+(`procstore.store.tree`'s, the one walk of parent links)."""
 
 from __future__ import annotations
 
@@ -12,27 +13,9 @@ from procstore.ids import ProcedureId
 from procstore.lock_key import NO_KEYS, LockKey
 from procstore.procedure import Procedure
 from procstore.state import ProcedureState, ProcedureStateKind
+from procstore.store.tree import descendants, reachable
 
 Edges = Callable[[ProcedureId], Iterable[ProcedureId]]
-
-
-def walk(starts: Iterable[ProcedureId], edges: Edges) -> dict[ProcedureId, ProcedureId | None]:
-    """Every procedure reachable from `starts` along `edges`, breadth first, each once (stored
-    parent links can form a cycle: a corrupt or hand-edited store), mapped to the procedure
-    it was first reached from (None for a start). The dict's order is the visiting order."""
-    came_from: dict[ProcedureId, ProcedureId | None] = {}
-    queue: deque[ProcedureId] = deque()
-    for start in starts:
-        if start not in came_from:
-            came_from[start] = None
-            queue.append(start)
-    while queue:
-        pid = queue.popleft()
-        for nxt in edges(pid):
-            if nxt not in came_from:
-                came_from[nxt] = pid
-                queue.append(nxt)
-    return came_from
 
 
 class Registry:
@@ -152,10 +135,10 @@ class Registry:
 
     def tree_ids(self, root: ProcedureId) -> list[ProcedureId]:
         """The root and every descendant, in memory or only in the store, root first."""
-        return list(walk([root], self.children))
+        return reachable(root, self.children)
 
     def descendants(self, procedure_id: ProcedureId) -> list[ProcedureId]:
-        return self.tree_ids(procedure_id)[1:]
+        return descendants(procedure_id, self.children)
 
     def ancestors(self, meta: ProcedureMeta) -> list[ProcedureMeta]:
         out: list[ProcedureMeta] = []
@@ -169,7 +152,7 @@ class Registry:
         """The first of `children` that is `parent` itself or waits for it through its own
         unfinished subprocedures (an ancestor, say): waiting for it would never end."""
         for child in children:
-            if parent in walk([child], self._waits_for_children):
+            if parent in reachable(child, self._waits_for_children):
                 return child
         return None
 

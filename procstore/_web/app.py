@@ -46,12 +46,12 @@ from procstore._web.links import procedure_link
 from procstore.errors import StoreError
 from procstore.ids import ProcedureId
 from procstore.store import open_state_store
+from procstore.store.folder import StoredStatus
 from procstore.store.history import HistoryRecord, HistoryStore
 from procstore.store.inventory import (
     ENDINGS,
     Inventory,
     StoredProcedure,
-    StoredStatus,
     endings,
     read_history,
     read_inventory,

@@ -8,17 +8,18 @@ whoever wrote it (GreptimeDB or procstore).
 from __future__ import annotations
 
 import asyncio
-import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from procstore._logs import get_logger
 from procstore._text import valid_unicode
 from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
+from procstore.store.folder import ProcedureKeys, StoredStatus, decode_or_problem, ended_as, latest_first
 from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_of_dir
-from procstore.store.message import MessageDecodeError, ProcedureMessage
+from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
+from procstore.store.tree import descendants, reachable, stuck_chains
 
 logger = get_logger("procstore.store")
 
@@ -29,33 +30,6 @@ Progress = Callable[[int, int], None]
 """Called with (values read so far, values to read)."""
 
 
-class StoredStatus(enum.StrEnum):
-    """A procedure's status as its keys tell it (the latest-step rule)."""
-
-    UNFINISHED = "unfinished"
-    """Highest key `.step`: the next start resumes it."""
-    COMMITTED = "committed"
-    """Highest key `.commit`: finished; its keys are waiting to be deleted."""
-    ROLLING_BACK = "rolling back"
-    """Highest key `.rollback`: failed; the next start (re)runs its rollback."""
-    FAILED = "failed"
-    """Highest key `.commit` above a `.rollback`: it failed and ended, its rollback (if it
-    has one) run to its end. The keys do not say whether it had a rollback: a procedure
-    that rolled back and one without rollback (kept by `keep_failed`) are stored alike."""
-    ROLLED_BACK = "failed"
-    """The former name of `FAILED` (an alias)."""
-    UNREADABLE = "unreadable"
-    """Its highest value cannot be decoded: recovery skips it and leaves it alone."""
-    PARENT_CYCLE = "parent cycle"
-    """Its parent links form a cycle (a corrupt or hand-edited store): nothing resumes it."""
-
-
-_STATUS_OF_LATEST = {
-    KeyType.STEP: StoredStatus.UNFINISHED,
-    KeyType.COMMIT: StoredStatus.COMMITTED,
-    KeyType.ROLLBACK: StoredStatus.ROLLING_BACK,
-}
-
 ENDINGS = {
     StoredStatus.COMMITTED: "committed: the procedure finished",
     StoredStatus.FAILED: "failed: the procedure failed and ended; its rollback, if it has one, ran to its end",
@@ -64,14 +38,9 @@ ENDINGS = {
 the web page and the status `ls` and `tree` print."""
 
 
-def status_of_keys(keys: Sequence[ParsedKey]) -> StoredStatus:
-    """The status these keys (oldest first) tell: the latest-step rule, with a `.commit` above
-    a `.rollback` being `FAILED`."""
-    status = _STATUS_OF_LATEST[keys[-1].key_type]
-    readable = [k for k in keys if k.key_type is not KeyType.COMMIT]
-    if status is StoredStatus.COMMITTED and readable and readable[-1].key_type is KeyType.ROLLBACK:
-        return StoredStatus.FAILED
-    return status
+def status_of_keys(keys: Iterable[ParsedKey]) -> StoredStatus:
+    """The status these keys tell (`ProcedureKeys.status`)."""
+    return ProcedureKeys.of((k.step, k.key_type) for k in keys).status
 
 
 @dataclass(slots=True)
@@ -156,36 +125,17 @@ class Inventory:
 
     def ancestors(self, p: StoredProcedure) -> list[StoredProcedure]:
         """Its parent, grandparent... as stored, nearest first (each once: a cycle ends the walk)."""
-        out: list[StoredProcedure] = []
-        seen = {p.procedure_id}
-        current = p
-        while current.parent_id is not None and current.parent_id not in seen:
-            parent = self.procedures.get(current.parent_id)
-            if parent is None:
-                break
-            out.append(parent)
-            seen.add(parent.procedure_id)
-            current = parent
-        return out
+        chain = reachable(p.procedure_id, self._stored_parent)
+        return [self.procedures[pid] for pid in chain[1:]]
+
+    def _stored_parent(self, procedure_id: ProcedureId) -> list[ProcedureId]:
+        parent = self.procedures[procedure_id].parent_id
+        return [parent] if parent is not None and parent in self.procedures else []
 
     def descendants(self, procedure_id: ProcedureId) -> list[StoredProcedure]:
-        """Children, grandchildren... of a procedure, deepest first (each once, cycles too).
-        Iterative: a chain thousands deep is as easy as a wide tree."""
-        out: list[StoredProcedure] = []
-        seen = {procedure_id}
-        # (procedure, its children not yet visited): a depth-first walk, children before parents.
-        stack = [(procedure_id, iter(self.procedures[procedure_id].children))]
-        while stack:
-            pid, pending = stack[-1]
-            child_id = next((c for c in pending if c not in seen), None)
-            if child_id is None:
-                stack.pop()
-                if stack:
-                    out.append(self.procedures[pid])
-                continue
-            seen.add(child_id)
-            stack.append((child_id, iter(self.procedures[child_id].children)))
-        return out
+        """Children, grandchildren... of a procedure, deepest first (each once, cycles too)."""
+        below = descendants(procedure_id, lambda pid: self.procedures[pid].children)
+        return [self.procedures[pid] for pid in reversed(below)]
 
     def collectable(self) -> list[StoredProcedure]:
         """Committed procedures a manager would delete: those without a live parent. One
@@ -239,11 +189,11 @@ def _procedures_of(
     procedures: dict[ProcedureId, StoredProcedure] = {}
     to_read: list[_Latest] = []
     for pid, found in grouped.steps.items():
-        keys = sorted((ParsedKey(prefix, pid, step, kind) for step, kind in found), key=_order)
-        procedure = procedures[pid] = StoredProcedure(pid, keys, status_of_keys(keys), modified.get(str(keys[-1])))
-        readable = [k for k in keys if k.key_type is not KeyType.COMMIT]
-        if readable:
-            to_read.append((procedure, readable[-1]))
+        keys = [ParsedKey(prefix, pid, step, kind) for step, kind in sorted(found, key=latest_first)]
+        folder = ProcedureKeys.of(found)
+        procedure = procedures[pid] = StoredProcedure(pid, keys, folder.status, modified.get(str(keys[-1])))
+        if folder.newest_message is not None:
+            to_read.append((procedure, ParsedKey(prefix, pid, *folder.newest_message)))
     return procedures, to_read, grouped.others
 
 
@@ -252,10 +202,11 @@ def _decode_latest(to_read: list[_Latest], values: Sequence[bytes | Exception | 
     type and parent an earlier message may tell."""
     unreadable: list[_Latest] = []
     for (procedure, key), raw in zip(to_read, values, strict=True):
-        try:
-            procedure.message = _decode(raw)
-        except MessageDecodeError as e:
-            procedure.problem = f"{key}: {e}"
+        read = decode_or_problem(raw)
+        if isinstance(read, ProcedureMessage):
+            procedure.message = read
+        else:
+            procedure.problem = f"{key}: {read}"
             if not procedure.is_finished:  # finished is finished, readable or not
                 procedure.status = StoredStatus.UNREADABLE
             unreadable.append((procedure, key))
@@ -278,26 +229,13 @@ _CYCLE_SHOWN = 6
 
 def _flag_parent_cycles(procedures: dict[ProcedureId, StoredProcedure]) -> set[ProcedureId]:
     """Mark every procedure whose parent links loop back to it; returns one member of each
-    cycle. Linear: each procedure has one parent, so one walk from each procedure not yet
-    seen stops at a procedure seen before, and closes a cycle only if that one is on the
-    walk itself."""
-    entries: set[ProcedureId] = set()
-    done: set[ProcedureId] = set()
-    for start in procedures.values():
-        walk: dict[ProcedureId, int] = {}  # the ids of this walk, by position
-        current: StoredProcedure | None = start
-        while current is not None and current.procedure_id not in done and current.procedure_id not in walk:
-            walk[current.procedure_id] = len(walk)
-            parent = current.parent_id
-            current = procedures.get(parent) if parent is not None else None
-        if current is not None and current.procedure_id in walk:
-            order = list(walk)
-            cycle = order[walk[current.procedure_id] :]
-            entries.add(cycle[0])
-            for at, pid in enumerate(cycle):
-                _mark_cycle(procedures[pid], cycle, at)
-        done.update(walk)
-    return entries
+    cycle (where the walk that found it met it first)."""
+    parent_of = {pid: p.parent_id for pid, p in procedures.items()}
+    cycles = {stuck.culprit: list(stuck.cycle) for stuck in stuck_chains(parent_of).values()}
+    for cycle in cycles.values():
+        for at, pid in enumerate(cycle):
+            _mark_cycle(procedures[pid], cycle, at)
+    return set(cycles)
 
 
 def _mark_cycle(procedure: StoredProcedure, cycle: list[ProcedureId], at: int) -> None:
@@ -321,9 +259,8 @@ async def read_history(
     grouped = KeysByProcedure.group(store.proc_path, modified)
     for other in grouped.others:
         logger.warning("not a procedure key, ignored: %s", valid_unicode(other))
-    keys = sorted(
-        (ParsedKey(store.proc_path, procedure_id, s, k) for s, k in grouped.steps.get(procedure_id, [])), key=_order
-    )
+    found = sorted(grouped.steps.get(procedure_id, []), key=latest_first)
+    keys = [ParsedKey(store.proc_path, procedure_id, step, kind) for step, kind in found]
     values = await store.store.get_many([str(k) for k in keys])
     # Off the event loop: a procedure's steps can be megabytes each.
     return await asyncio.to_thread(_history_of, keys, values, modified)
@@ -337,10 +274,11 @@ def _history_of(
         if key.key_type is KeyType.COMMIT:
             history.append((key, modified.get(str(key)), None, None))
             continue
-        try:
-            history.append((key, modified.get(str(key)), _decode(raw), None))
-        except MessageDecodeError as e:
-            history.append((key, modified.get(str(key)), None, str(e)))
+        read = decode_or_problem(raw)
+        if isinstance(read, ProcedureMessage):
+            history.append((key, modified.get(str(key)), read, None))
+        else:
+            history.append((key, modified.get(str(key)), None, read))
     return history
 
 
@@ -356,32 +294,20 @@ def endings(history: Sequence[tuple[ParsedKey, object, object, object]]) -> list
             below = key.key_type
             out.append(None)
         else:
-            out.append(StoredStatus.FAILED if below is KeyType.ROLLBACK else StoredStatus.COMMITTED)
+            out.append(ended_as(below))
     return out
-
-
-def _order(key: ParsedKey) -> tuple[int, bool]:
-    return key.step, key.key_type.is_terminal
-
-
-def _decode(raw: bytes | Exception | None) -> ProcedureMessage:
-    if raw is None:
-        raise MessageDecodeError("the key vanished while it was being read (deleted meanwhile?)")
-    if isinstance(raw, Exception):
-        raise MessageDecodeError(f"cannot be read: {type(raw).__name__}: {raw}")
-    return ProcedureMessage.decode(raw)
 
 
 async def _earlier_message(
     store: ProcedureStore, procedure: StoredProcedure, failed: ParsedKey
 ) -> ProcedureMessage | None:
     """The newest readable message before `failed`, for the type and parent of an unreadable procedure."""
-    earlier = [k for k in procedure.keys if k.key_type is not KeyType.COMMIT and _order(k) < _order(failed)]
+    below = procedure.keys[: procedure.keys.index(failed)]
+    earlier = [k for k in below if k.key_type is not KeyType.COMMIT]
     for key in reversed(earlier[-3:]):  # a few tries: enough for a torn last write
-        try:
-            return _decode(await store.store.get(str(key)))
-        except MessageDecodeError:
-            continue
+        read = decode_or_problem(await store.store.get(str(key)))
+        if isinstance(read, ProcedureMessage):
+            return read
     return None
 
 

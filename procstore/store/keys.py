@@ -130,7 +130,7 @@ class KeysByProcedure:
                 name = key[slash + 1 :]
                 parsed = names.get(name, _UNSEEN)
                 if parsed is _UNSEEN:
-                    parsed = names[name] = _parse_name(name)
+                    parsed = names[name] = parse_key_name(name)
                 if parsed is not None:
                     if not same_folder:
                         id_text = key[start:slash]
@@ -173,7 +173,7 @@ def key_text(prefix: str, procedure_id: ProcedureId, step: int, key_type: KeyTyp
 _SUFFIXES = {kt: f".{kt.value}" for kt in KeyType}
 
 
-def _parse_name(name: str) -> StepAndType | None:
+def parse_key_name(name: str) -> StepAndType | None:
     """`(step, key_type)` of a key's last part, `{digits}.{type}`; `None` for any other."""
     step_text, dot, type_text = name.partition(".")
     if (
@@ -225,7 +225,7 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
     """Each procedure's latest key, read off a sorted listing of canonical keys only; `None`
     for any other listing (unsorted, a key of another shape, a step of more than ten digits
     or above `MAX_STEP`), which `KeysByProcedure.group` then reads. The answers are `group`'s
-    and `_latest`'s.
+    and `ProcedureKeys.of`'s (`procstore.store.folder`), as `tests/store/test_folder.py` checks.
     Without `lowest`, every lowest step is given as 0 (not looked for).
 
     Recovery lists every key of every procedure but needs only each one's latest: on a
@@ -269,7 +269,7 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
 
 def _highest_below_commit(keys: Sequence[str], at: int, first: int, digits_end: int) -> str | None:
     """The highest key that is not a commit in the folder whose run of `keys` begins at
-    `first`, a rollback over a step at one step (`_latest_first`), for the commit at `at`:
+    `first`, a rollback over a step at one step (`folder.latest_first`), for the commit at `at`:
     the key after the commit at its step, or a walk back past any other commit."""
     if at + 1 < len(keys) and keys[at + 1].startswith(keys[at][:digits_end]):  # its rollback or step
         return keys[at + 1]

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from procstore._aio import run_blocking
 from procstore.errors import ListingIncomplete, describe
+from procstore.ids import ProcedureId
 from procstore.store.durable import create_exclusively, fsync_dir, make_dirs, write_all
 from procstore.store.errors import store_errors, unavailable
 from procstore.store.io_threads import Cleanups, IoThreads
@@ -502,7 +503,7 @@ class LocalDirStore(StateStore):
                     elif name.startswith(LOCK_PREFIX) and not (here / name[len(LOCK_PREFIX) :]).exists():
                         found.stray_locks.append(key)
         for directory, modified in sorted(ages.items()):
-            if _is_id(directory.name) and directory.is_dir() and _is_empty(directory):
+            if ProcedureId.parse_canonical(directory.name) is not None and directory.is_dir() and _is_empty(directory):
                 key = f"{directory.relative_to(self.root).as_posix()}/"
                 (found.old_empty_folders if modified < cutoff else found.young_empty_folders).append(key)
                 if modified < cutoff and remove:
@@ -550,10 +551,3 @@ def _is_empty(folder: Path) -> bool:
 def _errors_named(op: str, url: str, key: str, fn: Callable[..., T], args: tuple[object, ...]) -> T:
     with store_errors(op, url, key):
         return fn(*args)
-
-
-def _is_id(name: str) -> bool:
-    try:
-        return str(uuid.UUID(name)) == name
-    except ValueError:
-        return False

@@ -2,7 +2,8 @@
 
 Byte-compatible with GreptimeDB's serde encoding: fields in the order
 `type_name, data, parent_id, step[, error][, run]`, compact separators, `error` left out
-when there is none. Readers accept unknown extra fields and a missing `error`.
+when there is none. Readers accept a missing `error`, and keep the fields they do not know
+(GreptimeDB's `context`, say) in `extra`, which `encode` writes back after the others.
 
 `run` is procstore's: which run of the procedure id wrote the message (a submit is run 1,
 each resume or rewind starts the next). It is left out for run 1, so a procedure that was
@@ -53,9 +54,13 @@ class ProcedureMessage:
     """The run that wrote it: 1 for a submit (and for a message without the field, written
     before runs were stored), one more for each resume or rewind. A child is created in its
     parent's run, so a run number never repeats for one id."""
+    extra: bytes = b""
+    """The fields of the stored message that procstore does not know, as the members of a
+    JSON object (`"context":{...}`), each value's bytes as stored: written back on every key
+    procstore writes for the procedure, so that what another writer added is never lost."""
 
     def encode(self) -> bytes:
-        """The exact bytes GreptimeDB would write for this message."""
+        """The exact bytes GreptimeDB would write for this message (its known fields first)."""
         obj: dict[str, Any] = {
             "type_name": self.type_name,
             "data": self.data,
@@ -69,7 +74,10 @@ class ProcedureMessage:
         # orjson hands back its whole output buffer (4 KiB at the least) as the bytes object:
         # a store that keeps the value (memory://, mem://) held 4 KiB per key, most of the
         # memory of a procedure waiting in its step. A copy is exactly as long as the value.
-        return bytes(memoryview(orjson.dumps(obj)))
+        encoded = orjson.dumps(obj)
+        if self.extra:
+            return b"".join((memoryview(encoded)[:-1], b",", self.extra, b"}"))
+        return bytes(memoryview(encoded))
 
     @classmethod
     def decode(cls, raw: bytes) -> ProcedureMessage:
@@ -78,14 +86,15 @@ class ProcedureMessage:
         if not raw:
             raise MessageDecodeError("the value is empty (a truncated or torn write?)")
         try:
-            # Straight into the dataclass (recovery decodes thousands); any value it refuses,
-            # or a step out of range, is decoded again below for the error saying why.
-            message = _direct_decoder.decode(raw)
+            # One pass for a value of known fields only (recovery decodes thousands); any value
+            # it refuses (a field it does not know, a step out of range) is decoded again
+            # below, for its unknown fields or the error saying why.
+            direct = _direct_decoder.decode(raw)
         except (msgspec.ValidationError, *UNDECODABLE):
             pass
         else:
-            if 0 <= message.step <= _U32_MAX and 1 <= message.run <= _U32_MAX and cls is ProcedureMessage:
-                return message
+            if 0 <= direct.step <= _U32_MAX and 1 <= direct.run <= _U32_MAX and cls is ProcedureMessage:
+                return _message_of(direct)
         try:
             stored = _decoder.decode(raw)
         except msgspec.ValidationError as e:
@@ -100,7 +109,21 @@ class ProcedureMessage:
                 parent_id = ProcedureId.parse(stored.parent_id)
             except ValueError as e:
                 raise MessageDecodeError(f"the value is not a procedure message: {e} - at `$.parent_id`") from None
-        return cls(stored.type_name, stored.data, parent_id, stored.step, stored.error, stored.run)
+        return cls(
+            stored.type_name, stored.data, parent_id, stored.step, stored.error, stored.run, _unknown_fields(raw)
+        )
+
+
+def _unknown_fields(raw: bytes) -> bytes:
+    """The members of the stored object that are not `ProcedureMessage`'s, each value's
+    bytes exactly as stored (a number, a string or a nested object is never read and
+    written again, so it comes back as it was)."""
+    try:
+        fields = _members_decoder.decode(raw)
+    except UNDECODABLE as e:
+        raise MessageDecodeError(f"the value is not JSON ({e})") from None
+    unknown = (orjson.dumps(name) + b":" + bytes(value) for name, value in fields.items() if name not in _KNOWN_FIELDS)
+    return b",".join(unknown)
 
 
 class _StoredMessage(msgspec.Struct, kw_only=True):
@@ -124,5 +147,36 @@ def _procedure_id(type_: type, text: Any) -> Any:
     raise NotImplementedError(type_)
 
 
-_direct_decoder = msgspec.json.Decoder(ProcedureMessage, dec_hook=_procedure_id)
-"""Every field present (`parent_id` too, as GreptimeDB writes it): the message in one pass."""
+class _KnownFieldsOnly(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """Every field present (`parent_id` too, as GreptimeDB writes it) and no other."""
+
+    type_name: str
+    data: str
+    parent_id: ProcedureId | None
+    step: int
+    error: str | None = None
+    run: int = 1
+
+
+_KNOWN_FIELDS = frozenset(_KnownFieldsOnly.__struct_fields__)
+_set_type_name, _set_data, _set_parent_id, _set_step, _set_error, _set_run, _set_extra = (
+    vars(ProcedureMessage)[name].__set__ for name in ("type_name", "data", "parent_id", "step", "error", "run", "extra")
+)
+
+
+def _message_of(known: _KnownFieldsOnly) -> ProcedureMessage:
+    """The message of a value with known fields only, its slots filled directly: the frozen
+    dataclass's `__init__` costs as much again as the decoding (recovery decodes thousands)."""
+    message = object.__new__(ProcedureMessage)
+    _set_type_name(message, known.type_name)
+    _set_data(message, known.data)
+    _set_parent_id(message, known.parent_id)
+    _set_step(message, known.step)
+    _set_error(message, known.error)
+    _set_run(message, known.run)
+    _set_extra(message, b"")
+    return message
+
+
+_members_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_direct_decoder = msgspec.json.Decoder(_KnownFieldsOnly, dec_hook=_procedure_id)

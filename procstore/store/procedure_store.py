@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import operator
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +19,7 @@ from procstore._bulk import collector_paused
 from procstore._logs import get_logger, procedure_fields
 from procstore.errors import Fenced, ListingIncomplete, StoreError
 from procstore.ids import ProcedureId
+from procstore.store.folder import ProcedureKeys, decode_or_problem, latest_first, latest_key
 from procstore.store.keys import (
     MAX_STEP,
     PROC_PATH,
@@ -33,7 +33,7 @@ from procstore.store.keys import (
     procedure_dir,
     procedure_of_dir,
 )
-from procstore.store.message import MessageDecodeError, ProcedureMessage
+from procstore.store.message import ProcedureMessage
 from procstore.store.requests import RESUME_PATH, RequestStore
 from procstore.store.state_store import StateStore
 
@@ -146,6 +146,15 @@ class ProcedureStore:
         step 0 (`ProcedureMessages.stray_ids`) and deletes empty latest keys (torn creates).
         Only managers sharing a store by lease leave those; a single manager reports them as
         usual (a store written by hand, say)."""
+        self.unknown_fields: dict[ProcedureId, bytes] = {}
+        """The message fields procstore does not know (`ProcedureMessage.extra`) of each
+        procedure read that has any, written back on every message written for it after:
+        what another writer (GreptimeDB's `context`) added survives procstore's writes."""
+
+    def keep_unknown_fields(self, procedure_id: ProcedureId, message: ProcedureMessage) -> None:
+        """Write `message`'s unknown fields back on every later message of the procedure."""
+        if message.extra:
+            self.unknown_fields[procedure_id] = message.extra
 
     def key(self, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
         return key_text(self.proc_path, procedure_id, step, key_type)
@@ -163,7 +172,9 @@ class ProcedureStore:
 
         Not a coroutine of its own (one frame fewer in every step's write): the key and the
         bytes are made at the call, the write when the coroutine it returns is awaited."""
-        message = ProcedureMessage(type_name, data, parent_id, step, None, run)
+        message = ProcedureMessage(
+            type_name, data, parent_id, step, None, run, self.unknown_fields.get(procedure_id, b"")
+        )
         return self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.STEP), message.encode())
 
     async def _create(self, key: str, value: bytes) -> bool:
@@ -192,7 +203,8 @@ class ProcedureStore:
         Returns `False` if that key already holds something else. A value equal to ours
         counts as written: it is our own earlier write whose answer was lost.
         """
-        value = ProcedureMessage(type_name, data, parent_id, 0, None, run).encode()
+        extra = self.unknown_fields.get(procedure_id, b"")
+        value = ProcedureMessage(type_name, data, parent_id, 0, None, run, extra).encode()
         return await self._create(self.key(procedure_id, 0, KeyType.STEP), value)
 
     async def create_submitted(self, procedure_id: ProcedureId, type_name: str, data: str) -> bool | None:
@@ -211,8 +223,11 @@ class ProcedureStore:
         return self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.COMMIT), b"")
 
     async def rollback_procedure(self, procedure_id: ProcedureId, message: ProcedureMessage) -> None:
-        """Mark the procedure failed: `{message.step}.rollback` holding `message` (with `error`)."""
+        """Mark the procedure failed: `{message.step}.rollback` holding `message` (with `error`,
+        and the procedure's unknown fields if `message` has none of its own)."""
         key = self.key(procedure_id, message.step, KeyType.ROLLBACK)
+        if not message.extra and (extra := self.unknown_fields.get(procedure_id)):
+            message = dataclasses.replace(message, extra=extra)
         await self._create_or_fence(procedure_id, key, message.encode())
 
     async def holds_keys(self, procedure_id: ProcedureId) -> bool:
@@ -256,26 +271,26 @@ class ProcedureStore:
         `procstore delete`).
         """
         folder = procedure_dir(self.proc_path, procedure_id)
-        if keys is not None:
-            await self.store.delete_in_order(*_deletion_stages(keys), folder)
-            return
-        keys_found = await self.store.walk(folder)
-        if not everything and await self._later_run_in(keys_found, through_step):
-            logger.info(
-                "procedure %s runs again (a later run's keys are in its folder): its keys stay",
-                procedure_id,
-                extra=procedure_fields(procedure_id),
-            )
-            return
-        found: list[ParsedKey] = []
-        for key in keys_found:
-            parsed = ParsedKey.parse(self.proc_path, key)
-            if parsed is None:
-                about = procedure_fields(procedure_id)
-                logger.warning("unknown key while deleting procedure %s: %s", procedure_id, key, extra=about)
-            else:
-                found.append(parsed)
-        await self.store.delete_in_order(*_deletion_stages(found), folder)
+        if keys is None:
+            listed = await self.store.walk(folder)
+            if not everything and await self._later_run_in(listed, through_step):
+                logger.info(
+                    "procedure %s runs again (a later run's keys are in its folder): its keys stay",
+                    procedure_id,
+                    extra=procedure_fields(procedure_id),
+                )
+                return
+            keys = [parsed for key in listed if (parsed := self._parsed_or_warned(procedure_id, key)) is not None]
+        if through_step is None:
+            self.unknown_fields.pop(procedure_id, None)
+        await self.store.delete_in_order(*_deletion_stages(keys), folder)
+
+    def _parsed_or_warned(self, procedure_id: ProcedureId, key: str) -> ParsedKey | None:
+        parsed = ParsedKey.parse(self.proc_path, key)
+        if parsed is None:
+            about = procedure_fields(procedure_id)
+            logger.warning("unknown key while deleting procedure %s: %s", procedure_id, key, extra=about)
+        return parsed
 
     async def _later_run_in(self, keys: Sequence[str], through_step: int | None) -> bool:
         """Whether a listed key belongs to a run after the one being deleted (see
@@ -285,11 +300,12 @@ class ProcedureStore:
             return any(p.step > through_step for p in parsed)
         top = max((p.step for p in parsed if p.key_type is KeyType.COMMIT), default=None)
         above = [p for p in parsed if top is not None and p.step > top]
-        below = max((p for p in parsed if top is not None and p.step < top), key=lambda p: p.step, default=None)
         if top is None or not above:
             return False
-        if below is None:
+        under = [p for p in parsed if p.step < top]
+        if not under:
             return True  # which run the keys above are cannot be told: they stay
+        below = latest_key(under)
         runs = [_run_of(v) for v in await self._read_all([str(below), *(str(p) for p in above)])]
         return runs[0] is None or any(run is None or run > runs[0] for run in runs[1:])
 
@@ -423,14 +439,14 @@ class ProcedureStore:
         latest_of: dict[ProcedureId, StepAndType] = {}
         stray: list[ProcedureId] = []
         below_commit: dict[ProcedureId, StepAndType] = {}
-        for pid, latest, latest_key, below, below_key, lowest in self._each_latest(keys):
+        for pid, latest, latest_text, below, below_key, lowest in self._each_latest(keys):
             step, key_type = latest
             if self.skip_strays and key_type is not KeyType.COMMIT and step > 0 and lowest > 0:
                 stray.append(pid)  # read all the same: its run decides (`_set_strays_apart`)
             latest_of[pid] = latest
             if key_type is not KeyType.COMMIT:
                 to_read.append((pid, step, key_type))
-                texts.append(latest_key)
+                texts.append(latest_text)
             elif below is not None:
                 # A finished procedure's parent, type and outcome are in its highest message
                 # below the commit: a `.step` (it succeeded) or a `.rollback` (it rolled back).
@@ -452,12 +468,9 @@ class ProcedureStore:
             )
         out: list[FolderLatest] = []
         for pid, found in grouped.steps.items():
-            latest = _latest(found)
-            below = None
-            if latest[1] is KeyType.COMMIT:
-                below = max((k for k in found if k[1] is not KeyType.COMMIT), key=_latest_first, default=None)
-            lowest = min(found, key=_STEP)[0] if self.skip_strays else 0
-            out.append((pid, latest, self.key(pid, *latest), below, None, lowest))
+            folder = ProcedureKeys.of(found)
+            lowest = folder.lowest if self.skip_strays else 0
+            out.append((pid, folder.latest, self.key(pid, *folder.latest), folder.below_commit, None, lowest))
         return out
 
     def _classify(
@@ -522,16 +535,11 @@ class ProcedureStore:
         if raw is None:
             logger.info("key %s vanished while loading (deleted by another manager?)", self.key(*key))
             return None
-        if isinstance(raw, Exception):
-            reason = f"cannot be read: {type(raw).__name__}: {raw}"
-        else:
-            try:
-                message = ProcedureMessage.decode(raw)
-            except MessageDecodeError as e:
-                reason = f"is not a valid procedure message: {e}"
-            else:
-                # The key decides the step: resuming writes at key step + 1, never over a key.
-                return message if message.step == key[1] else dataclasses.replace(message, step=key[1])
+        read = decode_or_problem(raw, key[1])
+        if isinstance(read, ProcedureMessage):
+            self.keep_unknown_fields(key[0], read)
+            return read
+        reason = read
         if finished:
             reason += " (the procedure finished, but whose subprocedure it was is unknown, so its keys are kept)"
         self._report(key, reason, problems)
@@ -545,44 +553,23 @@ class ProcedureStore:
 
 _Key = tuple[ProcedureId, int, KeyType]
 """A key while loading, as its parts: formatted (`ProcedureStore.key`) only to be read or reported."""
-_STEP = operator.itemgetter(0)
-
-
-def _latest(found: list[StepAndType]) -> StepAndType:
-    """The latest-step rule (`_latest_first`) over one procedure's keys, in C for the usual
-    case: the highest step, and at that step a commit or rollback over a step (the first
-    listed, if both are there)."""
-    top = max(found, key=_STEP)
-    if top[1] is KeyType.STEP and len(found) > 1:
-        ties = [found.index(t) for t in ((top[0], KeyType.COMMIT), (top[0], KeyType.ROLLBACK)) if t in found]
-        if ties:
-            return found[min(ties)]
-    return top
-
-
-def _latest_first(key: StepAndType) -> tuple[int, bool]:
-    """The latest-step rule: the highest step wins, and at the same step a commit or rollback."""
-    return key[0], key[1] is not KeyType.STEP
 
 
 def _run_of(value: bytes | Exception | None) -> int | None:
     """The run of a stored message; None if it cannot be read."""
-    if not isinstance(value, bytes):
-        return None
-    try:
-        return ProcedureMessage.decode(value).run
-    except MessageDecodeError:
-        return None
+    read = decode_or_problem(value)
+    return read.run if isinstance(read, ProcedureMessage) else None
 
 
 def _deletion_stages(keys: Sequence[ParsedKey]) -> tuple[list[str], list[str]]:
     """The keys a deletion removes at once, then those it removes one at a time, in order:
-    every `.step`, then the terminal keys from the lowest (a `.rollback` before the `.commit`
-    above it). Where the folder holds an earlier run's end too (more than one `.commit`), all
+    every `.step`, then the terminal keys from the lowest by the latest-step rule (a
+    `.rollback` before the `.commit` above it or at its step): what is left reads as
+    finished. Where the folder holds an earlier run's end too (more than one `.commit`), all
     but the highest `.commit` and the key right below it go first: that key says how the
     last run ended, and an earlier run's `.rollback` left alone beside it would say rolled
     back."""
-    ordered = sorted(keys, key=lambda k: (k.step, k.key_type is KeyType.COMMIT))
+    ordered = sorted(keys, key=lambda k: latest_first((k.step, k.key_type)))
     commits = [k for k in ordered if k.key_type is KeyType.COMMIT]
     if len(commits) > 1:
         at = ordered.index(commits[-1])

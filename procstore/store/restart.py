@@ -30,9 +30,10 @@ from datetime import UTC, datetime
 
 from procstore.errors import Fenced, LeaseExpired, ProcedureError
 from procstore.ids import ProcedureId
+from procstore.store.folder import ProcedureKeys, StoredStatus, decode_or_problem
 from procstore.store.history import History, HistoryStore, iso, record_from_keys
 from procstore.store.keys import MAX_STEP, KeyType, ParsedKey, procedure_dir
-from procstore.store.message import MessageDecodeError, ProcedureMessage
+from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
 
 
@@ -81,35 +82,31 @@ async def plan_restart(store: ProcedureStore, procedure_id: ProcedureId, to_step
             f"procedure {procedure_id} is not in the store: it never existed, or it ended and its keys were "
             "deleted (managers keep a failed procedure's keys with keep_failed=True)"
         )
-    ordered = sorted(keys, key=lambda k: (k.step, k.key_type is KeyType.COMMIT))
-    latest = ordered[-1]
+    folder = ProcedureKeys.of((k.step, k.key_type) for k in keys)
+    latest = ParsedKey(store.proc_path, procedure_id, *folder.latest)
     if latest.step >= MAX_STEP:
         raise ProcedureError(f"procedure {procedure_id} is at the highest step number a key can carry ({latest})")
     steps = {k.step: k for k in keys if k.key_type is KeyType.STEP}
-    # Only the key right below the commit says how it ended: a rewound procedure has an
+    # Only the message right below the commit says how it ended: a rewound procedure has an
     # older `.rollback` further down, from the run before.
-    failed_below = len(ordered) > 1 and ordered[-2].key_type is KeyType.ROLLBACK
-    ended = latest.key_type is KeyType.COMMIT
-    if ended and not failed_below:
+    ended = folder.status is StoredStatus.FAILED
+    if folder.status is StoredStatus.COMMITTED:
         raise ProcedureError(f"procedure {procedure_id} finished successfully ({latest}): nothing to restart")
     pending = latest.key_type is KeyType.STEP and any(
         k.step == latest.step - 1 and k.key_type is KeyType.COMMIT for k in keys
     )
+    newest = None if folder.newest_message is None else ParsedKey(store.proc_path, procedure_id, *folder.newest_message)
     if to_step is None:
         source = steps[max(steps)] if ended and steps else None
         if ended and source is None:
             raise ProcedureError(f"procedure {procedure_id} has no stored step to resume from (keys: {_listed(keys)})")
-        return RestartPlan(procedure_id, latest, source, ended, pending, _newest_message(ordered))
+        return RestartPlan(procedure_id, latest, source, ended, pending, newest)
     if to_step not in steps:
         raise ProcedureError(
             f"procedure {procedure_id} has no step {to_step} to rewind to; its stored steps: "
             f"{', '.join(map(str, sorted(steps))) or 'none'}"
         )
-    return RestartPlan(procedure_id, latest, steps[to_step], ended, pending, _newest_message(ordered))
-
-
-def _newest_message(ordered: list[ParsedKey]) -> ParsedKey | None:
-    return next((k for k in reversed(ordered) if k.key_type is not KeyType.COMMIT), None)
+    return RestartPlan(procedure_id, latest, steps[to_step], ended, pending, newest)
 
 
 async def check_restart(store: ProcedureStore, plan: RestartPlan) -> ProcedureMessage:
@@ -131,6 +128,7 @@ async def apply_restart(
     the message to run from. Raises `RestartedMeanwhile` if someone else wrote `latest + 1`
     first (and `LeaseExpired` from a manager's store that no longer leads).
     """
+    store.keep_unknown_fields(plan.procedure_id, message)
     if plan.source is None:
         return message
     step = plan.latest.step + 1
@@ -160,17 +158,17 @@ async def apply_restart(
         raise
     except Fenced as e:
         raise RestartedMeanwhile(plan.procedure_id, e.key or store.key(plan.procedure_id, step, KeyType.STEP)) from e
-    return ProcedureMessage(message.type_name, message.data, None, step, None, run)
+    return ProcedureMessage(message.type_name, message.data, None, step, None, run, message.extra)
 
 
 async def _read(store: ProcedureStore, key: ParsedKey, procedure_id: ProcedureId) -> ProcedureMessage:
     raw = await store.store.get(str(key))
     if raw is None:
         raise ProcedureError(f"procedure {procedure_id}: {key} disappeared while restarting it; try again")
-    try:
-        return ProcedureMessage.decode(raw)
-    except MessageDecodeError as e:
-        raise ProcedureError(f"procedure {procedure_id}: {key} cannot be read ({e}); rewind it to another step") from e
+    read = decode_or_problem(raw)
+    if isinstance(read, str):
+        raise ProcedureError(f"procedure {procedure_id}: {key} cannot be read ({read}); rewind it to another step")
+    return read
 
 
 def _listed(keys: list[ParsedKey]) -> str:

@@ -37,7 +37,9 @@ from procstore._runtime.lease import Lease
 from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ProcedureError, ProcedureFailed
 from procstore.ids import ProcedureId
+from procstore.store.folder import StoredStatus, latest_key
 from procstore.store.history import HISTORY_PATH, History
+from procstore.store.inventory import status_of_keys
 from procstore.store.keys import PROC_PATH, ParsedKey
 from procstore.store.memory import MemoryStore
 from procstore.store.requests import REQUESTS_PATH
@@ -366,8 +368,8 @@ class ClusterSimulation:
             return
         kind = rng.choices(["cancel", "fail", "resume", "rewind", "delete", "gc"], [25, 15, 15, 25, 8, 12])[0]
         # As an operator would: stop what runs, restart or delete what has ended; roots first.
-        ended = [pid for pid, keys in stored.items() if _latest(keys).key_type.value == "commit"]
-        running = [pid for pid, keys in stored.items() if _latest(keys).key_type.value == "step"]
+        ended = [pid for pid, keys in stored.items() if latest_key(keys).key_type.value == "commit"]
+        running = [pid for pid, keys in stored.items() if latest_key(keys).key_type.value == "step"]
         pool = ended if kind in ("resume", "rewind", "delete") else running
         pid = rng.choice([p for p in pool if p in run.model.roots] or pool or list(stored))
         via = "api" if kind in ("cancel", "resume", "rewind") and rng.random() < 0.5 else "cli"
@@ -379,7 +381,7 @@ class ClusterSimulation:
         reason = f"op#{number}"
         try:
             # A rewind goes back to a step in the middle, mostly: the first is rarely the point.
-            latest = _latest(stored[pid]).step
+            latest = latest_key(stored[pid]).step
             low, high = min(1, latest), max(latest - 2, 0)
             step = rng.randint(0, latest) if rng.random() < 0.3 else (rng.randint(low, high) if low <= high else low)
             said = await self._request(run, action, reason, step)
@@ -487,19 +489,9 @@ async def _stored(store: MemoryStore) -> dict[str, list[ParsedKey]]:
     return found
 
 
-def _kept(keys: list[ParsedKey]) -> bool:
-    """A failed procedure's keys, as `keep_failed` keeps them (a `.rollback` under the `.commit`)."""
-    ordered = sorted(keys, key=lambda k: (k.step, k.key_type.value == "commit"))
-    return len(ordered) > 1 and ordered[-2].key_type.value == "rollback"
-
-
 def _requested_id(key: str) -> str:
     """The procedure id a request's key names (`requests/ID.json`, `requests/resume/ID.json`)."""
     return key.rsplit("/", 1)[-1].removesuffix(".json")
-
-
-def _latest(keys: list[ParsedKey]) -> ParsedKey:
-    return max(keys, key=lambda k: k.step)
 
 
 async def _busy(store: MemoryStore) -> bool:
@@ -508,9 +500,9 @@ async def _busy(store: MemoryStore) -> bool:
     `.commit` alone, say: the leader deletes it once it has forgotten the procedure, or at
     its next start)."""
     stored = await _stored(store)
-    if any(_latest(keys).key_type.value != "commit" for keys in stored.values()):
+    if any(latest_key(keys).key_type.value != "commit" for keys in stored.values()):
         return True
-    if any(not _kept(keys) for keys in stored.values()):
+    if any(status_of_keys(keys) is not StoredStatus.FAILED for keys in stored.values()):
         return True
     # Any request: one whose procedure is gone is deleted by the leader's watch once it is
     # `STALE_REQUEST_AGE` old (it may be a cancel written just before its submit landed).

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from procstore.store.folder import StoredStatus, latest_key
 from procstore.store.history import HistoryRecord
+from procstore.store.inventory import status_of_keys
 from procstore.store.keys import PROC_PATH, KeyType, ParsedKey
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.testing.cluster_store import LoggedOp
@@ -274,14 +276,9 @@ def check_runs(
     for pid, keys in sorted(remaining.items()):
         if pid in model.deleted or (pid in procedures and procedures[pid].operator_deleted):
             continue
-        latest = max(keys, key=lambda k: k.step)
-        kept = (
-            model.keep_failed
-            and pid in model.roots
-            and latest.key_type is KeyType.COMMIT
-            and any(k.step == latest.step - 1 and k.key_type is KeyType.ROLLBACK for k in keys)
-        )
-        if latest.key_type is KeyType.COMMIT and not kept:
+        status = status_of_keys(keys)
+        kept = model.keep_failed and pid in model.roots and status is StoredStatus.FAILED
+        if latest_key(keys).key_type is KeyType.COMMIT and not kept:
             names = ", ".join(f"{k.step}.{k.key_type.value}" for k in sorted(keys, key=lambda k: k.step))
             problems.append(f"{pid}: keys of an ended procedure remain: {names}")
     return problems

@@ -27,7 +27,9 @@ from typing import Any
 from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ManagerStopped, ProcedureFailed
 from procstore.state import ProcedureInfo
+from procstore.store.folder import ProcedureKeys, StoredStatus
 from procstore.store.history import History, HistoryStore
+from procstore.store.keys import StepAndType, parse_key_name
 from procstore.store.memory import MemoryStore
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem
@@ -183,13 +185,12 @@ async def replay(
 def _rolling_back(keys: list[str]) -> set[str]:
     """The procedures whose latest key is a `.rollback`: failing already, in production,
     before the snapshot (a rewound one keeps its old `.rollback` below its newer steps)."""
-    latest: dict[str, str] = {}
+    found: dict[str, list[StepAndType]] = {}
     for key in keys:
         parts = key.split("/")
-        if len(parts) == 3:  # procedure/ID/NAME; strays are not procedures
-            pid, name = parts[1], parts[2]
-            latest[pid] = max(latest.get(pid, name), name)  # names are zero-padded step numbers
-    return {pid for pid, name in latest.items() if name.endswith(".rollback")}
+        if len(parts) == 3 and (parsed := parse_key_name(parts[2])) is not None:  # procedure/ID/NAME
+            found.setdefault(parts[1], []).append(parsed)
+    return {pid for pid, folder in found.items() if ProcedureKeys.of(folder).status is StoredStatus.ROLLING_BACK}
 
 
 async def _failed(report: ReplayReport, sandbox: MemoryStore, pid: str, error: str, failing: set[str]) -> None:

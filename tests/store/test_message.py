@@ -26,9 +26,19 @@ def test_error_goes_last_and_only_when_set() -> None:
     assert message.encode() == b'{"type_name":"T","data":"d","parent_id":null,"step":1,"error":"boom"}'
 
 
-def test_readers_accept_extra_fields_and_missing_error() -> None:
+def test_readers_keep_unknown_fields_and_accept_a_missing_error() -> None:
+    """GreptimeDB's `context` (and any field procstore does not know) is kept, and written
+    back after the known fields."""
     raw = b'{"type_name":"T","data":"{\\"a\\":1}","parent_id":null,"step":7,"context":{"x":1}}'
-    assert ProcedureMessage.decode(raw) == ProcedureMessage("T", '{"a":1}', None, 7)
+    message = ProcedureMessage.decode(raw)
+    assert message == ProcedureMessage("T", '{"a":1}', None, 7, extra=b'"context":{"x":1}')
+    assert message.encode() == raw
+
+
+def test_an_unknown_field_named_like_a_python_attribute_is_kept_as_it_was() -> None:
+    raw = b'{"type_name":"T","data":"d","parent_id":null,"step":1,"extra":"eA==","run":2}'
+    message = ProcedureMessage.decode(raw)
+    assert (message.run, message.extra) == (2, b'"extra":"eA=="')
 
 
 @given(
@@ -69,3 +79,15 @@ def test_round_trip(type_name: str, data: str, parent: ProcedureId | None, step:
 def test_bad_values_say_what_is_wrong(raw: bytes, fragment: str) -> None:
     with pytest.raises(MessageDecodeError, match=fragment):
         ProcedureMessage.decode(raw)
+
+
+def test_unknown_fields_come_back_byte_for_byte_whatever_they_hold() -> None:
+    """A number no float holds, text beyond ASCII, nesting: written back exactly as stored,
+    never read into Python values and written again (which would turn `1e400` into
+    `Infinity`, no JSON at all)."""
+    fields = b'"context":{"n":1e400,"big":123456789012345678901234567890,"who":"\xc3\xa9 \\ud83d\\ude00"},"x":[1, 2]'
+    raw = b'{"type_name":"T","data":"d","parent_id":null,"step":1,' + fields + b"}"
+    message = ProcedureMessage.decode(raw)
+    assert message.extra == fields
+    assert message.encode() == raw
+    assert ProcedureMessage.decode(message.encode()) == message

@@ -14,7 +14,7 @@ from procstore import ProcedureId
 from procstore.store import ProcedureMessage
 from procstore.store.keys import KeyType, latest_in_sorted
 from procstore.store.local import LocalDirStore
-from procstore.store.procedure_store import ProcedureStore, _latest, _latest_first
+from procstore.store.procedure_store import ProcedureStore
 from procstore.testing import FaultyStore
 
 
@@ -112,15 +112,6 @@ async def test_message_step_follows_the_key(tmp_path: Path) -> None:
     (tmp_path / key).parent.mkdir(parents=True)
     (tmp_path / key).write_bytes(ProcedureMessage("T", "d", None, 3).encode())
     assert (await store.load_messages()).messages[pid].step == 5
-
-
-@given(
-    st.lists(st.tuples(st.integers(0, 4), st.sampled_from(list(KeyType))), min_size=1, max_size=8),
-)
-def test_the_latest_key_follows_the_latest_step_rule(found: list[tuple[int, KeyType]]) -> None:
-    """The highest step; at that step a commit or rollback over a step, the first listed of
-    them if both are there (the rule as `max` with its sort key states it)."""
-    assert _latest(found) is max(found, key=_latest_first)
 
 
 async def test_a_torn_latest_key_far_above_the_rest_is_stepped_over_by_the_listed_steps(tmp_path: Path) -> None:
@@ -230,3 +221,18 @@ async def test_a_deletion_cut_short_leaves_a_rewound_procedure_read_as_its_last_
     left = sorted(k.rsplit("/", 1)[1] for k in await store.store.walk(f"data/procedure/{pid}/"))
     loaded = await store.load_messages()
     assert pid not in loaded.rolled_back_ids, left
+
+
+async def test_a_rollback_and_a_commit_at_one_step_are_deleted_rollback_first(tmp_path: Path) -> None:
+    """The `.commit` ranks over the `.rollback` at one step (`procstore.store.folder`), so it
+    goes last: a crash between the two leaves the procedure finished, never rolling back."""
+    store, recorder = make_store(tmp_path)
+    pid = ProcedureId.random()
+    await store.store_procedure(pid, 0, "T", "d", None)
+    await store.rollback_procedure(pid, ProcedureMessage("T", "d", None, 1, "boom"))
+    await store.commit_procedure(pid, 1)
+    recorder.ops.clear()
+    await store.delete_procedure(pid)
+    folder = f"data/procedure/{pid}/"
+    deleted = [op.key for op in recorder.ops if op.kind in ("batch_delete", "delete")]
+    assert deleted.index(f"{folder}0000000001.rollback") < deleted.index(f"{folder}0000000001.commit")

@@ -29,14 +29,18 @@ SEEDS = int(os.environ.get("PROCSTORE_SIM_SEEDS", "200"))
 runs 70% as many, at about 15 seeds/s): a few hundred in all, well within CI's 3 minutes."""
 
 KNOWN_FINDINGS: dict[str, list[int]] = {
-    "ledger": [],
+    "ledger": [14188],
     "machines": [6584],
 }
 """Seeds where the simulation still reports a problem on this code: replay one with `python
 -m procstore.testing.simulate --world W --seed S`. Each is an open finding to fix. Machines
 6584: a leader paused past its lease runs a migration step's datanode call late, after the
 new leader's migration of the same region (the example migration passes no fencing token
-to the datanodes, and the simulated datanode accepts a stale one): two leaders."""
+to the datanodes, and the simulated datanode accepts a stale one): two leaders. Ledger
+14188: a deposed leader's `.rollback`, in flight for 24 s, lands beside the step the new
+leader wrote at the same step number, below the new leader's `.commit`: the folder then
+reads as rolled back, and the end record says failed though the run committed done (a
+`.rollback` that landed after the `.commit` above it cannot be the one that commit ended)."""
 
 FIRST_SEED = {"ledger": 100, "machines": 0}
 
