@@ -54,7 +54,11 @@ T = TypeVar("T")
 
 class _Setting(Generic[T]):
     """A manager's setting: read any time, set only while the manager is not started (a
-    term runs with the settings it began with, so a later change would be silently lost)."""
+    term runs with the settings it began with, so a later change would be silently lost),
+    unless `live`: read where it is used, so a change takes effect at once."""
+
+    def __init__(self, *, live: bool = False) -> None:
+        self._live = live
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._name = name
@@ -70,7 +74,7 @@ class _Setting(Generic[T]):
         return value
 
     def __set__(self, manager: ProcedureManager, value: T) -> None:
-        if manager.is_running:
+        if manager.is_running and not self._live:
             raise SettingFrozen(self._name)
         manager._settings[self._name] = value
 
@@ -123,7 +127,7 @@ class ProcedureManager:
     storage_options: _Setting[dict[str, Any]] = _Setting()
     retry_budget: _Setting[RetryBudget] = _Setting()
     policy: _Setting[RetryPolicy] = _Setting()
-    max_running_procedures: _Setting[int] = _Setting()
+    max_running_procedures: _Setting[int] = _Setting(live=True)
     metadata_ttl: _Setting[float] = _Setting()
     gc_interval: _Setting[float] = _Setting()
     parent_path: _Setting[str] = _Setting()

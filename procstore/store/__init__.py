@@ -7,6 +7,8 @@ internal: import it from its module (`procstore.store.procedure_store`, ...) kno
 may change.
 """
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 from procstore import _deprecated_names, _public
 from procstore.store.message import ProcedureMessage
 from procstore.store.open import open_state_store
@@ -21,6 +23,22 @@ __all__ = [
 ]
 
 _public.present_under(__name__, globals())
+
+if _TYPE_CHECKING:
+    # The names below still import from here for one release (with a warning): type
+    # checkers see them as what they are, so code written to the earlier docs still checks.
+    from procstore.store.procedure_store import LoadProblem as LoadProblem
+    from procstore.store.fsspec_store import FsspecStore as FsspecStore
+    from procstore.store.gcs import GcsStore as GcsStore
+    from procstore.store.keys import PROC_PATH as PROC_PATH
+    from procstore.store.keys import KeyType as KeyType
+    from procstore.store.keys import ParsedKey as ParsedKey
+    from procstore.store.local import LocalDirStore as LocalDirStore
+    from procstore.store.message import MessageDecodeError as MessageDecodeError
+    from procstore.store.procedure_store import ProcedureMessages as ProcedureMessages
+    from procstore.store.procedure_store import ProcedureStore as ProcedureStore
+    from procstore.store.s3 import S3Store as S3Store
+    from procstore.store.memory import MemoryStore as MemoryStore
 
 # Exported here before this package's surface was cut to what docs/api.md promises.
 __getattr__ = _deprecated_names.moved_names(

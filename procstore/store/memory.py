@@ -64,7 +64,10 @@ _SPACES: dict[str, _Space] = {}
 
 
 class MemoryStore(StateStore):
-    """Keys in this process's memory under `name`, shared by every store opened on it."""
+    """Keys in this process's memory under `name`, shared by every store opened on it.
+
+    As with a bucket, a path after the first part of `name` is a folder of it:
+    `memory://app/tenant/` sees the keys `memory://app/` has under `tenant/`."""
 
     supports_create_only = True
     supports_compare_and_swap = True
@@ -73,7 +76,17 @@ class MemoryStore(StateStore):
         name = name.strip("/")
         self.name = name
         self.url = f"{SCHEME}{name}/"
-        self._space = _SPACES.setdefault(name, _Space())
+        space, _, folder = name.partition("/")
+        self._space = _SPACES.setdefault(space, _Space())
+        self._folder = f"{folder}/" if folder else ""
+        """Prefixed to every key: this store's folder of its space."""
+
+    def _key(self, key: str) -> str:
+        return self._folder + key
+
+    def _keys_under(self, prefix: str) -> list[str]:
+        cut = len(self._folder)
+        return [key[cut:] for key in self._space.under(self._folder + prefix)]
 
     @classmethod
     def from_url(cls, url: str) -> MemoryStore:
@@ -81,58 +94,58 @@ class MemoryStore(StateStore):
 
     @staticmethod
     def forget(name: str) -> None:
-        """Drop every key of `name` (tests that reuse a name start empty)."""
-        _SPACES.pop(name.strip("/"), None)
+        """Drop every key of `name`'s space (tests that reuse a name start empty)."""
+        _SPACES.pop(name.strip("/").partition("/")[0], None)
 
     async def put(self, key: str, value: bytes) -> None:
         await asyncio.sleep(0)
-        self._space.write(key, bytes(value))
+        self._space.write(self._key(key), bytes(value))
 
     async def put_if_absent(self, key: str, value: bytes) -> bool:
         await asyncio.sleep(0)
-        if key in self._space.values:
+        if self._key(key) in self._space.values:
             return False
-        self._space.write(key, bytes(value))
+        self._space.write(self._key(key), bytes(value))
         return True
 
     async def get(self, key: str) -> bytes | None:
         await asyncio.sleep(0)
-        return self._space.values.get(key)
+        return self._space.values.get(self._key(key))
 
     async def get_versioned(self, key: str) -> tuple[bytes, str] | None:
         await asyncio.sleep(0)
-        value = self._space.values.get(key)
-        return None if value is None else (value, str(self._space.versions[key]))
+        value = self._space.values.get(self._key(key))
+        return None if value is None else (value, str(self._space.versions[self._key(key)]))
 
     async def put_if_version(self, key: str, value: bytes, version: str | None) -> bool:
         await asyncio.sleep(0)
-        current = self._space.versions.get(key)
+        current = self._space.versions.get(self._key(key))
         if (version is None and current is not None) or (version is not None and str(current) != version):
             return False
-        self._space.write(key, bytes(value))
+        self._space.write(self._key(key), bytes(value))
         return True
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | Exception | None]:
         await asyncio.sleep(0)
-        return [self._space.values.get(key) for key in keys]
+        return [self._space.values.get(self._key(key)) for key in keys]
 
     async def walk(self, prefix: str) -> list[str]:
         await asyncio.sleep(0)
-        return self._space.under(prefix)
+        return self._keys_under(prefix)
 
     async def walk_modified(self, prefix: str) -> dict[str, float | None]:
         await asyncio.sleep(0)
-        return {key: self._space.modified.get(key) for key in self._space.under(prefix)}
+        return {key: self._space.modified.get(self._key(key)) for key in self._keys_under(prefix)}
 
     async def batch_delete(self, keys: Sequence[str]) -> None:
         await asyncio.sleep(0)
         for key in keys:
-            self._space.remove(key)
+            self._space.remove(self._key(key))
 
     async def delete(self, key: str) -> None:
         await asyncio.sleep(0)
         if not key.endswith("/"):  # folders are only prefixes here
-            self._space.remove(key)
+            self._space.remove(self._key(key))
 
     async def check_access(self) -> None:
         await asyncio.sleep(0)

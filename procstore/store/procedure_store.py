@@ -203,14 +203,15 @@ class ProcedureStore:
         Returns `False` if that key already holds something else. A value equal to ours
         counts as written: it is our own earlier write whose answer was lost.
         """
-        extra = self.unknown_fields.get(procedure_id, b"")
-        value = ProcedureMessage(type_name, data, parent_id, 0, None, run, extra).encode()
+        self.unknown_fields.pop(procedure_id, None)  # an earlier procedure's of the same id
+        value = ProcedureMessage(type_name, data, parent_id, 0, None, run).encode()
         return await self._create(self.key(procedure_id, 0, KeyType.STEP), value)
 
     async def create_submitted(self, procedure_id: ProcedureId, type_name: str, data: str) -> bool | None:
         """`create_procedure` for a submit, saying who wrote the key: True, this call;
         None, it held these bytes already (an earlier attempt whose answer was lost, or a
         submit of the same bytes before); False, it holds something else."""
+        self.unknown_fields.pop(procedure_id, None)  # an earlier procedure's of the same id
         key = self.key(procedure_id, 0, KeyType.STEP)
         value = ProcedureMessage(type_name, data, None, 0).encode()
         if await self.store.put_if_absent(key, value):
@@ -281,8 +282,7 @@ class ProcedureStore:
                 )
                 return
             keys = [parsed for key in listed if (parsed := self._parsed_or_warned(procedure_id, key)) is not None]
-        if through_step is None:
-            self.unknown_fields.pop(procedure_id, None)
+        self.unknown_fields.pop(procedure_id, None)
         await self.store.delete_in_order(*_deletion_stages(keys), folder)
 
     def _parsed_or_warned(self, procedure_id: ProcedureId, key: str) -> ParsedKey | None:

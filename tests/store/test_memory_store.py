@@ -93,3 +93,14 @@ async def test_faults_and_crashes_wrap_it() -> None:
     with contextlib.suppress(SimulatedCrash):
         await store.put("b", b"2")
     assert await store.inner.get("a") == b"1" and await store.inner.get("b") is None
+
+
+async def test_a_path_in_a_memory_url_is_a_folder_of_its_store() -> None:
+    """As with a bucket: `memory://app/tenant/` is the folder `tenant/` of `memory://app/`."""
+    name = f"app-{uuid.uuid4().hex}"
+    whole, folder = open_state_store(f"memory://{name}/"), open_state_store(f"memory://{name}/tenant/")
+    assert await folder.put_if_absent("procedure/x", b"1")
+    assert await whole.get("tenant/procedure/x") == b"1"
+    assert await folder.walk("procedure/") == ["procedure/x"]
+    await whole.batch_delete(["tenant/procedure/x"])
+    assert await folder.get("procedure/x") is None

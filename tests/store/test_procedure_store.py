@@ -236,3 +236,21 @@ async def test_a_rollback_and_a_commit_at_one_step_are_deleted_rollback_first(tm
     folder = f"data/procedure/{pid}/"
     deleted = [op.key for op in recorder.ops if op.kind in ("batch_delete", "delete")]
     assert deleted.index(f"{folder}0000000001.rollback") < deleted.index(f"{folder}0000000001.commit")
+
+
+async def test_unknown_fields_are_forgotten_when_the_procedure_goes_and_never_reach_a_new_one(tmp_path: Path) -> None:
+    """What another writer added to one procedure (GreptimeDB's `context`) is written back
+    on its later keys, never on those of a later procedure submitted under the same id, and
+    is not kept in memory once the procedure is deleted."""
+    store, _ = make_store(tmp_path)
+    pid = ProcedureId.random()
+    greptime = ProcedureMessage.decode(b'{"type_name":"T","data":"d","parent_id":null,"step":0,"context":"alice"}')
+    store.keep_unknown_fields(pid, greptime)
+    await store.store_procedure(pid, 1, "T", "d", None)
+    assert b"alice" in (await store.store.get(store.key(pid, 1, KeyType.STEP)) or b"")
+    await store.delete_procedure(pid)
+    assert pid not in store.unknown_fields
+    store.keep_unknown_fields(pid, greptime)
+    assert await store.create_submitted(pid, "T", "bob's")
+    await store.store_procedure(pid, 1, "T", "bob's", None)
+    assert b"alice" not in (await store.store.get(store.key(pid, 1, KeyType.STEP)) or b"")
