@@ -27,18 +27,18 @@ _public.present_under(__name__, globals())
 if _TYPE_CHECKING:
     # The names below still import from here for one release (with a warning): type
     # checkers see them as what they are, so code written to the earlier docs still checks.
-    from procstore.store.procedure_store import LoadProblem as LoadProblem
     from procstore.store.fsspec_store import FsspecStore as FsspecStore
     from procstore.store.gcs import GcsStore as GcsStore
     from procstore.store.keys import PROC_PATH as PROC_PATH
     from procstore.store.keys import KeyType as KeyType
     from procstore.store.keys import ParsedKey as ParsedKey
     from procstore.store.local import LocalDirStore as LocalDirStore
+    from procstore.store.memory import MemoryStore as MemoryStore
     from procstore.store.message import MessageDecodeError as MessageDecodeError
+    from procstore.store.procedure_store import LoadProblem as LoadProblem
     from procstore.store.procedure_store import ProcedureMessages as ProcedureMessages
     from procstore.store.procedure_store import ProcedureStore as ProcedureStore
     from procstore.store.s3 import S3Store as S3Store
-    from procstore.store.memory import MemoryStore as MemoryStore
 
 # Exported here before this package's surface was cut to what docs/api.md promises.
 __getattr__ = _deprecated_names.moved_names(
