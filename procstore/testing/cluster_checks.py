@@ -42,8 +42,9 @@ class Run:
     out never to have started: see `runs_from_log`)."""
     top_step: int = 0
     """The highest step of a key it wrote before it ended."""
-    first_step: int = 0
-    """The step of its first key (a restart's copy is above every earlier run's key)."""
+    written: set[tuple[int, str]] = field(default_factory=set)
+    """The keys (step, type) it wrote: a deletion of a key of the same name that lands
+    before the run writes it takes an earlier run's key, not this one's."""
 
 
 @dataclass
@@ -150,8 +151,8 @@ def _deleted(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp) -> None
     if proc.operator_deleted:
         return  # `procstore delete` is destructive by design: what a leader still writes may go
     run = proc.current
-    if run is not None and parsed.step < run.first_step:
-        return  # an earlier run's key, below the running one's copy: that run has ended
+    if run is not None and (parsed.step, parsed.key_type.value) not in run.written:
+        return  # an earlier run's key (below the running one's copy, or not written by it yet)
     if run is not None and run.ended_at is None and run.deleted_while_running is None:
         run.deleted_while_running = (
             f"{pid}: {parsed.step}.{parsed.key_type.value} deleted at {op.at:.2f} by {op.process} while run "
@@ -211,9 +212,10 @@ def _created(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp, number:
             _late(proc, pid, parsed, op, ended)
             return
         if run is None or run.number != number:
-            proc.runs.append(Run(number, op.at, first_step=parsed.step))
+            proc.runs.append(Run(number, op.at))
             run = proc.current
         assert run is not None
+        run.written.add((parsed.step, parsed.key_type.value))
         run.top_step = max(run.top_step, parsed.step)
         if parsed.key_type is KeyType.ROLLBACK:
             run.rollbacks.add(parsed.step)
