@@ -188,7 +188,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
         logger.info("deleting %d finished procedures left by an interrupted cleanup", len(to_delete))
         try:
             await ctx.settings.policy.call(lambda _n: record_recovered(ctx, loaded, to_delete, recorded))
-            await ctx.store.delete_procedures(to_delete)
+            await ctx.settings.policy.call(lambda _n: ctx.store.delete_procedures(to_delete))
         except ProcedureError as e:
             logger.warning("could not delete finished procedures (%s); the next start tries again", e)
             to_delete = []

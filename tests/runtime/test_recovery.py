@@ -427,3 +427,20 @@ async def test_a_rolled_back_root_kept_for_a_refused_resume_nudge_goes(tmp_path:
         await eventually(lambda: not (tmp_path / "procedure" / pid).exists(), timeout=5)
     assert [run for (id_, run) in await HistoryStore(LocalDirStore(tmp_path)).ended_runs() if id_ == pid] == [1]
     assert not (tmp_path / "requests" / "resume" / f"{pid}.json").exists()
+
+
+async def test_a_finished_procedure_recovery_deletes_goes_through_a_store_error(tmp_path: Path) -> None:
+    """Recovery's deletion of a finished procedure left behind retries a failed delete
+    instead of leaving the keys to the next start."""
+    from procstore.testing import Fault
+
+    pid = "7a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d"
+    data = json.dumps({"world": World.new().name, "steps": 3, "at": 1})
+    write_raw(tmp_path, f"procedure/{pid}/0000000000.step", greptime_step("test::Undoable", data, 0))
+    write_raw(tmp_path, f"procedure/{pid}/0000000001.rollback", greptime_step("test::Undoable", data, 1, error="boom"))
+    write_raw(tmp_path, f"procedure/{pid}/0000000002.commit", b"")
+    store = FaultyStore(LocalDirStore(tmp_path))
+    store.plan.faults.append(Fault("transient", kinds=frozenset({"batch_delete"}), times=1))
+    async with manager_for(store, keep_failed=False):
+        pass
+    assert not (tmp_path / "procedure" / pid).exists()
