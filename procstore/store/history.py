@@ -298,6 +298,12 @@ def _shape(key: str) -> int | tuple[str, int] | None:
     return None
 
 
+def ended_run(key: str) -> tuple[str, int] | None:
+    """The procedure id and run an end record's key names; None for any other key."""
+    shape = _shape(key)
+    return shape if isinstance(shape, tuple) else None
+
+
 def _id_of(key: str) -> str:
     shape = _shape(key)
     if isinstance(shape, tuple):

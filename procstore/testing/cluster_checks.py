@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from procstore.store.folder import StoredStatus, latest_key
-from procstore.store.history import HistoryRecord
+from procstore.store.history import HistoryRecord, ended_run
 from procstore.store.inventory import status_of_keys
 from procstore.store.keys import PROC_PATH, KeyType, ParsedKey
 from procstore.store.message import MessageDecodeError, ProcedureMessage
@@ -162,17 +162,13 @@ def _deleted(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp) -> None
 
 def _end_record(key: str, value: bytes | None) -> tuple[str, int, str] | None:
     """(id, run, outcome) of an end record's key and value; None for any other key."""
-    name = key.rsplit("/", 1)[-1]
-    if not key.startswith("history/") or not value:
-        return None
-    pid, dot, run = name.removesuffix(".json").rpartition(".")
-    if not (dot and run.isdigit()):
+    if not key.startswith("history/") or not value or (run := ended_run(key)) is None:
         return None
     try:
         record = msgspec.json.decode(value, type=HistoryRecord)
     except msgspec.DecodeError:
         return None
-    return pid, int(run), record.outcome
+    return run[0], run[1], record.outcome
 
 
 def _recorded(proc: Procedure, number: int, outcome: str, op: LoggedOp) -> None:
