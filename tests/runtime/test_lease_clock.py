@@ -60,7 +60,12 @@ def test_the_default_clock_counts_suspend_and_reads_virtual_time_on_a_simulated_
     if hasattr(time, "CLOCK_BOOTTIME"):
         # The boot-time clock itself, not the monotonic one: which clock it asks for.
         asked: list[int] = []
-        monkeypatch.setattr(time, "clock_gettime", lambda which: asked.append(which) or 42.0)
+
+        def clock_gettime(which: int) -> float:
+            asked.append(which)
+            return 42.0
+
+        monkeypatch.setattr(time, "clock_gettime", clock_gettime)
         assert clock.now() == 42.0 and asked == [time.CLOCK_BOOTTIME]
         monkeypatch.undo()
 
