@@ -4,12 +4,13 @@ first, exit codes, one-line errors, and resolving a procedure id."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import functools
 import os
 import re
 import sys
-from collections.abc import Awaitable, Callable, Collection, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterator
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import click
@@ -17,7 +18,7 @@ import orjson
 
 from procstore._cli.output import FORMATS
 from procstore._text import TEXT_LIMIT, bounded, terminal_text
-from procstore.errors import StoreError
+from procstore.errors import OperationRefused, ProcedureNotFound, StoreError
 from procstore.ids import ProcedureId
 from procstore.store import open_state_store
 from procstore.store.keys import KeysByProcedure
@@ -60,6 +61,18 @@ class CommandError(click.ClickException):
         self.code = code
         # click exits with `exit_code`, declared on the class; typeshed forbids setting it directly.
         setattr(self, "exit_code", int(code))  # noqa: B010
+
+
+@contextlib.contextmanager
+def refused() -> Iterator[None]:
+    """An operation the store refuses (`OperationRefused`, `ProcedureNotFound`) becomes
+    the command's one-line error and exit code (6, 4)."""
+    try:
+        yield
+    except ProcedureNotFound as e:
+        raise CommandError(str(e), ExitCode.NOT_FOUND) from e
+    except OperationRefused as e:
+        raise CommandError(str(e), ExitCode.REFUSED) from e
 
 
 def store_options(fn: Callable[P, T]) -> Callable[P, T]:

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 import msgspec
+import orjson
 
 from procstore._aio import gather_settled
 from procstore._logs import get_logger
@@ -67,6 +68,26 @@ class History:
             raise ValueError(f"History needs retention > 0 and max_records >= 1, not {self!r}")
 
 
+OUTPUT_LIMIT = 64 * 1024
+"""The most bytes of JSON an end record keeps of a `Status.done(output=...)`: a larger
+output is not kept (`HistoryRecord.output_not_kept` says so), and the procedure is done
+all the same."""
+
+
+class Action(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Who did what to a procedure, when and why: how a run started (`submit`, `resume`,
+    `rewind`), or the operator request that ended it (`cancel`, `fail`)."""
+
+    kind: str
+    by: str = ""
+    """`user@host` of the process that asked (empty when not known)."""
+    at: str | None = None
+    """ISO 8601 in UTC."""
+    reason: str = ""
+    to_step: int | None = None
+    """A rewind's step."""
+
+
 class HistoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     """What is kept of one ended procedure."""
 
@@ -85,6 +106,32 @@ class HistoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Retries of its steps (and rollback) in the run that ended it."""
     run: int = 1
     """Which run of the id ended: 1 for a submit, one more for each resume or rewind."""
+    output: str | None = None
+    """What `Status.done(output=...)` returned, as JSON text (None for no output, or one
+    not kept: see `output_not_kept`)."""
+    output_not_kept: str | None = None
+    """Why a done run's output is not in `output`: larger than `OUTPUT_LIMIT` as JSON, or
+    not JSON-serialisable."""
+    started: Action | None = None
+    """How the run started (`submit`, `resume`, `rewind`: who, when, why); None when the
+    manager that ended it did not see its start (it took it over from the store)."""
+    ended_by: Action | None = None
+    """The operator request (`cancel`, `fail`) that ended the run, if one did."""
+
+
+def kept_output(output: object) -> tuple[str | None, str | None]:
+    """`(output, output_not_kept)` of an end record for a run's output: JSON text within
+    `OUTPUT_LIMIT`, else the reason it is not kept. Never raises: a procedure's end is
+    recorded whatever its output."""
+    if output is None:
+        return None, None
+    try:
+        encoded = orjson.dumps(output)
+    except Exception as e:  # orjson.JSONEncodeError, or any error of the object's own hooks
+        return None, f"not JSON-serialisable ({type(e).__name__}: {e})"
+    if len(encoded) > OUTPUT_LIMIT:
+        return None, f"{len(encoded)} bytes as JSON, above the {OUTPUT_LIMIT} bytes history keeps"
+    return encoded.decode(), None
 
 
 def record_from_keys(
