@@ -279,6 +279,12 @@ class HistoryStore:
         """Every readable record, oldest first; a value that is not a record is logged and skipped."""
         return await self.read(await self.keys())
 
+    async def find_run(self, procedure_id: ProcedureId | str, run: int) -> HistoryRecord | None:
+        """The end record of run `run` of the procedure (one read), or None."""
+        key = self.run_key(procedure_id, run)
+        found = await self._decode_many([key])
+        return found[0]
+
     async def find(self, procedure_id: ProcedureId | str) -> HistoryRecord | None:
         """The record of the procedure's latest ended run, or None."""
         wanted = str(procedure_id)

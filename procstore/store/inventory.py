@@ -16,7 +16,7 @@ from procstore._text import valid_unicode
 from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
 from procstore.store.folder import ProcedureKeys, StoredStatus, decode_or_problem, ended_as, latest_first
-from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_of_dir
+from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_dir, procedure_of_dir
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.tree import descendants, reachable, stuck_chains
@@ -175,6 +175,19 @@ async def read_inventory(store: ProcedureStore, progress: Progress | None = None
     ids = {folder_of for folder in unlisted if (folder_of := procedure_of_dir(store.proc_path, folder)) is not None}
     shown_unlisted = {valid_unicode(folder): valid_unicode(why) for folder, why in unlisted.items()}
     return Inventory(procedures, [valid_unicode(k) for k in others], shown_unlisted, ids, cycle_entries)
+
+
+async def read_procedure(
+    store: ProcedureStore, procedure_id: ProcedureId
+) -> tuple[StoredProcedure | None, dict[str, float | None]]:
+    """One procedure as `read_inventory` reads it, from a listing of its folder alone (None
+    if the store holds no key of it), and each of its keys' last-modified time where known."""
+    modified = await store.store.walk_modified(procedure_dir(store.proc_path, procedure_id))
+    procedures, to_read, _ = _procedures_of(store.proc_path, modified)
+    values = await store.store.get_many([str(key) for _, key in to_read])
+    for procedure, key in _decode_latest(to_read, values):
+        procedure.message = await _earlier_message(store, procedure, key)
+    return procedures.get(procedure_id), modified
 
 
 _Latest = tuple["StoredProcedure", ParsedKey]

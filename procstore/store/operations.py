@@ -26,6 +26,7 @@ from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import OperatorRequest, RequestKind
 from procstore.store.restart import RestartedMeanwhile, RestartPlan, apply_restart, check_restart, plan_restart
+from procstore.store.words import status_word
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,8 @@ async def stoppable(store: ProcedureStore, procedure_id: ProcedureId, kind: Requ
         message = read if isinstance(read, ProcedureMessage) else None
         if message is None:
             status = StoredStatus.UNREADABLE
+    if status in (StoredStatus.COMMITTED, StoredStatus.FAILED):
+        raise OperationRefused(f"procedure {procedure_id} has ended ({status_word(status)}): nothing to {kind}")
     if message is None:
         raise OperationRefused(
             f"procedure {procedure_id} is {status.value}; only an unfinished procedure with a readable latest step "
