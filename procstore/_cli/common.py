@@ -149,6 +149,20 @@ def run_command(main: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]
     return wrapper
 
 
+def interrupt_ends(command: Callable[P, T | None]) -> Callable[P, T | None]:
+    """For a command that runs until Ctrl-C (`watch`): Ctrl-C ends it as it should, exit
+    code 0, rather than as an interrupted prompt (`declined`, exit 6)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T | None:
+        try:
+            return command(*args, **kwargs)
+        except KeyboardInterrupt:
+            return None
+
+    return wrapper
+
+
 async def closing(store: ProcedureStore, body: Awaitable[T]) -> T:
     """Await `body`, then close the store whatever happened."""
     try:
@@ -172,7 +186,13 @@ def resolve_id(known: Collection[ProcedureId], text: str, unlisted: Collection[P
     try:
         pid = ProcedureId.parse(text)
     except ValueError:
-        matches = [p for p in known if str(p).startswith(text.lower())] if len(text) >= 4 else []
+        matches = [p for p in known if str(p).startswith(text.lower())]
+        if matches and len(text) < 4:
+            raise CommandError(
+                f"{text!r} is too short to name a procedure: give at least 4 characters of its id "
+                f"({plural_matches(len(matches))} start with it)",
+                ExitCode.NOT_FOUND,
+            ) from None
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
@@ -186,6 +206,10 @@ def resolve_id(known: Collection[ProcedureId], text: str, unlisted: Collection[P
     if pid not in known:
         raise CommandError(f"no procedure {pid} in this store (`procstore ls URL` lists them)", ExitCode.NOT_FOUND)
     return pid
+
+
+def plural_matches(count: int) -> str:
+    return "one procedure's id does" if count == 1 else f"{count} procedures' ids"
 
 
 def _same_id(pid: ProcedureId, text: str) -> bool:

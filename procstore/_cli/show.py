@@ -23,7 +23,7 @@ from procstore._cli.common import (
 )
 from procstore._cli.history import show_ended
 from procstore._cli.listing import STATUS_STYLE
-from procstore._cli.output import chosen_format, emit, iso_time, output_options, plural, stored
+from procstore._cli.output import chosen_format, emit, iso_time, nested, output_options, plural, stored
 from procstore._text import bounded
 from procstore.store.folder import StoredStatus
 from procstore.store.inventory import ENDINGS, endings, read_history
@@ -121,7 +121,7 @@ def _entry(history: list[Any], index: int, ended: StoredStatus | None) -> dict[s
     if ended is not None:
         entry["ended"] = ended.value
     if message is not None:
-        entry["message"] = {"type_name": message.type_name, "data": message.data,
+        entry["message"] = {"type_name": message.type_name, "data": nested(message.data),
                             "parent_id": message.parent_id and str(message.parent_id),
                             "step": message.step, "error": message.error}  # fmt: skip
     return entry
