@@ -28,6 +28,7 @@ from procstore._text import bounded
 from procstore.store.folder import StoredStatus
 from procstore.store.inventory import ENDINGS, endings, read_history
 from procstore.store.message import ProcedureMessage
+from procstore.store.words import status_word
 
 FIELDS_SHOWN = 200
 """Fields of one step's data `show` and the web page list; `-o json` has the whole value."""
@@ -119,7 +120,7 @@ def _entry(history: list[Any], index: int, ended: StoredStatus | None) -> dict[s
     entry: dict[str, Any] = {"key": str(key), "step": key.step, "kind": key.key_type.value,
                              "modified": iso_time(modified), "problem": problem, "message": None}  # fmt: skip
     if ended is not None:
-        entry["ended"] = ended.value
+        entry["ended"] = status_word(ended)
     if message is not None:
         entry["message"] = {"type_name": message.type_name, "data": nested(message.data),
                             "parent_id": message.parent_id and str(message.parent_id),

@@ -270,6 +270,14 @@ class HistoryStore:
             out.append(record)
         return out
 
+    async def find_run(self, procedure_id: ProcedureId | str, run: int) -> HistoryRecord | None:
+        """The end record of run `run` of the procedure (one read), or None."""
+        return (await self.read_runs([(procedure_id, run)]))[0]
+
+    async def read_runs(self, runs: Sequence[tuple[ProcedureId | str, int]]) -> list[HistoryRecord | None]:
+        """The end record of each (procedure, run), None where there is none (one read each)."""
+        return await self._decode_many([self.run_key(pid, run) for pid, run in runs])
+
     async def read(self, keys: Sequence[str]) -> list[HistoryRecord]:
         """The readable records under `keys` (from `keys()`), in their order; a value that
         is not a record is logged and skipped, a key deleted since is skipped."""
@@ -278,12 +286,6 @@ class HistoryStore:
     async def list(self) -> list[HistoryRecord]:
         """Every readable record, oldest first; a value that is not a record is logged and skipped."""
         return await self.read(await self.keys())
-
-    async def find_run(self, procedure_id: ProcedureId | str, run: int) -> HistoryRecord | None:
-        """The end record of run `run` of the procedure (one read), or None."""
-        key = self.run_key(procedure_id, run)
-        found = await self._decode_many([key])
-        return found[0]
 
     async def find(self, procedure_id: ProcedureId | str) -> HistoryRecord | None:
         """The record of the procedure's latest ended run, or None."""

@@ -90,7 +90,7 @@ def test_markers_mean_what_the_help_says(tmp_path: Path) -> None:
     rows = {r["id"]: r for r in json.loads(run("ls", url, "-o", "json").stdout)["procedures"]}
     assert rows[orphan]["orphan"] is True and rows[committed]["problem"]
     table = run("ls", url, "--wide", columns=200).stdout
-    assert "committed*" in table and "unfinished (orphan)" in table
+    assert "done*" in table and "unfinished (orphan)" in table
     tree = run("tree", url, columns=200).stdout
     assert f"its parent {parent} is not in the store" in tree
 
