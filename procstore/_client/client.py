@@ -50,6 +50,9 @@ Statuses = list[ProcedureStatus]
 Records = list[HistoryRecord]
 """(Named here: inside `Client`, `list` is its method.)"""
 
+_LIST_CHUNK = 100
+"""Procedures `Client.list()` reads the records of at a time, until its page is full."""
+
 DEFAULT_POLL_INTERVAL = 0.5
 """Seconds between two reads of the store while `Client.wait()` waits."""
 
@@ -146,29 +149,44 @@ class Client:
         prefix = (id_prefix or "").lower()
         start = "" if after is None else str(_id(after))
         inventory = await read_inventory(self._store)
+        held = {str(pid): p for pid, p in inventory.procedures.items()}
+        latest = await self._history.latest_keys()
+        ids = sorted(
+            text
+            for text in held.keys() | {i for i in latest if ProcedureId.parse_canonical(i) is not None}
+            if text > start and text.startswith(prefix)
+        )
+        if not ids:
+            return []
         requests = await self._store.requests.list_all()
         nudges = await self._store.resumes.list_all()
-        records: dict[str, HistoryRecord] = {}
-        for record in await self._history.list():
-            if (known := records.get(record.id)) is None or known.run <= record.run:
-                records[record.id] = record
-        out: dict[str, ProcedureStatus] = {}
-        for pid, p in inventory.procedures.items():
-            ended = records.get(str(pid)) if p.is_finished else None
-            pending = pending_of(None if p.is_finished else requests.get(pid), nudges.get(pid))
-            out[str(pid)] = from_keys(p, {}, ended, pending)
-        for text, record in records.items():
-            if text not in out and ProcedureId.parse_canonical(text) is not None:
-                out[text] = from_record(record)
-        chosen = [
-            s
-            for text, s in sorted(out.items())
-            if text > start
-            and text.startswith(prefix)
-            and (wanted is None or s.status in wanted)
-            and (type_name is None or s.type_name == type_name)
-        ]
-        return chosen[:limit]
+        out: Statuses = []
+        # Records are read a page at a time, not all of them: a page of 100 over 10,000
+        # ended procedures reads about 100.
+        for at in range(0, len(ids), max(limit, _LIST_CHUNK)):
+            chunk = ids[at : at + max(limit, _LIST_CHUNK)]
+            finished = [held[i] for i in chunk if i in held and held[i].is_finished and held[i].message is not None]
+            runs = await self._history.read_runs(
+                [(p.procedure_id, p.message.run if p.message else 1) for p in finished]
+            )
+            ends = {str(p.procedure_id): record for p, record in zip(finished, runs, strict=True)}
+            gone = [i for i in chunk if i not in held]
+            records = dict(zip(gone, await self._history.read_each([latest[i] for i in gone]), strict=True))
+            for text in chunk:
+                if (p := held.get(text)) is not None:
+                    pending = pending_of(
+                        None if p.is_finished else requests.get(p.procedure_id), nudges.get(p.procedure_id)
+                    )
+                    found = from_keys(p, {}, ends.get(text), pending)
+                elif (record := records[text]) is not None:
+                    found = from_record(record)
+                else:
+                    continue  # deleted since the listing, or not a record (logged)
+                if (wanted is None or found.status in wanted) and (type_name is None or found.type_name == type_name):
+                    out.append(found)
+            if len(out) >= limit:
+                break
+        return out[:limit]
 
     async def result(self, procedure_id: ProcedureId | str) -> object:
         """The output of a procedure that ended `done` (`Status.done(output=...)`, as JSON

@@ -228,6 +228,17 @@ class HistoryStore:
         """Every record's key, oldest first."""
         return [key for _, key in await self._by_end()]
 
+    async def latest_keys(self) -> dict[str, str]:
+        """Each recorded id's newest record key (its highest run; a record of an earlier
+        release counts below any run), from one listing and no read."""
+        newest: dict[str, tuple[int, str]] = {}
+        for key in await self._listed():
+            shape = _shape(key)
+            rank = shape[1] if isinstance(shape, tuple) else 0
+            if (known := newest.get(pid := _id_of(key))) is None or known[0] < rank:
+                newest[pid] = (rank, key)
+        return {pid: key for pid, (_, key) in newest.items()}
+
     async def recorded_ids(self) -> set[str]:
         """The ids with a record (of any run, or of an earlier release)."""
         return {_id_of(key) for key in await self._listed()}
@@ -277,6 +288,11 @@ class HistoryStore:
     async def read_runs(self, runs: Sequence[tuple[ProcedureId | str, int]]) -> list[HistoryRecord | None]:
         """The end record of each (procedure, run), None where there is none (one read each)."""
         return await self._decode_many([self.run_key(pid, run) for pid, run in runs])
+
+    async def read_each(self, keys: Sequence[str]) -> list[HistoryRecord | None]:
+        """The record under each key, in order: None for a key deleted since or a value
+        that is not a record (logged)."""
+        return await self._decode_many(keys)
 
     async def read(self, keys: Sequence[str]) -> list[HistoryRecord]:
         """The readable records under `keys` (from `keys()`), in their order; a value that
