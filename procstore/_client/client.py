@@ -117,7 +117,7 @@ class Client:
             record = await self._history.find(pid)
             if record is None:
                 raise ProcedureNotFound(pid)
-            return from_record(record), record
+            return from_record(pid, record), record
         run = stored.message.run if stored.message is not None else 1
         record = None
         if stored.is_finished:
@@ -179,7 +179,7 @@ class Client:
                     )
                     found = from_keys(p, {}, ends.get(text), pending)
                 elif (record := records[text]) is not None:
-                    found = from_record(record)
+                    found = from_record(ProcedureId.parse(text), record)
                 else:
                     continue  # deleted since the listing, or not a record (logged)
                 if (wanted is None or found.status in wanted) and (type_name is None or found.type_name == type_name):

@@ -86,12 +86,13 @@ def pending_of(request: OperatorRequest | None, nudge: OperatorRequest | None) -
     return None if nudge is None else nudge.action()
 
 
-def from_record(record: HistoryRecord, pending: Action | None = None) -> ProcedureStatus:
-    """An ended procedure known from its history record alone (its keys are gone)."""
+def from_record(procedure_id: ProcedureId, record: HistoryRecord) -> ProcedureStatus:
+    """An ended procedure known from its history record alone (its keys are gone); its id
+    is the record key's (a value's own `id` is not trusted to be one)."""
     return ProcedureStatus(
-        id=ProcedureId.parse(record.id),
+        id=procedure_id,
         type_name=record.type_name,
-        parent_id=None if record.parent_id is None else ProcedureId.parse(record.parent_id),
+        parent_id=None if record.parent_id is None else ProcedureId.parse_canonical(record.parent_id),
         status=record.outcome,
         step=None,
         run=record.run,
@@ -99,7 +100,7 @@ def from_record(record: HistoryRecord, pending: Action | None = None) -> Procedu
         ended_at=_parsed(record.ended_at),
         updated_at=_parsed(record.ended_at),
         error=record.error,
-        pending=pending,
+        pending=None,
         started=record.started,
     )
 
