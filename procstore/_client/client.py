@@ -114,7 +114,7 @@ class Client:
         """The status and, for an ended run, its end record (None if not written yet)."""
         stored, modified = await read_procedure(self._store, pid)
         if stored is None:
-            record = await self._history.find(pid)
+            record = await self._history.find_newest_run(pid)
             if record is None:
                 raise ProcedureNotFound(pid)
             return from_record(pid, record), record
@@ -266,7 +266,7 @@ class Client:
         try:
             await stoppable(self._store, pid, kind)
         except ProcedureNotFound:
-            record = await self._history.find(pid)
+            record = await self._history.find_newest_run(pid)
             if record is None:
                 raise
             raise OperationRefused(f"procedure {pid} has ended ({record.outcome}): nothing to {kind}") from None

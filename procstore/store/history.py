@@ -285,6 +285,17 @@ class HistoryStore:
         """The end record of run `run` of the procedure (one read), or None."""
         return (await self.read_runs([(procedure_id, run)]))[0]
 
+    async def find_newest_run(self, procedure_id: ProcedureId | str) -> HistoryRecord | None:
+        """`find`, without listing the whole history: reads run 1, 2, ... while each has a
+        record (runs are numbered one after another, and each ended run is recorded), so
+        two or three reads for most ids. With no record of run 1 (a record of an earlier
+        release, or none at all), `find`."""
+        newest = None
+        run = 1
+        while (record := await self.find_run(procedure_id, run)) is not None:
+            newest, run = record, run + 1
+        return newest if newest is not None else await self.find(procedure_id)
+
     async def read_runs(self, runs: Sequence[tuple[ProcedureId | str, int]]) -> list[HistoryRecord | None]:
         """The end record of each (procedure, run), None where there is none (one read each)."""
         return await self._decode_many([self.run_key(pid, run) for pid, run in runs])
