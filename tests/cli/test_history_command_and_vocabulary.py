@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from procstore import Client
+from procstore import Client, ProcedureId
 from procstore._cli.app import cli
 from procstore._cli.common import ExitCode
+from procstore.store.local import LocalDirStore
+from procstore.store.procedure_store import ProcedureStore
 from tests.procedures import World
 from tests.runtime.helpers import steps
 from tests.runtime.test_operations import Flaky, failed_and_kept, manager_on
@@ -104,3 +106,18 @@ async def test_cancel_and_fail_of_an_ended_procedure_say_it_has_ended(tmp_path: 
         pid, _ = await failed_and_kept(manager)
     refused = await asyncio.to_thread(run, kind, str(tmp_path), str(pid), "-y")
     assert refused.exit_code == ExitCode.REFUSED and "has ended (failed)" in refused.output, refused.output
+
+
+async def test_show_says_a_pending_cancel_and_the_live_status(tmp_path: Path) -> None:
+    store = ProcedureStore(LocalDirStore(tmp_path))
+    pid = ProcedureId.random()
+    await store.create_procedure(pid, "tests::Flaky", '{"name": "n", "at": 0, "fail_at": 9}', None)
+    cancelled = await asyncio.to_thread(run, "cancel", str(tmp_path), str(pid), "--reason", "wrong region", "-y")
+    assert cancelled.exit_code == 0, cancelled.output
+    shown = await asyncio.to_thread(run, "show", str(tmp_path), str(pid), "-O", "json")
+    status = json.loads(shown.output)["status"]
+    assert (status["status"], status["run"], status["step"]) == ("unfinished", 1, 0)
+    assert (status["pending"]["kind"], status["pending"]["reason"]) == ("cancel", "wrong region")
+    assert status["started_at"] is not None
+    table = await asyncio.to_thread(run, "show", str(tmp_path), str(pid))
+    assert "pending: cancel by" in table.output and "wrong region" in table.output, table.output
