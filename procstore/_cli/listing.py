@@ -107,6 +107,7 @@ def row_json(p: StoredProcedure, inventory: Inventory | None = None) -> dict[str
         "error": p.error,
         "problem": p.problem,
         "orphan": inventory is not None and inventory.is_orphan(p),
+        "pending": None if inventory is None else inventory.pending.get(p.procedure_id),
     }
 
 
@@ -118,6 +119,8 @@ def status_text(p: StoredProcedure, inventory: Inventory | None) -> str:
         text += "*"
     if inventory is not None and inventory.is_orphan(p):
         text += " (orphan)"
+    if inventory is not None and (kind := inventory.pending.get(p.procedure_id)) is not None:
+        text += f" ({kind} pending)"
     return f"[{STATUS_STYLE[p.status]}]{text}[/]"
 
 

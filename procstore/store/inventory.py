@@ -108,6 +108,10 @@ class Inventory:
     """How the finished procedures the store still holds ended, as their end records say
     (`read_outcomes`): the keys alone do not tell a rolled-back or cancelled end from a failure."""
 
+    pending: dict[ProcedureId, str] = field(default_factory=dict)
+    """The kind (`cancel`, `fail`) of each unfinished procedure's operator request not yet
+    honoured (`read_outcomes`)."""
+
     def word(self, p: StoredProcedure) -> StatusWord:
         """The procedure's status in the one vocabulary (`procstore.store.words`)."""
         return self.outcomes.get(p.procedure_id) or status_word(p.status)
@@ -188,7 +192,11 @@ async def read_inventory(store: ProcedureStore, progress: Progress | None = None
 
 async def read_outcomes(store: ProcedureStore, inventory: Inventory) -> None:
     """Fill `inventory.outcomes` from the end records of its finished procedures' last runs
-    (one read each: a store holds few, the failed roots kept for an operator)."""
+    (one read each: a store holds few, the failed roots kept for an operator), and
+    `inventory.pending` from the operator requests (one listing, a read of each request)."""
+    for pid, request in (await store.requests.list_all()).items():
+        if (p := inventory.procedures.get(pid)) is not None and not p.is_finished:
+            inventory.pending[pid] = request.kind
     finished = [p for p in inventory.procedures.values() if p.is_finished and p.message is not None]
     history = HistoryStore(store.store, store.parent_path)
     records = await history.read_runs([(p.procedure_id, p.message.run if p.message else 1) for p in finished])

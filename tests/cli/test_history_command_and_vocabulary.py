@@ -121,3 +121,13 @@ async def test_show_says_a_pending_cancel_and_the_live_status(tmp_path: Path) ->
     assert status["started_at"] is not None
     table = await asyncio.to_thread(run, "show", str(tmp_path), str(pid))
     assert "pending: cancel by" in table.output and "wrong region" in table.output, table.output
+
+
+async def test_ls_marks_a_pending_cancel(tmp_path: Path) -> None:
+    store = ProcedureStore(LocalDirStore(tmp_path))
+    pid = ProcedureId.random()
+    await store.create_procedure(pid, "tests::Flaky", '{"name": "n", "at": 0, "fail_at": 9}', None)
+    assert (await asyncio.to_thread(run, "cancel", str(tmp_path), str(pid), "-y")).exit_code == 0
+    listed = await asyncio.to_thread(run, "ls", str(tmp_path), "--json")
+    assert json.loads(listed.output)["pending"] == "cancel", listed.output
+    assert "unfinished (cancel pending)" in (await asyncio.to_thread(run, "ls", str(tmp_path))).output
