@@ -314,7 +314,7 @@ class Runner:
         """Its lock keys were taken for it already (see `KeyRwLock.acquire_all_now`)."""
 
     def start(self) -> None:
-        run = run_traced(self.ctx, self.meta, self, self._run)
+        run = run_traced(self.ctx, self.meta, self, self._run, submitted=not self._resume_children)
         self.ctx.term.spawn(run, name=f"procstore:{self.meta.type_name}:{self.meta.id}")
 
     async def _run(self) -> None:
@@ -792,7 +792,10 @@ class Runner:
 
         try:
             wake = self.ctx.requests.first_wakes(self.meta.id, self.meta.requested)
-            await self.ctx.settings.policy.call(attempt, retry_on=is_rollback_retryable, on_retry=on_retry, wake=wake)
+            with self.ctx.settings.telemetry.rollback_span(str(self.meta.id), self.meta.type_name, self.step):
+                await self.ctx.settings.policy.call(
+                    attempt, retry_on=is_rollback_retryable, on_retry=on_retry, wake=wake
+                )
         except Fenced:
             raise
         except Exception as e:
