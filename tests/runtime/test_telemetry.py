@@ -100,6 +100,22 @@ async def test_a_retried_step_is_a_span_per_attempt_that_raised_with_its_retry(t
     assert any(p.count for p in points("procstore.store.duration"))
 
 
+async def test_every_store_request_is_counted_and_a_sample_timed(tmp_path: Path) -> None:
+    def requests() -> float:
+        return total("procstore.store.requests", **{"procstore.store.backend": "file"})
+
+    def timed() -> int:
+        wanted = {"procstore.store.backend": "file"}.items()
+        return sum(p.count for p in points("procstore.store.duration") if wanted <= dict(p.attributes or {}).items())
+
+    before, timed_before = requests(), timed()
+    async with manager_for(LocalDirStore(tmp_path), telemetry=TelemetrySettings(store_duration_every=4)) as manager:
+        await (await manager.submit(steps(World.new(), 40))).wait()
+    made, sampled = requests() - before, timed() - timed_before
+    assert made >= 41  # a write a step at least
+    assert made / 4 - 2 <= sampled <= made / 4 + 2
+
+
 async def test_with_every_step_span_each_attempt_is_a_current_span(tmp_path: Path) -> None:
     world = World.new()
     settings = TelemetrySettings(step_spans="every")
