@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from procstore._aio import gather_settled
 from procstore._logs import get_logger, procedure_fields
+from procstore._runtime.interrupt import RunningStep
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.retry import is_rollback_retryable, is_transient
 from procstore._runtime.telemetry import run_traced
@@ -431,7 +432,7 @@ class Runner:
 
     # -- executing -------------------------------------------------------------------
 
-    def _context(self, attempt: int) -> Context:
+    def _context(self, attempt: int, step: RunningStep | None = None) -> Context:
         ctx, lease = self.ctx, self.ctx.lease
         return Context(
             self.meta.id,
@@ -440,6 +441,7 @@ class Runner:
             fencing_token=None if lease is None else lease.fencing_token,
             lease_check=None if lease is None else lease.check_writable,
             crash_hook=self._crash_point,
+            hold_interrupts=None if step is None else step.uninterruptible,
         )
 
     def _crash_point(self, name: str) -> Awaitable[None]:
@@ -457,10 +459,11 @@ class Runner:
         # Where a test's fault plan numbers attempts (a no-op on a production store).
         await self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
         with (
+            self.ctx.requests.running_step(self.meta.id) as step,
             self.ctx.settings.telemetry.step_span(str(self.meta.id), self.meta.type_name, self.step, attempt),
             IN_EXECUTE,
         ):
-            status = await self.procedure.execute(self._context(attempt))
+            status = await self.procedure.execute(self._context(attempt, step))
         if not isinstance(status, Status):
             raise TypeError(f"execute() returned {status!r}, not a Status")
         return status
