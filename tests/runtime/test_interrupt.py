@@ -134,6 +134,8 @@ async def test_a_stop_during_an_interrupted_step_is_a_stop(tmp_path: Path) -> No
     await manager.stop()  # in the same turn: the step sees both cancels
     assert "step rolled back" not in SEEN["stop"]
     async with manager_for(LocalDirStore(tmp_path), Blocked) as again:
+        resumed = again.procedure_watcher(watcher.procedure_id)
+        assert resumed is not None
         with pytest.raises(ProcedureFailed, match="stop it"):
-            await asyncio.wait_for(again.procedure_watcher(watcher.procedure_id).wait(), 10)
+            await asyncio.wait_for(resumed.wait(), 10)
     assert SEEN["stop"][-1] == "step rolled back"
