@@ -385,6 +385,9 @@ class Runner:
         """Wait for `key`; False (nothing taken) if an operator's request came first and
         `ends_on_request`. Otherwise the request waits, said once in the log."""
         locks = self.ctx.locks
+        if locks.would_block(key):
+            held_by = sorted(str(h) for h in locks.holders_of(key))
+            self.ctx.activity.waiting_on_lock(self.meta, self.step, key.key, held_by)
         if await locks.acquire(self.meta.id, key, self.meta.requested()):
             return True
         if ends_on_request:
@@ -455,6 +458,7 @@ class Runner:
 
     async def _execute_once(self, attempt: int) -> Status:
         self._check_lease()
+        self.ctx.activity.running(self.meta, self.step)
         await self.ctx.requests.raise_if_requested(self.meta.id)
         # Where a test's fault plan numbers attempts (a no-op on a production store).
         await self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
@@ -471,6 +475,7 @@ class Runner:
     def _on_retry(self, exc: BaseException, retry: int, delay: float) -> None:
         logger.info("procedure %s: retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc))
         self.meta.retries += 1
+        self.ctx.activity.backing_off(self.meta, self.step, retry, exc, delay)
         # A look ahead is as old as the write's first attempt: after a backoff, look again.
         self.ctx.requests.looks.forget(self.meta.id)
         self.ctx.settings.telemetry.retried(self.meta.type_name, exc)
@@ -680,6 +685,9 @@ class Runner:
         the store says the child has not ended (the next start resumes the tree), so its
         parent must neither go on as if it had, nor roll back past it."""
         unrecorded: list[ProcedureId] = []
+        waiting = [c for c in self.meta.children if (m := self.ctx.metas.get(c)) is not None and not m.state.is_ended()]
+        if waiting:
+            self.ctx.activity.waiting_on_children(self.meta, self.step, len(waiting))
         for child_id in list(self.meta.children):
             child = self.ctx.metas.get(child_id)
             if child is not None:
