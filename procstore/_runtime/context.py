@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
+from procstore._runtime.activity import ActivityPublisher
 from procstore._runtime.lock_table import LockTable
 from procstore._runtime.operator import OperatorRequests
 from procstore._runtime.recovery import StoredProcedures
@@ -38,10 +39,13 @@ class ManagerContext:
     - `requests` (`OperatorRequests`): the operator requests known to apply here;
     - `recovered` (`StoredProcedures`): the children recovery found, until claimed;
     - `term` (`Term`): the term's tasks, and stepping down;
-    - `lease` (`TermLease`, None without a lease): the fencing token and write checks.
+    - `lease` (`TermLease`, None without a lease): the fencing token and write checks;
+    - `activity` (`ActivityPublisher`): what its procedures do between steps, for operators.
     """
 
-    __slots__ = ("history", "lease", "locks", "metas", "recovered", "requests", "settings", "store", "term")
+    __slots__ = (
+        "activity", "history", "lease", "locks", "metas", "recovered", "requests", "settings", "store", "term",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -61,9 +65,11 @@ class ManagerContext:
         self.metas = Registry(self.recovered.children_of, self._ended)
         self.locks = LockTable()
         self.requests = OperatorRequests(store.requests, term.spawn, self.metas)
+        self.activity = ActivityPublisher(store.activities, term.spawn, None if lease is None else lease.holder)
 
     def _ended(self, meta: ProcedureMeta) -> None:
         self.requests.looks.forget(meta.id)
+        self.activity.ended(meta)
         started = meta.start_time
         seconds = None if started is None or meta.end_time is None else (meta.end_time - started).total_seconds()
         self.settings.telemetry.ended(meta.type_name, meta.outcome(), seconds)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from procstore._aio import gather_settled
 from procstore._logs import get_logger, procedure_fields
+from procstore._runtime.interrupt import RunningStep
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.retry import is_rollback_retryable, is_transient
 from procstore._runtime.telemetry import run_traced
@@ -314,7 +315,7 @@ class Runner:
         """Its lock keys were taken for it already (see `KeyRwLock.acquire_all_now`)."""
 
     def start(self) -> None:
-        run = run_traced(self.ctx, self.meta, self, self._run)
+        run = run_traced(self.ctx, self.meta, self, self._run, submitted=not self._resume_children)
         self.ctx.term.spawn(run, name=f"procstore:{self.meta.type_name}:{self.meta.id}")
 
     async def _run(self) -> None:
@@ -384,6 +385,9 @@ class Runner:
         """Wait for `key`; False (nothing taken) if an operator's request came first and
         `ends_on_request`. Otherwise the request waits, said once in the log."""
         locks = self.ctx.locks
+        if locks.would_block(key):
+            held_by = sorted(str(h) for h in locks.holders_of(key))
+            self.ctx.activity.waiting_on_lock(self.meta, self.step, key.key, held_by)
         if await locks.acquire(self.meta.id, key, self.meta.requested()):
             return True
         if ends_on_request:
@@ -431,7 +435,7 @@ class Runner:
 
     # -- executing -------------------------------------------------------------------
 
-    def _context(self, attempt: int) -> Context:
+    def _context(self, attempt: int, step: RunningStep | None = None) -> Context:
         ctx, lease = self.ctx, self.ctx.lease
         return Context(
             self.meta.id,
@@ -440,6 +444,7 @@ class Runner:
             fencing_token=None if lease is None else lease.fencing_token,
             lease_check=None if lease is None else lease.check_writable,
             crash_hook=self._crash_point,
+            hold_interrupts=None if step is None else step.uninterruptible,
         )
 
     def _crash_point(self, name: str) -> Awaitable[None]:
@@ -453,14 +458,16 @@ class Runner:
 
     async def _execute_once(self, attempt: int) -> Status:
         self._check_lease()
+        self.ctx.activity.running(self.meta, self.step)
         await self.ctx.requests.raise_if_requested(self.meta.id)
         # Where a test's fault plan numbers attempts (a no-op on a production store).
         await self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
         with (
+            self.ctx.requests.running_step(self.meta.id) as step,
             self.ctx.settings.telemetry.step_span(str(self.meta.id), self.meta.type_name, self.step, attempt),
             IN_EXECUTE,
         ):
-            status = await self.procedure.execute(self._context(attempt))
+            status = await self.procedure.execute(self._context(attempt, step))
         if not isinstance(status, Status):
             raise TypeError(f"execute() returned {status!r}, not a Status")
         return status
@@ -468,6 +475,7 @@ class Runner:
     def _on_retry(self, exc: BaseException, retry: int, delay: float) -> None:
         logger.info("procedure %s: retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc))
         self.meta.retries += 1
+        self.ctx.activity.backing_off(self.meta, self.step, retry, exc, delay)
         # A look ahead is as old as the write's first attempt: after a backoff, look again.
         self.ctx.requests.looks.forget(self.meta.id)
         self.ctx.settings.telemetry.retried(self.meta.type_name, exc)
@@ -677,6 +685,9 @@ class Runner:
         the store says the child has not ended (the next start resumes the tree), so its
         parent must neither go on as if it had, nor roll back past it."""
         unrecorded: list[ProcedureId] = []
+        waiting = [c for c in self.meta.children if (m := self.ctx.metas.get(c)) is not None and not m.state.is_ended()]
+        if waiting:
+            self.ctx.activity.waiting_on_children(self.meta, self.step, len(waiting))
         for child_id in list(self.meta.children):
             child = self.ctx.metas.get(child_id)
             if child is not None:
@@ -794,7 +805,10 @@ class Runner:
 
         try:
             wake = self.ctx.requests.first_wakes(self.meta.id, self.meta.requested)
-            await self.ctx.settings.policy.call(attempt, retry_on=is_rollback_retryable, on_retry=on_retry, wake=wake)
+            with self.ctx.settings.telemetry.rollback_span(str(self.meta.id), self.meta.type_name, self.step):
+                await self.ctx.settings.policy.call(
+                    attempt, retry_on=is_rollback_retryable, on_retry=on_retry, wake=wake
+                )
         except Fenced:
             raise
         except Exception as e:

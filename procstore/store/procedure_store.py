@@ -19,6 +19,7 @@ from procstore._bulk import collector_paused
 from procstore._logs import get_logger, procedure_fields
 from procstore.errors import Fenced, ListingIncomplete, StoreError
 from procstore.ids import ProcedureId
+from procstore.store.activity import ActivityStore
 from procstore.store.folder import ProcedureKeys, decode_or_problem, latest_first, latest_key
 from procstore.store.keys import (
     MAX_STEP,
@@ -141,6 +142,8 @@ class ProcedureStore:
         """Operator requests (`fail`, `cancel`) for the procedures of this store."""
         self.resumes = RequestStore(store, parent_path, RESUME_PATH)
         """Nudges to load a restarted procedure again (`procstore resume`, `rewind`)."""
+        self.activities = ActivityStore(store, parent_path)
+        """What running procedures do between their steps, for operators to read."""
         self.skip_strays = skip_strays
         """Whether `load_messages` sets apart unfinished-looking procedures with no key at
         step 0 (`ProcedureMessages.stray_ids`) and deletes empty latest keys (torn creates).
