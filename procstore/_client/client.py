@@ -29,6 +29,7 @@ from procstore.errors import (
 )
 from procstore.ids import ProcedureId
 from procstore.state import ProcedureState
+from procstore.store.activity import ActivityStore
 from procstore.store.history import HistoryRecord, HistoryStore, Outcome
 from procstore.store.inventory import read_inventory, read_procedure
 from procstore.store.open import open_state_store
@@ -83,6 +84,7 @@ class Client:
         state_store = url if isinstance(url, StateStore) else open_state_store(url, storage_options)
         self._store = ProcedureStore(state_store, parent_path)
         self._history = HistoryStore(state_store, parent_path)
+        self._activities = ActivityStore(state_store, parent_path)
         self.parent_path = parent_path
         self.poll_interval = poll_interval
 
@@ -123,8 +125,9 @@ class Client:
         if stored.is_finished:
             record = await self._history.find_run(pid, run)
         request = await self._store.requests.get(pid) if not stored.is_finished else None
+        activity = await self._activities.get(pid) if not stored.is_finished else None
         nudge = await self._store.resumes.get(pid)
-        return from_keys(stored, modified, record, pending_of(request, nudge)), record
+        return from_keys(stored, modified, record, pending_of(request, nudge), activity), record
 
     async def list(
         self,
@@ -160,6 +163,7 @@ class Client:
             return []
         requests = await self._store.requests.list_all()
         nudges = await self._store.resumes.list_all()
+        active = await self._activities.stored_ids()
         out: Statuses = []
         # Records are read a page at a time, not all of them: a page of 100 over 10,000
         # ended procedures reads about 100.
@@ -172,12 +176,14 @@ class Client:
             ends = {str(p.procedure_id): record for p, record in zip(finished, runs, strict=True)}
             gone = [i for i in chunk if i not in held]
             records = dict(zip(gone, await self._history.read_each([latest[i] for i in gone]), strict=True))
+            alive = [held[i].procedure_id for i in chunk if i in held and held[i].procedure_id in active]
+            activities = dict(zip(alive, await self._activities.get_many(alive), strict=True))
             for text in chunk:
                 if (p := held.get(text)) is not None:
                     pending = pending_of(
                         None if p.is_finished else requests.get(p.procedure_id), nudges.get(p.procedure_id)
                     )
-                    found = from_keys(p, {}, ends.get(text), pending)
+                    found = from_keys(p, {}, ends.get(text), pending, activities.get(p.procedure_id))
                 elif (record := records[text]) is not None:
                     found = from_record(ProcedureId.parse(text), record)
                 else:

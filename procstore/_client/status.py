@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from procstore.ids import ProcedureId
+from procstore.store.activity import Activity
 from procstore.store.history import Action, HistoryRecord
 from procstore.store.inventory import StoredProcedure
 from procstore.store.keys import KeyType
@@ -46,6 +47,11 @@ class ProcedureStatus:
     """How this run started (`submit`, `resume`, `rewind`), where known."""
     problem: str | None = None
     """Why its latest value cannot be read, for `unreadable`."""
+    activity: Activity | None = None
+    """What the manager running it last published between steps (`procstore.store.activity`:
+    backing off with its attempt, last error and next try; waiting on a lock and its
+    holders; waiting on its children), for this run while it is alive; None for a
+    procedure that only steps (its `updated_at` says since when it runs its step)."""
 
     @property
     def is_ended(self) -> bool:
@@ -110,6 +116,7 @@ def from_keys(
     modified: dict[str, float | None],
     record: HistoryRecord | None,
     pending: Action | None,
+    activity: Activity | None = None,
 ) -> ProcedureStatus:
     """A procedure the store holds keys of; `record`: the end record of its latest run, if
     written (an ended one's outcome and times come from it); `modified`: its keys' times."""
@@ -135,6 +142,8 @@ def from_keys(
         pending=pending,
         started=started,
         problem=p.problem,
+        # One of another run, or left behind by a procedure that has ended, says nothing.
+        activity=activity if activity is not None and activity.run == run and not p.is_finished else None,
     )
 
 
