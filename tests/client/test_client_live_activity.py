@@ -14,8 +14,8 @@ target = store_targets("memory", "local")
 
 async def test_a_procedure_backing_off_shows_its_attempt_and_last_error(target: StoreTarget) -> None:
     GATES["client-retry"] = asyncio.Event()
-    options = {"max_retry_times": 1000, "retry_delay": 0.2, "max_retry_delay": 0.2}
-    async with manager_for(target, Waits, **options) as manager, Client(target.url, target.storage_options) as client:
+    slow = manager_for(target, Waits, max_retry_times=1000, retry_delay=0.2, max_retry_delay=0.2)
+    async with slow as manager, Client(target.url, target.storage_options) as client:
         procedure = ProcedureWithId.new(Waits({"how": "retry", "gate": "client-retry"}))
         watcher = await manager.submit(procedure)
         for _ in range(500):
