@@ -1049,4 +1049,5 @@ def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime) -> Hist
         output_not_kept=not_kept,
         started=started,
         ended_by=meta.ended_by,
+        rolled_back=meta.rolled_back,
     )

@@ -117,6 +117,9 @@ class HistoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     manager that ended it did not see its start (it took it over from the store)."""
     ended_by: Action | None = None
     """The operator request (`cancel`, `fail`) that ended the run, if one did."""
+    rolled_back: bool = False
+    """Its rollback ran to its end (a `rolled back` outcome, or a `cancelled` one that
+    rolled back): resuming it would run its later steps over undone work."""
 
 
 def kept_output(output: object) -> tuple[str | None, str | None]:

@@ -152,9 +152,10 @@ async def prepare_resume(store: ProcedureStore, procedure_id: ProcedureId, *, fo
             "leader to run it (one that runs it already ignores the nudge)"
         )
     record = await HistoryStore(store.store, store.parent_path).find(pid) if plan.ended else None
-    if record is not None and record.outcome == "rolled back":
+    if record is not None and (record.outcome == "rolled back" or record.rolled_back):
+        how = "cancelled and rolled back" if record.outcome == "cancelled" else "rolled back"
         raise OperationRefused(
-            f"procedure {pid} was rolled back: resuming would run its later steps over undone work; "
+            f"procedure {pid} was {how}: resuming would run its later steps over undone work; "
             f"rewind it instead (procstore rewind {pid} --to-step 0 to run it again from the start)"
         )
     return PreparedRestart(plan, message, None, record, notes)

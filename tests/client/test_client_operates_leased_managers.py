@@ -17,11 +17,12 @@ from procstore import (
     ProcedureManager,
     ProcedureNotEnded,
     ProcedureNotFound,
+    ProcedureWithId,
 )
 from procstore._runtime.leadership import lease_key
 from procstore.store.history import HistoryStore
 from procstore.store.open import open_state_store
-from tests.procedures import World
+from tests.procedures import Undoable, World
 from tests.runtime.helpers import blocker, eventually, steps
 from tests.support import StoreTarget, manager_for, store_targets
 
@@ -157,3 +158,25 @@ async def test_an_unknown_id_is_not_found_and_a_run_of_history_is_enough_to_answ
         assert await client.result(procedure.id) == "steps done"
         assert await client.wait(procedure.id, timeout=5) == "steps done"
         assert [r.id for r in await HistoryStore(manager.store.store).list()] == [str(procedure.id)]
+
+
+async def test_a_cancelled_procedure_that_rolled_back_is_not_resumed_but_rewound(target: StoreTarget) -> None:
+    world = World.new()
+    gate, opened = blocker()
+    async with (
+        manager_for(target, keep_failed=True, request_poll_interval=0.05) as manager,
+        client_of(target) as client,
+    ):
+        procedure = ProcedureWithId.new(Undoable({"world": world.name, "steps": 3, "block": gate, "block_at": 1}))
+        await manager.submit(procedure)
+        await eventually(lambda: world.counts["steps/0"] == 1)
+        await client.cancel(procedure.id, reason="undo it")
+        with pytest.raises(ProcedureFailed, match="undo it"):
+            await client.wait(procedure.id, timeout=20)
+        (record,) = await client.history(procedure_id=procedure.id)
+        assert (record.outcome, record.rolled_back) == ("cancelled", True)
+        with pytest.raises(OperationRefused, match="cancelled and rolled back"):
+            await client.resume(procedure.id)
+        opened.set()
+        await client.rewind(procedure.id, 0, reason="again, from the start")
+        assert await client.wait(procedure.id, timeout=20) == "steps done"
