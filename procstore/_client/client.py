@@ -241,14 +241,13 @@ class Client:
         of one procedure (every run), one type, or one or several outcomes."""
         wanted = None if outcome is None else {outcome} if isinstance(outcome, str) else set(outcome)
         pid = None if procedure_id is None else str(_id(procedure_id))
-        chosen = [
-            r
-            for r in reversed(await self._history.list())
-            if (pid is None or r.id == pid)
-            and (type_name is None or r.type_name == type_name)
-            and (wanted is None or r.outcome in wanted)
-        ]
-        return chosen[:limit]
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit!r}")
+
+        def keep(r: HistoryRecord) -> bool:
+            return (type_name is None or r.type_name == type_name) and (wanted is None or r.outcome in wanted)
+
+        return await self._history.newest(keep, limit, pid)
 
     # -- steering --------------------------------------------------------------------
 

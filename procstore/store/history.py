@@ -21,7 +21,7 @@ and swept as before, but are no end records (their run is not known).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
@@ -37,6 +37,9 @@ from procstore.store.message import UNDECODABLE, ProcedureMessage
 from procstore.store.state_store import StateStore, walk_readable
 
 logger = get_logger("procstore.store")
+
+_READ_CHUNK = 100
+"""Records `HistoryStore.newest` reads at a time."""
 
 HISTORY_PATH = "history/"
 """The folder under a store's root that holds history records."""
@@ -307,6 +310,24 @@ class HistoryStore:
         """The record under each key, in order: None for a key deleted since or a value
         that is not a record (logged)."""
         return await self._decode_many(keys)
+
+    async def newest(
+        self, keep: Callable[[HistoryRecord], bool], limit: int, procedure_id: str | None = None
+    ) -> list[HistoryRecord]:
+        """Up to `limit` records that `keep` accepts, newest end first (of one procedure's
+        runs, with `procedure_id`): read a chunk at a time from the newest, not all of them."""
+        keys = await self.keys()
+        if procedure_id is not None:
+            keys = [k for k in keys if _id_of(k) == procedure_id]
+        chunk = max(limit, _READ_CHUNK)
+        out: list[HistoryRecord] = []
+        for end in range(len(keys), 0, -chunk):
+            for record in reversed(await self.read(keys[max(0, end - chunk) : end])):
+                if keep(record):
+                    out.append(record)
+                    if len(out) >= limit:
+                        return out
+        return out
 
     async def read(self, keys: Sequence[str]) -> list[HistoryRecord]:
         """The readable records under `keys` (from `keys()`), in their order; a value that
