@@ -6,11 +6,16 @@ process, a web handler, a script), on a store no manager runs on, and while the 
 changes. What it asks (cancel, fail, resume, rewind) is carried out by the manager that
 runs the procedure, within its `request_poll_interval`; the checks and writes are those of
 the CLI (`procstore.store.operations`).
+
+Its methods come in two groups: reading (`get`, `list`, `result`, `wait`, `history`), and
+steering, each a request stored for the manager running the procedure to carry out
+(`cancel`, `fail`, `resume`, `rewind`; a signal to a procedure belongs with these).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterable
 from types import TracebackType
@@ -72,7 +77,7 @@ class Client:
 
     def __init__(
         self,
-        url: str | StateStore,
+        url: str | os.PathLike[str] | StateStore,
         storage_options: dict[str, Any] | None = None,
         *,
         parent_path: str = "",
