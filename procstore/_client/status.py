@@ -58,6 +58,15 @@ class ProcedureStatus:
         return self.status in ENDED_WORDS
 
     @property
+    def doing(self) -> str | None:
+        """What an alive procedure does now: its `activity`'s `doing` (`backing off`,
+        `waiting on a lock`, `waiting on children`, `running`) where one is published, else
+        `running` (a step) or `rolling back`; None once it has ended or nothing runs it."""
+        if self.status == "unfinished":
+            return self.activity.doing if self.activity is not None else "running"
+        return "rolling back" if self.status == "rolling back" else None
+
+    @property
     def outcome(self) -> StatusWord | None:
         """How it ended (the status of an ended procedure); None while it is alive."""
         return self.status if self.is_ended else None

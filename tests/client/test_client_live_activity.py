@@ -23,10 +23,11 @@ async def test_a_procedure_backing_off_shows_its_attempt_and_last_error(target: 
             if status.activity is not None and status.activity.attempt >= 2:
                 break
             await asyncio.sleep(0.02)
-        assert status.activity is not None and status.activity.doing == "backing off"
+        assert status.activity is not None and status.activity.doing == status.doing == "backing off"
         assert status.activity.last_error is not None and "the datanode is busy" in status.activity.last_error
         (listed,) = await client.list(id_prefix=str(procedure.id))
         assert listed.activity is not None and listed.activity.doing == "backing off"
         GATES["client-retry"].set()
         await asyncio.wait_for(watcher.wait(), 20)
-        assert (await client.get(procedure.id)).activity is None
+        ended = await client.get(procedure.id)
+        assert ended.activity is None and ended.doing is None

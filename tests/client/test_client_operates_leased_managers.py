@@ -64,6 +64,7 @@ async def test_a_client_cancels_resumes_waits_and_reads_history_beside_two_lease
 
         live = await client.get(pid)
         assert (live.status, live.type_name, live.run, live.is_ended) == ("unfinished", "test::Steps", 1, False)
+        assert live.doing == "running" and live.step is not None and live.updated_at is not None
         assert live.started is not None and live.started.kind == "submit"
         assert live.started_at is not None and live.duration is not None and live.pending is None
         with pytest.raises(ProcedureNotEnded):
