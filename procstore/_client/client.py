@@ -119,6 +119,10 @@ class Client:
 
     async def _read(self, pid: ProcedureId) -> tuple[ProcedureStatus, HistoryRecord | None]:
         """The status and, for an ended run, its end record (None if not written yet)."""
+        # The nudge first: the leader deletes one only once the copy it writes is stored, so
+        # a nudge gone by now means keys listed after this read show that copy (a nudge read
+        # after the listing could be gone while the listing shows the run before it ended).
+        nudge = await self._store.resumes.get(pid)
         stored, modified = await read_procedure(self._store, pid)
         if stored is None:
             record = await self._history.find_newest_run(pid)
@@ -131,7 +135,6 @@ class Client:
             record = await self._history.find_run(pid, run)
         request = await self._store.requests.get(pid) if not stored.is_finished else None
         activity = await self._activities.get(pid) if not stored.is_finished else None
-        nudge = await self._store.resumes.get(pid)
         return from_keys(stored, modified, record, pending_of(request, nudge), activity), record
 
     async def list(
@@ -156,6 +159,7 @@ class Client:
         wanted = None if status is None else {status} if isinstance(status, str) else set(status)
         prefix = (id_prefix or "").lower()
         start = "" if after is None else str(_id(after))
+        nudges = await self._store.resumes.list_all()  # before the keys: see `_read`
         inventory = await read_inventory(self._store)
         held = {str(pid): p for pid, p in inventory.procedures.items()}
         latest = await self._history.latest_keys()
@@ -167,7 +171,6 @@ class Client:
         if not ids:
             return []
         requests = await self._store.requests.list_all()
-        nudges = await self._store.resumes.list_all()
         active = await self._activities.stored_ids()
         out: Statuses = []
         # Records are read a page at a time, not all of them: a page of 100 over 10,000
