@@ -227,10 +227,15 @@ class Client:
         """
         pid = _id(procedure_id)
         deadline = None if timeout is None else time.monotonic() + timeout
+        newest_run = 0
         while True:
             status, record = await self._read(pid)
             restarting = status.pending is not None and status.pending.kind in ("resume", "rewind")
-            if status.is_ended and (record is not None or status.step is None) and not restarting:
+            # The end of an earlier run than one seen running is not this wait's answer: its
+            # keys may be gone a moment before the later run's end record can be read.
+            newest_run = max(newest_run, status.run)
+            current = status.run >= newest_run
+            if status.is_ended and (record is not None or status.step is None) and not restarting and current:
                 return _result_of(pid, status, record)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"procedure {pid} has not ended within {timeout} seconds ({status.status})")
