@@ -13,6 +13,7 @@ from procstore._runtime.operator import OperatorRequests
 from procstore._runtime.recovery import StoredProcedures
 from procstore._runtime.registry import Registry
 from procstore._runtime.runner import is_stop
+from procstore._runtime.waits import Waits
 from procstore.errors import LoadFailed
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
@@ -37,11 +38,12 @@ class ManagerContext:
     - `locks` (`LockTable`): who holds and who waits for each lock key;
     - `requests` (`OperatorRequests`): the operator requests known to apply here;
     - `recovered` (`StoredProcedures`): the children recovery found, until claimed;
+    - `waits` (`Waits`): the procedures parked on a durable timer or signal;
     - `term` (`Term`): the term's tasks, and stepping down;
     - `lease` (`TermLease`, None without a lease): the fencing token and write checks.
     """
 
-    __slots__ = ("history", "lease", "locks", "metas", "recovered", "requests", "settings", "store", "term")
+    __slots__ = ("history", "lease", "locks", "metas", "recovered", "requests", "settings", "store", "term", "waits")
 
     def __init__(
         self,
@@ -60,7 +62,8 @@ class ManagerContext:
         self.recovered = StoredProcedures()
         self.metas = Registry(self.recovered.children_of, self._ended)
         self.locks = LockTable()
-        self.requests = OperatorRequests(store.requests, term.spawn, self.metas)
+        self.waits = Waits(term.spawn)
+        self.requests = OperatorRequests(store.requests, term.spawn, self.metas, self.waits.wake)
 
     def _ended(self, meta: ProcedureMeta) -> None:
         self.requests.looks.forget(meta.id)

@@ -231,14 +231,18 @@ class OperatorRequests:
     """The requests known to apply to a term's procedures: read from the store, or passed
     down from an ancestor's. A runner checks here, then the store, before every attempt."""
 
-    __slots__ = ("_known", "_metas", "_submit_wakes", "looks")
+    __slots__ = ("_known", "_metas", "_submit_wakes", "_wake", "looks")
 
-    def __init__(self, requests: RequestStore, spawn: Spawn, metas: Registry) -> None:
+    def __init__(
+        self, requests: RequestStore, spawn: Spawn, metas: Registry, wake: Callable[[ProcedureId], object]
+    ) -> None:
         self._known: dict[ProcedureId, OperatorRequest] = {}
         self._submit_wakes: dict[ProcedureId, asyncio.Event] = {}
         """For each submit whose first write is under way: set by a request for its id, which
         ends that write's backoff (see `first_wakes`)."""
         self._metas = metas
+        self._wake = wake
+        """Resumes a procedure parked in a durable wait (`Waits.wake`): a request ends the wait."""
         self.looks = RequestLooks(requests, spawn)
 
     def get(self, procedure_id: ProcedureId) -> OperatorRequest | None:
@@ -270,6 +274,7 @@ class OperatorRequests:
         self._known.setdefault(procedure_id, request)
         if (meta := self._metas.get(procedure_id)) is not None:
             meta.requested().set()
+            self._wake(procedure_id)
         elif (submitting := self._submit_wakes.get(procedure_id)) is not None:
             submitting.set()
         inherited = OperatorRequest(
@@ -285,6 +290,7 @@ class OperatorRequests:
                 self._known.setdefault(child, inherited)
                 if meta is not None:
                     meta.requested().set()
+                    self._wake(child)
 
     def is_submitting(self, procedure_id: ProcedureId) -> bool:
         """A submit's first write for the id is under way."""
@@ -354,6 +360,8 @@ async def _look_once(ctx: ManagerContext) -> None:
     # `requests/`, and each look is a request to an object store for as long as the term lasts.
     listed = await walk_readable(ctx.store.store, ctx.store.requests.prefix)
     found = await ctx.store.requests.list_all(listed)
+    for pid in ctx.waits.waiting_for_signals(ctx.store.signals.procedures_with_signals(listed)):
+        ctx.waits.wake(pid)  # its runner reads its signals, and parks again if none is the one it waits for
     stale: list[ProcedureId] = []
     for pid, request in found.items():
         meta = ctx.metas.get(pid)

@@ -26,7 +26,7 @@ from procstore.procedure import Procedure
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.history import HistoryRecord, Recorded, RunKey, iso, record_from_keys
 from procstore.store.keys import KeysByProcedure, KeyType, procedure_dir
-from procstore.store.message import ProcedureMessage
+from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
 from procstore.store.tree import descendants, stuck_chains
 
@@ -41,7 +41,7 @@ ORPHAN_HINT = (
 )
 
 
-StartChild = Callable[[ProcedureMeta, Procedure, int, str], None]
+StartChild = Callable[[ProcedureMeta, Procedure, int, str, StepWait], None]
 """Starts a runner for a claimed child: its metadata, procedure, next step and stored data."""
 
 
@@ -127,7 +127,7 @@ class StoredProcedures:
         else:
             state = resumed_state(message, rolling_back=rolling_back)
         meta = ctx.metas.register(child_id, message.type_name, parent_id, procedure, state, lock_key, message.run)
-        start(meta, procedure, message.step + 1, message.data)
+        start(meta, procedure, message.step + 1, message.data, NO_WAIT if rolling_back else StepWait.of(message))
         return True
 
 
@@ -457,7 +457,10 @@ def _resume_root(
     # its last step may be half done: it takes them again now, before any runner starts, so
     # that a procedure queued behind it cannot overtake it and run over that half-done step.
     holds = (message.step > 0 or rolling_back) and ctx.locks.take_all_now(pid, lock_key.keys_to_lock())
-    return [Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=True, holds_locks=holds)]
+    wait = NO_WAIT if rolling_back else StepWait.of(message)
+    return [
+        Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=True, holds_locks=holds, wait=wait)
+    ]
 
 
 async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy: set[ProcedureId]) -> set[ProcedureId]:

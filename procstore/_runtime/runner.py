@@ -35,6 +35,7 @@ from procstore._logs import get_logger, procedure_fields
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.retry import is_rollback_retryable, is_transient
 from procstore._runtime.telemetry import run_traced
+from procstore._runtime.waits import wall_clock
 from procstore._text import valid_unicode
 from procstore.errors import (
     DuplicateProcedure,
@@ -55,8 +56,9 @@ from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.history import HistoryRecord, iso
 from procstore.store.keys import KeyType
-from procstore.store.message import ProcedureMessage
+from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
 from procstore.store.requests import OperatorRequested
+from procstore.store.signals import Signal
 
 if TYPE_CHECKING:
     from procstore._runtime.context import ManagerContext
@@ -289,7 +291,10 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
 class Runner:
     """Runs one procedure in its own task until it ends or the manager stops."""
 
-    __slots__ = ("_resume_children", "_stored_data", "ctx", "holds_locks", "meta", "procedure", "step")
+    __slots__ = (
+        "_consuming", "_parked", "_resume_children", "_signals", "_skip_signals", "_stored_data", "_wait", "ctx",
+        "holds_locks", "meta", "procedure", "step",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -301,6 +306,7 @@ class Runner:
         *,
         resume_children: bool = False,
         holds_locks: bool = False,
+        wait: StepWait | None = None,
     ) -> None:
         self.ctx = ctx
         self.meta = meta
@@ -312,6 +318,17 @@ class Runner:
         self._resume_children = resume_children
         self.holds_locks = holds_locks
         """Its lock keys were taken for it already (see `KeyRwLock.acquire_all_now`)."""
+        self._wait = wait if wait is not None and wait.waits else None
+        """The durable wait its last stored step ended with, until it is over (see `waits.py`)."""
+        self._skip_signals: tuple[str, ...] = () if wait is None else wait.consumed
+        """Signal keys its last stored step consumed: never delivered again (deleted if seen)."""
+        self._signals: dict[str, object] = {}
+        """`ctx.signals` for the next call of `execute`: the signal that ended its wait."""
+        self._consuming: tuple[str, ...] = ()
+        """Keys of the signals delivered to a step whose outcome is not stored yet: named in
+        its next stored message, and deleted once that is stored."""
+        self._parked = False
+        """Parked in `ctx.waits`: its task has ended, and its locks stay held for it."""
 
     def start(self) -> None:
         run = run_traced(self.ctx, self.meta, self, self._run)
@@ -325,9 +342,12 @@ class Runner:
             elif not await self._acquire_all(held):
                 await self._drive()  # the failure it recorded (a rollback, if supported)
                 return
-            self.meta.mark_started()
+            if self.meta.start_time is None:
+                self.meta.mark_started()
             if self._resume_children:
                 await self._resume_stored_children()
+            if self._wait is not None and await self._waits_on():
+                return
             await self._drive()
         except LeaseExpired as e:
             # The lease may be another manager's now: not a failure, the procedure resumes there.
@@ -343,7 +363,8 @@ class Runner:
                 raise
             await self._crashed(as_failure(e, "a hook of the procedure"))
         finally:
-            self._release(held)
+            if not self._parked:
+                self._release(held)
 
     async def _acquire_all(self, held: list[StringKey]) -> bool:
         """Take every lock key, in order, appending each to `held`; False if the procedure
@@ -418,7 +439,7 @@ class Runner:
         )
 
     async def _drive(self) -> None:
-        while True:
+        while not self._parked:
             kind = self.meta.state.kind
             if kind in _RUNNING_KINDS:
                 await self._execute_step()
@@ -440,6 +461,7 @@ class Runner:
             fencing_token=None if lease is None else lease.fencing_token,
             lease_check=None if lease is None else lease.check_writable,
             crash_hook=self._crash_point,
+            signals=self._signals,
         )
 
     def _crash_point(self, name: str) -> Awaitable[None]:
@@ -508,6 +530,8 @@ class Runner:
             # each other in one tick must see each other's, or neither would see a cycle.
             for child_id in children:
                 self.meta.add_child(child_id)
+        self._signals = {}  # delivered to this step, consumed with what it stores next
+        wait = self._wait_of(status)
         if status.need_persist:
             if status.is_executing() and self.ctx.store.store.round_trips:
                 self.ctx.requests.looks.look_ahead(self.meta.id)  # the next attempt's, during the write
@@ -518,13 +542,18 @@ class Runner:
             except Exception as e:
                 await self._fail(e)
                 return
-            if not await self._with_store_retries(partial(self._persist, data)):
+            if not await self._with_store_retries(partial(self._persist, data, wait)):
                 return
+            await self._delete_consumed()
         if status.is_done():
             await self._commit_or_fail(ProcedureState.done(status.output))
             return
         if self.meta.state.kind is not ProcedureStateKind.RUNNING:
             self.meta.set_state(ProcedureState.running())
+        if status.is_waiting():
+            self._wait = wait
+            await self._waits_on()
+            return
         if status.is_suspended():
             submit = partial(self._submit_children, status.subprocedures, children)
             if await self._with_store_retries(submit):
@@ -543,15 +572,89 @@ class Runner:
             return False
         return True
 
-    async def _persist(self, data: str) -> None:
+    async def _persist(self, data: str, wait: StepWait) -> None:
         meta = self.meta
-        await self.ctx.store.store_procedure(meta.id, self.step, meta.type_name, data, meta.parent_id, meta.run)
+        await self.ctx.store.store_procedure(meta.id, self.step, meta.type_name, data, meta.parent_id, meta.run, wait)
         self.step += 1
         self._stored_data = data
+
+    # -- durable waits ---------------------------------------------------------------
+
+    def _wait_of(self, status: Status) -> StepWait:
+        """What the message stored for `status` says of waits: its wake-up time (a delay
+        counts from now, by the manager's clock), the signal it waits for, and the signals
+        this step consumed."""
+        if not status.is_waiting():
+            return StepWait(consumed=self._consuming) if self._consuming else NO_WAIT
+        wake_at = status.wake_at
+        if wake_at is None and status.delay is not None:
+            wake_at = wall_clock() + status.delay
+        return StepWait(wake_at, status.signal, self._consuming)
+
+    async def _delete_consumed(self) -> None:
+        """The step that read `_consuming` is stored: delete those signals. A deletion that
+        fails is logged; the stored message names them, so they are never delivered again."""
+        keys, self._consuming = self._consuming, ()
+        if not keys:
+            return
+        self._skip_signals = keys
+        try:
+            await self.ctx.settings.policy.call(lambda _n: self.ctx.store.signals.delete(keys))
+        except Exception as e:
+            logger.warning("procedure %s: cannot delete its consumed signals yet: %s", self.meta.id, describe(e))
+
+    async def _waits_on(self) -> bool:
+        """Whether its wait goes on: if so it is parked (True), and its task may end. Else
+        the wait is over (False): by time, by a signal it waits for (`ctx.signals` holds it
+        for the next call), or by an operator's request (the next attempt honours it)."""
+        wait = self._wait
+        assert wait is not None
+        if self.meta.id in self.ctx.requests:
+            self._wait = None
+            return False
+        if wait.signal is not None:
+            try:
+                found = await self.ctx.settings.policy.call(lambda _n: self._read_signals(wait.signal or ""))
+            except Fenced:
+                raise
+            except Exception as e:
+                self._wait = None
+                await self._fail(e)
+                return False
+            if found:
+                self._wait = None
+                self._signals = {found.name: found.payload}
+                self._consuming = (found.key,)
+                return False
+        if wait.wake_at is not None and wall_clock() >= wait.wake_at:
+            self._wait = None
+            return False
+        self._parked = True
+        self.ctx.waits.park(self.meta.id, wait.wake_at, wait.signal, self._woken)
+        return True
+
+    async def _read_signals(self, name: str) -> Signal | None:
+        """The first signal `name` sent to it that is not consumed; deletes those its last
+        stored step consumed whose deletion was lost."""
+        signals = self.ctx.store.signals
+        skip = self._skip_signals
+        pending = await signals.pending(self.meta.id)
+        if stale := [s.key for s in pending if s.key in skip]:
+            await signals.delete(stale)
+        return next((s for s in pending if s.name == name and s.key not in skip), None)
+
+    def _woken(self) -> None:
+        """Called by `ctx.waits`: run again, in a new task, with the locks it kept."""
+        self._parked = False
+        self.holds_locks = True
+        self._resume_children = False
+        if self.ctx.term.running:
+            self.start()
 
     async def _commit_attempt(self, _attempt: int) -> None:
         await self.ctx.store.commit_procedure(self.meta.id, self.step)
         self._committed()
+        await self._delete_consumed()
 
     def _committed(self) -> None:
         self.meta.terminal_keys += ((self.step, KeyType.COMMIT),)
@@ -668,8 +771,8 @@ class Runner:
     def _claim_stored(self, child_id: ProcedureId, *, roll_back: bool = False) -> bool:
         return self.ctx.recovered.claim(self.ctx, self.meta.id, child_id, self._start_child, roll_back=roll_back)
 
-    def _start_child(self, meta: ProcedureMeta, procedure: Procedure, step: int, data: str) -> None:
-        Runner(self.ctx, meta, procedure, step, data, resume_children=True).start()
+    def _start_child(self, meta: ProcedureMeta, procedure: Procedure, step: int, data: str, wait: StepWait) -> None:
+        Runner(self.ctx, meta, procedure, step, data, resume_children=True, wait=wait).start()
 
     async def _wait_children(self) -> None:
         """Wait until every child has ended. One whose end could not be stored (the store

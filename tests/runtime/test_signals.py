@@ -1,0 +1,189 @@
+"""Signals: `ProcedureManager.signal` stores one under the store's requests, and
+`Status.wait_for_signal(name, timeout)` suspends a procedure until one of that name comes;
+the next step sees it in `ctx.signals`, consumed exactly once with that step (a crash
+before the step is stored delivers it again, one after does not). Virtual time where the
+test waits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from procstore import Context, Procedure, ProcedureError, ProcedureId, ProcedureWithId, Status
+from procstore.store import open_state_store
+from procstore.store.signals import SIGNALS_PATH
+from procstore.testing import Fault, FaultyStore, crash_at, run_simulated
+from tests.support import StoreTarget, manager_for, store_targets
+
+
+class Waiter(Procedure):
+    """Waits for `waits` signals named "go" (each with `timeout`), recording each step's
+    `ctx.signals`, after an optional first sleep; returns what it got."""
+
+    type_name = "test::Waiter"
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def dump(self) -> str:
+        return json.dumps(self.state)
+
+    async def execute(self, ctx: Context) -> Status:
+        state = self.state
+        if state.get("sleep"):
+            seconds = state.pop("sleep")
+            return Status.sleep(seconds)
+        if state.setdefault("waiting", False):
+            state["got"] = [*state.get("got", []), dict(ctx.signals)]
+            await ctx.crash_point("read")
+            state["waiting"] = False
+            return Status.executing()
+        if len(state.get("got", [])) < state.get("waits", 1):
+            state["waiting"] = True
+            return Status.wait_for_signal("go", timeout=state.get("timeout"))
+        return Status.done(state["got"])
+
+
+def waiter(**state: Any) -> ProcedureWithId:
+    return ProcedureWithId.new(Waiter(state))
+
+
+async def stored_signals(manager: Any, pid: ProcedureId) -> list[str]:
+    return list(await manager.store.store.walk(f"{SIGNALS_PATH}{pid}/"))
+
+
+def test_a_signal_ends_the_wait_and_the_next_step_sees_its_payload() -> None:
+    async def main() -> None:
+        async with manager_for("memory://signals-basic/", Waiter) as manager:
+            procedure = waiter()
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(3600)  # waits as long as it takes
+            assert manager.procedure_state(procedure.id) is not None
+            await manager.signal(procedure.id, "other", 0)  # not the one it waits for
+            await manager.signal(procedure.id, "go", {"region": 7})
+            assert await watcher.wait() == [{"go": {"region": 7}}]
+            assert await stored_signals(manager, procedure.id) == [
+                k for k in await stored_signals(manager, procedure.id) if "go" not in k
+            ]
+
+    run_simulated(main())
+
+
+def test_signals_sent_before_the_wait_are_kept_and_delivered_in_order() -> None:
+    async def main() -> None:
+        async with manager_for("memory://signals-early/", Waiter) as manager:
+            procedure = waiter(sleep=60, waits=3)
+            watcher = await manager.submit(procedure)
+            for n in range(3):
+                await manager.signal(procedure.id, "go", n)
+            assert await watcher.wait() == [{"go": 0}, {"go": 1}, {"go": 2}]
+            assert await stored_signals(manager, procedure.id) == []
+
+    run_simulated(main())
+
+
+def test_a_timeout_ends_the_wait_with_no_signals() -> None:
+    async def main() -> float:
+        async with manager_for("memory://signals-timeout/", Waiter) as manager:
+            watcher = await manager.submit(waiter(timeout=600))
+            assert await watcher.wait() == [{}]
+            return asyncio.get_running_loop().time()
+
+    assert 600 <= run_simulated(main()) < 605
+
+
+def test_a_signal_to_an_unknown_or_ended_procedure_is_refused() -> None:
+    async def main() -> None:
+        async with manager_for("memory://signals-refused/", Waiter) as manager:
+            with pytest.raises(ProcedureError, match="not in the store"):
+                await manager.signal(ProcedureId.random(), "go")
+            procedure = waiter(timeout=1)
+            await (await manager.submit(procedure)).wait()
+            with pytest.raises(ProcedureError, match="ended|not in the store"):
+                await manager.signal(procedure.id, "go")
+            with pytest.raises(TypeError):
+                await manager.signal(procedure.id, "")
+
+    run_simulated(main())
+
+
+def test_a_signal_from_another_process_is_found_by_the_request_poll() -> None:
+    async def main() -> None:
+        url = "memory://signals-poll/"
+        async with manager_for(url, Waiter, request_poll_interval=1.0) as manager:
+            procedure = waiter()
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(10)
+            from procstore.store.procedure_store import ProcedureStore
+            from procstore.store.signals import send_signal
+
+            await send_signal(ProcedureStore(open_state_store(url)), procedure.id, "go", "hi")
+            assert await asyncio.wait_for(watcher.wait(), 5) == [{"go": "hi"}]
+
+    run_simulated(main())
+
+
+def test_a_crash_before_the_step_is_stored_delivers_the_signal_again() -> None:
+    async def main() -> None:
+        url = "memory://signals-crash-before/"
+        procedure = waiter(waits=2, timeout=100)
+        store = FaultyStore(open_state_store(url), faults=[crash_at("read")])
+        manager = manager_for(store, Waiter)
+        await manager.start()
+        await manager.submit(procedure)
+        await asyncio.sleep(1)
+        await manager.signal(procedure.id, "go", "once")
+        await asyncio.wait_for(store.crashed.wait(), 5)
+        await manager.stop()
+        async with manager_for(url, Waiter) as again:
+            watcher = again.procedure_watcher(procedure.id)
+            assert watcher is not None
+            # Delivered again to the step the crash cut short, and to no later wait.
+            assert await watcher.wait() == [{"go": "once"}, {}]
+
+    run_simulated(main())
+
+
+def test_a_crash_after_the_step_is_stored_never_delivers_the_signal_again() -> None:
+    async def main() -> None:
+        url = "memory://signals-crash-after/"
+        procedure = waiter(waits=2, timeout=100)
+        # Killed as it deletes the consumed signal: the step that read it is stored.
+        deleting = Fault("crash", kinds=frozenset({"batch_delete", "delete"}), key=f"{SIGNALS_PATH}*")
+        store = FaultyStore(open_state_store(url), faults=[deleting])
+        manager = manager_for(store, Waiter)
+        await manager.start()
+        await manager.submit(procedure)
+        await asyncio.sleep(1)
+        await manager.signal(procedure.id, "go", "once")
+        await asyncio.wait_for(store.crashed.wait(), 5)
+        await manager.stop()
+        async with manager_for(url, Waiter) as again:
+            watcher = again.procedure_watcher(procedure.id)
+            assert watcher is not None
+            assert await watcher.wait() == [{"go": "once"}, {}]
+            assert await stored_signals(again, procedure.id) == []
+
+    run_simulated(main())
+
+
+real_store = store_targets("memory", "local", "s3")
+
+
+def test_a_signal_reaches_a_waiter_after_a_restart_on_each_store(real_store: StoreTarget) -> None:
+    async def main() -> None:
+        procedure = waiter()
+        async with manager_for(real_store, Waiter) as first:
+            await first.submit(procedure)
+            await asyncio.sleep(0.2)
+            await first.signal(procedure.id, "early", 1)
+        async with manager_for(real_store, Waiter, request_poll_interval=0.1) as second:
+            watcher = second.procedure_watcher(procedure.id)
+            assert watcher is not None
+            await second.signal(procedure.id, "go", [1, 2])
+            assert await asyncio.wait_for(watcher.wait(), 10) == [{"go": [1, 2]}]
+
+    asyncio.run(main())
