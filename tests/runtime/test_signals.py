@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from procstore import Context, Procedure, ProcedureError, ProcedureId, ProcedureWithId, Status
+from procstore._cli.app import cli
 from procstore.store import open_state_store
 from procstore.store.signals import SIGNALS_PATH
 from procstore.testing import Fault, FaultyStore, crash_at, run_simulated
@@ -185,5 +188,22 @@ def test_a_signal_reaches_a_waiter_after_a_restart_on_each_store(real_store: Sto
             assert watcher is not None
             await second.signal(procedure.id, "go", [1, 2])
             assert await asyncio.wait_for(watcher.wait(), 10) == [{"go": [1, 2]}]
+
+    asyncio.run(main())
+
+
+def test_procstore_signal_sends_one_from_the_command_line(tmp_path: Path) -> None:
+    async def main() -> None:
+        procedure = waiter()
+        async with manager_for(str(tmp_path), Waiter, request_poll_interval=0.05) as manager:
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(0.1)
+            sent = await asyncio.to_thread(
+                CliRunner().invoke, cli, ["signal", str(tmp_path), str(procedure.id), "go", "--payload", '{"a": 1}']
+            )
+            assert sent.exit_code == 0, sent.output
+            assert await asyncio.wait_for(watcher.wait(), 10) == [{"go": {"a": 1}}]
+        refused = await asyncio.to_thread(CliRunner().invoke, cli, ["signal", str(tmp_path), str(procedure.id), "go"])
+        assert refused.exit_code == 6 and "procedure" in refused.output
 
     asyncio.run(main())
