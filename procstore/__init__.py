@@ -32,6 +32,7 @@ from procstore.errors import (
     SubmissionsPaused,
     TooManyRunningProcedures,
 )
+from procstore.flow import Concurrency, RateLimit
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, LockMode, StringKey
 from procstore.procedure import Context, ContextProvider, Procedure, ProcedureWithId, Status, StatusKind
@@ -42,6 +43,7 @@ from procstore.store.procedure_store import LoadProblem
 __version__ = "0.1.0"
 
 __all__ = [
+    "Concurrency",
     "Context",
     "ContextProvider",
     "DuplicateProcedure",
@@ -73,6 +75,7 @@ __all__ = [
     "ProcedureState",
     "ProcedureStateKind",
     "ProcedureWithId",
+    "RateLimit",
     "RetryBudget",
     "RetryLater",
     "Status",

@@ -14,6 +14,7 @@ from typing import ClassVar, Protocol, Self
 import orjson
 
 from procstore.errors import InvalidProcedureId
+from procstore.flow import Concurrency, RateLimit
 from procstore.ids import ProcedureId
 from procstore.lock_key import NO_KEYS, LockKey, StringKey
 from procstore.state import ProcedureState
@@ -32,6 +33,9 @@ class Procedure(abc.ABC):
 
     type_name: ClassVar[str]
     rollback_supported: ClassVar[bool] = False
+    rate_limit: ClassVar[RateLimit | None] = None
+    """At most `RateLimit(starts, per)` first starts of this type in any `per` seconds, in
+    each manager; the others wait, by `priority()`. None: no limit."""
 
     @abc.abstractmethod
     async def execute(self, ctx: Context) -> Status:
@@ -49,6 +53,17 @@ class Procedure(abc.ABC):
     def lock_key(self) -> LockKey:
         """The keys locked before the first `execute` and held until the procedure ends."""
         return NO_KEYS
+
+    def concurrency(self) -> Concurrency | None:
+        """`Concurrency(key, limit)`: at most `limit` procedures of this key run at once; the
+        others wait, by `priority()`, before their first step. Computed from the procedure's
+        state (as `lock_key()`), so every manager obeys it after a restart. None: no limit."""
+        return None
+
+    def priority(self) -> int:
+        """Among procedures waiting for a concurrency slot or a rate limit, the higher starts
+        first (ties: in the order they began to wait)."""
+        return 0
 
     async def rollback(self, ctx: Context) -> None:  # noqa: B027 - optional hook
         """Undo partial work after a failure. Must be idempotent: it may run again after a restart."""

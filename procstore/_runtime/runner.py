@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from procstore._aio import gather_settled
 from procstore._logs import get_logger, procedure_fields
+from procstore._runtime.flow_control import Admission
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.retry import is_rollback_retryable, is_transient
 from procstore._runtime.telemetry import run_traced
@@ -50,6 +51,7 @@ from procstore.errors import (
     StrayCancellation,
     describe,
 )
+from procstore.flow import Concurrency, RateLimit
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
@@ -114,6 +116,32 @@ def checked_lock_key(procedure: Procedure) -> LockKey:
             'not a LockKey: return LockKey([StringKey.exclusive("table/42"), ...]), or LockKey() for none'
         )
     return lock_key
+
+
+def admission_of(procedure: Procedure, type_name: str) -> Admission:
+    """What the procedure asks of flow control, checked: another value than documented is
+    the procedure's error."""
+    concurrency = procedure.concurrency()
+    if concurrency is not None and not isinstance(concurrency, Concurrency):
+        raise TypeError(
+            f"{type(procedure).__qualname__}.concurrency() returned {_short(concurrency)}, not a Concurrency"
+        )
+    rate = type(procedure).rate_limit
+    if rate is not None and not isinstance(rate, RateLimit):
+        raise TypeError(f"{type(procedure).__qualname__}.rate_limit is {_short(rate)}, not a RateLimit")
+    if concurrency is None and rate is None:
+        return Admission(type_name, None, None)
+    priority = procedure.priority()
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"{type(procedure).__qualname__}.priority() returned {_short(priority)}, not an int")
+    return Admission(type_name, concurrency, rate, priority)
+
+
+def _waiting_text(wait: StepWait) -> str:
+    until = "" if wait.wake_at is None else iso(datetime.fromtimestamp(wait.wake_at, UTC))
+    if wait.signal is None:
+        return f"sleeping until {until}"
+    return f"waiting for signal {wait.signal!r}" + (f" until {until}" if until else "")
 
 
 def _short(value: object) -> str:
@@ -337,6 +365,9 @@ class Runner:
     async def _run(self) -> None:
         held: list[StringKey] = []
         try:
+            if not await self._admitted():
+                await self._drive()  # the failure it recorded
+                return
             if self.holds_locks:
                 held += self.meta.lock_key.keys_to_lock()
             elif not await self._acquire_all(held):
@@ -365,6 +396,24 @@ class Runner:
         finally:
             if not self._parked:
                 self._release(held)
+                self.ctx.waits.flow.release(self.meta.id)
+
+    async def _admitted(self) -> bool:
+        """Wait for flow control (`Procedure.concurrency()`, `rate_limit`); False if the
+        procedure failed instead (an operator's request came first: it had not started)."""
+        admission = admission_of(self.procedure, self.meta.type_name)
+        if not admission.limited:
+            return True
+        started = self.step > 1 or self.meta.state.kind is not ProcedureStateKind.RUNNING
+
+        def report(why: str | None) -> None:
+            self.meta.waiting = why
+
+        flow = self.ctx.waits.flow
+        if await flow.admit(self.meta.id, admission, started=started, unless=self.meta.requested(), report=report):
+            return True
+        await self._fail(OperatorRequested(self.ctx.requests[self.meta.id]), roll_back=False)
+        return False
 
     async def _acquire_all(self, held: list[StringKey]) -> bool:
         """Take every lock key, in order, appending each to `held`; False if the procedure
@@ -630,6 +679,7 @@ class Runner:
             self._wait = None
             return False
         self._parked = True
+        self.meta.waiting = _waiting_text(wait)
         self.ctx.waits.park(self.meta.id, wait.wake_at, wait.signal, self._woken)
         return True
 
@@ -646,6 +696,7 @@ class Runner:
     def _woken(self) -> None:
         """Called by `ctx.waits`: run again, in a new task, with the locks it kept."""
         self._parked = False
+        self.meta.waiting = None
         self.holds_locks = True
         self._resume_children = False
         if self.ctx.term.running:

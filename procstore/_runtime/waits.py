@@ -1,5 +1,5 @@
 """Durable waits in a term: the procedures parked on a timer or a signal, and the one task
-that wakes them.
+that wakes them; and flow control (`Waits.flow`), what procedures wait for before they start.
 
 A procedure whose step returned `Status.sleep`, `sleep_until` or `wait_for_signal` has its
 state and wake-up time stored (`ProcedureMessage.wake_at`, `signal`), then parks: its
@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
+from procstore._runtime.flow_control import FlowControl
 from procstore.ids import ProcedureId
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
@@ -51,10 +52,12 @@ class _Parked:
 class Waits:
     """The parked procedures of a term, and the one task that wakes them on time."""
 
-    __slots__ = ("_changed", "_counter", "_heap", "_parked", "_spawn", "_task")
+    __slots__ = ("_changed", "_counter", "_heap", "_parked", "_spawn", "_task", "flow")
 
     def __init__(self, spawn: Spawn) -> None:
         self._spawn = spawn
+        self.flow = FlowControl()
+        """Concurrency slots and rate limits: what a procedure waits for before its first step."""
         self._parked: dict[ProcedureId, _Parked] = {}
         # Invariant: every entry of `_parked` with a wake-up time has one heap item; an item
         # whose entry is no longer the one parked (woken early) is skipped when popped.
