@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,8 @@ from procstore import Context, Lease, Procedure, ProcedureFailed, ProcedureWithI
 from procstore.store import ProcedureMessage
 from procstore.store.keys import KeyType
 from procstore.testing import kill_manager, run_simulated
+from tests import greptimedb_loader
+from tests.runtime.test_signals import Waiter
 from tests.support import StoreTarget, manager_for, store_targets
 
 TEN_MINUTES = 600.0
@@ -177,3 +180,23 @@ def test_a_takeover_wakes_the_sleeper_of_the_former_leader() -> None:
         return woke
 
     assert TEN_MINUTES <= run_simulated(main()) < TEN_MINUTES + 60
+
+
+def test_greptimedbs_loader_reads_a_sleeping_and_a_waiting_step(tmp_path: Path) -> None:
+    """The wake-up time and the awaited signal are fields GreptimeDB's loader ignores: it
+    reads the step key as an unfinished procedure's (and would run it again at once)."""
+
+    async def main() -> tuple[ProcedureWithId, ProcedureWithId]:
+        sleeping = sleeper(TEN_MINUTES)
+        waiting = ProcedureWithId.new(Waiter({}))
+        async with manager_for(str(tmp_path), Sleeper, Waiter) as manager:
+            await manager.submit(sleeping)
+            await manager.submit(waiting)
+            await asyncio.sleep(0.2)
+        return sleeping, waiting
+
+    sleeping, waiting = asyncio.run(main())
+    loaded = greptimedb_loader.read_directory(tmp_path)
+    assert set(loaded.messages) == {str(sleeping.id), str(waiting.id)}
+    assert {m.step for m in loaded.messages.values()} == {1}
+    assert loaded.messages[str(sleeping.id)].type_name == "test::Sleeper"
