@@ -349,7 +349,8 @@ class Runner:
         self._wait = wait if wait is not None and wait.waits else None
         """The durable wait its last stored step ended with, until it is over (see `waits.py`)."""
         self._skip_signals: tuple[str, ...] = () if wait is None else wait.consumed
-        """Signal keys its last stored step consumed: never delivered again (deleted if seen)."""
+        """Signal keys consumed by a stored step and not known to be deleted yet: never
+        delivered again, and named in every message it stores until they are deleted."""
         self._signals: dict[str, object] = {}
         """`ctx.signals` for the next call of `execute`: the signal that ended its wait."""
         self._consuming: tuple[str, ...] = ()
@@ -377,6 +378,8 @@ class Runner:
                 self.meta.mark_started()
             if self._resume_children:
                 await self._resume_stored_children()
+            if self._skip_signals:
+                await self._delete_consumed()  # its stored step consumed them: a crash came before their deletion
             if self._wait is not None and await self._waits_on():
                 return
             await self._drive()
@@ -634,23 +637,26 @@ class Runner:
         counts from now, by the manager's clock), the signal it waits for, and the signals
         this step consumed."""
         if not status.is_waiting():
-            return StepWait(consumed=self._consuming) if self._consuming else NO_WAIT
+            consumed = self._consuming + self._skip_signals
+            return StepWait(consumed=consumed) if consumed else NO_WAIT
         wake_at = status.wake_at
         if wake_at is None and status.delay is not None:
             wake_at = wall_clock() + status.delay
-        return StepWait(wake_at, status.signal, self._consuming)
+        return StepWait(wake_at, status.signal, self._consuming + self._skip_signals)
 
     async def _delete_consumed(self) -> None:
         """The step that read `_consuming` is stored: delete those signals. A deletion that
         fails is logged; the stored message names them, so they are never delivered again."""
-        keys, self._consuming = self._consuming, ()
+        keys = self._skip_signals = self._consuming + self._skip_signals
+        self._consuming = ()
         if not keys:
             return
-        self._skip_signals = keys
         try:
             await self.ctx.settings.policy.call(lambda _n: self.ctx.store.signals.delete(keys))
         except Exception as e:
             logger.warning("procedure %s: cannot delete its consumed signals yet: %s", self.meta.id, describe(e))
+        else:
+            self._skip_signals = ()
 
     async def _waits_on(self) -> bool:
         """Whether its wait goes on: if so it is parked (True), and its task may end. Else
@@ -684,14 +690,9 @@ class Runner:
         return True
 
     async def _read_signals(self, name: str) -> Signal | None:
-        """The first signal `name` sent to it that is not consumed; deletes those its last
-        stored step consumed whose deletion was lost."""
-        signals = self.ctx.store.signals
-        skip = self._skip_signals
-        pending = await signals.pending(self.meta.id)
-        if stale := [s.key for s in pending if s.key in skip]:
-            await signals.delete(stale)
-        return next((s for s in pending if s.name == name and s.key not in skip), None)
+        """The first signal `name` sent to it that no stored step consumed."""
+        pending = await self.ctx.store.signals.pending(self.meta.id, skip=self._skip_signals)
+        return next((s for s in pending if s.name == name), None)
 
     def _woken(self) -> None:
         """Called by `ctx.waits`: run again, in a new task, with the locks it kept."""
