@@ -50,6 +50,7 @@ from procstore.store.folder import latest_key
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import OperatorRequest, OperatorRequested, RequestKind, RequestStore
+from procstore.store.signals import sent_at
 from procstore.store.state_store import walk_readable
 
 if TYPE_CHECKING:
@@ -360,8 +361,7 @@ async def _look_once(ctx: ManagerContext) -> None:
     # `requests/`, and each look is a request to an object store for as long as the term lasts.
     listed = await walk_readable(ctx.store.store, ctx.store.requests.prefix)
     found = await ctx.store.requests.list_all(listed)
-    for pid in ctx.waits.waiting_for_signals(ctx.store.signals.procedures_with_signals(listed)):
-        ctx.waits.wake(pid)  # its runner reads its signals, and parks again if none is the one it waits for
+    await _look_at_signals(ctx, ctx.store.signals.listed_by_procedure(listed))
     stale: list[ProcedureId] = []
     for pid, request in found.items():
         meta = ctx.metas.get(pid)
@@ -386,6 +386,23 @@ async def _look_once(ctx: ManagerContext) -> None:
             await _load_again(ctx, pid, nudge)
         except StoreError as e:  # this procedure's folder, say: the other nudges go on
             logger.warning("procedure %s: acting on its resume nudge failed (%s); trying again", pid, e)
+
+
+async def _look_at_signals(ctx: ManagerContext, listed: dict[ProcedureId, list[str]]) -> None:
+    """Wake the procedures waiting here for a signal that the listing shows one for (each
+    reads its signals, and parks again if none is the one it waits for); delete the signals
+    of procedures the store no longer holds (they ended, and their last signals were never
+    waited for), once old enough that a procedure being submitted cannot be one of them."""
+    for pid in ctx.waits.waiting_for_signals(listed):
+        ctx.waits.wake(pid)
+    now = time.time()
+    for pid, keys in listed.items():
+        if ctx.is_known(pid):
+            continue
+        old = [key for key in keys if (sent := sent_at(key)) is None or now - sent > STALE_REQUEST_AGE]
+        if old and not await ctx.store.holds_keys(pid):
+            logger.info("deleting %d signals of procedure %s, which the store no longer holds", len(old), pid)
+            await ctx.store.signals.delete(old)
 
 
 async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorRequest) -> None:

@@ -105,15 +105,15 @@ class SignalStore:
             found.append(Signal(key, stored.name, payload))
         return found
 
-    def procedures_with_signals(self, listed: Collection[str]) -> set[ProcedureId]:
-        """The procedures that `listed` (a listing of `requests/` or of this folder) shows a signal for."""
-        ids: set[ProcedureId] = set()
+    def listed_by_procedure(self, listed: Collection[str]) -> dict[ProcedureId, list[str]]:
+        """The signal keys that `listed` (a listing of `requests/` or of this folder) shows, by procedure."""
+        found: dict[ProcedureId, list[str]] = {}
         for key in listed:
-            if key.startswith(self.prefix):
+            if key.startswith(self.prefix) and key.endswith(".json"):
                 pid = ProcedureId.parse_canonical(key[len(self.prefix) :].split("/", 1)[0])
                 if pid is not None:
-                    ids.add(pid)
-        return ids
+                    found.setdefault(pid, []).append(key)
+        return found
 
     async def delete(self, keys: Collection[str]) -> None:
         if keys:
@@ -140,3 +140,11 @@ async def send_signal(store: ProcedureStore, procedure_id: ProcedureId, name: st
             f"cannot signal procedure {procedure_id}: it has already ended (its latest key is {latest.step}.commit)"
         )
     return await store.signals.put(procedure_id, name, payload)
+
+
+def sent_at(key: str) -> float | None:
+    """When the signal under `key` was sent (seconds since the epoch, by its sender's clock),
+    read from its name; None for a name procstore did not write."""
+    name = key.rsplit("/", 1)[-1]
+    sent = name.split("-", 1)[0]
+    return int(sent) / 1e9 if sent.isascii() and sent.isdigit() else None

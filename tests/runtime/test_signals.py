@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from procstore import Context, Procedure, ProcedureError, ProcedureId, ProcedureWithId, Status
 from procstore._cli.app import cli
 from procstore.store import open_state_store
-from procstore.store.signals import SIGNALS_PATH
+from procstore.store.signals import SIGNALS_PATH, SignalStore
 from procstore.testing import Fault, FaultyStore, crash_at, run_simulated
 from tests.support import StoreTarget, manager_for, store_targets
 
@@ -207,3 +207,18 @@ def test_procstore_signal_sends_one_from_the_command_line(tmp_path: Path) -> Non
         assert refused.exit_code == 6 and "procedure" in refused.output
 
     asyncio.run(main())
+
+
+def test_old_signals_of_procedures_the_store_no_longer_holds_are_deleted() -> None:
+    async def main() -> None:
+        url = "memory://signals-stale/"
+        gone, recent = ProcedureId.random(), ProcedureId.random()
+        store = open_state_store(url)
+        old_key = f"{SIGNALS_PATH}{gone}/{1:020d}-00000000.json"
+        await store.put(old_key, b'{"name":"go","payload":null}')
+        recent_key = await SignalStore(store).put(recent, "go")
+        async with manager_for(url, Waiter, request_poll_interval=1.0):
+            await asyncio.sleep(3)
+        assert await store.walk(SIGNALS_PATH) == [recent_key]
+
+    run_simulated(main())
