@@ -137,13 +137,6 @@ def admission_of(procedure: Procedure, type_name: str) -> Admission:
     return Admission(type_name, concurrency, rate, priority)
 
 
-def _waiting_text(wait: StepWait) -> str:
-    until = "" if wait.wake_at is None else iso(datetime.fromtimestamp(wait.wake_at, UTC))
-    if wait.signal is None:
-        return f"sleeping until {until}"
-    return f"waiting for signal {wait.signal!r}" + (f" until {until}" if until else "")
-
-
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:77]}..."
@@ -685,7 +678,7 @@ class Runner:
             self._wait = None
             return False
         self._parked = True
-        self.meta.waiting = _waiting_text(wait)
+        self.meta.waiting = wait.describe()
         self.ctx.waits.park(self.meta.id, wait.wake_at, wait.signal, self._woken)
         return True
 

@@ -20,6 +20,7 @@ loader (serde, unknown fields ignored) reads the others.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import msgspec
@@ -47,6 +48,13 @@ class StepWait:
     def waits(self) -> bool:
         """Whether the step ends in a wait (a timer, a signal, or both)."""
         return self.wake_at is not None or self.signal is not None
+
+    def describe(self) -> str:
+        """The wait in words: `sleeping until {time}`, `waiting for signal 'name' [until {time}]`."""
+        until = "" if self.wake_at is None else datetime.fromtimestamp(self.wake_at, UTC).isoformat(timespec="seconds")
+        if self.signal is None:
+            return f"sleeping until {until}"
+        return f"waiting for signal {self.signal!r}" + (f" until {until}" if until else "")
 
 
 NO_WAIT = StepWait()

@@ -11,8 +11,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from procstore import Context, Lease, Procedure, ProcedureFailed, ProcedureWithId, Status
+from procstore._cli.app import cli
 from procstore.store import ProcedureMessage
 from procstore.store.keys import KeyType
 from procstore.testing import kill_manager, run_simulated
@@ -200,3 +202,20 @@ def test_greptimedbs_loader_reads_a_sleeping_and_a_waiting_step(tmp_path: Path) 
     assert set(loaded.messages) == {str(sleeping.id), str(waiting.id)}
     assert {m.step for m in loaded.messages.values()} == {1}
     assert loaded.messages[str(sleeping.id)].type_name == "test::Sleeper"
+
+
+def test_procstore_show_says_until_when_a_step_sleeps(tmp_path: Path) -> None:
+    async def main() -> ProcedureWithId:
+        procedure = sleeper(TEN_MINUTES)
+        async with manager_for(str(tmp_path), Sleeper) as manager:
+            await manager.submit(procedure)
+            await asyncio.sleep(0.2)
+        return procedure
+
+    procedure = asyncio.run(main())
+    shown = CliRunner().invoke(cli, ["show", str(tmp_path), str(procedure.id)])
+    assert shown.exit_code == 0, shown.output
+    assert "then: sleeping until 20" in shown.output
+    as_json = CliRunner().invoke(cli, ["show", str(tmp_path), str(procedure.id), "-o", "json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert '"wake_at"' in as_json.output
