@@ -224,17 +224,36 @@ class _KnownFieldsOnly(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 
 _KNOWN_FIELDS = frozenset(_KnownFieldsOnly.__struct_fields__)
-_MESSAGE_FIELDS = ("type_name", "data", "parent_id", "step", "error", "run", "wake_at", "signal", "consumed")
-_setters = [vars(ProcedureMessage)[name].__set__ for name in _MESSAGE_FIELDS]
-_set_extra = vars(ProcedureMessage)["extra"].__set__
+(
+    _set_type_name,
+    _set_data,
+    _set_parent_id,
+    _set_step,
+    _set_error,
+    _set_run,
+    _set_wake_at,
+    _set_signal,
+    _set_consumed,
+    _set_extra,
+) = (
+    vars(ProcedureMessage)[name].__set__
+    for name in ("type_name", "data", "parent_id", "step", "error", "run", "wake_at", "signal", "consumed", "extra")
+)
 
 
 def _message_of(known: _KnownFieldsOnly) -> ProcedureMessage:
     """The message of a value with known fields only, its slots filled directly: the frozen
     dataclass's `__init__` costs as much again as the decoding (recovery decodes thousands)."""
     message = object.__new__(ProcedureMessage)
-    for name, setter in zip(_MESSAGE_FIELDS, _setters, strict=True):
-        setter(message, getattr(known, name))
+    _set_type_name(message, known.type_name)
+    _set_data(message, known.data)
+    _set_parent_id(message, known.parent_id)
+    _set_step(message, known.step)
+    _set_error(message, known.error)
+    _set_run(message, known.run)
+    _set_wake_at(message, known.wake_at)
+    _set_signal(message, known.signal)
+    _set_consumed(message, known.consumed)
     _set_extra(message, b"")
     return message
 
