@@ -99,7 +99,8 @@ class ProcedureManager:
         retry_budget: the rate of retries allowed to all procedures together (a token bucket,
             `RetryBudget(rate=20, burst=100)` by default): retries beyond it wait their turn.
         max_running_procedures: `submit()` raises `TooManyRunningProcedures` beyond this
-            many unfinished procedures (subprocedures and recovered ones are not refused).
+            many unfinished procedures (subprocedures and recovered ones are not refused;
+            those parked in a durable wait, `Status.sleep` or `wait_for_signal`, do not count).
         metadata_ttl: seconds a finished tree stays visible to `procedure_state()` and
             `list_procedures()`.
         gc_interval: seconds between sweeps of expired metadata (a task `start()` creates
@@ -538,7 +539,9 @@ class ProcedureManager:
             raise InvalidProcedureId(pid)
         if ctx.is_known(pid) or pid in ctx.metas.submitting:
             raise DuplicateProcedure(pid)
-        if ctx.metas.unfinished + len(ctx.metas.submitting) >= self.max_running_procedures:
+        # A procedure parked in a durable wait (a timer, a signal) holds no task: it does not count.
+        running = ctx.metas.unfinished - len(ctx.waits) + len(ctx.metas.submitting)
+        if running >= self.max_running_procedures:
             raise TooManyRunningProcedures(self.max_running_procedures)
         proc = procedure.procedure
         type_name = type_name_of(proc)

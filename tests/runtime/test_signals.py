@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from procstore import Context, Procedure, ProcedureError, ProcedureId, ProcedureWithId, Status
+from procstore import Context, Lease, Procedure, ProcedureError, ProcedureFailed, ProcedureId, ProcedureWithId, Status
 from procstore._cli.app import cli
 from procstore.store import open_state_store
-from procstore.store.signals import SIGNALS_PATH, SignalStore
-from procstore.testing import Fault, FaultyStore, crash_at, run_simulated
+from procstore.store.procedure_store import ProcedureStore
+from procstore.store.signals import SIGNALS_PATH, SignalStore, send_signal
+from procstore.testing import Fault, FaultyStore, crash_at, kill_manager, run_simulated
 from tests.support import StoreTarget, manager_for, store_targets
 
 
@@ -120,9 +121,6 @@ def test_a_signal_from_another_process_is_found_by_the_request_poll() -> None:
             procedure = waiter()
             watcher = await manager.submit(procedure)
             await asyncio.sleep(10)
-            from procstore.store.procedure_store import ProcedureStore
-            from procstore.store.signals import send_signal
-
             await send_signal(ProcedureStore(open_state_store(url)), procedure.id, "go", "hi")
             assert await asyncio.wait_for(watcher.wait(), 5) == [{"go": "hi"}]
 
@@ -220,5 +218,58 @@ def test_old_signals_of_procedures_the_store_no_longer_holds_are_deleted() -> No
         async with manager_for(url, Waiter, request_poll_interval=1.0):
             await asyncio.sleep(3)
         assert await store.walk(SIGNALS_PATH) == [recent_key]
+
+    run_simulated(main())
+
+
+def test_a_cancel_ends_a_wait_for_a_signal_at_once() -> None:
+    async def main() -> float:
+        async with manager_for("memory://signals-cancel/", Waiter) as manager:
+            procedure = waiter()
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(100)
+            await manager.cancel(procedure.id, "no signal will come")
+            with pytest.raises(ProcedureFailed, match="no signal will come"):
+                await watcher.wait()
+            return asyncio.get_running_loop().time()
+
+    assert run_simulated(main()) < 101
+
+
+def test_a_standby_sends_a_signal_that_the_leader_delivers() -> None:
+    async def main() -> None:
+        url = "memory://signals-standby/"
+        procedure = waiter()
+        async with (
+            manager_for(url, Waiter, lease=Lease(ttl=10.0, holder="leader"), request_poll_interval=1.0) as leader,
+            manager_for(url, Waiter, lease=Lease(ttl=10.0, holder="standby")) as standby,
+        ):
+            await leader.wait_until_leading()
+            watcher = await leader.submit(procedure)
+            await asyncio.sleep(5)
+            assert not standby.is_leader
+            await standby.signal(procedure.id, "go", "from the standby")
+            assert await asyncio.wait_for(watcher.wait(), 10) == [{"go": "from the standby"}]
+
+    run_simulated(main())
+
+
+def test_a_takeover_delivers_a_signal_sent_while_no_manager_led() -> None:
+    async def main() -> None:
+        url = "memory://signals-takeover/"
+        procedure = waiter()
+        first = manager_for(url, Waiter, lease=Lease(ttl=10.0, holder="first"))
+        await first.start()
+        await first.wait_until_leading()
+        await first.submit(procedure)
+        await asyncio.sleep(5)
+        await kill_manager(first)
+        await send_signal(ProcedureStore(open_state_store(url)), procedure.id, "go", 7)
+        async with manager_for(url, Waiter, lease=Lease(ttl=10.0, holder="second")) as second:
+            await second.wait_until_leading()
+            watcher = second.procedure_watcher(procedure.id)
+            assert watcher is not None
+            assert await asyncio.wait_for(watcher.wait(), 60) == [{"go": 7}]
+        await first.stop()
 
     run_simulated(main())
