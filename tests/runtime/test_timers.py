@@ -169,8 +169,7 @@ def test_a_takeover_wakes_the_sleeper_of_the_former_leader() -> None:
     async def main() -> float:
         url = "memory://timers-takeover/"
         procedure = sleeper(TEN_MINUTES)
-        lease = {"lease": Lease(ttl=10.0)}
-        first = manager_for(url, Sleeper, **lease)
+        first = manager_for(url, Sleeper, lease=Lease(ttl=10.0, holder="first"))
         await first.start()
         await first.wait_until_leading()
         await first.submit(procedure)
