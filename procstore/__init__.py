@@ -8,6 +8,7 @@ from procstore._runtime.lease import Lease
 from procstore._runtime.lease_clock import LeaseClock
 from procstore._runtime.manager import ProcedureManager
 from procstore._runtime.retry import RetryBudget
+from procstore._runtime.telemetry import TelemetrySettings
 from procstore._runtime.watcher import Watcher
 from procstore.errors import (
     DuplicateProcedure,
@@ -85,6 +86,7 @@ __all__ = [
     "StoreUnavailable",
     "SettingFrozen",
     "SubmissionsPaused",
+    "TelemetrySettings",
     "TooManyRunningProcedures",
     "Watcher",
     "__version__",

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar, Protocol, Self
@@ -240,6 +241,20 @@ class Context:
     empty otherwise (and after the wait's timeout). It is consumed with this step: once the
     state this call returns is stored (or the procedure ends) it is never delivered again; a
     crash before that delivers it again to the repeated step."""
+    hold_interrupts: Callable[[], AbstractContextManager[None]] | None = field(default=None, repr=False, compare=False)
+    """What `uninterruptible()` enters (the running step's); None outside a manager's step."""
+
+    def uninterruptible(self) -> AbstractContextManager[None]:
+        """`with ctx.uninterruptible(): ...`: an operator's cancel or fail does not cut this block.
+
+        A request seen while a step runs interrupts it where it awaits (the await raises
+        `CancelledError`; the procedure then fails as asked, rolling back if it can): a
+        step blocked for an hour stops within `request_poll_interval`. Wrap what must not
+        be left half done (two calls that go together); the interrupt then comes at the
+        first await after the block, or, if the step ends first, before the next step.
+        Nothing in `rollback()` is interrupted.
+        """
+        return self.hold_interrupts() if self.hold_interrupts is not None else contextlib.nullcontext()
 
     async def crash_point(self, name: str) -> None:
         """Mark a place inside this step where a test may kill the process.

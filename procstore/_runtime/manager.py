@@ -18,7 +18,7 @@ from procstore._runtime.operator import request as request_stop
 from procstore._runtime.restart import restart
 from procstore._runtime.retry import RetryBudget, RetryPolicy
 from procstore._runtime.runner import checked_lock_key, dumped, store_and_run, type_name_of
-from procstore._runtime.telemetry import OFF, get_telemetry
+from procstore._runtime.telemetry import OFF, Telemetry, TelemetrySettings, get_telemetry
 from procstore._runtime.term import SingleTerm, Term, TermSettings, await_term_task
 from procstore._runtime.watcher import Watcher
 from procstore.errors import (
@@ -123,7 +123,8 @@ class ProcedureManager:
         keep_failed: a root that ends FAILED keeps its keys (children's go as usual), so that
             an operator can `resume` or `rewind` it; `procstore delete` removes them.
         telemetry: report traces and metrics to OpenTelemetry's global providers when its
-            API is installed (the `otel` extra); False turns that off. See docs/observability.md.
+            API is installed (the `otel` extra); False turns that off; a `TelemetrySettings`
+            chooses which spans and events are made. See docs/observability.md.
     """
 
     url: _Setting[str] = _Setting()
@@ -137,7 +138,7 @@ class ProcedureManager:
     request_poll_interval: _Setting[float] = _Setting()
     history: _Setting[History] = _Setting()
     keep_failed: _Setting[bool] = _Setting()
-    telemetry: _Setting[bool] = _Setting()
+    telemetry: _Setting[bool | TelemetrySettings] = _Setting()
     lease: _Setting[Lease | None] = _Setting()
 
     def __init__(
@@ -157,7 +158,7 @@ class ProcedureManager:
         request_poll_interval: float = 1.0,
         history: History | bool | None = None,
         keep_failed: bool = False,
-        telemetry: bool = True,
+        telemetry: bool | TelemetrySettings = True,
     ) -> None:
         self._given_store = url if isinstance(url, StateStore) else None
         self._state_store: StateStore | None = None
@@ -318,7 +319,7 @@ class ProcedureManager:
             self.request_poll_interval,
             self.history,
             self.keep_failed,
-            get_telemetry() if self.telemetry else OFF,
+            _telemetry_for(self.telemetry),
         )
         try:
             if self.lease is None:
@@ -617,6 +618,12 @@ async def send_signal_here(ctx: ManagerContext, procedure_id: ProcedureId, name:
     await send_signal(ctx.store, procedure_id, name, payload)
     for waiting in ctx.waits.waiting_for_signals([procedure_id]):
         ctx.waits.wake(waiting)
+
+
+def _telemetry_for(telemetry: bool | TelemetrySettings) -> Telemetry:
+    if isinstance(telemetry, TelemetrySettings):
+        return get_telemetry().configured(telemetry)
+    return get_telemetry() if telemetry else OFF
 
 
 async def halt(manager: ProcedureManager) -> None:

@@ -42,6 +42,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from procstore._logs import get_logger, procedure_fields
+from procstore._runtime.interrupt import RunningStep, RunningSteps
 from procstore._runtime.registry import Registry
 from procstore._runtime.restart import restart, runs_here
 from procstore.errors import ProcedureError, StoreError, describe
@@ -232,12 +233,14 @@ class OperatorRequests:
     """The requests known to apply to a term's procedures: read from the store, or passed
     down from an ancestor's. A runner checks here, then the store, before every attempt."""
 
-    __slots__ = ("_known", "_metas", "_submit_wakes", "_wake", "looks")
+    __slots__ = ("_known", "_metas", "_steps", "_submit_wakes", "_wake", "looks")
 
     def __init__(
         self, requests: RequestStore, spawn: Spawn, metas: Registry, wake: Callable[[ProcedureId], object]
     ) -> None:
         self._known: dict[ProcedureId, OperatorRequest] = {}
+        self._steps = RunningSteps()
+        """The steps inside `execute()` now: a request interrupts them at their current await."""
         self._submit_wakes: dict[ProcedureId, asyncio.Event] = {}
         """For each submit whose first write is under way: set by a request for its id, which
         ends that write's backoff (see `first_wakes`)."""
@@ -270,9 +273,19 @@ class OperatorRequests:
         if request is not None:
             raise OperatorRequested(request)
 
+    def running_step(self, procedure_id: ProcedureId) -> RunningStep:
+        """`with requests.running_step(id) as step: await execute(...)`: a request noted from
+        now on interrupts the step where it awaits (see `procstore._runtime.interrupt`);
+        one noted already raises `OperatorRequested` here."""
+        request = self._known.get(procedure_id)
+        if request is not None:
+            raise OperatorRequested(request)
+        return self._steps.running(procedure_id)
+
     def note(self, procedure_id: ProcedureId, request: OperatorRequest) -> None:
         """Apply an operator request to a procedure and its unfinished descendants."""
-        self._known.setdefault(procedure_id, request)
+        in_force = self._known.setdefault(procedure_id, request)
+        self._steps.interrupt(procedure_id, in_force)
         if (meta := self._metas.get(procedure_id)) is not None:
             meta.requested().set()
             self._wake(procedure_id)
@@ -288,7 +301,7 @@ class OperatorRequests:
         for child in self._metas.descendants(procedure_id):
             meta = self._metas.get(child)
             if meta is None or not meta.state.is_ended():
-                self._known.setdefault(child, inherited)
+                self._steps.interrupt(child, self._known.setdefault(child, inherited))
                 if meta is not None:
                     meta.requested().set()
                     self._wake(child)

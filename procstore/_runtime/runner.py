@@ -21,6 +21,7 @@ guard that tells a stray `CancelledError` from a stop) comes first.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, TypeVar
 from procstore._aio import gather_settled
 from procstore._logs import get_logger, procedure_fields
 from procstore._runtime.flow_control import Admission
+from procstore._runtime.interrupt import RunningStep
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.retry import is_rollback_retryable, is_transient
 from procstore._runtime.telemetry import run_traced
@@ -353,7 +355,10 @@ class Runner:
         """Parked in `ctx.waits`: its task has ended, and its locks stay held for it."""
 
     def start(self) -> None:
-        run = run_traced(self.ctx, self.meta, self, self._run)
+        self._spawn_run(submitted=not self._resume_children)
+
+    def _spawn_run(self, *, submitted: bool) -> None:
+        run = run_traced(self.ctx, self.meta, self, self._run, submitted=submitted)
         self.ctx.term.spawn(run, name=f"procstore:{self.meta.type_name}:{self.meta.id}")
 
     async def _run(self) -> None:
@@ -497,7 +502,7 @@ class Runner:
 
     # -- executing -------------------------------------------------------------------
 
-    def _context(self, attempt: int) -> Context:
+    def _context(self, attempt: int, step: RunningStep | None = None) -> Context:
         ctx, lease = self.ctx, self.ctx.lease
         return Context(
             self.meta.id,
@@ -506,6 +511,7 @@ class Runner:
             fencing_token=None if lease is None else lease.fencing_token,
             lease_check=None if lease is None else lease.check_writable,
             crash_hook=self._crash_point,
+            hold_interrupts=None if step is None else step.uninterruptible,
             signals=self._signals,
         )
 
@@ -524,10 +530,11 @@ class Runner:
         # Where a test's fault plan numbers attempts (a no-op on a production store).
         await self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
         with (
+            self.ctx.requests.running_step(self.meta.id) as step,
             self.ctx.settings.telemetry.step_span(str(self.meta.id), self.meta.type_name, self.step, attempt),
             IN_EXECUTE,
         ):
-            status = await self.procedure.execute(self._context(attempt))
+            status = await self.procedure.execute(self._context(attempt, step))
         if not isinstance(status, Status):
             raise TypeError(f"execute() returned {status!r}, not a Status")
         return status
@@ -694,7 +701,9 @@ class Runner:
         self.holds_locks = True
         self._resume_children = False
         if self.ctx.term.running:
-            self.start()
+            # In a context of its own, not the waker's (a cancel's or a signal's caller, the
+            # timer task): its spans and log fields are this procedure's alone.
+            contextvars.Context().run(self._spawn_run, submitted=False)
 
     async def _commit_attempt(self, _attempt: int) -> None:
         await self.ctx.store.commit_procedure(self.meta.id, self.step)
@@ -940,7 +949,10 @@ class Runner:
 
         try:
             wake = self.ctx.requests.first_wakes(self.meta.id, self.meta.requested)
-            await self.ctx.settings.policy.call(attempt, retry_on=is_rollback_retryable, on_retry=on_retry, wake=wake)
+            with self.ctx.settings.telemetry.rollback_span(str(self.meta.id), self.meta.type_name, self.step):
+                await self.ctx.settings.policy.call(
+                    attempt, retry_on=is_rollback_retryable, on_retry=on_retry, wake=wake
+                )
         except Fenced:
             raise
         except Exception as e:

@@ -17,6 +17,7 @@ when it began, not from the restart.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 import time
@@ -84,7 +85,8 @@ class Waits:
         heapq.heappush(self._heap, (wake_at, next(self._counter), procedure_id, entry))
         if self._task is None:
             self._changed = asyncio.Event()
-            self._task = self._spawn(self._wake_on_time(), "procstore:timers")
+            # In a context of its own, not the first sleeper's: it wakes every procedure.
+            self._task = contextvars.Context().run(self._spawn, self._wake_on_time(), "procstore:timers")
             self._task.add_done_callback(self._ended)
         elif (earliest is None or wake_at < earliest) and self._changed is not None:
             self._changed.set()
