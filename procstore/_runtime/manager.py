@@ -616,8 +616,7 @@ async def send_signal_here(ctx: ManagerContext, procedure_id: ProcedureId, name:
     if meta is not None and meta.state.is_ended():
         raise ProcedureError(f"cannot signal procedure {procedure_id}: it has already ended ({meta.state.kind.name})")
     await send_signal(ctx.store, procedure_id, name, payload)
-    for waiting in ctx.waits.waiting_for_signals([procedure_id]):
-        ctx.waits.wake(waiting)
+    ctx.waits.signalled(procedure_id)
 
 
 def _telemetry_for(telemetry: bool | TelemetrySettings) -> Telemetry:

@@ -667,7 +667,9 @@ class Runner:
         if self.meta.id in self.ctx.requests:
             self._wait = None
             return False
-        if wait.signal is not None:
+        waits, pid = self.ctx.waits, self.meta.id
+        while wait.signal is not None:
+            waits.begin_reading(pid)
             try:
                 found = await self.ctx.settings.policy.call(lambda _n: self._read_signals(wait.signal or ""))
             except Fenced:
@@ -676,17 +678,21 @@ class Runner:
                 self._wait = None
                 await self._fail(e)
                 return False
+            finally:
+                signalled = waits.end_reading(pid)
             if found:
                 self._wait = None
                 self._signals = {found.name: found.payload}
                 self._consuming = (found.key,)
                 return False
+            if not signalled:
+                break  # else a signal sent during the read may not be in it: read again
         if wait.wake_at is not None and wall_clock() >= wait.wake_at:
             self._wait = None
             return False
         self._parked = True
         self.meta.waiting = wait.describe()
-        self.ctx.waits.park(self.meta.id, wait.wake_at, wait.signal, self._woken)
+        waits.park(pid, wait.wake_at, wait.signal, self._woken)
         return True
 
     async def _read_signals(self, name: str) -> Signal | None:

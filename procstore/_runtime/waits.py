@@ -53,7 +53,7 @@ class _Parked:
 class Waits:
     """The parked procedures of a term, and the one task that wakes them on time."""
 
-    __slots__ = ("_changed", "_counter", "_heap", "_parked", "_spawn", "_task", "flow")
+    __slots__ = ("_changed", "_counter", "_heap", "_parked", "_reading", "_spawn", "_task", "flow")
 
     def __init__(self, spawn: Spawn) -> None:
         self._spawn = spawn
@@ -66,6 +66,9 @@ class Waits:
         self._counter = itertools.count()
         self._changed: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._reading: dict[ProcedureId, bool] = {}
+        """The procedures reading their signals before they park, and whether a signal was
+        sent to them through this manager since they began (their read may have missed it)."""
 
     def __len__(self) -> int:
         return len(self._parked)
@@ -98,6 +101,22 @@ class Waits:
             return False
         entry.resume()
         return True
+
+    def begin_reading(self, procedure_id: ProcedureId) -> None:
+        """The procedure is about to read its signals, and then to park if none is the one it waits for."""
+        self._reading[procedure_id] = False
+
+    def end_reading(self, procedure_id: ProcedureId) -> bool:
+        """Its read is over; whether a signal was sent to it meanwhile (read again before parking)."""
+        return self._reading.pop(procedure_id, False)
+
+    def signalled(self, procedure_id: ProcedureId) -> None:
+        """A signal for the procedure was stored: wake it if it is parked waiting for one, or
+        tell its read under way to read again."""
+        if procedure_id in self._reading:
+            self._reading[procedure_id] = True
+        elif (entry := self._parked.get(procedure_id)) is not None and entry.signal:
+            self.wake(procedure_id)
 
     def waiting_for_signals(self, procedure_ids: Iterable[ProcedureId]) -> list[ProcedureId]:
         """Those of `procedure_ids` parked here waiting for a signal."""

@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from click.testing import CliRunner
 
 from procstore import Context, Lease, Procedure, ProcedureError, ProcedureFailed, ProcedureId, ProcedureWithId, Status
 from procstore._cli.app import cli
-from procstore.store import open_state_store
+from procstore.store import StateStore, WrappingStore, open_state_store
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.signals import SIGNALS_PATH, SignalStore, send_signal
 from procstore.testing import Fault, FaultyStore, crash_at, kill_manager, run_simulated
 from tests.support import StoreTarget, manager_for, store_targets
+
+T = TypeVar("T")
 
 
 class Waiter(Procedure):
@@ -273,3 +276,40 @@ def test_a_takeover_delivers_a_signal_sent_while_no_manager_led() -> None:
         await first.stop()
 
     run_simulated(main())
+
+
+class SlowSignalListing(WrappingStore):
+    """Answers a listing of signals `seconds` late, with what the folder held when it was
+    listed: a signal stored meanwhile is not in the answer."""
+
+    def __init__(self, inner: StateStore, seconds: float) -> None:
+        super().__init__(inner)
+        self.seconds = seconds
+        self.listed = asyncio.Event()
+
+    async def around(
+        self, kind: str, key: str, call: Callable[[], Coroutine[Any, Any, T]], value: bytes | None = None
+    ) -> T:
+        result = await call()
+        if kind == "walk" and key.startswith(SIGNALS_PATH) and self.seconds:
+            self.listed.set()
+            await asyncio.sleep(self.seconds)
+        return result
+
+
+def test_a_signal_sent_while_the_waiter_reads_its_signals_wakes_it_at_once() -> None:
+    """The read before parking may miss a signal stored during it: one sent through this
+    manager meanwhile makes it read again, instead of waiting for the next poll."""
+
+    async def main() -> float:
+        store = SlowSignalListing(open_state_store("memory://signals-during-read/"), seconds=5)
+        async with manager_for(store, Waiter, request_poll_interval=1000.0) as manager:
+            procedure = waiter()
+            watcher = await manager.submit(procedure)
+            await store.listed.wait()
+            store.seconds = 0
+            await manager.signal(procedure.id, "go", "during the read")
+            assert await watcher.wait() == [{"go": "during the read"}]
+            return asyncio.get_running_loop().time()
+
+    assert run_simulated(main()) < 100
