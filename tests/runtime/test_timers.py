@@ -222,3 +222,18 @@ def test_procstore_show_says_until_when_a_step_sleeps(tmp_path: Path) -> None:
     as_json = CliRunner().invoke(cli, ["show", str(tmp_path), str(procedure.id), "-o", "json"])
     assert as_json.exit_code == 0, as_json.output
     assert '"wake_at"' in as_json.output
+
+
+def test_procstore_ls_says_a_procedure_sleeps(tmp_path: Path) -> None:
+    async def main() -> ProcedureWithId:
+        procedure = sleeper(TEN_MINUTES)
+        async with manager_for(str(tmp_path), Sleeper) as manager:
+            await manager.submit(procedure)
+            await asyncio.sleep(0.2)
+        return procedure
+
+    procedure = asyncio.run(main())
+    listed = CliRunner().invoke(cli, ["ls", str(tmp_path), "--json"])
+    assert listed.exit_code == 0, listed.output
+    (row,) = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert row["id"] == str(procedure.id) and row["waiting"].startswith("sleeping until 20")
