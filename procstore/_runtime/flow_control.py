@@ -76,7 +76,7 @@ class FlowControl:
         if not admission.limited or pid in self._held_key:
             return True
         if started:
-            self._take(pid, admission, rate=False)
+            self.take_started(pid, admission)
             return True
         waiter = _Waiter(pid, admission, (-admission.priority, next(self._counter)))
         self._waiters.append(waiter)
@@ -94,6 +94,11 @@ class FlowControl:
             self._waiters.remove(waiter)
             report(None)
             self._notify()
+
+    def take_started(self, pid: ProcedureId, admission: Admission) -> None:
+        """A procedure that ran before (resumed by a recovery) takes its slot now, even above the limit."""
+        if admission.limited and pid not in self._held_key:
+            self._take(pid, admission, rate=False)
 
     def release(self, pid: ProcedureId) -> None:
         """The procedure ended here (or its runner stopped): its slot is free."""

@@ -411,6 +411,8 @@ def _start_resumed(ctx: ManagerContext, runners: list[Runner]) -> None:
     """
     gradually: list[Runner] = []
     for runner in runners:
+        runner.take_slot_if_started()
+    for runner in runners:
         keys = runner.meta.lock_key.keys_to_lock()
         if runner.holds_locks or not keys:
             gradually.append(runner)

@@ -399,13 +399,30 @@ class Runner:
                 self._release(held)
                 self.ctx.waits.flow.release(self.meta.id)
 
+    def _has_started(self) -> bool:
+        """Whether it ran a step already (stored past its first state, or failing): flow
+        control counts it as running, and never makes it wait again."""
+        return self.step > 1 or self.meta.state.kind is not ProcedureStateKind.RUNNING
+
+    def take_slot_if_started(self) -> None:
+        """A resumed procedure that had started takes its concurrency slot now, before any
+        runner starts: a new one must not take it first (it would run above the limit).
+        One whose `concurrency()` fails takes none: its runner fails it."""
+        if not self._has_started():
+            return
+        try:
+            admission = admission_of(self.procedure, self.meta.type_name)
+        except Exception:
+            return
+        self.ctx.waits.flow.take_started(self.meta.id, admission)
+
     async def _admitted(self) -> bool:
         """Wait for flow control (`Procedure.concurrency()`, `rate_limit`); False if the
         procedure failed instead (an operator's request came first: it had not started)."""
         admission = admission_of(self.procedure, self.meta.type_name)
         if not admission.limited:
             return True
-        started = self.step > 1 or self.meta.state.kind is not ProcedureStateKind.RUNNING
+        started = self._has_started()
 
         def report(why: str | None) -> None:
             self.meta.waiting = why

@@ -185,3 +185,25 @@ def test_the_limit_holds_after_a_restart(real_store: StoreTarget) -> None:
                 await asyncio.wait_for(watcher.wait(), 10)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_after_a_restart_the_resumed_running_ones_keep_their_slots_first(seed: int) -> None:
+    """Recovery starts stored procedures in any order: those that were running take their
+    slots before any that was still waiting can."""
+
+    async def main() -> None:
+        url = f"memory://flow-restart-order-{seed}/"
+        procedures = [migration(limit=2, seconds=60, name=str(i)) for i in range(5)]
+        async with manager_for(url, Migration) as first:
+            for procedure in procedures:
+                await first.submit(procedure)
+            await asyncio.sleep(1)
+            assert len([i for i in first.list_procedures() if i.waiting and "slot" in i.waiting]) == 3
+        PEAK.clear()
+        async with manager_for(url, Migration) as second:
+            watchers = [second.procedure_watcher(p.id) for p in procedures]
+            await asyncio.gather(*(w.wait() for w in watchers if w is not None))
+        assert PEAK == {"cluster/c1": 2}  # never a third beside the two that were running
+
+    run_simulated(main(), seed=seed)
