@@ -13,6 +13,7 @@ ends; it is no new start for the rate. The rate counts the starts this term admi
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 from collections import deque
 from collections.abc import Callable
@@ -40,25 +41,33 @@ class Admission:
 class _Waiter:
     pid: ProcedureId
     admission: Admission
-    order: tuple[int, int] = field(default=(0, 0))
+    order: tuple[int, int]
+    """(-priority, arrival): the waiters of a key or a type start in this order."""
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def ahead_of(self, other: _Waiter) -> bool:
-        return self.order < other.order
+
+def _order(waiter: _Waiter) -> tuple[int, int]:
+    return waiter.order
 
 
 class FlowControl:
-    """The slots held per concurrency key, the recent starts per type, and who waits."""
+    """The slots held per concurrency key, the recent starts per type, and who waits.
 
-    __slots__ = ("_changed", "_counter", "_held_key", "_holders", "_starts", "_waiters")
+    Invariant: `_by_key[k]` holds the waiters with concurrency key `k`, and `_by_type[t]`
+    those of a type `t` with a rate limit, each sorted by `order`; a change wakes only the
+    waiters at the head of the queues it concerns (as many as could start), so a release
+    costs what it frees, not a look at every waiter."""
+
+    __slots__ = ("_by_key", "_by_type", "_counter", "_held_key", "_holders", "_starts")
 
     def __init__(self) -> None:
         self._holders: dict[str, set[ProcedureId]] = {}
         self._held_key: dict[ProcedureId, str] = {}
         self._starts: dict[str, deque[float]] = {}
         """Per type with a rate limit: the loop times of the starts admitted in its last period."""
-        self._waiters: list[_Waiter] = []
+        self._by_key: dict[str, list[_Waiter]] = {}
+        self._by_type: dict[str, list[_Waiter]] = {}
         self._counter = itertools.count()
-        self._changed = asyncio.Event()
 
     async def admit(
         self,
@@ -79,7 +88,9 @@ class FlowControl:
             self.take_started(pid, admission)
             return True
         waiter = _Waiter(pid, admission, (-admission.priority, next(self._counter)))
-        self._waiters.append(waiter)
+        queues = self._queues_of(admission)
+        for queue in queues:
+            bisect.insort(queue, waiter, key=_order)
         try:
             while True:
                 reason, retry_in = self._blocked(waiter)
@@ -89,11 +100,13 @@ class FlowControl:
                 report(reason)
                 if unless.is_set():
                     return False
-                await _either(self._changed, unless, seconds=retry_in)
+                waiter.woken.clear()
+                await _either(waiter.woken, unless, seconds=retry_in)
         finally:
-            self._waiters.remove(waiter)
+            for queue in queues:
+                queue.remove(waiter)
             report(None)
-            self._notify()
+            self._wake_heads(admission)
 
     def take_started(self, pid: ProcedureId, admission: Admission) -> None:
         """A procedure that ran before (resumed by a recovery) takes its slot now, even above the limit."""
@@ -108,7 +121,15 @@ class FlowControl:
             holders.discard(pid)
             if not holders:
                 del self._holders[key]
-            self._notify()
+            self._wake_key(key)
+
+    def _queues_of(self, admission: Admission) -> list[list[_Waiter]]:
+        queues = []
+        if admission.concurrency is not None:
+            queues.append(self._by_key.setdefault(admission.concurrency.key, []))
+        if admission.rate is not None:
+            queues.append(self._by_type.setdefault(admission.type_name, []))
+        return queues
 
     def _take(self, pid: ProcedureId, admission: Admission, *, rate: bool) -> None:
         if (concurrency := admission.concurrency) is not None:
@@ -116,6 +137,26 @@ class FlowControl:
             self._held_key[pid] = concurrency.key
         if rate and admission.rate is not None:
             self._starts.setdefault(admission.type_name, deque()).append(asyncio.get_running_loop().time())
+
+    def _wake_heads(self, admission: Admission) -> None:
+        if admission.concurrency is not None:
+            self._wake_key(admission.concurrency.key)
+        if (rate := admission.rate) is not None and (queue := self._by_type.get(admission.type_name)):
+            # The first in line look again: they start, or sleep until the rate allows.
+            free = max(rate.starts - len(self._starts.get(admission.type_name, ())), 1)
+            for waiter in queue[:free]:
+                waiter.woken.set()
+
+    def _wake_key(self, key: str) -> None:
+        queue = self._by_key.get(key)
+        if not queue:
+            self._by_key.pop(key, None)
+            return
+        concurrency = queue[0].admission.concurrency
+        assert concurrency is not None
+        free = max(concurrency.limit - len(self._holders.get(key, ())), 1)
+        for waiter in queue[:free]:
+            waiter.woken.set()
 
     def _blocked(self, waiter: _Waiter) -> tuple[str | None, float | None]:
         """Why `waiter` cannot start now (None: it can), and in how many seconds the rate
@@ -129,9 +170,9 @@ class FlowControl:
                     f"({running} running, limit {concurrency.limit})",
                     None,
                 )
-            ahead = [w for w in self._waiters if w.ahead_of(waiter) and _same_key(w, concurrency.key)]
-            if len(ahead) + running >= concurrency.limit:
-                return f"waiting behind {len(ahead)} procedures of higher priority for {concurrency.key!r}", None
+            ahead = bisect.bisect_left(self._by_key[concurrency.key], waiter.order, key=_order)
+            if running + ahead >= concurrency.limit:
+                return f"waiting behind {ahead} procedures of higher priority for {concurrency.key!r}", None
         if (rate := admission.rate) is not None:
             now = asyncio.get_running_loop().time()
             window = self._starts.setdefault(admission.type_name, deque())
@@ -142,24 +183,17 @@ class FlowControl:
                     f"waiting for the rate limit of {admission.type_name!r} ({rate.starts} starts per {rate.per:g}s)",
                     window[0] + rate.per - now,
                 )
-            ahead = [w for w in self._waiters if w.ahead_of(waiter) and w.admission.type_name == admission.type_name]
-            if len(ahead) + len(window) >= rate.starts:
-                return f"waiting behind {len(ahead)} procedures of higher priority of {admission.type_name!r}", None
+            ahead = bisect.bisect_left(self._by_type[admission.type_name], waiter.order, key=_order)
+            if len(window) + ahead >= rate.starts:
+                # Those ahead may wait for a slot instead: look again when the window moves.
+                retry_in = window[0] + rate.per - now if window else None
+                return f"waiting behind {ahead} procedures of higher priority of {admission.type_name!r}", retry_in
         return None, None
 
-    def _notify(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
 
-
-def _same_key(waiter: _Waiter, key: str) -> bool:
-    concurrency = waiter.admission.concurrency
-    return concurrency is not None and concurrency.key == key
-
-
-async def _either(changed: asyncio.Event, unless: asyncio.Event, *, seconds: float | None) -> None:
+async def _either(woken: asyncio.Event, unless: asyncio.Event, *, seconds: float | None) -> None:
     """Wait until either event is set, or for `seconds` (None: no limit)."""
-    waits = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(unless.wait())]
+    waits = [asyncio.ensure_future(woken.wait()), asyncio.ensure_future(unless.wait())]
     try:
         await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     finally:
