@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
+from procstore._runtime.activity import ActivityPublisher
 from procstore._runtime.lock_table import LockTable
 from procstore._runtime.operator import OperatorRequests
 from procstore._runtime.recovery import StoredProcedures
@@ -19,7 +20,6 @@ from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Procedure
 from procstore.state import ProcedureState
-from procstore.store.history import HistoryStore
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
@@ -40,22 +40,22 @@ class ManagerContext:
     - `recovered` (`StoredProcedures`): the children recovery found, until claimed;
     - `waits` (`Waits`): the procedures parked on a durable timer or signal;
     - `term` (`Term`): the term's tasks, and stepping down;
-    - `lease` (`TermLease`, None without a lease): the fencing token and write checks.
+    - `lease` (`TermLease`, None without a lease): the fencing token and write checks;
+    - `activity` (`ActivityPublisher`): what its procedures do between steps, for operators.
     """
 
-    __slots__ = ("history", "lease", "locks", "metas", "recovered", "requests", "settings", "store", "term", "waits")
+    __slots__ = (
+        "activity", "lease", "locks", "metas", "recovered", "requests", "settings", "store", "term", "waits",
+    )  # fmt: skip
 
     def __init__(
         self,
         store: ProcedureStore,
-        history: HistoryStore,
         settings: TermSettings,
         term: Term,
         lease: TermLease | None,
     ) -> None:
         self.store = store
-        self.history = history
-        """Where each ended run's end record (its history record) is written."""
         self.settings = settings
         self.term = term
         self.lease = lease
@@ -64,9 +64,11 @@ class ManagerContext:
         self.locks = LockTable()
         self.waits = Waits(term.spawn)
         self.requests = OperatorRequests(store.requests, term.spawn, self.metas, self.waits.wake)
+        self.activity = ActivityPublisher(store.activities, term.spawn, None if lease is None else lease.holder)
 
     def _ended(self, meta: ProcedureMeta) -> None:
         self.requests.looks.forget(meta.id)
+        self.activity.ended(meta)
         started = meta.start_time
         seconds = None if started is None or meta.end_time is None else (meta.end_time - started).total_seconds()
         self.settings.telemetry.ended(meta.type_name, meta.outcome(), seconds)

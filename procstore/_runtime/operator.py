@@ -462,7 +462,7 @@ async def _delete_if_kept_for_the_nudge(ctx: ManagerContext, procedure_id: Proce
     nudge: its end record first (recovery wrote it; if it is missing, the next start decides)."""
     if ctx.settings.keep_failed or procedure_id in ctx.metas or procedure_id not in ctx.recovered.rolled_back:
         return
-    if await ctx.store.holds_keys(procedure_id) and await ctx.history.has_ended(
+    if await ctx.store.holds_keys(procedure_id) and await ctx.store.history.has_ended(
         procedure_id, ctx.recovered.committed_runs.get(procedure_id, 1)
     ):
         logger.info("procedure %s: deleting it, kept only for the resume nudge", procedure_id)

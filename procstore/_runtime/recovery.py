@@ -144,7 +144,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     loaded = await ctx.store.load_messages()
     # One listing of history/, and only for a store that holds procedures.
     anything = loaded.messages or loaded.rollback_messages or loaded.finished_ids
-    recorded = await ctx.history.recorded() if anything else Recorded()
+    recorded = await ctx.store.history.recorded() if anything else Recorded()
     finished_runs = _runs_that_ended(loaded, recorded.runs)
     if finished_runs:
         _warn_deleting(
@@ -484,7 +484,7 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
     if all(ctx.is_known(pid) or pid in busy for pid in listed.steps):
         return set()
     loaded = await ctx.store.load_messages()
-    recorded = await ctx.history.recorded()
+    recorded = await ctx.store.history.recorded()
     finished_runs = _runs_that_ended(loaded, recorded.runs)
     _set_apart(loaded, finished_runs)
     for problem in loaded.problems:
@@ -574,7 +574,7 @@ async def record_recovered(
         for pid in ids
         if (message := loaded.finished_messages.get(pid)) is not None
     ]
-    await ctx.history.put_unrecorded(records, recorded)
+    await ctx.store.history.put_unrecorded(records, recorded)
 
 
 async def record_kept(
@@ -592,8 +592,8 @@ async def record_kept(
             continue
         modified = await ctx.store.store.walk_modified(procedure_dir(ctx.store.proc_path, pid))
         ended = max((t for t in modified.values() if t is not None), default=now)
-        if now - ended > ctx.history.settings.retention:
+        if now - ended > ctx.store.history.settings.retention:
             continue
         at = iso(datetime.fromtimestamp(ended, UTC)) or ""
         records.append(record_from_keys(pid, message, rolled_back=True, ended_at=at))
-    await ctx.history.put_many(records)
+    await ctx.store.history.put_many(records)

@@ -276,13 +276,13 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
 
     async def create(attempt: int) -> bool:
         created, ended = await gather_settled(
-            ctx.store.create_submitted(pid, type_name, data), ctx.history.has_ended(pid, 1)
+            ctx.store.create_submitted(pid, type_name, data), ctx.store.history.has_ended(pid, 1)
         )
         if ended:
             if created:  # by this attempt: nobody else's key (a kept procedure's, say) goes
                 await ctx.store.store.batch_delete([first])
             raise DuplicateProcedure(
-                pid, f" and has ended: its end record {ctx.history.run_key(pid, 1)} is stored (an id runs once)"
+                pid, f" and has ended: its end record {ctx.store.history.run_key(pid, 1)} is stored (an id runs once)"
             )
         return created is not False
 
@@ -472,6 +472,9 @@ class Runner:
         """Wait for `key`; False (nothing taken) if an operator's request came first and
         `ends_on_request`. Otherwise the request waits, said once in the log."""
         locks = self.ctx.locks
+        if locks.would_block(key):
+            held_by = sorted(str(h) for h in locks.holders_of(key))
+            self.ctx.activity.waiting_on_lock(self.meta, self.step, key.key, held_by)
         if await locks.acquire(self.meta.id, key, self.meta.requested()):
             return True
         if ends_on_request:
@@ -543,6 +546,7 @@ class Runner:
 
     async def _execute_once(self, attempt: int) -> Status:
         self._check_lease()
+        self.ctx.activity.running(self.meta, self.step)
         await self.ctx.requests.raise_if_requested(self.meta.id)
         # Where a test's fault plan numbers attempts (a no-op on a production store).
         await self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
@@ -559,6 +563,7 @@ class Runner:
     def _on_retry(self, exc: BaseException, retry: int, delay: float) -> None:
         logger.info("procedure %s: retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc))
         self.meta.retries += 1
+        self.ctx.activity.backing_off(self.meta, self.step, retry, exc, delay)
         # A look ahead is as old as the write's first attempt: after a backoff, look again.
         self.ctx.requests.looks.forget(self.meta.id)
         self.ctx.settings.telemetry.retried(self.meta.type_name, exc)
@@ -857,6 +862,9 @@ class Runner:
         the store says the child has not ended (the next start resumes the tree), so its
         parent must neither go on as if it had, nor roll back past it."""
         unrecorded: list[ProcedureId] = []
+        waiting = [c for c in self.meta.children if (m := self.ctx.metas.get(c)) is not None and not m.state.is_ended()]
+        if waiting:
+            self.ctx.activity.waiting_on_children(self.meta, self.step, len(waiting))
         for child_id in list(self.meta.children):
             child = self.ctx.metas.get(child_id)
             if child is not None:
@@ -1159,7 +1167,7 @@ async def record_tree(
                     run=ctx.recovered.committed_runs.get(pid, 1),
                 )
             )
-    await ctx.history.put_many(records)
+    await ctx.store.history.put_many(records)
 
 
 async def record_superseded(
@@ -1186,7 +1194,7 @@ async def record_superseded(
             run=new_run.run - 1,
         )
     try:
-        await ctx.settings.policy.call(lambda _n: ctx.history.put_many([record]))
+        await ctx.settings.policy.call(lambda _n: ctx.store.history.put_many([record]))
     except ProcedureError as e:
         logger.warning(
             "run %d of procedure %s was superseded, but its end record could not be written: %s",

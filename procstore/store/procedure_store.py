@@ -19,7 +19,9 @@ from procstore._bulk import collector_paused
 from procstore._logs import get_logger, procedure_fields
 from procstore.errors import Fenced, ListingIncomplete, StoreError
 from procstore.ids import ProcedureId
+from procstore.store.activity import ActivityStore
 from procstore.store.folder import ProcedureKeys, decode_or_problem, latest_first, latest_key
+from procstore.store.history import History, HistoryStore
 from procstore.store.keys import (
     MAX_STEP,
     PROC_PATH,
@@ -132,7 +134,9 @@ def _set_strays_apart(result: ProcedureMessages, candidates: list[ProcedureId]) 
 class ProcedureStore:
     """Reads and writes procedures under `{parent_path}procedure/` of a `StateStore`."""
 
-    def __init__(self, store: StateStore, parent_path: str = "", *, skip_strays: bool = False) -> None:
+    def __init__(
+        self, store: StateStore, parent_path: str = "", *, skip_strays: bool = False, history: History | None = None
+    ) -> None:
         if parent_path and not parent_path.endswith("/"):
             parent_path += "/"
         self.store = store
@@ -144,6 +148,10 @@ class ProcedureStore:
         """Nudges to load a restarted procedure again (`procstore resume`, `rewind`)."""
         self.signals = SignalStore(store, parent_path)
         """Signals sent to the procedures of this store (`ProcedureManager.signal`)."""
+        self.activities = ActivityStore(store, parent_path)
+        """What running procedures do between their steps, for operators to read."""
+        self.history = HistoryStore(store, parent_path, history)
+        """Where each ended run's end record (its history record) is written."""
         self.skip_strays = skip_strays
         """Whether `load_messages` sets apart unfinished-looking procedures with no key at
         step 0 (`ProcedureMessages.stray_ids`) and deletes empty latest keys (torn creates).
