@@ -425,6 +425,8 @@ class Runner:
         started = self._has_started()
 
         def report(why: str | None) -> None:
+            if why is not None and why != self.meta.waiting:
+                self.ctx.activity.waiting_to_start(self.meta, self.step, why)
             self.meta.waiting = why
 
         flow = self.ctx.waits.flow

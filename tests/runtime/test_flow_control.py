@@ -20,6 +20,7 @@ from procstore import (
     RateLimit,
     Status,
 )
+from procstore.store.activity import ActivityStore
 from procstore.testing import run_simulated
 from tests.support import StoreTarget, manager_for, store_targets
 
@@ -207,3 +208,17 @@ def test_after_a_restart_the_resumed_running_ones_keep_their_slots_first(seed: i
         assert PEAK == {"cluster/c1": 2}  # never a third beside the two that were running
 
     run_simulated(main(), seed=seed)
+
+
+def test_a_procedure_waiting_to_start_says_why_in_its_activity() -> None:
+    async def main() -> None:
+        async with manager_for("memory://flow-activity/", Migration) as manager:
+            await manager.submit(migration(limit=1, seconds=100))
+            waiting = migration(limit=1)
+            await manager.submit(waiting)
+            await asyncio.sleep(5)
+            activity = await ActivityStore(manager.store.store).get(waiting.id)
+            assert activity is not None and activity.doing == "waiting to start"
+            assert activity.reason == "waiting for a concurrency slot of 'cluster/c1' (1 running, limit 1)"
+
+    run_simulated(main())
