@@ -315,6 +315,19 @@ class SimCluster:
             await node.save()
         await self.metadata.put_route(TableRoute(table_id, 0, regions))
 
+    def open_regions_asynchronously(self, delay: float) -> None:
+        """From now on every datanode opens a region `delay` seconds after it is asked to,
+        then signals the migration that asked (`Datanode.open_delay`)."""
+        for node in self.datanodes.values():
+            node.open_delay = delay
+
+    async def stop_opening(self) -> None:
+        """Cancel the asynchronous opens under way (their process is gone)."""
+        tasks = [task for node in self.datanodes.values() for task in node.opening]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def expire_lease(self, node_id: int, region: int) -> None:
         """The leader's lease on `region` ran out (nobody renewed it): it stops leading.
 
