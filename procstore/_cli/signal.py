@@ -5,8 +5,16 @@ from __future__ import annotations
 import click
 import orjson
 
-from procstore._cli.common import CommandError, ExitCode, open_existing_store, run_command, store_options
-from procstore._cli.output import output_console
+from procstore._cli.common import (
+    CommandError,
+    ExitCode,
+    open_existing_store,
+    resolve_id,
+    run_command,
+    store_options,
+)
+from procstore._cli.listing import load_inventory
+from procstore._cli.output import error_console, output_console
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.signals import send_signal
@@ -30,18 +38,19 @@ def _payload(_ctx: click.Context, _param: click.Parameter, text: str | None) -> 
 async def signal(
     url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, name: str, payload: object
 ) -> None:
-    """Send the signal NAME to an unfinished procedure.
+    """Send the signal NAME to an unfinished procedure (its id, or a unique prefix of it).
 
     Stored create-only under `requests/signals/ID/`: the manager running the procedure finds
     it at its next look at `requests/` (a second or so), and a procedure waiting for NAME
     (`Status.wait_for_signal`) sees PAYLOAD in `ctx.signals` at its next step; one not waiting
     yet receives it when it does. Refused for a procedure that has ended or is not stored.
     """
-    pid = ProcedureId.parse_canonical(procedure_id.lower())
-    if pid is None:
-        raise CommandError(f"{procedure_id!r} is not a procedure id (the full id is needed)", ExitCode.USAGE)
     store = await open_existing_store(url, storage_options, parent_path)
     try:
+        pid = ProcedureId.parse_canonical(procedure_id.lower())
+        if pid is None:  # a prefix, as `ls` shows ids
+            inventory = await load_inventory(store, error_console())
+            pid = resolve_id(inventory.procedures, procedure_id, inventory.unlisted_ids)
         key = await send_signal(store, pid, name, payload)
     except ProcedureError as e:
         raise CommandError(str(e), ExitCode.REFUSED) from e

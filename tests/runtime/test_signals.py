@@ -200,7 +200,7 @@ def test_procstore_signal_sends_one_from_the_command_line(tmp_path: Path) -> Non
             watcher = await manager.submit(procedure)
             await asyncio.sleep(0.1)
             sent = await asyncio.to_thread(
-                CliRunner().invoke, cli, ["signal", str(tmp_path), str(procedure.id), "go", "--payload", '{"a": 1}']
+                CliRunner().invoke, cli, ["signal", str(tmp_path), str(procedure.id)[:8], "go", "--payload", '{"a": 1}']
             )
             assert sent.exit_code == 0, sent.output
             assert await asyncio.wait_for(watcher.wait(), 10) == [{"go": {"a": 1}}]
