@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from procstore import Context, Lease, Procedure, ProcedureFailed, ProcedureWithId, Status
+from procstore import Context, Lease, LockKey, Procedure, ProcedureFailed, ProcedureWithId, Status, StringKey
 from procstore._cli.app import cli
 from procstore.store import ProcedureMessage
 from procstore.store.keys import KeyType
@@ -237,3 +237,24 @@ def test_procstore_ls_says_a_procedure_sleeps(tmp_path: Path) -> None:
     assert listed.exit_code == 0, listed.output
     (row,) = [json.loads(line) for line in listed.stdout.splitlines()]
     assert row["id"] == str(procedure.id) and row["waiting"].startswith("sleeping until 20")
+
+
+class LockedSleeper(Sleeper):
+    type_name = "test::LockedSleeper"
+
+    def lock_key(self) -> LockKey:
+        return LockKey([StringKey.exclusive("table/42")])
+
+
+def test_a_sleeper_keeps_its_locks_while_it_sleeps() -> None:
+    async def main() -> tuple[float, float]:
+        async with manager_for("memory://timers-locks/", LockedSleeper) as manager:
+            first = await manager.submit(ProcedureWithId.new(LockedSleeper({"seconds": TEN_MINUTES})))
+            await asyncio.sleep(1)
+            second = await manager.submit(ProcedureWithId.new(LockedSleeper({"seconds": 1})))
+            woke_first, woke_second = await first.wait(), await second.wait()
+            assert isinstance(woke_first, float) and isinstance(woke_second, float)
+            return woke_first, woke_second
+
+    woke_first, woke_second = run_simulated(main())
+    assert woke_second >= woke_first + 1  # it took the lock only once the first had ended
