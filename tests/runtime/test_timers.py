@@ -258,3 +258,39 @@ def test_a_sleeper_keeps_its_locks_while_it_sleeps() -> None:
 
     woke_first, woke_second = run_simulated(main())
     assert woke_second >= woke_first + 1  # it took the lock only once the first had ended
+
+
+class Napper(Procedure):
+    """Sleeps `seconds` without storing its state (`persist=False`), then a zero-second sleep."""
+
+    type_name = "test::Napper"
+
+    def __init__(self, state: dict[str, object]) -> None:
+        self.state = state
+
+    def dump(self) -> str:
+        return json.dumps(self.state)
+
+    async def execute(self, ctx: Context) -> Status:
+        naps = self.state.setdefault("naps", 0)
+        assert isinstance(naps, int)
+        self.state["naps"] = naps + 1
+        if naps == 0:
+            return Status.sleep(60, persist=False)
+        if naps == 1:
+            return Status.sleep(0)
+        return Status.done(asyncio.get_running_loop().time())
+
+
+def test_a_sleep_without_persist_and_a_zero_sleep() -> None:
+    async def main() -> object:
+        async with manager_for("memory://timers-nap/", Napper) as manager:
+            procedure = ProcedureWithId.new(Napper({}))
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(1)
+            keys = await manager.store.procedure_keys(procedure.id)
+            assert [k.step for k in keys] == [0]  # the unpersisted sleep stored nothing
+            return await watcher.wait()
+
+    woke = run_simulated(main())
+    assert isinstance(woke, float) and 60 <= woke < 61
