@@ -39,6 +39,7 @@ from procstore.errors import (
     SubmissionsPaused,
     TooManyRunningProcedures,
 )
+from procstore.flow import Concurrency, RateLimit
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, LockMode, StringKey
 from procstore.procedure import Context, ContextProvider, Procedure, ProcedureWithId, Status, StatusKind
@@ -51,6 +52,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Action",
     "Client",
+    "Concurrency",
     "Context",
     "ContextProvider",
     "DuplicateProcedure",
@@ -86,6 +88,7 @@ __all__ = [
     "ProcedureStateKind",
     "ProcedureStatus",
     "ProcedureWithId",
+    "RateLimit",
     "ResultNotKept",
     "RetryBudget",
     "RetryLater",

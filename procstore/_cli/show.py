@@ -33,7 +33,7 @@ from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.folder import StoredStatus
 from procstore.store.inventory import ENDINGS, endings, read_history
-from procstore.store.message import ProcedureMessage
+from procstore.store.message import ProcedureMessage, StepWait
 from procstore.store.words import status_word
 
 FIELDS_SHOWN = 200
@@ -130,7 +130,8 @@ def _entry(history: list[Any], index: int, ended: StoredStatus | None) -> dict[s
     if message is not None:
         entry["message"] = {"type_name": message.type_name, "data": nested(message.data),
                             "parent_id": message.parent_id and str(message.parent_id),
-                            "step": message.step, "error": message.error}  # fmt: skip
+                            "step": message.step, "error": message.error, "wake_at": message.wake_at,
+                            "signal": message.signal, "consumed": list(message.consumed)}  # fmt: skip
     return entry
 
 
@@ -154,6 +155,8 @@ def _panels(history: list[Any]) -> list[RenderableType]:
         ]
         if message.error is not None:
             parts.append(f"[bold red]error:[/] {stored(message.error)}")
+        if (wait := StepWait.of(message)).waits:
+            parts.append(f"[bold cyan]then:[/] {stored(wait.describe())}")
         fields = data_fields(message)
         parts.append(_fields_table(fields, previous) if fields is not None else f"data: {stored(repr(message.data))}")
         previous = fields

@@ -73,6 +73,10 @@ class ActivityPublisher:
     def waiting_on_children(self, meta: ProcedureMeta, step: int, children: int) -> None:
         self._publish(meta, "waiting on children", step, children=children)
 
+    def waiting_to_start(self, meta: ProcedureMeta, step: int, reason: str) -> None:
+        """Held back by flow control before its first step."""
+        self._publish(meta, "waiting to start", step, reason=reason)
+
     def running(self, meta: ProcedureMeta, step: int) -> None:
         """It runs a step again: said only if something else was said of it (a dict look)."""
         if meta.id in self._shown or meta.id in self._pending:

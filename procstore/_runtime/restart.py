@@ -144,7 +144,7 @@ async def _restart(
     ctx.requests.forget(procedure_id)
     if plan.source is not None or not nudged:
         await ctx.store.requests.delete([procedure_id])
-    message = await apply_restart(ctx.store, plan, stored, retention=ctx.history.settings.retention)
+    message = await apply_restart(ctx.store, plan, stored, retention=ctx.store.history.settings.retention)
     if plan.source is not None and not plan.ended:
         # The copy starts a new run over one whose end is not stored (it ended here
         # unrecorded, or was stuck). Resumed as stored, without a copy, the same run goes on.

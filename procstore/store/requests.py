@@ -76,7 +76,7 @@ class OperatorRequest(msgspec.Struct, frozen=True, kw_only=True):
             kind=kind,
             reason=checked_reason(reason),
             requested_at=time.time(),
-            requested_by=who_asks(),
+            requested_by=who(),
             step=step,
             to_step=to_step,
         )
@@ -236,7 +236,7 @@ class RequestStore:
             await self.store.batch_delete(present)
 
 
-def who_asks() -> str:
+def who() -> str:
     """`user@host` of this process: who an operator's request or action says asked."""
     try:
         user = getpass.getuser()
