@@ -45,7 +45,6 @@ from procstore._cli.output import (
 from procstore.ids import ProcedureId
 from procstore.store.folder import StoredStatus
 from procstore.store.inventory import Inventory, StoredProcedure, read_inventory, read_outcomes
-from procstore.store.message import StepWait
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.state_store import walk_readable
 from procstore.store.words import StatusWord, status_word
@@ -109,17 +108,8 @@ def row_json(p: StoredProcedure, inventory: Inventory | None = None) -> dict[str
         "problem": p.problem,
         "orphan": inventory is not None and inventory.is_orphan(p),
         "pending": None if inventory is None else inventory.pending.get(p.procedure_id),
-        "waiting": stored_wait(p),
+        "waiting": p.waiting,
     }
-
-
-def stored_wait(p: StoredProcedure) -> str | None:
-    """How an unfinished procedure's latest step said it waits (`sleeping until ...`,
-    `waiting for signal ...`), or None. A running manager may have ended the wait since."""
-    if p.status is not StoredStatus.UNFINISHED or p.message is None:
-        return None
-    wait = StepWait.of(p.message)
-    return wait.describe() if wait.waits else None
 
 
 def status_text(p: StoredProcedure, inventory: Inventory | None) -> str:

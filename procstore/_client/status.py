@@ -47,6 +47,9 @@ class ProcedureStatus:
     """How this run started (`submit`, `resume`, `rewind`), where known."""
     problem: str | None = None
     """Why its latest value cannot be read, for `unreadable`."""
+    waiting: str | None = None
+    """How its latest stored step said it waits (`sleeping until …`, `waiting for signal
+    'name' …`: a durable timer or signal), while it is unfinished; None otherwise."""
     activity: Activity | None = None
     """What the manager running it last published between steps (`procstore.store.activity`:
     backing off with its attempt, last error and next try; waiting on a lock and its
@@ -60,10 +63,15 @@ class ProcedureStatus:
     @property
     def doing(self) -> str | None:
         """What an alive procedure does now: its `activity`'s `doing` (`backing off`,
-        `waiting on a lock`, `waiting on children`, `running`) where one is published, else
-        `running` (a step) or `rolling back`; None once it has ended or nothing runs it."""
+        `waiting on a lock`, `waiting on children`, `running`...) where one is published,
+        else `sleeping` or `waiting for a signal` (its stored step's durable wait), `running`
+        (a step) or `rolling back`; None once it has ended or nothing runs it."""
         if self.status == "unfinished":
-            return self.activity.doing if self.activity is not None else "running"
+            if self.activity is not None:
+                return self.activity.doing
+            if self.waiting is not None:
+                return "sleeping" if self.waiting.startswith("sleeping") else "waiting for a signal"
+            return "running"
         return "rolling back" if self.status == "rolling back" else None
 
     @property
@@ -151,6 +159,7 @@ def from_keys(
         pending=pending,
         started=started,
         problem=p.problem,
+        waiting=p.waiting,
         # One of another run, or left behind by a procedure that has ended, says nothing.
         activity=activity if activity is not None and activity.run == run and not p.is_finished else None,
     )

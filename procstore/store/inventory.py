@@ -18,7 +18,7 @@ from procstore.ids import ProcedureId
 from procstore.store.folder import ProcedureKeys, StoredStatus, decode_or_problem, ended_as, latest_first
 from procstore.store.history import HistoryStore, Outcome
 from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_dir, procedure_of_dir
-from procstore.store.message import ProcedureMessage
+from procstore.store.message import ProcedureMessage, StepWait
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.tree import descendants, reachable, stuck_chains
 from procstore.store.words import StatusWord, status_word
@@ -78,6 +78,15 @@ class StoredProcedure:
     def error(self) -> str | None:
         failed = self.status in (StoredStatus.ROLLING_BACK, StoredStatus.FAILED)
         return self.message.error if failed and self.message else None
+
+    @property
+    def waiting(self) -> str | None:
+        """How an unfinished procedure's latest step said it waits (`sleeping until ...`,
+        `waiting for signal ...`), or None. A running manager may have ended the wait since."""
+        if self.status is not StoredStatus.UNFINISHED or self.message is None:
+            return None
+        wait = StepWait.of(self.message)
+        return wait.describe() if wait.waits else None
 
     @property
     def is_finished(self) -> bool:
