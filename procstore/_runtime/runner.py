@@ -716,6 +716,7 @@ class Runner:
             return False
         self._parked = True
         self.meta.waiting = wait.describe()
+        self.ctx.activity.waiting(self.meta, self.step, self.meta.waiting)
         waits.park(pid, wait.wake_at, wait.signal, self._woken)
         return True
 
