@@ -27,6 +27,7 @@ from procstore._client.status import ProcedureStatus, from_keys, from_record, pe
 from procstore.errors import (
     InvalidProcedureId,
     OperationRefused,
+    ProcedureError,
     ProcedureFailed,
     ProcedureNotEnded,
     ProcedureNotFound,
@@ -49,6 +50,7 @@ from procstore.store.operations import (
 )
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import RequestKind, checked_reason
+from procstore.store.signals import encoded_payload, send_signal
 from procstore.store.state_store import StateStore
 from procstore.store.words import StatusWord
 
@@ -316,6 +318,31 @@ class Client:
         pid = _id(procedure_id)
         checked = checked_reason(reason)
         await carry_out_rewind(self._store, await prepare_rewind(self._store, pid, to_step), checked)
+
+    async def signal(self, procedure_id: ProcedureId | str, name: str, payload: object = None) -> None:
+        """Send the signal `name`, with a JSON `payload`, to a procedure that has not ended:
+        stored create-only under the store's `requests/signals/`, where the manager running it
+        finds it at its next look (`request_poll_interval`); a procedure waiting for it
+        (`Status.wait_for_signal(name)`) sees `payload` in `ctx.signals[name]` at its next
+        step. Returns once the signal is stored.
+
+        Refused, nothing written: `OperationRefused` for a procedure that has ended,
+        `ProcedureNotFound` for an id neither its keys nor history know, `TypeError` for a
+        name that is not non-empty text or a payload JSON cannot hold.
+        """
+        pid = _id(procedure_id)
+        encoded_payload(name, payload)
+        if not await self._store.procedure_keys(pid):
+            record = await self._history.find_newest_run(pid)
+            if record is None:
+                raise ProcedureNotFound(pid)
+            raise OperationRefused(f"procedure {pid} has ended ({record.outcome}): no signal can reach it")
+        try:
+            await send_signal(self._store, pid, name, payload)
+        except ProcedureNotFound:
+            raise
+        except ProcedureError as e:  # ended (or deleted) since the look above
+            raise OperationRefused(str(e)) from None
 
     def __repr__(self) -> str:
         return f"Client({self._store})"
