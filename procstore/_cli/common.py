@@ -75,22 +75,43 @@ def refused() -> Iterator[None]:
         raise CommandError(str(e), ExitCode.REFUSED) from e
 
 
+def storage_option_flags(fn: Callable[..., T]) -> Callable[..., T]:
+    """`-s/--storage-option KEY=VALUE` and `-o`, passed on together as `storage_options`:
+    `-o FORMAT` is an output format (`procstore._cli.output`), and `-o KEY=VALUE`, the
+    storage options' flag of earlier releases, still works for one release, with a warning."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, storage_option: tuple[str, ...], dash_o: tuple[str, ...], **kwargs: Any) -> T:
+        if any("=" in value for value in dash_o):
+            click.echo("warning: `-o KEY=VALUE` is deprecated for storage options: use `-s KEY=VALUE`", err=True)
+        return fn(*args, storage_options=(*storage_option, *dash_o), **kwargs)
+
+    wrapper = click.option(
+        "-o",
+        "dash_o",
+        multiple=True,
+        metavar="FORMAT",
+        help="Output format, as --output (`-o json`); KEY=VALUE here is a storage option (deprecated: use -s).",
+    )(wrapper)
+    return click.option(
+        "-s",
+        "--storage-option",
+        "storage_option",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="fsspec storage option, repeatable (`-s endpoint_url=http://...`); values are JSON if they parse. "
+        "For S3, AWS_ENDPOINT_URL (and the other AWS_* variables) work too.",
+    )(wrapper)
+
+
 def store_options(fn: Callable[P, T]) -> Callable[P, T]:
-    """The URL argument, `-o/--storage-option k=v` and `--parent-path`."""
+    """The URL argument, `-s/--storage-option k=v`, `-o FORMAT` and `--parent-path`."""
     fn = click.option(
         "--parent-path",
         default="",
         help="Folder inside the store that holds `procedure/` (the manager's parent_path).",
     )(fn)
-    fn = click.option(
-        "-o",
-        "--storage-option",
-        "storage_options",
-        multiple=True,
-        metavar="KEY=VALUE",
-        help="fsspec storage option, repeatable (`-o endpoint_url=http://...`); values are JSON if they parse.",
-    )(fn)
-    return click.argument("url")(fn)
+    return click.argument("url")(storage_option_flags(fn))
 
 
 def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -101,8 +122,8 @@ def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
             continue  # `-o json`: an output format (procstore._cli.output), not a storage option
         if not sep or not key:
             raise click.BadParameter(
-                f"expected KEY=VALUE or an output format ({', '.join(FORMATS)}), got {pair!r}",
-                param_hint="'-o' / '--storage-option'",
+                f"expected KEY=VALUE (a storage option) or an output format ({', '.join(FORMATS)}), got {pair!r}",
+                param_hint="'-s' / '--storage-option'",
             )
         try:
             options[key] = orjson.loads(value)

@@ -70,8 +70,8 @@ def chosen_format(storage_options: tuple[str, ...], output: str | None, as_json:
     unknown = asked - set(FORMATS)
     if unknown:
         raise click.BadParameter(
-            f"{sorted(unknown)[0]!r} is neither KEY=VALUE nor an output format ({', '.join(FORMATS)})",
-            param_hint="'-o' / '--storage-option'",
+            f"{sorted(unknown)[0]!r} is not an output format ({', '.join(FORMATS)})",
+            param_hint="'-o' / '--output'",
         )
     if len(asked) > 1:
         raise click.UsageError(f"several output formats asked for: {', '.join(sorted(asked))}; give one")
