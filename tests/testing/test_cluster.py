@@ -29,20 +29,16 @@ SEEDS = int(os.environ.get("PROCSTORE_SIM_SEEDS", "200"))
 runs 70% as many, at about 15 seeds/s): a few hundred in all, well within CI's 3 minutes."""
 
 KNOWN_FINDINGS: dict[str, list[int]] = {
-    "ledger": [14188],
+    "ledger": [],
     "machines": [],
 }
 """Seeds where the simulation still reports a problem on this code: replay one with `python
--m procstore.testing.simulate --world W --seed S`. Each is an open finding to fix. Ledger
-14188: a deposed leader's `.rollback`, in flight for 24 s, lands beside the step the new
-leader wrote at the same step number, below the new leader's `.commit`: the folder then
-reads as rolled back, and the end record says failed though the run committed done (a
-`.rollback` that landed after the `.commit` above it cannot be the one that commit ended)."""
+-m procstore.testing.simulate --world W --seed S`. Each is an open finding to fix."""
 
 FIRST_SEED = {"ledger": 100, "machines": 0}
 
 FIXED_FINDINGS = {
-    "ledger": [68, 536, 894, 954, 1030, 1031, 1065, 1350, 1839, 1967, 2249, 3063, 3409, 3555, 31084],
+    "ledger": [68, 536, 894, 954, 1030, 1031, 1065, 1350, 1839, 1967, 2249, 3063, 3409, 3555, 14188, 31084],
     "machines": [283, 626, 5613, 6152, 6584, 36408],
 }
 """Seeds outside the many-seeds range where the simulation found a break that is fixed now:
@@ -54,7 +50,9 @@ record lost to one store error (1065), a rewind beside a submit still backing of
 procedure cut short (3063), a resume as stored given an end record (3555), a rewind of a
 stuck run (machines 6152), recovery's deletion given up after one store error (machines
 36408), a migration resumed from its stored state after another one moved its region
-(machines 6584: its run's end was refused by the store, which let go of its lock); and
+(machines 6584: its run's end was refused by the store, which let go of its lock), a
+deposed leader's late `.rollback` beside the new leader's step read as the end of the run
+it committed (14188); and
 false reports of the model or a world (2249, 3409, 31084, 626, 5613)."""
 
 
