@@ -432,7 +432,8 @@ class ProcedureManager:
         POISONED one (say, a loader registered since), or one that `start()` could not
         load. A rolled-back procedure is refused (its later steps would run over undone
         work): `rewind` it. Returns a watcher of the new run. Raises `ProcedureError`
-        saying why not (running here, a subprocedure, finished, keys gone),
+        saying why not (running here, a subprocedure, finished, keys gone, a run that
+        ended whose keys a late write re-created),
         `NotLeader` on a standby, `ManagerNotStarted`.
         """
         return await self._restart(procedure_id, None)
