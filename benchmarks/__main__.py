@@ -41,13 +41,13 @@ class Sizes:
 
 
 QUICK = Sizes(  # CI runs this: under three minutes
-    step={"local": (1, 100), "memory": (1, 100), "s3": (1, 25)},
+    step={"local": (1, 100), "memory": (1, 100), "s3": (1, 25), "s3-15ms": (1, 25)},
     throughput={"local": (1, 100), "memory": (1, 100), "s3": (1, 25)},
     recovery=(100, 1000),
     memory=(1000,),
     dbos_max=100,
     lease={"local": (100,), "memory": (100,), "s3": (25,)},
-    observability={"local": (100,), "s3": (25,)},
+    observability={"local": (100,), "memory": (100,), "s3": (25,), "s3-15ms": (25,)},
     memstore=(100, 10_000),
     ceiling_writes=400,
     request_pairs=20,
@@ -56,13 +56,19 @@ QUICK = Sizes(  # CI runs this: under three minutes
 FULL = Sizes(  # S3 stops at 1,000: the moto server here does ~150 puts/s, 10,000 would take 7 minutes
     # memory:// stops at 1,000, as when it was fsspec's memory filesystem, so that figures stay
     # comparable with earlier runs (see --only memstore for what the scheme's store costs).
-    step={"local": (1, 100, 1000, 10_000), "memory": (1, 100, 1000), "s3": (1, 100, 1000)},
+    step={
+        "local": (1, 100, 1000, 10_000),
+        "memory": (1, 100, 1000),
+        "s3": (1, 100, 1000),
+        "s3-15ms": (1, 100),
+        "s3-lognormal": (1, 100),
+    },
     throughput={"local": (1, 100, 1000, 10_000), "memory": (1, 100, 1000), "s3": (1, 100, 1000)},
     recovery=(1, 100, 1000, 10_000),
     memory=(1000, 10_000),
     dbos_max=1000,
     lease={"local": (100, 1000), "memory": (100, 1000), "s3": (100,)},
-    observability={"local": (100, 1000), "s3": (100,)},
+    observability={"local": (100, 1000), "memory": (100, 1000), "s3": (100,), "s3-15ms": (100,)},
     memstore=(100, 1000, 10_000, 100_000),
     ceiling_writes=2000,
     request_pairs=100,
@@ -75,18 +81,18 @@ async def run(quick: bool, only: tuple[str, ...]) -> Report:
     chosen = set(only or NAMES)
     mode, sizes = ("quick", QUICK) if quick else ("full", FULL)
     print(f"procstore benchmarks ({mode}) on {machine()}", flush=True)
-    with targets(["local", "memory", "s3"]) as stores:
+    with targets(["local", "memory", "s3", "s3-15ms", "s3-lognormal"]) as stores:
         local = stores[0]
         if "step" in chosen:
             for target in stores:
-                for n in sizes.step[target.kind]:
+                for n in sizes.step.get(target.key, ()):
                     await suites.step_overhead(report, target, n)
                 if target.kind == "s3":
                     await suites.requests_at_once(report, target, sizes.request_pairs)
         if "throughput" in chosen:
             await suites.disk_ceiling(report, local, sizes.ceiling_writes, CEILING_THREADS)
             for target in stores:
-                for n in sizes.throughput[target.kind]:
+                for n in sizes.throughput.get(target.key, ()):
                     with_dbos = target.kind == "local" and n <= sizes.dbos_max
                     await suites.throughput(report, target, n, with_dbos=with_dbos)
             await placement.ablation(report, local, sizes.placement)
@@ -98,7 +104,7 @@ async def run(quick: bool, only: tuple[str, ...]) -> Report:
                 await suites.memory(report, n)
         if "lease" in chosen:
             for target in stores:
-                for n in sizes.lease[target.kind]:
+                for n in sizes.lease.get(target.key, ()):
                     await suites.lease_overhead(report, target, n)
         if "memstore" in chosen:
             for n in sizes.memstore:
@@ -107,7 +113,7 @@ async def run(quick: bool, only: tuple[str, ...]) -> Report:
         # Last: it configures the OpenTelemetry SDK for the rest of the process.
         if "observability" in chosen:
             for target in stores:
-                for n in sizes.observability.get(target.kind, ()):
+                for n in sizes.observability.get(target.key, ()):
                     await observability.observability_overhead(report, target, n)
     return report
 

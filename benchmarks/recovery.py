@@ -63,16 +63,16 @@ async def recovery(report: Report, target: Target, n: int, *, with_dbos: bool) -
     complete = await timed(to_the_end)
     await m.stop()
 
-    row = Row("recovery", f"{target.kind}: load {n} procedures left by a kill -9", load_times, "s", raw_times,
+    row = Row("recovery", f"{target.name}: load {n} procedures left by a kill -9", load_times, "s", raw_times,
               "raw list + read of each latest key", Goal("<=", 1.5) if n >= 10_000 else None)  # fmt: skip
     report.add(row)
-    report.scale(f"{target.kind}: recovery load (start() returns)", "ms/procedure", n, 1e3 * row.median / n)
+    report.scale(f"{target.name}: recovery load (start() returns)", "ms/procedure", n, 1e3 * row.median / n)
     report.scale(
-        f"{target.kind}: raw list + read latest keys", "ms/procedure", n, 1e3 * statistics.median(raw_times) / n
+        f"{target.name}: raw list + read latest keys", "ms/procedure", n, 1e3 * statistics.median(raw_times) / n
     )
-    report.scale(f"{target.kind}: recovery, load and run to the end", "ms/procedure", n, 1e3 * complete / n)
+    report.scale(f"{target.name}: recovery, load and run to the end", "ms/procedure", n, 1e3 * complete / n)
     dbos = await dbos_recovery(target, n) if with_dbos else None
-    report.add(Row("recovery", f"{target.kind}: {n} recovered procedures run to the end (from start()), one run",
+    report.add(Row("recovery", f"{target.name}: {n} recovered procedures run to the end (from start()), one run",
                    [complete], "s", [dbos] if dbos else [], f"DBOS (SQLite) recovering {n} workflows after kill -9"
                    if dbos else ""))  # fmt: skip
     if dbos is not None:

@@ -18,8 +18,23 @@ from typing import Any
 @dataclass
 class Target:
     kind: str
+    """`local`, `memory` or `s3`: what the suites do differs by it."""
     base: str
     options: dict[str, Any] = field(default_factory=dict)
+    key: str = ""
+    """Which target of `targets()` it is (its kind unless said): sizes are chosen by it."""
+    name: str = ""
+    """How rows name it (its kind unless said): S3 is measured on moto alone and behind
+    latency proxies."""
+
+    @property
+    def proxied(self) -> bool:
+        """S3 behind a latency proxy: requests overlap as on S3."""
+        return self.key != self.kind
+
+    def __post_init__(self) -> None:
+        self.key = self.key or self.kind
+        self.name = self.name or self.kind
 
     def url(self) -> str:
         """A fresh, empty store under this target."""
@@ -37,12 +52,42 @@ def targets(kinds: list[str]) -> Iterator[list[Target]]:
                 out.append(Target("local", f"{tmp}/"))
             elif kind == "memory":
                 out.append(Target("memory", "memory://"))
-            elif kind == "s3":
+            elif kind in S3_TARGETS:
                 from procstore.testing.pytest_plugin import create_bucket, s3_storage_options
 
                 endpoint = stack.enter_context(moto_server_process())
-                out.append(Target("s3", f"s3://{create_bucket(endpoint)}/", s3_storage_options(endpoint)))
+                delay = S3_TARGETS[kind]
+                if delay:
+                    endpoint = stack.enter_context(latency_proxy(endpoint, delay))
+                bucket = f"s3://{create_bucket(endpoint)}/"
+                out.append(Target("s3", bucket, s3_storage_options(endpoint), key=kind, name=S3_NAMES[kind]))
         yield out
+
+
+S3_TARGETS: dict[str, tuple[str, ...]] = {
+    "s3": (),
+    "s3-15ms": ("--fixed-ms", "15"),
+    "s3-lognormal": ("--lognormal-ms", "10", "40"),
+}
+"""The S3 targets: moto alone, and moto behind a latency proxy (its arguments)."""
+
+S3_NAMES = {
+    "s3": "s3 (moto alone: one request at a time)",
+    "s3-15ms": "s3 via a 15 ms proxy",
+    "s3-lognormal": "s3 via a 10-40 ms lognormal proxy",
+}
+
+
+@contextmanager
+def latency_proxy(endpoint: str, delay: tuple[str, ...]) -> Iterator[str]:
+    """`benchmarks.latency_proxy` in front of `endpoint`, in its own process. Yields its endpoint."""
+    from procstore.testing.pytest_plugin import free_port
+
+    port = free_port()
+    to = endpoint.rsplit(":", 1)[1]
+    command = [sys.executable, "-m", "benchmarks.latency_proxy", "--port", str(port), "--to", to, *delay]
+    with _process(command, port) as url:
+        yield url
 
 
 @contextmanager
@@ -52,11 +97,14 @@ def moto_server_process() -> Iterator[str]:
     from procstore.testing.pytest_plugin import free_port
 
     port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with _process([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port) as url:
+        yield url
+
+
+@contextmanager
+def _process(command: list[str], port: int) -> Iterator[str]:
+    """`command`, a server that listens on `port` of 127.0.0.1, until the block ends."""
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -65,7 +113,7 @@ def moto_server_process() -> Iterator[str]:
                 break
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("the moto server did not start") from None
+                    raise RuntimeError(f"{command[2]} did not start") from None
                 time.sleep(0.1)
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -102,30 +102,48 @@ async def step_overhead(report: Report, target: Target, steps: int) -> None:
         elapsed, raw_elapsed = await interleaved(
             step_repeats(steps), one_procedure(m, steps), lambda: raw_writes(store, writes), cleanup=raw_cleanup(store)
         )
-        if target.kind == "s3":
+        if target.kind == "s3" and not target.proxied:  # the same requests behind a proxy
             await count_requests(report, m, steps)
     per_step = [1e3 * t / writes for t in elapsed]
     raw_per_step = [1e3 * t / writes for t in raw_elapsed]
-    judged = target.kind == "s3" or (target.kind == "local" and steps == 100)
-    row = Row("step overhead", f"{target.kind}: one persisted step, {steps}-step procedure", per_step, "ms",
-              raw_per_step, "raw put, same bytes, same store", RATIO_1_25 if judged else None)  # fmt: skip
+    row = Row("step overhead", f"{target.name}: one persisted step, {steps}-step procedure", per_step, "ms",
+              raw_per_step, "raw put, same bytes, same store", step_goal(target, steps))  # fmt: skip
     report.add(row)
-    report.scale(f"{target.kind}: persisted step (N = steps)", "ms/step", steps, row.median)
-    report.scale(f"{target.kind}: raw put (N = puts)", "ms/put", steps, statistics.median(raw_per_step))
+    report.scale(f"{target.name}: persisted step (N = steps)", "ms/step", steps, row.median)
+    report.scale(f"{target.name}: raw put (N = puts)", "ms/put", steps, statistics.median(raw_per_step))
+
+
+def step_goal(target: Target, steps: int) -> Goal | None:
+    """Behind a latency proxy S3 is judged as S3 behaves: a 1-step procedure within 1.6x its
+    raw PUTs, a 100-step one within 1.15x. On moto alone (one request at a time) and locally
+    at 100 steps, within 1.25x."""
+    if target.proxied:
+        return Goal("<=", 1.6) if steps == 1 else Goal("<=", 1.15) if steps == 100 else None
+    return RATIO_1_25 if target.kind == "s3" or (target.kind == "local" and steps == 100) else None
+
+
+S3_PRICE_PER_REQUEST = {"PUT": 0.005 / 1000, "POST": 0.005 / 1000, "LIST": 0.005 / 1000, "GET": 0.0004 / 1000,
+                        "HEAD": 0.0004 / 1000, "DELETE": 0.0, "DeleteObjects": 0.0}  # fmt: skip
+"""S3 Standard's published request prices in us-east-1 (USD, https://aws.amazon.com/s3/pricing/):
+PUT, COPY, POST and LIST $0.005 per 1,000; GET and the rest $0.0004 per 1,000; DELETE free
+(a DeleteObjects request is counted as the deletions it carries, which are free)."""
 
 
 async def count_requests(report: Report, m: ProcedureManager, steps: int, procedures: int = 3) -> None:
-    """HTTP requests a `steps`-step procedure sends to S3, start to deleted (by method)."""
+    """HTTP requests a `steps`-step procedure sends to S3, start to deleted (by method), and
+    what 1,000 such procedures cost at S3 Standard's request prices."""
     async with RequestCounter(m.store.store) as counter:
         for _ in range(procedures):
             await one_procedure(m, steps)()
     per = {name: count / procedures for name, count in sorted(counter.counts.items())}
     detail = ", ".join(f"{name} {count:g}" for name, count in per.items())
     total = sum(per.values())
+    dollars = 1000 * sum(count * S3_PRICE_PER_REQUEST.get(name, 0.005 / 1000) for name, count in per.items())
     report.add(
         Row("requests", f"s3: requests per {steps}-step procedure", [total], "requests", [float(steps + 1)],
             "its writes alone (one PUT per stored key)",
-            note=f"s3, {steps}-step procedure, requests by kind: {detail}")
+            note=f"s3, {steps}-step procedure, requests by kind: {detail}; "
+                 f"${dollars:.4f} per 1,000 procedures at S3 Standard's request prices")
     )  # fmt: skip
 
 
@@ -141,7 +159,7 @@ async def lease_overhead(report: Report, target: Target, steps: int) -> None:
         )
     writes = steps + 1
     report.add(
-        Row("lease", f"{target.kind}: one persisted step of a leader, {steps}-step procedure",
+        Row("lease", f"{target.name}: one persisted step of a leader, {steps}-step procedure",
             [1e3 * t / writes for t in leased], "ms", [1e3 * t / writes for t in unleased], "the same, no lease")
     )  # fmt: skip
 
@@ -192,15 +210,15 @@ async def throughput(report: Report, target: Target, n: int, *, with_dbos: bool)
     else:
         baseline, note = "six raw puts each, same concurrency", ""
     judged = target.kind == "local" and n == 1000
-    row = Row("throughput", f"{target.kind}: N={n} concurrent 5-step procedures", rates, "procedures/s", raw_rates,
+    row = Row("throughput", f"{target.name}: N={n} concurrent 5-step procedures", rates, "procedures/s", raw_rates,
               baseline, Goal(">=", 0.8) if judged else None, higher_is_better=True, note=note)  # fmt: skip
     report.add(row)
     if judged:
         report.add(Row("throughput", f"local: N={n}, the event loop's CPU per procedure", loop_cpu, "ms"))
-    report.scale(f"{target.kind}: 5-step procedure, N at once", "ms/procedure", n, 1e3 / row.median)
+    report.scale(f"{target.name}: 5-step procedure, N at once", "ms/procedure", n, 1e3 / row.median)
     if raw_rates:
         report.scale(
-            f"{target.kind}: the same work raw, N at once", "ms/procedure", n, 1e3 / statistics.median(raw_rates)
+            f"{target.name}: the same work raw, N at once", "ms/procedure", n, 1e3 / statistics.median(raw_rates)
         )
     if dbos_rates:
         goal = Goal(">=", 10) if judged else None
@@ -236,7 +254,7 @@ async def requests_at_once(report: Report, target: Target, pairs: int) -> None:
         await store.close()
     per_pair = [1e3 * t / pairs for t in at_once]
     in_sequence = [1e3 * t / pairs for t in one_by_one]
-    report.add(Row("requests", f"{target.kind}: a step's PUT and a look's GET sent together", per_pair, "ms",
+    report.add(Row("requests", f"{target.name}: a step's PUT and a look's GET sent together", per_pair, "ms",
                    in_sequence, "the same two requests one after the other"))  # fmt: skip
 
 

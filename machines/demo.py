@@ -153,6 +153,10 @@ async def run_round(
         with contextlib.suppress(SimulatedCrash):
             await cluster.load()
             notes = inject_mailbox_faults(cluster, rng, plan, heal=crash_at is None)
+            if crash_at is None:
+                # The healed round: datanodes open regions asynchronously and signal the
+                # migration when done (`region-opened`), which waits for it without polling.
+                cluster.open_regions_asynchronously(0.05)
             await manager.start()
             for job in plan.jobs:
                 # A procedure the store still holds is followed again, even one reported
@@ -174,6 +178,7 @@ async def run_round(
             crashed.cancel()
         await manager.stop()
     finally:
+        await cluster.stop_opening()
         await faulty.close()
     crashed_now = faulty.crashed.is_set()
     for job in plan.jobs:

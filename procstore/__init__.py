@@ -8,6 +8,7 @@ from procstore._runtime.lease import Lease
 from procstore._runtime.lease_clock import LeaseClock
 from procstore._runtime.manager import ProcedureManager
 from procstore._runtime.retry import RetryBudget
+from procstore._runtime.telemetry import TelemetrySettings
 from procstore._runtime.watcher import Watcher
 from procstore.errors import (
     DuplicateProcedure,
@@ -32,6 +33,7 @@ from procstore.errors import (
     SubmissionsPaused,
     TooManyRunningProcedures,
 )
+from procstore.flow import Concurrency, RateLimit
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, LockMode, StringKey
 from procstore.procedure import Context, ContextProvider, Procedure, ProcedureWithId, Status, StatusKind
@@ -42,6 +44,7 @@ from procstore.store.procedure_store import LoadProblem
 __version__ = "0.1.0"
 
 __all__ = [
+    "Concurrency",
     "Context",
     "ContextProvider",
     "DuplicateProcedure",
@@ -73,6 +76,7 @@ __all__ = [
     "ProcedureState",
     "ProcedureStateKind",
     "ProcedureWithId",
+    "RateLimit",
     "RetryBudget",
     "RetryLater",
     "Status",
@@ -82,6 +86,7 @@ __all__ = [
     "StoreUnavailable",
     "SettingFrozen",
     "SubmissionsPaused",
+    "TelemetrySettings",
     "TooManyRunningProcedures",
     "Watcher",
     "__version__",

@@ -10,6 +10,7 @@ passes them itself: `extra=procedure_fields(procedure_id, ...)`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol
@@ -70,8 +71,20 @@ def procedure_fields(procedure_id: object, type_name: str | None = None, step: i
     return {"procedure_id": pid, "type_name": type_name, "step": step}
 
 
+_trace_fields: Callable[[], tuple[str, str] | None] | None = None
+"""The current span's (trace id, span id), once OpenTelemetry's API is in use."""
+
+
+def set_trace_fields(current: Callable[[], tuple[str, str] | None]) -> None:
+    """Called by the telemetry on OpenTelemetry: records then carry `trace_id` and `span_id`."""
+    global _trace_fields
+    _trace_fields = current
+
+
 class ProcedureFields(logging.Filter):
-    """Adds `procedure_id`, `type_name` and `step` to records logged within a runner."""
+    """Adds `procedure_id`, `type_name` and `step` to records logged within a runner, and
+    `trace_id` and `span_id` (hex, as OpenTelemetry writes them) to records logged under a
+    span, so that a log line leads to its trace."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         scope = current_procedure.get()
@@ -79,6 +92,10 @@ class ProcedureFields(logging.Filter):
             record.procedure_id = scope.procedure_id
             record.type_name = scope.type_name
             record.step = scope.step()
+        if _trace_fields is not None and not hasattr(record, "trace_id"):
+            ids = _trace_fields()
+            if ids is not None:
+                record.trace_id, record.span_id = ids
         return True
 
 

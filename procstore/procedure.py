@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import ClassVar, Protocol, Self
 
 import orjson
 
 from procstore.errors import InvalidProcedureId
+from procstore.flow import Concurrency, RateLimit
 from procstore.ids import ProcedureId
 from procstore.lock_key import NO_KEYS, LockKey, StringKey
 from procstore.state import ProcedureState
@@ -30,6 +34,9 @@ class Procedure(abc.ABC):
 
     type_name: ClassVar[str]
     rollback_supported: ClassVar[bool] = False
+    rate_limit: ClassVar[RateLimit | None] = None
+    """At most `RateLimit(starts, per)` first starts of this type in any `per` seconds, in
+    each manager; the others wait, by `priority()`. None: no limit."""
 
     @abc.abstractmethod
     async def execute(self, ctx: Context) -> Status:
@@ -48,6 +55,17 @@ class Procedure(abc.ABC):
         """The keys locked before the first `execute` and held until the procedure ends."""
         return NO_KEYS
 
+    def concurrency(self) -> Concurrency | None:
+        """`Concurrency(key, limit)`: at most `limit` procedures of this key run at once; the
+        others wait, by `priority()`, before their first step. Computed from the procedure's
+        state (as `lock_key()`), so every manager obeys it after a restart. None: no limit."""
+        return None
+
+    def priority(self) -> int:
+        """Among procedures waiting for a concurrency slot or a rate limit, the higher starts
+        first (ties: in the order they began to wait)."""
+        return 0
+
     async def rollback(self, ctx: Context) -> None:  # noqa: B027 - optional hook
         """Undo partial work after a failure. Must be idempotent: it may run again after a restart."""
 
@@ -56,6 +74,8 @@ class StatusKind(enum.Enum):
     EXECUTING = "executing"
     SUSPENDED = "suspended"
     DONE = "done"
+    WAITING = "waiting"
+    """A durable wait: a timer (`Status.sleep`, `sleep_until`) or a signal (`wait_for_signal`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +112,12 @@ class Status:
     persist: bool = True
     subprocedures: tuple[ProcedureWithId, ...] = field(default=())
     output: object = None
+    delay: float | None = None
+    """A wait's length in seconds, from when the manager handles the status (`sleep`, a timeout)."""
+    wake_at: float | None = None
+    """A wait's end, in seconds since the epoch (`sleep_until`)."""
+    signal: str | None = None
+    """The signal name a wait ends on (`wait_for_signal`)."""
 
     @classmethod
     def executing(cls, persist: bool = True) -> Status:
@@ -108,6 +134,44 @@ class Status:
         """Finished; `output` is what `Watcher.wait()` returns."""
         return cls(StatusKind.DONE, persist=False, output=output)
 
+    @classmethod
+    def sleep(cls, seconds: float, persist: bool = True) -> Status:
+        """End the step, and call `execute` again once `seconds` have passed by the manager's
+        clock. With `persist`, the state and the wake-up time are stored first, so the wait
+        survives a restart or a takeover and counts from the stored time; the procedure holds
+        no task meanwhile (its locks, if any, stay held). An operator's cancel or fail ends the
+        wait at once. Raises `ValueError` for a negative or non-finite `seconds`."""
+        return cls(StatusKind.WAITING, persist, delay=_seconds(seconds, "seconds"))
+
+    @classmethod
+    def sleep_until(cls, when: datetime | float, persist: bool = True) -> Status:
+        """`sleep` until `when`: an aware `datetime`, or seconds since the epoch (an `int` or
+        `float`). A time already past wakes at once. Raises `ValueError` for a naive datetime
+        (its time zone would be a guess) and `TypeError` for any other value."""
+        if isinstance(when, datetime):
+            if when.tzinfo is None or when.utcoffset() is None:
+                raise ValueError(f"sleep_until needs an aware datetime (with a tzinfo), not {when!r}")
+            epoch = when.timestamp()
+        elif isinstance(when, int | float) and not isinstance(when, bool):
+            epoch = float(when)
+        else:
+            raise TypeError(f"sleep_until takes an aware datetime or epoch seconds, not {when!r}")
+        if not math.isfinite(epoch):
+            raise ValueError(f"sleep_until takes a finite time, not {when!r}")
+        return cls(StatusKind.WAITING, persist, wake_at=epoch)
+
+    @classmethod
+    def wait_for_signal(cls, name: str, timeout: float | None = None) -> Status:
+        """End the step (its state stored), and call `execute` again once a signal `name` is
+        sent to this procedure (`ProcedureManager.signal`, `Client.signal`, `procstore
+        signal`): that call sees its payload in `ctx.signals[name]`. After `timeout` seconds
+        without one, `execute` is called with `ctx.signals` empty. A signal sent before the
+        wait began is delivered at once; several, one per wait, in the order sent."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a signal's name is non-empty text, not {name!r}")
+        delay = None if timeout is None else _seconds(timeout, "timeout")
+        return cls(StatusKind.WAITING, True, delay=delay, signal=name)
+
     @property
     def need_persist(self) -> bool:
         return self.persist and self.kind is not StatusKind.DONE
@@ -120,6 +184,17 @@ class Status:
 
     def is_done(self) -> bool:
         return self.kind is StatusKind.DONE
+
+    def is_waiting(self) -> bool:
+        return self.kind is StatusKind.WAITING
+
+
+def _seconds(value: float, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} is a number of seconds, not {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be finite and not negative, not {value!r}")
+    return float(value)
 
 
 _EXECUTING_PERSIST = Status(StatusKind.EXECUTING, True)
@@ -161,6 +236,25 @@ class Context:
     """Raises `LeaseExpired` once the manager may no longer write; use `check_lease()`."""
     crash_hook: Callable[[str], Awaitable[None]] | None = field(default=None, repr=False, compare=False)
     """What `crash_point` calls (the manager's store); None outside a manager."""
+    signals: Mapping[str, object] = field(default_factory=dict)
+    """The signal this call was woken by, `{name: payload}`, after `Status.wait_for_signal`;
+    empty otherwise (and after the wait's timeout). It is consumed with this step: once the
+    state this call returns is stored (or the procedure ends) it is never delivered again; a
+    crash before that delivers it again to the repeated step."""
+    hold_interrupts: Callable[[], AbstractContextManager[None]] | None = field(default=None, repr=False, compare=False)
+    """What `uninterruptible()` enters (the running step's); None outside a manager's step."""
+
+    def uninterruptible(self) -> AbstractContextManager[None]:
+        """`with ctx.uninterruptible(): ...`: an operator's cancel or fail does not cut this block.
+
+        A request seen while a step runs interrupts it where it awaits (the await raises
+        `CancelledError`; the procedure then fails as asked, rolling back if it can): a
+        step blocked for an hour stops within `request_poll_interval`. Wrap what must not
+        be left half done (two calls that go together); the interrupt then comes at the
+        first await after the block, or, if the step ends first, before the next step.
+        Nothing in `rollback()` is interrupted.
+        """
+        return self.hold_interrupts() if self.hold_interrupts is not None else contextlib.nullcontext()
 
     async def crash_point(self, name: str) -> None:
         """Mark a place inside this step where a test may kill the process.

@@ -208,3 +208,6 @@ class ProcedureInfo:
     end_time: datetime | None
     lock_keys: list[StringKey]
     parent_id: ProcedureId | None
+    waiting: str | None = None
+    """Why it waits, while it does: for a concurrency slot or a rate limit (before its first
+    step), until a durable timer's time, or for a signal. None while it runs or has ended."""

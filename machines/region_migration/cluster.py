@@ -12,6 +12,9 @@
 - A region's leader whose lease is no longer renewed (its route marks it downgrading)
   gives up leadership on its own once the lease has run out, as GreptimeDB's datanodes
   do; that needs no message, so it works across a partition.
+- A datanode may open a region asynchronously (`Datanode.open_delay`): it answers at once
+  that the region is not open yet, and once it is, sends the migration that asked the
+  signal `REGION_OPENED` through the store (`procstore.store.signals`).
 
 Everything survives the procedure manager being killed: only the mailbox and the
 datanodes' fencing tokens are in memory (the datanodes outlive every manager).
@@ -20,16 +23,23 @@ datanodes' fencing tokens are in memory (the datanodes outlive every manager).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
 import orjson
 
+from procstore import ProcedureError, ProcedureId
 from procstore.machine import to_builtins
+from procstore.store.procedure_store import ProcedureStore
+from procstore.store.signals import send_signal
 from procstore.store.state_store import StateStore
 
 Role = Literal["leader", "follower"]
+
+REGION_OPENED = "region-opened"
+"""The signal a datanode sends the migration that asked it to open a region, once it is open."""
 
 REGION_LEASE_SECONDS = 0.3
 """How long a leader keeps serving without hearing from the metasrv (short, for tests)."""
@@ -143,6 +153,10 @@ class Datanode:
         with its replicas)."""
         self.lock = asyncio.Lock()
         self._loaded = False
+        self.open_delay = 0.0
+        """Seconds an `open` takes when asked with a `reply_to`: it answers `opened: False`
+        at once and, once open, signals the procedure `reply_to` (`REGION_OPENED`)."""
+        self.opening: set[asyncio.Task[None]] = set()
 
     @property
     def key(self) -> str:
@@ -200,6 +214,12 @@ class Datanode:
                 await self.save()
             return {"created": True}
         if instruction == "open":
+            reply_to = args.get("reply_to")
+            if replica is None and self.open_delay and reply_to:
+                task = asyncio.get_running_loop().create_task(self._open_later(region, reply_to))
+                self.opening.add(task)
+                task.add_done_callback(self.opening.discard)
+                return {"opened": False}
             if replica is None:
                 self.replicas[region] = Replica("follower")
                 await self.save()
@@ -229,6 +249,16 @@ class Datanode:
                 await self.save()
             return {"closed": True}
         raise DatanodeError(f"unknown instruction {instruction!r}")
+
+    async def _open_later(self, region: int, reply_to: str) -> None:
+        """Open `region` after `open_delay`, then tell the procedure that asked, as a
+        datanode's report reaches GreptimeDB's metasrv: by a signal in the store."""
+        await asyncio.sleep(self.open_delay)
+        await self.handle("open", region)
+        pid = ProcedureId.parse_canonical(reply_to)
+        if pid is not None:
+            with contextlib.suppress(ProcedureError):  # the migration ended meanwhile
+                await send_signal(ProcedureStore(self.store), pid, REGION_OPENED, {"region": region, "node": self.id})
 
 
 @dataclass
@@ -314,6 +344,19 @@ class SimCluster:
         for node in self.datanodes.values():
             await node.save()
         await self.metadata.put_route(TableRoute(table_id, 0, regions))
+
+    def open_regions_asynchronously(self, delay: float) -> None:
+        """From now on every datanode opens a region `delay` seconds after it is asked to,
+        then signals the migration that asked (`Datanode.open_delay`)."""
+        for node in self.datanodes.values():
+            node.open_delay = delay
+
+    async def stop_opening(self) -> None:
+        """Cancel the asynchronous opens under way (their process is gone)."""
+        tasks = [task for node in self.datanodes.values() for task in node.opening]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def expire_lease(self, node_id: int, region: int, fencing_token: int | None = None) -> None:
         """The leader's lease on `region` ran out (nobody renewed it): it stops leading.

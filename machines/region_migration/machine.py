@@ -1,6 +1,6 @@
 """Region migration, after GreptimeDB's `meta_srv::procedure::region_migration`.
 
-    RegionMigrationStart -> OpenCandidateRegion -> UpdateMetadata(Downgrade)
+    RegionMigrationStart -> OpenCandidateRegion [-> WaitCandidateOpened] -> UpdateMetadata(Downgrade)
       -> DowngradeLeaderRegion -> UpgradeCandidateRegion -> UpdateMetadata(Upgrade)
       -> CloseDowngradedRegion -> RegionMigrationEnd
     UpgradeCandidateRegion (timed out) -> UpdateMetadata(Rollback) -> RegionMigrationAbort
@@ -9,6 +9,11 @@ Several regions of one table may move together: every state acts on all of them.
 state is idempotent, because after a crash the machine resumes from its last persisted
 state and replays the ones after it. Mailbox timeouts and route conflicts are retryable
 (`RetryLater`); a missing table or an impossible request aborts.
+
+A datanode that opens the candidate region asynchronously answers "not open yet": the
+migration then waits, without polling, for the datanode's `region-opened` signal
+(`WaitCandidateOpened`), for at most the migration's timeout; after that it falls back to
+polling the datanode (`RetryLater`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from procstore import LockKey, RetryLater, Status, StringKey
 from procstore.machine import SKIP_IF_EMPTY, Duration, MachineContext, State, StateMachine, StateRegistry
 from procstore_machines.region_migration.cluster import (
     REGION_LEASE_SECONDS,
+    REGION_OPENED,
     DatanodeError,
     MailboxTimeout,
     SimCluster,
@@ -165,11 +171,9 @@ class RegionMigrationStart(State[Ctx]):
 class OpenCandidateRegion(State[Ctx]):
     async def next(self, ctx: Ctx) -> tuple[State[Ctx], Status]:
         p = ctx.persistent
-        for region in p.regions():
-            try:
-                await _send(ctx, p.to_peer, "open", region)
-            except (MailboxTimeout, DatanodeError) as e:
-                raise _retry(e) from e
+        if await _open_candidates(ctx):
+            timeout = p.timeout.total_seconds()
+            return WaitCandidateOpened(), Status.wait_for_signal(REGION_OPENED, timeout=timeout)
 
         def add_follower(route: TableRoute) -> bool:
             changed = False
@@ -182,6 +186,33 @@ class OpenCandidateRegion(State[Ctx]):
 
         await _update_route(ctx, add_follower)
         return UpdateMetadata(MetadataUpdate.DOWNGRADE), Status.executing(persist=False)
+
+
+async def _open_candidates(ctx: Ctx) -> list[int]:
+    """Ask the candidate to open every region; the regions it is still opening."""
+    p = ctx.persistent
+    opening = []
+    for region in p.regions():
+        try:
+            reply = await _send(ctx, p.to_peer, "open", region, reply_to=str(ctx.runtime.procedure_id))
+        except (MailboxTimeout, DatanodeError) as e:
+            raise _retry(e) from e
+        if not reply.get("opened", True):
+            opening.append(region)
+    return opening
+
+
+@registry.state
+@dataclass
+class WaitCandidateOpened(State[Ctx]):
+    """Waiting for the candidate's `region-opened` signal. A signal sends the migration back
+    to `OpenCandidateRegion` (which asks again: other regions may still be opening); a
+    timeout falls back to polling the candidate."""
+
+    async def next(self, ctx: Ctx) -> tuple[State[Ctx], Status]:
+        if REGION_OPENED not in ctx.runtime.signals and await _open_candidates(ctx):
+            raise RetryLater("the candidate has not opened the region yet")
+        return OpenCandidateRegion(), Status.executing(persist=False)
 
 
 class MetadataUpdate(enum.Enum):

@@ -15,6 +15,7 @@ from procstore._cli.maintenance import cancel, delete, fail, gc
 from procstore._cli.operations import export, resume, rewind
 from procstore._cli.serve import serve
 from procstore._cli.show import show
+from procstore._cli.signal import signal
 from procstore._cli.watch import watch
 from procstore._text import terminal_text
 
@@ -25,7 +26,7 @@ def cli() -> None:
     """Crash-safe multi-step procedures on any fsspec store."""
 
 
-for command in (ls, show, tree, watch, lease, gc, fail, cancel, resume, rewind, delete, export, serve, demo):
+for command in (ls, show, tree, watch, lease, gc, fail, cancel, signal, resume, rewind, delete, export, serve, demo):
     cli.add_command(command)
 
 

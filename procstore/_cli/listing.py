@@ -44,6 +44,7 @@ from procstore._cli.output import (
 from procstore.ids import ProcedureId
 from procstore.store.folder import StoredStatus
 from procstore.store.inventory import Inventory, StoredProcedure, read_inventory
+from procstore.store.message import StepWait
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.state_store import walk_readable
 
@@ -101,7 +102,17 @@ def row_json(p: StoredProcedure, inventory: Inventory | None = None) -> dict[str
         "error": p.error,
         "problem": p.problem,
         "orphan": inventory is not None and inventory.is_orphan(p),
+        "waiting": stored_wait(p),
     }
+
+
+def stored_wait(p: StoredProcedure) -> str | None:
+    """How an unfinished procedure's latest step said it waits (`sleeping until ...`,
+    `waiting for signal ...`), or None. A running manager may have ended the wait since."""
+    if p.status is not StoredStatus.UNFINISHED or p.message is None:
+        return None
+    wait = StepWait.of(p.message)
+    return wait.describe() if wait.waits else None
 
 
 def status_text(p: StoredProcedure, inventory: Inventory | None) -> str:

@@ -27,7 +27,7 @@ from procstore._cli.output import chosen_format, emit, iso_time, output_options,
 from procstore._text import bounded
 from procstore.store.folder import StoredStatus
 from procstore.store.inventory import ENDINGS, endings, read_history
-from procstore.store.message import ProcedureMessage
+from procstore.store.message import ProcedureMessage, StepWait
 
 FIELDS_SHOWN = 200
 """Fields of one step's data `show` and the web page list; `-o json` has the whole value."""
@@ -123,7 +123,8 @@ def _entry(history: list[Any], index: int, ended: StoredStatus | None) -> dict[s
     if message is not None:
         entry["message"] = {"type_name": message.type_name, "data": message.data,
                             "parent_id": message.parent_id and str(message.parent_id),
-                            "step": message.step, "error": message.error}  # fmt: skip
+                            "step": message.step, "error": message.error, "wake_at": message.wake_at,
+                            "signal": message.signal, "consumed": list(message.consumed)}  # fmt: skip
     return entry
 
 
@@ -147,6 +148,8 @@ def _panels(history: list[Any]) -> list[RenderableType]:
         ]
         if message.error is not None:
             parts.append(f"[bold red]error:[/] {stored(message.error)}")
+        if (wait := StepWait.of(message)).waits:
+            parts.append(f"[bold cyan]then:[/] {stored(wait.describe())}")
         fields = data_fields(message)
         parts.append(_fields_table(fields, previous) if fields is not None else f"data: {stored(repr(message.data))}")
         previous = fields

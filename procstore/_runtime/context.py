@@ -8,17 +8,18 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
+from procstore._runtime.activity import ActivityPublisher
 from procstore._runtime.lock_table import LockTable
 from procstore._runtime.operator import OperatorRequests
 from procstore._runtime.recovery import StoredProcedures
 from procstore._runtime.registry import Registry
 from procstore._runtime.runner import is_stop
+from procstore._runtime.waits import Waits
 from procstore.errors import LoadFailed
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Procedure
 from procstore.state import ProcedureState
-from procstore.store.history import HistoryStore
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
@@ -37,33 +38,37 @@ class ManagerContext:
     - `locks` (`LockTable`): who holds and who waits for each lock key;
     - `requests` (`OperatorRequests`): the operator requests known to apply here;
     - `recovered` (`StoredProcedures`): the children recovery found, until claimed;
+    - `waits` (`Waits`): the procedures parked on a durable timer or signal;
     - `term` (`Term`): the term's tasks, and stepping down;
-    - `lease` (`TermLease`, None without a lease): the fencing token and write checks.
+    - `lease` (`TermLease`, None without a lease): the fencing token and write checks;
+    - `activity` (`ActivityPublisher`): what its procedures do between steps, for operators.
     """
 
-    __slots__ = ("history", "lease", "locks", "metas", "recovered", "requests", "settings", "store", "term")
+    __slots__ = (
+        "activity", "lease", "locks", "metas", "recovered", "requests", "settings", "store", "term", "waits",
+    )  # fmt: skip
 
     def __init__(
         self,
         store: ProcedureStore,
-        history: HistoryStore,
         settings: TermSettings,
         term: Term,
         lease: TermLease | None,
     ) -> None:
         self.store = store
-        self.history = history
-        """Where each ended run's end record (its history record) is written."""
         self.settings = settings
         self.term = term
         self.lease = lease
         self.recovered = StoredProcedures()
         self.metas = Registry(self.recovered.children_of, self._ended)
         self.locks = LockTable()
-        self.requests = OperatorRequests(store.requests, term.spawn, self.metas)
+        self.waits = Waits(term.spawn)
+        self.requests = OperatorRequests(store.requests, term.spawn, self.metas, self.waits.wake)
+        self.activity = ActivityPublisher(store.activities, term.spawn, None if lease is None else lease.holder)
 
     def _ended(self, meta: ProcedureMeta) -> None:
         self.requests.looks.forget(meta.id)
+        self.activity.ended(meta)
         started = meta.start_time
         seconds = None if started is None or meta.end_time is None else (meta.end_time - started).total_seconds()
         self.settings.telemetry.ended(meta.type_name, meta.outcome(), seconds)

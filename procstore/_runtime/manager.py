@@ -18,7 +18,7 @@ from procstore._runtime.operator import request as request_stop
 from procstore._runtime.restart import restart
 from procstore._runtime.retry import RetryBudget, RetryPolicy
 from procstore._runtime.runner import checked_lock_key, dumped, store_and_run, type_name_of
-from procstore._runtime.telemetry import OFF, get_telemetry
+from procstore._runtime.telemetry import OFF, Telemetry, TelemetrySettings, get_telemetry
 from procstore._runtime.term import SingleTerm, Term, TermSettings, await_term_task
 from procstore._runtime.watcher import Watcher
 from procstore.errors import (
@@ -29,6 +29,7 @@ from procstore.errors import (
     ManagerNotStarted,
     ManagerStopped,
     NotLeader,
+    ProcedureError,
     SettingFrozen,
     StoreError,
     SubmissionsPaused,
@@ -43,6 +44,7 @@ from procstore.store.limits import lease_write_rate_warning
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.requests import checked_reason
+from procstore.store.signals import encoded_payload, send_signal
 from procstore.store.state_store import StateStore
 
 logger = get_logger("procstore.manager")
@@ -97,7 +99,8 @@ class ProcedureManager:
         retry_budget: the rate of retries allowed to all procedures together (a token bucket,
             `RetryBudget(rate=20, burst=100)` by default): retries beyond it wait their turn.
         max_running_procedures: `submit()` raises `TooManyRunningProcedures` beyond this
-            many unfinished procedures (subprocedures and recovered ones are not refused).
+            many unfinished procedures (subprocedures and recovered ones are not refused;
+            those parked in a durable wait, `Status.sleep` or `wait_for_signal`, do not count).
         metadata_ttl: seconds a finished tree stays visible to `procedure_state()` and
             `list_procedures()`.
         gc_interval: seconds between sweeps of expired metadata (a task `start()` creates
@@ -120,7 +123,8 @@ class ProcedureManager:
         keep_failed: a root that ends FAILED keeps its keys (children's go as usual), so that
             an operator can `resume` or `rewind` it; `procstore delete` removes them.
         telemetry: report traces and metrics to OpenTelemetry's global providers when its
-            API is installed (the `otel` extra); False turns that off. See docs/observability.md.
+            API is installed (the `otel` extra); False turns that off; a `TelemetrySettings`
+            chooses which spans and events are made. See docs/observability.md.
     """
 
     url: _Setting[str] = _Setting()
@@ -134,7 +138,7 @@ class ProcedureManager:
     request_poll_interval: _Setting[float] = _Setting()
     history: _Setting[History] = _Setting()
     keep_failed: _Setting[bool] = _Setting()
-    telemetry: _Setting[bool] = _Setting()
+    telemetry: _Setting[bool | TelemetrySettings] = _Setting()
     lease: _Setting[Lease | None] = _Setting()
 
     def __init__(
@@ -154,7 +158,7 @@ class ProcedureManager:
         request_poll_interval: float = 1.0,
         history: History | bool | None = None,
         keep_failed: bool = False,
-        telemetry: bool = True,
+        telemetry: bool | TelemetrySettings = True,
     ) -> None:
         self._given_store = url if isinstance(url, StateStore) else None
         self._state_store: StateStore | None = None
@@ -315,7 +319,7 @@ class ProcedureManager:
             self.request_poll_interval,
             self.history,
             self.keep_failed,
-            get_telemetry() if self.telemetry else OFF,
+            _telemetry_for(self.telemetry),
         )
         try:
             if self.lease is None:
@@ -425,6 +429,37 @@ class ProcedureManager:
         self._lifecycle.own(task)
         await await_term_task(task, "cancelling")
 
+    async def signal(self, procedure_id: ProcedureId, name: str, payload: object = None) -> None:
+        """Send the signal `name`, with a JSON `payload`, to a procedure, durably, wherever it runs.
+
+        Stored create-only under the store's `requests/signals/` (any process may send one:
+        `Client.signal`, `procstore signal`); a procedure that waits for it
+        (`Status.wait_for_signal(name)`) sees `payload` in `ctx.signals[name]` at its next
+        step, here at once, on another manager at its next look at `requests/`
+        (`request_poll_interval`). One not waited for yet is kept, and signals of one name are
+        delivered one per wait, in the order sent. Returns once the signal is stored.
+
+        Raises `ProcedureError` for a procedure that has ended or that the store does not
+        hold, `TypeError` for a name that is not non-empty text or a payload JSON cannot hold,
+        `InvalidProcedureId`, or `ManagerNotStarted`; nothing is written then.
+        """
+        if not isinstance(procedure_id, ProcedureId):
+            raise InvalidProcedureId(procedure_id)
+        encoded_payload(name, payload)
+        self._started_or_standby("signal")
+        term = self._term
+        if term is not None and term.running:
+            ctx = term.ctx
+            await term.run_in_term(send_signal_here(ctx, procedure_id, name, payload), what="signalling")
+            return
+        assert self._state_store is not None
+        store = ProcedureStore(self._state_store, self.parent_path)
+        task = asyncio.get_running_loop().create_task(
+            send_signal(store, procedure_id, name, payload), name="procstore:signalling"
+        )
+        self._lifecycle.own(task)
+        await await_term_task(task, "signalling")
+
     async def resume(self, procedure_id: ProcedureId) -> Watcher:
         """Run an ended or stuck root again from its last stored step, with fresh retries.
 
@@ -506,7 +541,9 @@ class ProcedureManager:
             raise InvalidProcedureId(pid)
         if ctx.is_known(pid) or pid in ctx.metas.submitting:
             raise DuplicateProcedure(pid)
-        if ctx.metas.unfinished + len(ctx.metas.submitting) >= self.max_running_procedures:
+        # A procedure parked in a durable wait (a timer, a signal) holds no task: it does not count.
+        running = ctx.metas.unfinished - len(ctx.waits) + len(ctx.metas.submitting)
+        if running >= self.max_running_procedures:
             raise TooManyRunningProcedures(self.max_running_procedures)
         proc = procedure.procedure
         type_name = type_name_of(proc)
@@ -571,6 +608,22 @@ class ProcedureManager:
         if term is None or not term.running:
             raise ManagerNotStarted(what)
         return term.ctx
+
+
+async def send_signal_here(ctx: ManagerContext, procedure_id: ProcedureId, name: str, payload: object) -> None:
+    """`send_signal` in the term `ctx`, refusing a procedure it knows has ended, and waking
+    the procedure at once if it waits here."""
+    meta = ctx.metas.get(procedure_id)
+    if meta is not None and meta.state.is_ended():
+        raise ProcedureError(f"cannot signal procedure {procedure_id}: it has already ended ({meta.state.kind.name})")
+    await send_signal(ctx.store, procedure_id, name, payload)
+    ctx.waits.signalled(procedure_id)
+
+
+def _telemetry_for(telemetry: bool | TelemetrySettings) -> Telemetry:
+    if isinstance(telemetry, TelemetrySettings):
+        return get_telemetry().configured(telemetry)
+    return get_telemetry() if telemetry else OFF
 
 
 async def halt(manager: ProcedureManager) -> None:

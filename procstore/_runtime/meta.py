@@ -25,7 +25,7 @@ class ProcedureMeta:
     __slots__ = (
         "_changed", "_ended", "_on_end", "_requested", "_state", "abandoned", "cancelled", "children", "end_stored",
         "end_time", "ended_at", "id", "inherited", "is_root", "keep_keys", "lock_key", "parent_id", "retries",
-        "rolled_back", "run", "start_time", "steps", "terminal_keys", "type_name", "wrote_every_key",
+        "rolled_back", "run", "start_time", "steps", "terminal_keys", "type_name", "waiting", "wrote_every_key",
     )  # fmt: skip
 
     def __init__(
@@ -76,6 +76,8 @@ class ProcedureMeta:
         Cleared by any write whose outcome is unknown."""
         self.terminal_keys: tuple[tuple[int, KeyType], ...] = ()
         """The `.rollback` and `.commit` keys its runner wrote, by step."""
+        self.waiting: str | None = None
+        """Why it waits, if it does: flow control, a durable timer or a signal (`ProcedureInfo.waiting`)."""
         self.end_stored = False
         """Its run's `.commit` is stored: the run has ended for good, and only then is its end
         record written (an end not stored, such as a rollback to run again at the next
@@ -185,4 +187,5 @@ class ProcedureMeta:
             end_time=self.end_time,
             lock_keys=list(self.lock_key.keys_to_lock()),
             parent_id=self.parent_id,
+            waiting=self.waiting,
         )

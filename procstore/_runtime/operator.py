@@ -42,6 +42,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from procstore._logs import get_logger, procedure_fields
+from procstore._runtime.interrupt import RunningStep, RunningSteps
 from procstore._runtime.registry import Registry
 from procstore._runtime.restart import restart, runs_here
 from procstore.errors import ProcedureError, StoreError, describe
@@ -50,6 +51,7 @@ from procstore.store.folder import latest_key
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import OperatorRequest, OperatorRequested, RequestKind, RequestStore
+from procstore.store.signals import sent_at
 from procstore.store.state_store import walk_readable
 
 if TYPE_CHECKING:
@@ -231,14 +233,20 @@ class OperatorRequests:
     """The requests known to apply to a term's procedures: read from the store, or passed
     down from an ancestor's. A runner checks here, then the store, before every attempt."""
 
-    __slots__ = ("_known", "_metas", "_submit_wakes", "looks")
+    __slots__ = ("_known", "_metas", "_steps", "_submit_wakes", "_wake", "looks")
 
-    def __init__(self, requests: RequestStore, spawn: Spawn, metas: Registry) -> None:
+    def __init__(
+        self, requests: RequestStore, spawn: Spawn, metas: Registry, wake: Callable[[ProcedureId], object]
+    ) -> None:
         self._known: dict[ProcedureId, OperatorRequest] = {}
+        self._steps = RunningSteps()
+        """The steps inside `execute()` now: a request interrupts them at their current await."""
         self._submit_wakes: dict[ProcedureId, asyncio.Event] = {}
         """For each submit whose first write is under way: set by a request for its id, which
         ends that write's backoff (see `first_wakes`)."""
         self._metas = metas
+        self._wake = wake
+        """Resumes a procedure parked in a durable wait (`Waits.wake`): a request ends the wait."""
         self.looks = RequestLooks(requests, spawn)
 
     def get(self, procedure_id: ProcedureId) -> OperatorRequest | None:
@@ -265,11 +273,22 @@ class OperatorRequests:
         if request is not None:
             raise OperatorRequested(request)
 
+    def running_step(self, procedure_id: ProcedureId) -> RunningStep:
+        """`with requests.running_step(id) as step: await execute(...)`: a request noted from
+        now on interrupts the step where it awaits (see `procstore._runtime.interrupt`);
+        one noted already raises `OperatorRequested` here."""
+        request = self._known.get(procedure_id)
+        if request is not None:
+            raise OperatorRequested(request)
+        return self._steps.running(procedure_id)
+
     def note(self, procedure_id: ProcedureId, request: OperatorRequest) -> None:
         """Apply an operator request to a procedure and its unfinished descendants."""
-        self._known.setdefault(procedure_id, request)
+        in_force = self._known.setdefault(procedure_id, request)
+        self._steps.interrupt(procedure_id, in_force)
         if (meta := self._metas.get(procedure_id)) is not None:
             meta.requested().set()
+            self._wake(procedure_id)
         elif (submitting := self._submit_wakes.get(procedure_id)) is not None:
             submitting.set()
         inherited = OperatorRequest(
@@ -282,9 +301,10 @@ class OperatorRequests:
         for child in self._metas.descendants(procedure_id):
             meta = self._metas.get(child)
             if meta is None or not meta.state.is_ended():
-                self._known.setdefault(child, inherited)
+                self._steps.interrupt(child, self._known.setdefault(child, inherited))
                 if meta is not None:
                     meta.requested().set()
+                    self._wake(child)
 
     def is_submitting(self, procedure_id: ProcedureId) -> bool:
         """A submit's first write for the id is under way."""
@@ -354,6 +374,7 @@ async def _look_once(ctx: ManagerContext) -> None:
     # `requests/`, and each look is a request to an object store for as long as the term lasts.
     listed = await walk_readable(ctx.store.store, ctx.store.requests.prefix)
     found = await ctx.store.requests.list_all(listed)
+    await _look_at_signals(ctx, ctx.store.signals.listed_by_procedure(listed))
     stale: list[ProcedureId] = []
     for pid, request in found.items():
         meta = ctx.metas.get(pid)
@@ -378,6 +399,23 @@ async def _look_once(ctx: ManagerContext) -> None:
             await _load_again(ctx, pid, nudge)
         except StoreError as e:  # this procedure's folder, say: the other nudges go on
             logger.warning("procedure %s: acting on its resume nudge failed (%s); trying again", pid, e)
+
+
+async def _look_at_signals(ctx: ManagerContext, listed: dict[ProcedureId, list[str]]) -> None:
+    """Wake the procedures waiting here for a signal that the listing shows one for (each
+    reads its signals, and parks again if none is the one it waits for); delete the signals
+    of procedures the store no longer holds (they ended, and their last signals were never
+    waited for), once old enough that a procedure being submitted cannot be one of them."""
+    for pid in ctx.waits.waiting_for_signals(listed):
+        ctx.waits.wake(pid)
+    now = time.time()
+    for pid, keys in listed.items():
+        if ctx.is_known(pid):
+            continue
+        old = [key for key in keys if (sent := sent_at(key)) is None or now - sent > STALE_REQUEST_AGE]
+        if old and not await ctx.store.holds_keys(pid):
+            logger.info("deleting %d signals of procedure %s, which the store no longer holds", len(old), pid)
+            await ctx.store.signals.delete(old)
 
 
 async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorRequest) -> None:
@@ -424,7 +462,7 @@ async def _delete_if_kept_for_the_nudge(ctx: ManagerContext, procedure_id: Proce
     nudge: its end record first (recovery wrote it; if it is missing, the next start decides)."""
     if ctx.settings.keep_failed or procedure_id in ctx.metas or procedure_id not in ctx.recovered.rolled_back:
         return
-    if await ctx.store.holds_keys(procedure_id) and await ctx.history.has_ended(
+    if await ctx.store.holds_keys(procedure_id) and await ctx.store.history.has_ended(
         procedure_id, ctx.recovered.committed_runs.get(procedure_id, 1)
     ):
         logger.info("procedure %s: deleting it, kept only for the resume nudge", procedure_id)

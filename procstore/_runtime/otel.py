@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import NoOpMeterProvider
+from opentelemetry.metrics import CallbackOptions, NoOpMeterProvider, Observation
 from opentelemetry.metrics import _internal as _metrics_api
 from opentelemetry.trace import Link, Status, StatusCode
 
 from procstore import __version__
-from procstore._logs import get_logger
-from procstore._runtime.telemetry import Telemetry
+from procstore._logs import get_logger, set_trace_fields
+from procstore._runtime.telemetry import Telemetry, TelemetrySettings
 from procstore.errors import describe
 
 T = TypeVar("T")
@@ -32,25 +34,80 @@ _NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)
 """A procedure's span without an SDK, when it changes nothing: one for all, it holds nothing."""
 
 
-class StepTimer:
-    """A step's duration metric without its span (no tracer provider): all a waiting step
-    holds. Recorded at the step's end if a meter provider is set by then, as the API's
-    proxy instrument would: one set while the step ran gets it."""
+_failed_attempt: ContextVar[tuple[trace.Span, int] | None] = ContextVar("procstore_failed_attempt", default=None)
+"""The span of the runner's last attempt that raised, and when it ended, kept open until
+`retried` puts the retry on it (or the runner goes on): however many steps a procedure has,
+its retries are on spans of their own, never dropped by the SDK's limit of events a span
+keeps. Per runner task: each runner is a task, with its own context."""
 
-    __slots__ = ("_start", "_telemetry", "_type_name")
 
-    def __init__(self, telemetry: OtelTelemetry, type_name: str) -> None:
+def _end_failed_attempt(retry: dict[str, str] | None = None) -> None:
+    held = _failed_attempt.get()
+    if held is None:
+        return
+    _failed_attempt.set(None)
+    span, ended_ns = held
+    try:
+        if retry is not None:
+            span.add_event("retry", retry, timestamp=ended_ns)
+        span.end(end_time=ended_ns)
+    except Exception as e:
+        _spans_failed(e)
+
+
+class Attempt:
+    """One attempt at a step, without a span of its own while it runs (`step_spans="failed"`,
+    or no tracer provider): its duration is recorded, its success is a `step` event on the
+    procedure's span, and an exception makes its span then, begun when the attempt did."""
+
+    __slots__ = ("_attempt", "_procedure_id", "_start", "_start_ns", "_step", "_telemetry", "_type_name")
+
+    def __init__(self, telemetry: OtelTelemetry, procedure_id: str, type_name: str, step: int, attempt: int) -> None:
         self._telemetry = telemetry
+        self._procedure_id = procedure_id
         self._type_name = type_name
+        self._step = step
+        self._attempt = attempt
         self._start = 0.0
+        self._start_ns = 0
 
     def __enter__(self) -> None:
+        _end_failed_attempt()
         self._start = time.perf_counter()
+        self._start_ns = time.time_ns()
 
-    def __exit__(self, *_exc: object) -> None:
-        if self._telemetry.metering():
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> None:
+        telemetry = self._telemetry
+        if telemetry.metering():
             elapsed = time.perf_counter() - self._start
-            self._telemetry.step_duration.record(elapsed, {"procstore.procedure.type": self._type_name})
+            telemetry.step_duration.record(elapsed, {"procstore.procedure.type": self._type_name})
+        if not telemetry._tracing():
+            return
+        try:
+            if error is None:
+                span = trace.get_current_span()
+                if span.is_recording():
+                    span.add_event("step", {"procstore.step": self._step, "procstore.attempt": self._attempt})
+                return
+            span = telemetry.tracer.start_span(
+                f"step {self._type_name}",
+                attributes=_step_attributes(self._procedure_id, self._type_name, self._step, self._attempt),
+                start_time=self._start_ns,
+            )
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            _failed_attempt.set((span, time.time_ns()))
+        except Exception as e:
+            _spans_failed(e)
+
+
+def _step_attributes(procedure_id: str, type_name: str, step: int, attempt: int) -> dict[str, Any]:
+    return {
+        "procstore.procedure.id": procedure_id,
+        "procstore.procedure.type": type_name,
+        "procstore.step": step,
+        "procstore.attempt": attempt,
+    }
 
 
 class _Guarded:
@@ -152,7 +209,16 @@ class OtelTelemetry(Telemetry):
             "procstore.procedure.duration", "s", "From start (or resume) to end, in this process"
         )
         self.retries = meter.create_counter("procstore.retries", "{retry}", "Retries of steps, by reason")
-        self.store_duration = meter.create_histogram("procstore.store.duration", "s", "Store requests")
+        self.store_duration = meter.create_histogram(
+            "procstore.store.duration", "s", "Store requests (a sample: one in TelemetrySettings.store_duration_every)"
+        )
+        self._store_requests: dict[tuple[str, str], list[int]] = {}
+        """Requests made, ok and failed, by (operation, backend): counted here, read by the SDK
+        when it collects (a record per request costs the SDK 10-16 us, a count 0.1)."""
+        meter.create_observable_counter(
+            "procstore.store.requests", [self._observe_store_requests], "{request}", "Store requests, by outcome"
+        )
+        self._store_sampled = 0
         self.store_errors = meter.create_counter("procstore.store.errors", "{error}", "Store requests that failed")
         self.lease_held_now = meter.create_up_down_counter(
             "procstore.lease.held", "{lease}", "1 while this manager holds the lease"
@@ -170,6 +236,15 @@ class OtelTelemetry(Telemetry):
         self.recovery_problems = meter.create_counter(
             "procstore.recovery.problems", "{procedure}", "Procedures a recovery could not load"
         )
+        self.settings = TelemetrySettings()
+        set_trace_fields(_trace_fields)
+
+    def configured(self, settings: TelemetrySettings) -> Telemetry:
+        if settings == self.settings:
+            return self
+        made = copy.copy(self)  # the same instruments, and what is known of the providers
+        made.settings = settings
+        return made
 
     def _tracing(self) -> bool:
         """Whether spans record: a tracer provider other than the API's proxy (no SDK yet)
@@ -217,7 +292,8 @@ class OtelTelemetry(Telemetry):
     def records_store_calls(self) -> bool:
         return self._metered or self._traced or self.metering() or self._tracing()
 
-    def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, **attrs: Any) -> Any:
+    def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, submitted: bool, **attrs: Any) -> Any:
+        own_trace = root and not (submitted and self.settings.root_spans == "child")
         if not self._traced:
             # Once a run, not three times a step: a provider named in the environment since
             # the last run (a test's `setenv`, say) is loaded by the API at `_tracing`'s ask;
@@ -225,66 +301,89 @@ class OtelTelemetry(Telemetry):
             named = os.environ.get(_PROVIDER_FROM_ENVIRONMENT)
             self._provider_in_environment = named is not None and named != self._unloadable
         if self._tracing():
-            return _Guarded(self._procedure_span(procedure_id, type_name, root=root, **attrs), self._no_span(root))
-        return self._no_span(root)
+            # A root whose span cannot be made runs outside the caller's trace all the same:
+            # its steps' spans would otherwise land in the caller's span.
+            made = self._procedure_span(procedure_id, type_name, own_trace=own_trace, **attrs)
+            return _Guarded(made, self._no_span(root))
+        return self._no_span(own_trace)
 
     @staticmethod
-    def _no_span(root: bool) -> Any:
+    def _no_span(own_trace: bool) -> Any:
         # No SDK: the API's span would record nothing, yet a procedure waiting in a step would
         # hold it, its context, tokens and context managers while it waits. Only what it would
-        # change is done: a root's run is a trace of its own (no current span inside it).
-        if root and trace.get_current_span().get_span_context().is_valid:
+        # change is done: a run in a trace of its own has no current span inside it.
+        if own_trace and trace.get_current_span().get_span_context().is_valid:
             return use_context(trace.set_span_in_context(trace.INVALID_SPAN))
         return _NO_SPAN
 
     @contextlib.contextmanager
-    def _procedure_span(self, procedure_id: str, type_name: str, *, root: bool, **attrs: Any) -> Iterator[Any]:
+    def _procedure_span(self, procedure_id: str, type_name: str, *, own_trace: bool, **attrs: Any) -> Iterator[Any]:
         attributes: dict[str, Any] = {
             "procstore.procedure.id": procedure_id,
             "procstore.procedure.type": type_name,
             **attrs,
         }
-        if root:
-            # A root's run is a trace of its own, linked to what started it (a submit, a
-            # recovery): a recovery that resumes a thousand procedures is not one trace.
-            parent = trace.get_current_span().get_span_context()
-            links = [Link(parent)] if parent.is_valid else []
-            with self.tracer.start_as_current_span(
-                f"procedure {type_name}", context=otel_context.Context(), links=links, attributes=attributes
-            ) as span:
-                yield span
-        else:
-            with self.tracer.start_as_current_span(f"procedure {type_name}", attributes=attributes) as span:
-                yield span
+        try:
+            if own_trace:
+                # A trace of its own, linked to what started it (a recovery, a resume, or a
+                # submit with root_spans="link"): a recovery that resumes a thousand
+                # procedures is not one trace.
+                parent = trace.get_current_span().get_span_context()
+                links = [Link(parent)] if parent.is_valid else []
+                with self.tracer.start_as_current_span(
+                    f"procedure {type_name}", context=otel_context.Context(), links=links, attributes=attributes
+                ) as span:
+                    yield span
+            else:
+                with self.tracer.start_as_current_span(f"procedure {type_name}", attributes=attributes) as span:
+                    yield span
+        finally:
+            _end_failed_attempt()  # its last attempt's span, if it failed for good
 
     def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Any:
-        if self._tracing():
-            return _Guarded(self._step_span(type_name, step, attempt), StepTimer(self, type_name))
-        # No SDK: the span's parent would be the current span, which it would leave as it is.
-        return StepTimer(self, type_name)
+        attempt_only = Attempt(self, procedure_id, type_name, step, attempt)
+        if self.settings.step_spans == "every" and self._tracing():
+            return _Guarded(self._step_span(procedure_id, type_name, step, attempt), attempt_only)
+        return attempt_only
 
     @contextlib.contextmanager
-    def _step_span(self, type_name: str, step: int, attempt: int) -> Iterator[Any]:
-        # On every attempt: the span is attached by hand, a few microseconds cheaper than
-        # `start_as_current_span` (see benchmarks/observability.py).
-        # Id and type are on the procedure's span, this span's parent: each attribute is
-        # validated on every attempt, so only what differs goes here.
-        attributes: dict[str, Any] = {"procstore.step": step, "procstore.attempt": attempt}
+    def _step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Iterator[Any]:
+        # Attached by hand, a few microseconds cheaper than `start_as_current_span` (see
+        # benchmarks/observability.py).
+        _end_failed_attempt()
         start = time.perf_counter()
-        span = self.tracer.start_span(f"step {type_name}", attributes=attributes)
+        span = self.tracer.start_span(
+            f"step {type_name}", attributes=_step_attributes(procedure_id, type_name, step, attempt)
+        )
         token = otel_context.attach(trace.set_span_in_context(span))
+        failed = False
         try:
             yield span
         except BaseException as e:
+            failed = True
             span.record_exception(e)
             span.set_status(Status(StatusCode.ERROR, f"{type(e).__name__}: {e}"))
             raise
         finally:
             otel_context.detach(token)
             try:
-                span.end()
+                if failed:
+                    _failed_attempt.set((span, time.time_ns()))  # ended once its retry is on it
+                else:
+                    span.end()
             finally:  # the metric, even when a span processor fails at the end
                 self.step_duration.record(time.perf_counter() - start, {"procstore.procedure.type": type_name})
+
+    def rollback_span(self, procedure_id: str, type_name: str, step: int) -> Any:
+        if not self._tracing():
+            return _NO_SPAN
+        _end_failed_attempt()
+        attributes: dict[str, Any] = {
+            "procstore.procedure.id": procedure_id,
+            "procstore.procedure.type": type_name,
+            "procstore.step": step,
+        }
+        return _Guarded(self.tracer.start_as_current_span(f"rollback {type_name}", attributes=attributes), _NO_SPAN)
 
     def span(self, name: str, *, start_ns: int | None = None, **attrs: Any) -> Any:
         return _Guarded(self.tracer.start_as_current_span(name, attributes=attrs, start_time=start_ns), _NO_SPAN)
@@ -294,7 +393,10 @@ class OtelTelemetry(Telemetry):
         self.retries.add(1, {"procstore.procedure.type": type_name, "procstore.retry.reason": kind})
         if self._tracing():
             event = {"procstore.retry.reason": kind, "exception.message": str(reason)}
-            trace.get_current_span().add_event("retry", event)
+            if _failed_attempt.get() is not None:
+                _end_failed_attempt(event)  # on the span of the attempt that is retried
+            else:
+                trace.get_current_span().add_event("retry", event)  # a rollback's, a submit's
 
     def submitted(self, type_name: str) -> None:
         self.submitted_count.add(1, {"procstore.procedure.type": type_name})
@@ -319,13 +421,31 @@ class OtelTelemetry(Telemetry):
         except Exception as e:
             _spans_failed(e)
 
+    def _observe_store_requests(self, _options: CallbackOptions) -> Iterator[Observation]:
+        for (operation, backend), counts in list(self._store_requests.items()):
+            ok, failed = self._store_attributes(operation, backend)
+            yield Observation(counts[0], ok)
+            yield Observation(counts[1], failed)
+
+    def _sampled(self) -> bool:
+        """Whether this request's duration goes in the histogram: one in `store_duration_every`."""
+        self._store_sampled += 1
+        if self._store_sampled >= self.settings.store_duration_every:
+            self._store_sampled = 0
+            return True
+        return False
+
     async def store_call(self, operation: str, backend: str, call: Callable[[], Awaitable[T]]) -> T:
-        ok, failed = self._store_attributes(operation, backend)
+        counts = self._store_requests.get((operation, backend))
+        if counts is None:
+            counts = self._store_requests.setdefault((operation, backend), [0, 0])
         start = time.perf_counter()
         try:
             result = await call()
         except Exception as e:
             elapsed = time.perf_counter() - start
+            counts[1] += 1
+            ok, failed = self._store_attributes(operation, backend)
             self.store_errors.add(1, failed)
             self.store_duration.record(elapsed, failed)
             if self._tracing():
@@ -337,14 +457,14 @@ class OtelTelemetry(Telemetry):
                 trace.get_current_span().add_event("store request", event)
             raise
         elapsed = time.perf_counter() - start
-        self.store_duration.record(elapsed, ok)
-        if not self._tracing():
-            return result  # no span records it: skip looking for one (each request)
+        counts[0] += 1
+        if self._sampled():
+            self.store_duration.record(elapsed, self._store_attributes(operation, backend)[0])
+        if elapsed < self.settings.slow_store_request or not self._tracing():
+            return result  # counted: an event per request would crowd out the rest
+        ok = self._store_attributes(operation, backend)[0]
         span = trace.get_current_span()
         if span.is_recording():
-            # All four attributes: about 1.5 us more per request than operation and seconds
-            # alone, against a persisted step's milliseconds; and a request may happen under
-            # a span that has no backend (the lease's, an application's around `submit()`).
             span.add_event("store request", {**ok, "procstore.store.seconds": elapsed})
         return result
 
@@ -373,3 +493,11 @@ class OtelTelemetry(Telemetry):
         self.recovery_duration.record(seconds)
         if problems:
             self.recovery_problems.add(problems)
+
+
+def _trace_fields() -> tuple[str, str] | None:
+    """The current span's trace and span ids, in the W3C hex form, for log records."""
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return f"{context.trace_id:032x}", f"{context.span_id:016x}"

@@ -26,7 +26,7 @@ from procstore.procedure import Procedure
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.history import HistoryRecord, Recorded, RunKey, iso, record_from_keys
 from procstore.store.keys import KeysByProcedure, KeyType, procedure_dir
-from procstore.store.message import ProcedureMessage
+from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
 from procstore.store.tree import descendants, stuck_chains
 
@@ -41,7 +41,7 @@ ORPHAN_HINT = (
 )
 
 
-StartChild = Callable[[ProcedureMeta, Procedure, int, str], None]
+StartChild = Callable[[ProcedureMeta, Procedure, int, str, StepWait], None]
 """Starts a runner for a claimed child: its metadata, procedure, next step and stored data."""
 
 
@@ -127,7 +127,7 @@ class StoredProcedures:
         else:
             state = resumed_state(message, rolling_back=rolling_back)
         meta = ctx.metas.register(child_id, message.type_name, parent_id, procedure, state, lock_key, message.run)
-        start(meta, procedure, message.step + 1, message.data)
+        start(meta, procedure, message.step + 1, message.data, NO_WAIT if rolling_back else StepWait.of(message))
         return True
 
 
@@ -144,7 +144,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     loaded = await ctx.store.load_messages()
     # One listing of history/, and only for a store that holds procedures.
     anything = loaded.messages or loaded.rollback_messages or loaded.finished_ids
-    recorded = await ctx.history.recorded() if anything else Recorded()
+    recorded = await ctx.store.history.recorded() if anything else Recorded()
     finished_runs = _runs_that_ended(loaded, recorded.runs)
     if finished_runs:
         _warn_deleting(
@@ -411,6 +411,8 @@ def _start_resumed(ctx: ManagerContext, runners: list[Runner]) -> None:
     """
     gradually: list[Runner] = []
     for runner in runners:
+        runner.take_slot_if_started()
+    for runner in runners:
         keys = runner.meta.lock_key.keys_to_lock()
         if runner.holds_locks or not keys:
             gradually.append(runner)
@@ -457,7 +459,10 @@ def _resume_root(
     # its last step may be half done: it takes them again now, before any runner starts, so
     # that a procedure queued behind it cannot overtake it and run over that half-done step.
     holds = (message.step > 0 or rolling_back) and ctx.locks.take_all_now(pid, lock_key.keys_to_lock())
-    return [Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=True, holds_locks=holds)]
+    wait = NO_WAIT if rolling_back else StepWait.of(message)
+    return [
+        Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=True, holds_locks=holds, wait=wait)
+    ]
 
 
 async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy: set[ProcedureId]) -> set[ProcedureId]:
@@ -479,7 +484,7 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
     if all(ctx.is_known(pid) or pid in busy for pid in listed.steps):
         return set()
     loaded = await ctx.store.load_messages()
-    recorded = await ctx.history.recorded()
+    recorded = await ctx.store.history.recorded()
     finished_runs = _runs_that_ended(loaded, recorded.runs)
     _set_apart(loaded, finished_runs)
     for problem in loaded.problems:
@@ -569,7 +574,7 @@ async def record_recovered(
         for pid in ids
         if (message := loaded.finished_messages.get(pid)) is not None
     ]
-    await ctx.history.put_unrecorded(records, recorded)
+    await ctx.store.history.put_unrecorded(records, recorded)
 
 
 async def record_kept(
@@ -587,8 +592,8 @@ async def record_kept(
             continue
         modified = await ctx.store.store.walk_modified(procedure_dir(ctx.store.proc_path, pid))
         ended = max((t for t in modified.values() if t is not None), default=now)
-        if now - ended > ctx.history.settings.retention:
+        if now - ended > ctx.store.history.settings.retention:
             continue
         at = iso(datetime.fromtimestamp(ended, UTC)) or ""
         records.append(record_from_keys(pid, message, rolled_back=True, ended_at=at))
-    await ctx.history.put_many(records)
+    await ctx.store.history.put_many(records)

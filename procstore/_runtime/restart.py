@@ -117,7 +117,7 @@ async def _restart(
 ) -> ProcedureMeta:
     plan = await plan_restart(ctx.store, procedure_id, to_step)
     stored = await check_restart(ctx.store, plan)
-    if plan.source is None and await ctx.history.has_ended(procedure_id, stored.run):
+    if plan.source is None and await ctx.store.history.has_ended(procedure_id, stored.run):
         # Resumed as stored, the same run would go on; but it ended (its record is written
         # before its keys are deleted), so these keys are a former leader's late write
         # (a retried create, say) that re-created its folder, as recovery reads them too.
@@ -142,7 +142,7 @@ async def _restart(
     ctx.requests.forget(procedure_id)
     if plan.source is not None or not nudged:
         await ctx.store.requests.delete([procedure_id])
-    message = await apply_restart(ctx.store, plan, stored, retention=ctx.history.settings.retention)
+    message = await apply_restart(ctx.store, plan, stored, retention=ctx.store.history.settings.retention)
     if plan.source is not None and not plan.ended:
         # The copy starts a new run over one whose end is not stored (it ended here
         # unrecorded, or was stuck). Resumed as stored, without a copy, the same run goes on.

@@ -21,6 +21,7 @@ guard that tells a stray `CancelledError` from a stop) comes first.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
@@ -32,9 +33,12 @@ from typing import TYPE_CHECKING, TypeVar
 
 from procstore._aio import gather_settled
 from procstore._logs import get_logger, procedure_fields
+from procstore._runtime.flow_control import Admission
+from procstore._runtime.interrupt import RunningStep
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.retry import is_rollback_retryable, is_transient
 from procstore._runtime.telemetry import run_traced
+from procstore._runtime.waits import wall_clock
 from procstore._text import valid_unicode
 from procstore.errors import (
     DuplicateProcedure,
@@ -49,14 +53,16 @@ from procstore.errors import (
     StrayCancellation,
     describe,
 )
+from procstore.flow import Concurrency, RateLimit
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.history import HistoryRecord, iso
 from procstore.store.keys import KeyType
-from procstore.store.message import ProcedureMessage
+from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
 from procstore.store.requests import OperatorRequested
+from procstore.store.signals import Signal
 
 if TYPE_CHECKING:
     from procstore._runtime.context import ManagerContext
@@ -112,6 +118,25 @@ def checked_lock_key(procedure: Procedure) -> LockKey:
             'not a LockKey: return LockKey([StringKey.exclusive("table/42"), ...]), or LockKey() for none'
         )
     return lock_key
+
+
+def admission_of(procedure: Procedure, type_name: str) -> Admission:
+    """What the procedure asks of flow control, checked: another value than documented is
+    the procedure's error."""
+    concurrency = procedure.concurrency()
+    if concurrency is not None and not isinstance(concurrency, Concurrency):
+        raise TypeError(
+            f"{type(procedure).__qualname__}.concurrency() returned {_short(concurrency)}, not a Concurrency"
+        )
+    rate = type(procedure).rate_limit
+    if rate is not None and not isinstance(rate, RateLimit):
+        raise TypeError(f"{type(procedure).__qualname__}.rate_limit is {_short(rate)}, not a RateLimit")
+    if concurrency is None and rate is None:
+        return Admission(type_name, None, None)
+    priority = procedure.priority()
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"{type(procedure).__qualname__}.priority() returned {_short(priority)}, not an int")
+    return Admission(type_name, concurrency, rate, priority)
 
 
 def _short(value: object) -> str:
@@ -251,13 +276,13 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
 
     async def create(attempt: int) -> bool:
         created, ended = await gather_settled(
-            ctx.store.create_submitted(pid, type_name, data), ctx.history.has_ended(pid, 1)
+            ctx.store.create_submitted(pid, type_name, data), ctx.store.history.has_ended(pid, 1)
         )
         if ended:
             if created:  # by this attempt: nobody else's key (a kept procedure's, say) goes
                 await ctx.store.store.batch_delete([first])
             raise DuplicateProcedure(
-                pid, f" and has ended: its end record {ctx.history.run_key(pid, 1)} is stored (an id runs once)"
+                pid, f" and has ended: its end record {ctx.store.history.run_key(pid, 1)} is stored (an id runs once)"
             )
         return created is not False
 
@@ -290,15 +315,9 @@ class Runner:
     """Runs one procedure in its own task until it ends or the manager stops."""
 
     __slots__ = (
-        "_message_skips_a_step",
-        "_resume_children",
-        "_stored_data",
-        "ctx",
-        "holds_locks",
-        "meta",
-        "procedure",
-        "step",
-    )
+        "_consuming", "_message_skips_a_step", "_parked", "_resume_children", "_signals", "_skip_signals",
+        "_stored_data", "_wait", "ctx", "holds_locks", "meta", "procedure", "step",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -310,6 +329,7 @@ class Runner:
         *,
         resume_children: bool = False,
         holds_locks: bool = False,
+        wait: StepWait | None = None,
     ) -> None:
         self.ctx = ctx
         self.meta = meta
@@ -323,22 +343,45 @@ class Runner:
         """See `_message_step`: a procedure resumed from the store under a lease."""
         self.holds_locks = holds_locks
         """Its lock keys were taken for it already (see `KeyRwLock.acquire_all_now`)."""
+        self._wait = wait if wait is not None and wait.waits else None
+        """The durable wait its last stored step ended with, until it is over (see `waits.py`)."""
+        self._skip_signals: tuple[str, ...] = () if wait is None else wait.consumed
+        """Signal keys consumed by a stored step and not known to be deleted yet: never
+        delivered again, and named in every message it stores until they are deleted."""
+        self._signals: dict[str, object] = {}
+        """`ctx.signals` for the next call of `execute`: the signal that ended its wait."""
+        self._consuming: tuple[str, ...] = ()
+        """Keys of the signals delivered to a step whose outcome is not stored yet: named in
+        its next stored message, and deleted once that is stored."""
+        self._parked = False
+        """Parked in `ctx.waits`: its task has ended, and its locks stay held for it."""
 
     def start(self) -> None:
-        run = run_traced(self.ctx, self.meta, self, self._run)
+        self._spawn_run(submitted=not self._resume_children)
+
+    def _spawn_run(self, *, submitted: bool) -> None:
+        run = run_traced(self.ctx, self.meta, self, self._run, submitted=submitted)
         self.ctx.term.spawn(run, name=f"procstore:{self.meta.type_name}:{self.meta.id}")
 
     async def _run(self) -> None:
         held: list[StringKey] = []
         try:
+            if not await self._admitted():
+                await self._drive()  # the failure it recorded
+                return
             if self.holds_locks:
                 held += self.meta.lock_key.keys_to_lock()
             elif not await self._acquire_all(held):
                 await self._drive()  # the failure it recorded (a rollback, if supported)
                 return
-            self.meta.mark_started()
+            if self.meta.start_time is None:
+                self.meta.mark_started()
             if self._resume_children:
                 await self._resume_stored_children()
+            if self._skip_signals:
+                await self._delete_consumed()  # its stored step consumed them: a crash came before their deletion
+            if self._wait is not None and await self._waits_on():
+                return
             await self._drive()
         except LeaseExpired as e:
             # The lease may be another manager's now: not a failure, the procedure resumes there.
@@ -354,7 +397,45 @@ class Runner:
                 raise
             await self._crashed(as_failure(e, "a hook of the procedure"))
         finally:
-            self._release(held)
+            if not self._parked:
+                self._release(held)
+                self.ctx.waits.flow.release(self.meta.id)
+
+    def _has_started(self) -> bool:
+        """Whether it ran a step already (stored past its first state, or failing): flow
+        control counts it as running, and never makes it wait again."""
+        return self.step > 1 or self.meta.state.kind is not ProcedureStateKind.RUNNING
+
+    def take_slot_if_started(self) -> None:
+        """A resumed procedure that had started takes its concurrency slot now, before any
+        runner starts: a new one must not take it first (it would run above the limit).
+        One whose `concurrency()` fails takes none: its runner fails it."""
+        if not self._has_started():
+            return
+        try:
+            admission = admission_of(self.procedure, self.meta.type_name)
+        except Exception:
+            return
+        self.ctx.waits.flow.take_started(self.meta.id, admission)
+
+    async def _admitted(self) -> bool:
+        """Wait for flow control (`Procedure.concurrency()`, `rate_limit`); False if the
+        procedure failed instead (an operator's request came first: it had not started)."""
+        admission = admission_of(self.procedure, self.meta.type_name)
+        if not admission.limited:
+            return True
+        started = self._has_started()
+
+        def report(why: str | None) -> None:
+            if why is not None and why != self.meta.waiting:
+                self.ctx.activity.waiting_to_start(self.meta, self.step, why)
+            self.meta.waiting = why
+
+        flow = self.ctx.waits.flow
+        if await flow.admit(self.meta.id, admission, started=started, unless=self.meta.requested(), report=report):
+            return True
+        await self._fail(OperatorRequested(self.ctx.requests[self.meta.id]), roll_back=False)
+        return False
 
     async def _acquire_all(self, held: list[StringKey]) -> bool:
         """Take every lock key, in order, appending each to `held`; False if the procedure
@@ -395,6 +476,9 @@ class Runner:
         """Wait for `key`; False (nothing taken) if an operator's request came first and
         `ends_on_request`. Otherwise the request waits, said once in the log."""
         locks = self.ctx.locks
+        if locks.would_block(key):
+            held_by = sorted(str(h) for h in locks.holders_of(key))
+            self.ctx.activity.waiting_on_lock(self.meta, self.step, key.key, held_by)
         if await locks.acquire(self.meta.id, key, self.meta.requested()):
             return True
         if ends_on_request:
@@ -429,7 +513,7 @@ class Runner:
         )
 
     async def _drive(self) -> None:
-        while True:
+        while not self._parked:
             kind = self.meta.state.kind
             if kind in _RUNNING_KINDS:
                 await self._execute_step()
@@ -442,7 +526,7 @@ class Runner:
 
     # -- executing -------------------------------------------------------------------
 
-    def _context(self, attempt: int) -> Context:
+    def _context(self, attempt: int, step: RunningStep | None = None) -> Context:
         ctx, lease = self.ctx, self.ctx.lease
         return Context(
             self.meta.id,
@@ -451,6 +535,8 @@ class Runner:
             fencing_token=None if lease is None else lease.fencing_token,
             lease_check=None if lease is None else lease.check_writable,
             crash_hook=self._crash_point,
+            hold_interrupts=None if step is None else step.uninterruptible,
+            signals=self._signals,
         )
 
     def _crash_point(self, name: str) -> Awaitable[None]:
@@ -464,14 +550,16 @@ class Runner:
 
     async def _execute_once(self, attempt: int) -> Status:
         self._check_lease()
+        self.ctx.activity.running(self.meta, self.step)
         await self.ctx.requests.raise_if_requested(self.meta.id)
         # Where a test's fault plan numbers attempts (a no-op on a production store).
         await self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
         with (
+            self.ctx.requests.running_step(self.meta.id) as step,
             self.ctx.settings.telemetry.step_span(str(self.meta.id), self.meta.type_name, self.step, attempt),
             IN_EXECUTE,
         ):
-            status = await self.procedure.execute(self._context(attempt))
+            status = await self.procedure.execute(self._context(attempt, step))
         if not isinstance(status, Status):
             raise TypeError(f"execute() returned {status!r}, not a Status")
         return status
@@ -479,6 +567,7 @@ class Runner:
     def _on_retry(self, exc: BaseException, retry: int, delay: float) -> None:
         logger.info("procedure %s: retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc))
         self.meta.retries += 1
+        self.ctx.activity.backing_off(self.meta, self.step, retry, exc, delay)
         # A look ahead is as old as the write's first attempt: after a backoff, look again.
         self.ctx.requests.looks.forget(self.meta.id)
         self.ctx.settings.telemetry.retried(self.meta.type_name, exc)
@@ -519,6 +608,8 @@ class Runner:
             # each other in one tick must see each other's, or neither would see a cycle.
             for child_id in children:
                 self.meta.add_child(child_id)
+        self._signals = {}  # delivered to this step, consumed with what it stores next
+        wait = self._wait_of(status)
         if status.need_persist:
             if status.is_executing() and self.ctx.store.store.round_trips:
                 self.ctx.requests.looks.look_ahead(self.meta.id)  # the next attempt's, during the write
@@ -529,13 +620,18 @@ class Runner:
             except Exception as e:
                 await self._fail(e)
                 return
-            if not await self._with_store_retries(partial(self._persist, data)):
+            if not await self._with_store_retries(partial(self._persist, data, wait)):
                 return
+            await self._delete_consumed()
         if status.is_done():
             await self._commit_or_fail(ProcedureState.done(status.output))
             return
         if self.meta.state.kind is not ProcedureStateKind.RUNNING:
             self.meta.set_state(ProcedureState.running())
+        if status.is_waiting():
+            self._wait = wait
+            await self._waits_on()
+            return
         if status.is_suspended():
             submit = partial(self._submit_children, status.subprocedures, children)
             if await self._with_store_retries(submit):
@@ -575,16 +671,98 @@ class Runner:
             self.step += 1
         return self.step
 
-    async def _persist(self, data: str) -> None:
+    async def _persist(self, data: str, wait: StepWait) -> None:
         meta = self.meta
         step = self._message_step()
-        await self.ctx.store.store_procedure(meta.id, step, meta.type_name, data, meta.parent_id, meta.run)
+        await self.ctx.store.store_procedure(meta.id, step, meta.type_name, data, meta.parent_id, meta.run, wait)
         self.step += 1
         self._stored_data = data
+
+    # -- durable waits ---------------------------------------------------------------
+
+    def _wait_of(self, status: Status) -> StepWait:
+        """What the message stored for `status` says of waits: its wake-up time (a delay
+        counts from now, by the manager's clock), the signal it waits for, and the signals
+        this step consumed."""
+        if not status.is_waiting():
+            consumed = self._consuming + self._skip_signals
+            return StepWait(consumed=consumed) if consumed else NO_WAIT
+        wake_at = status.wake_at
+        if wake_at is None and status.delay is not None:
+            wake_at = wall_clock() + status.delay
+        return StepWait(wake_at, status.signal, self._consuming + self._skip_signals)
+
+    async def _delete_consumed(self) -> None:
+        """The step that read `_consuming` is stored: delete those signals. A deletion that
+        fails is logged; the stored message names them, so they are never delivered again."""
+        keys = self._skip_signals = self._consuming + self._skip_signals
+        self._consuming = ()
+        if not keys:
+            return
+        try:
+            await self.ctx.settings.policy.call(lambda _n: self.ctx.store.signals.delete(keys))
+        except Exception as e:
+            logger.warning("procedure %s: cannot delete its consumed signals yet: %s", self.meta.id, describe(e))
+        else:
+            self._skip_signals = ()
+
+    async def _waits_on(self) -> bool:
+        """Whether its wait goes on: if so it is parked (True), and its task may end. Else
+        the wait is over (False): by time, by a signal it waits for (`ctx.signals` holds it
+        for the next call), or by an operator's request (the next attempt honours it)."""
+        wait = self._wait
+        assert wait is not None
+        if self.meta.id in self.ctx.requests:
+            self._wait = None
+            return False
+        waits, pid = self.ctx.waits, self.meta.id
+        while wait.signal is not None:
+            waits.begin_reading(pid)
+            try:
+                found = await self.ctx.settings.policy.call(lambda _n: self._read_signals(wait.signal or ""))
+            except Fenced:
+                raise
+            except Exception as e:
+                self._wait = None
+                await self._fail(e)
+                return False
+            finally:
+                signalled = waits.end_reading(pid)
+            if found:
+                self._wait = None
+                self._signals = {found.name: found.payload}
+                self._consuming = (found.key,)
+                return False
+            if not signalled:
+                break  # else a signal sent during the read may not be in it: read again
+        if wait.wake_at is not None and wall_clock() >= wait.wake_at:
+            self._wait = None
+            return False
+        self._parked = True
+        self.meta.waiting = wait.describe()
+        waits.park(pid, wait.wake_at, wait.signal, self._woken)
+        return True
+
+    async def _read_signals(self, name: str) -> Signal | None:
+        """The first signal `name` sent to it that no stored step consumed."""
+        pending = await self.ctx.store.signals.pending(self.meta.id, skip=self._skip_signals)
+        return next((s for s in pending if s.name == name), None)
+
+    def _woken(self) -> None:
+        """Called by `ctx.waits`: run again, in a new task, with the locks it kept."""
+        self._parked = False
+        self.meta.waiting = None
+        self.holds_locks = True
+        self._resume_children = False
+        if self.ctx.term.running:
+            # In a context of its own, not the waker's (a cancel's or a signal's caller, the
+            # timer task): its spans and log fields are this procedure's alone.
+            contextvars.Context().run(self._spawn_run, submitted=False)
 
     async def _commit_attempt(self, _attempt: int) -> None:
         await self.ctx.store.commit_procedure(self.meta.id, self.step)
         self._committed()
+        await self._delete_consumed()
 
     def _committed(self) -> None:
         self.meta.terminal_keys += ((self.step, KeyType.COMMIT),)
@@ -701,8 +879,8 @@ class Runner:
     def _claim_stored(self, child_id: ProcedureId, *, roll_back: bool = False) -> bool:
         return self.ctx.recovered.claim(self.ctx, self.meta.id, child_id, self._start_child, roll_back=roll_back)
 
-    def _start_child(self, meta: ProcedureMeta, procedure: Procedure, step: int, data: str) -> None:
-        Runner(self.ctx, meta, procedure, step, data, resume_children=True).start()
+    def _start_child(self, meta: ProcedureMeta, procedure: Procedure, step: int, data: str, wait: StepWait) -> None:
+        Runner(self.ctx, meta, procedure, step, data, resume_children=True, wait=wait).start()
 
     async def _wait_children(self) -> None:
         """Wait until every child has ended. One whose end could not be stored (the store
@@ -710,6 +888,9 @@ class Runner:
         the store says the child has not ended (the next start resumes the tree), so its
         parent must neither go on as if it had, nor roll back past it."""
         unrecorded: list[ProcedureId] = []
+        waiting = [c for c in self.meta.children if (m := self.ctx.metas.get(c)) is not None and not m.state.is_ended()]
+        if waiting:
+            self.ctx.activity.waiting_on_children(self.meta, self.step, len(waiting))
         for child_id in list(self.meta.children):
             child = self.ctx.metas.get(child_id)
             if child is not None:
@@ -826,7 +1007,10 @@ class Runner:
 
         try:
             wake = self.ctx.requests.first_wakes(self.meta.id, self.meta.requested)
-            await self.ctx.settings.policy.call(attempt, retry_on=is_rollback_retryable, on_retry=on_retry, wake=wake)
+            with self.ctx.settings.telemetry.rollback_span(str(self.meta.id), self.meta.type_name, self.step):
+                await self.ctx.settings.policy.call(
+                    attempt, retry_on=is_rollback_retryable, on_retry=on_retry, wake=wake
+                )
         except Fenced:
             raise
         except Exception as e:
@@ -1010,7 +1194,7 @@ async def record_tree(
                     run=ctx.recovered.committed_runs.get(pid, 1),
                 )
             )
-    await ctx.history.put_many(records)
+    await ctx.store.history.put_many(records)
 
 
 async def record_superseded(
@@ -1037,7 +1221,7 @@ async def record_superseded(
             run=new_run.run - 1,
         )
     try:
-        await ctx.settings.policy.call(lambda _n: ctx.history.put_many([record]))
+        await ctx.settings.policy.call(lambda _n: ctx.store.history.put_many([record]))
     except ProcedureError as e:
         logger.warning(
             "run %d of procedure %s was superseded, but its end record could not be written: %s",

@@ -5,10 +5,12 @@ OpenTelemetry tracer and meter providers, as libraries do: nothing is exported u
 application configures an SDK. Without it nothing is imported, and each hook is a call to
 an empty method.
 
-Traces: `procedure {type_name}` (one run of a procedure in this process; a subprocedure's
-is a child of its parent's run, a root's starts a trace linked to whatever submitted or
-recovered it), `step {type_name}` (one attempt at a step, with retries and store requests
-as events), `procstore.recovery`, `procstore.lease.acquire`.
+Traces: `procedure {type_name}` (one run of a procedure in this process, with each step's
+progress as an event; a subprocedure's is a child of its parent's run, a submitted root's a
+child of the caller's span, a recovered one's a trace of its own linked to the recovery),
+`step {type_name}` (an attempt at a step that raised, with its retry; every attempt with
+`TelemetrySettings(step_spans="every")`), `rollback {type_name}`, `procstore.recovery`,
+`procstore.lease.acquire`. A store request is an event only when it failed or was slow.
 
 Metrics (names and attributes in `docs/observability.md`): procedures submitted, ended
 by outcome and running; step and procedure durations; retries by reason; store request
@@ -28,7 +30,8 @@ import importlib.util
 import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 from procstore._logs import ProcedureScope, Stepping, enter_scope, get_logger, leave_scope
 from procstore.errors import describe
@@ -45,15 +48,67 @@ NOTHING = contextlib.nullcontext()
 procedure waiting in a step would otherwise hold two)."""
 
 
+@dataclass(frozen=True)
+class TelemetrySettings:
+    """How a manager traces: `ProcedureManager(..., telemetry=TelemetrySettings(...))`.
+
+    `telemetry=True` is `TelemetrySettings()`. Which traces are kept (sampling) is the
+    OpenTelemetry SDK's sampler's choice: a run it does not sample costs no span work.
+
+    Args:
+        step_spans: `"failed"` (the default): a span for each attempt at a step that raised
+            (retried or failed), and each step's progress as an event on its procedure's
+            span; `"every"`: a span for every attempt, current while `execute()` runs (the
+            spans an application makes in a step are its children).
+        slow_store_request: seconds after which a store request that succeeded is an event
+            on the current span; a failed one always is.
+        root_spans: `"child"` (the default): a root submitted inside a span runs as a child
+            of it; `"link"`: its run is a trace of its own, linked to that span. A root that
+            a recovery or an operator's resume runs is always a trace of its own, linked.
+        store_duration_every: one store request in this many has its duration recorded in
+            the `procstore.store.duration` histogram (a uniform sample: its percentiles
+            hold; `procstore.store.requests` counts every request, `procstore.store.errors`
+            every failure). 1 records every request.
+    """
+
+    step_spans: Literal["failed", "every"] = "failed"
+    slow_store_request: float = 0.5
+    root_spans: Literal["child", "link"] = "child"
+    store_duration_every: int = 8
+
+    def __post_init__(self) -> None:
+        if self.step_spans not in ("failed", "every") or self.root_spans not in ("child", "link"):
+            raise ValueError(
+                f"TelemetrySettings: step_spans is 'failed' or 'every', root_spans 'child' or 'link': {self!r}"
+            )
+        if not (isinstance(self.store_duration_every, int) and self.store_duration_every >= 1):
+            raise ValueError(
+                f"TelemetrySettings: store_duration_every must be an int >= 1, not {self.store_duration_every!r}"
+            )
+        if not self.slow_store_request >= 0:
+            raise ValueError(
+                f"TelemetrySettings: slow_store_request must be >= 0 seconds, not {self.slow_store_request!r}"
+            )
+
+
 class Telemetry:
     """The hooks the runtime calls; this base class does nothing (telemetry off)."""
 
     enabled = False
+    settings = TelemetrySettings()
 
-    def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, **attrs: Any) -> Any:
+    def configured(self, settings: TelemetrySettings) -> Telemetry:
+        """These hooks with `settings` (sharing the instruments): one manager's telemetry."""
+        return self
+
+    def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, submitted: bool, **attrs: Any) -> Any:
+        """A run's span: `submitted` for a root's first run from `submit()` here."""
         return NOTHING
 
     def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Any:
+        return NOTHING
+
+    def rollback_span(self, procedure_id: str, type_name: str, step: int) -> Any:
         return NOTHING
 
     def span(self, name: str, *, start_ns: int | None = None, **attrs: Any) -> Any:
@@ -137,15 +192,18 @@ def timed() -> Iterator[Callable[[], float]]:
     yield lambda: time.perf_counter() - start
 
 
-async def run_traced(ctx: Any, meta: Any, runner: Stepping, body: Callable[[], Awaitable[None]]) -> None:
-    """Run a runner's `body` inside its procedure's span, with its log fields set."""
+async def run_traced(
+    ctx: Any, meta: Any, runner: Stepping, body: Callable[[], Awaitable[None]], *, submitted: bool
+) -> None:
+    """Run a runner's `body` inside its procedure's span, with its log fields set;
+    `submitted` for a run that `submit()` started here (not a recovery's or a resume's)."""
     telemetry: Telemetry = ctx.settings.telemetry
     telemetry.running(meta.type_name, 1)
     scope = ProcedureScope(str(meta.id), meta.type_name, runner)
     enter_scope(scope)
     try:
         with telemetry.procedure_span(
-            str(meta.id), meta.type_name, root=meta.is_root, **ctx.term.span_attributes
+            str(meta.id), meta.type_name, root=meta.is_root, submitted=submitted, **ctx.term.span_attributes
         ) as span:
             try:
                 await body()

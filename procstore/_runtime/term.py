@@ -37,7 +37,7 @@ from procstore._runtime.telemetry import OFF, Telemetry, TracedStore, backend_of
 from procstore.errors import Fenced, ManagerStopped, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.guarded import GuardedStore
-from procstore.store.history import History, HistoryStore
+from procstore.store.history import History
 from procstore.store.local import LocalDirStore
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.state_store import StateStore
@@ -99,13 +99,14 @@ class Term:
             state_store = TracedStore(state_store, settings.telemetry)
         if lease is not None:
             state_store = GuardedStore(state_store, lease.check_writable)
-        store = ProcedureStore(state_store, settings.parent_path, skip_strays=lease is not None)
-        history = HistoryStore(state_store, settings.parent_path, settings.history)
+        store = ProcedureStore(
+            state_store, settings.parent_path, skip_strays=lease is not None, history=settings.history
+        )
         self._tasks: set[asyncio.Task[Any]] = set()
         self.running = False
         self.fenced: Fenced | None = None
         """Set when another manager was found writing this store's step keys: nothing runs any more."""
-        self.ctx = ManagerContext(store, history, settings, self, lease)
+        self.ctx = ManagerContext(store, settings, self, lease)
         self.span_attributes = _span_attributes(settings.state_store.url, lease)
         """What every procedure span of this term carries: store scheme, lease holder and epoch."""
         self.problems: list[LoadProblem] = []
@@ -240,7 +241,7 @@ class Term:
                 try:
                     if removed := self.forget_finished():
                         logger.debug("forgot %d finished procedures", removed)
-                    if swept := await self.ctx.history.sweep():
+                    if swept := await self.ctx.store.history.sweep():
                         logger.info("deleted %d history records past their retention", swept)
                 except Exception:
                     logger.exception("forgetting finished procedures failed; trying again")

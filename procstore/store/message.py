@@ -5,6 +5,12 @@ Byte-compatible with GreptimeDB's serde encoding: fields in the order
 when there is none. Readers accept a missing `error`, and keep the fields they do not know
 (GreptimeDB's `context`, say) in `extra`, which `encode` writes back after the others.
 
+`wake_at`, `signal` and `consumed` are procstore's durable waits (see
+`procstore._runtime.waits`): the epoch second a sleeping or waiting step wakes at, the
+signal name it waits for, and the signal keys the step consumed. Each is left out when
+unset, and GreptimeDB's loader ignores them as unknown fields: it resumes such a
+procedure at once, as after a `RetryLater`.
+
 `run` is procstore's: which run of the procedure id wrote the message (a submit is run 1,
 each resume or rewind starts the next). It is left out for run 1, so a procedure that was
 never restarted is stored byte for byte as GreptimeDB would store it, and GreptimeDB's
@@ -14,6 +20,7 @@ loader (serde, unknown fields ignored) reads the others.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import msgspec
@@ -22,6 +29,35 @@ import orjson
 from procstore.ids import ProcedureId
 
 _U32_MAX = 2**32 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class StepWait:
+    """What a stored step says about durable waits: when it wakes (epoch seconds), the signal
+    it waits for, and the signal keys the step before it consumed."""
+
+    wake_at: float | None = None
+    signal: str | None = None
+    consumed: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, message: ProcedureMessage) -> StepWait:
+        return cls(message.wake_at, message.signal, message.consumed)
+
+    @property
+    def waits(self) -> bool:
+        """Whether the step ends in a wait (a timer, a signal, or both)."""
+        return self.wake_at is not None or self.signal is not None
+
+    def describe(self) -> str:
+        """The wait in words: `sleeping until {time}`, `waiting for signal 'name' [until {time}]`."""
+        until = "" if self.wake_at is None else datetime.fromtimestamp(self.wake_at, UTC).isoformat(timespec="seconds")
+        if self.signal is None:
+            return f"sleeping until {until}"
+        return f"waiting for signal {self.signal!r}" + (f" until {until}" if until else "")
+
+
+NO_WAIT = StepWait()
 
 
 class MessageDecodeError(ValueError):
@@ -54,6 +90,14 @@ class ProcedureMessage:
     """The run that wrote it: 1 for a submit (and for a message without the field, written
     before runs were stored), one more for each resume or rewind. A child is created in its
     parent's run, so a run number never repeats for one id."""
+    wake_at: float | None = None
+    """Seconds since the epoch at which a step that returned `Status.sleep`, `sleep_until` or
+    `wait_for_signal(..., timeout=)` wakes (None: no timer)."""
+    signal: str | None = None
+    """The signal name a step that returned `Status.wait_for_signal` waits for."""
+    consumed: tuple[str, ...] = ()
+    """The signal keys the step before this message consumed (delivered in `ctx.signals`):
+    once this message is stored they are never delivered again, even if their deletion was lost."""
     extra: bytes = b""
     """The fields of the stored message that procstore does not know, as the members of a
     JSON object (`"context":{...}`), each value's bytes as stored: written back on every key
@@ -71,6 +115,12 @@ class ProcedureMessage:
             obj["error"] = self.error
         if self.run != 1:
             obj["run"] = self.run
+        if self.wake_at is not None:
+            obj["wake_at"] = self.wake_at
+        if self.signal is not None:
+            obj["signal"] = self.signal
+        if self.consumed:
+            obj["consumed"] = list(self.consumed)
         # orjson hands back its whole output buffer (4 KiB at the least) as the bytes object:
         # a store that keeps the value (memory://, mem://) held 4 KiB per key, most of the
         # memory of a procedure waiting in its step. A copy is exactly as long as the value.
@@ -110,7 +160,16 @@ class ProcedureMessage:
             except ValueError as e:
                 raise MessageDecodeError(f"the value is not a procedure message: {e} - at `$.parent_id`") from None
         return cls(
-            stored.type_name, stored.data, parent_id, stored.step, stored.error, stored.run, _unknown_fields(raw)
+            stored.type_name,
+            stored.data,
+            parent_id,
+            stored.step,
+            stored.error,
+            stored.run,
+            stored.wake_at,
+            stored.signal,
+            tuple(stored.consumed),
+            _unknown_fields(raw),
         )
 
 
@@ -136,6 +195,9 @@ class _StoredMessage(msgspec.Struct, kw_only=True):
     step: Annotated[int, msgspec.Meta(ge=0, le=_U32_MAX)]
     error: str | None = None
     run: Annotated[int, msgspec.Meta(ge=1, le=_U32_MAX)] = 1
+    wake_at: float | None = None
+    signal: str | None = None
+    consumed: list[str] = msgspec.field(default_factory=list)
 
 
 _decoder = msgspec.json.Decoder(_StoredMessage)
@@ -156,11 +218,26 @@ class _KnownFieldsOnly(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     step: int
     error: str | None = None
     run: int = 1
+    wake_at: float | None = None
+    signal: str | None = None
+    consumed: tuple[str, ...] = ()
 
 
 _KNOWN_FIELDS = frozenset(_KnownFieldsOnly.__struct_fields__)
-_set_type_name, _set_data, _set_parent_id, _set_step, _set_error, _set_run, _set_extra = (
-    vars(ProcedureMessage)[name].__set__ for name in ("type_name", "data", "parent_id", "step", "error", "run", "extra")
+(
+    _set_type_name,
+    _set_data,
+    _set_parent_id,
+    _set_step,
+    _set_error,
+    _set_run,
+    _set_wake_at,
+    _set_signal,
+    _set_consumed,
+    _set_extra,
+) = (
+    vars(ProcedureMessage)[name].__set__
+    for name in ("type_name", "data", "parent_id", "step", "error", "run", "wake_at", "signal", "consumed", "extra")
 )
 
 
@@ -174,6 +251,9 @@ def _message_of(known: _KnownFieldsOnly) -> ProcedureMessage:
     _set_step(message, known.step)
     _set_error(message, known.error)
     _set_run(message, known.run)
+    _set_wake_at(message, known.wake_at)
+    _set_signal(message, known.signal)
+    _set_consumed(message, known.consumed)
     _set_extra(message, b"")
     return message
 

@@ -19,7 +19,9 @@ from procstore._bulk import collector_paused
 from procstore._logs import get_logger, procedure_fields
 from procstore.errors import Fenced, ListingIncomplete, StoreError
 from procstore.ids import ProcedureId
+from procstore.store.activity import ActivityStore
 from procstore.store.folder import ProcedureKeys, decode_or_problem, latest_first, latest_key
+from procstore.store.history import History, HistoryStore
 from procstore.store.keys import (
     MAX_STEP,
     PROC_PATH,
@@ -33,8 +35,9 @@ from procstore.store.keys import (
     procedure_dir,
     procedure_of_dir,
 )
-from procstore.store.message import ProcedureMessage
+from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
 from procstore.store.requests import RESUME_PATH, RequestStore
+from procstore.store.signals import SignalStore
 from procstore.store.state_store import StateStore
 
 logger = get_logger("procstore.store")
@@ -131,7 +134,9 @@ def _set_strays_apart(result: ProcedureMessages, candidates: list[ProcedureId]) 
 class ProcedureStore:
     """Reads and writes procedures under `{parent_path}procedure/` of a `StateStore`."""
 
-    def __init__(self, store: StateStore, parent_path: str = "", *, skip_strays: bool = False) -> None:
+    def __init__(
+        self, store: StateStore, parent_path: str = "", *, skip_strays: bool = False, history: History | None = None
+    ) -> None:
         if parent_path and not parent_path.endswith("/"):
             parent_path += "/"
         self.store = store
@@ -141,6 +146,12 @@ class ProcedureStore:
         """Operator requests (`fail`, `cancel`) for the procedures of this store."""
         self.resumes = RequestStore(store, parent_path, RESUME_PATH)
         """Nudges to load a restarted procedure again (`procstore resume`, `rewind`)."""
+        self.signals = SignalStore(store, parent_path)
+        """Signals sent to the procedures of this store (`ProcedureManager.signal`)."""
+        self.activities = ActivityStore(store, parent_path)
+        """What running procedures do between their steps, for operators to read."""
+        self.history = HistoryStore(store, parent_path, history)
+        """Where each ended run's end record (its history record) is written."""
         self.skip_strays = skip_strays
         """Whether `load_messages` sets apart unfinished-looking procedures with no key at
         step 0 (`ProcedureMessages.stray_ids`) and deletes empty latest keys (torn creates).
@@ -167,13 +178,25 @@ class ProcedureStore:
         data: str,
         parent_id: ProcedureId | None,
         run: int = 1,
+        wait: StepWait | None = None,
     ) -> Coroutine[Any, Any, None]:
         """Create `{step}.step` holding one persisted state of `run`; `Fenced` if another writer got there first.
+        `wait`: the durable wait the step ends with, and the signals it consumed.
 
         Not a coroutine of its own (one frame fewer in every step's write): the key and the
         bytes are made at the call, the write when the coroutine it returns is awaited."""
+        wait = wait or NO_WAIT
         message = ProcedureMessage(
-            type_name, data, parent_id, step, None, run, self.unknown_fields.get(procedure_id, b"")
+            type_name,
+            data,
+            parent_id,
+            step,
+            None,
+            run,
+            wait.wake_at,
+            wait.signal,
+            wait.consumed,
+            self.unknown_fields.get(procedure_id, b""),
         )
         return self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.STEP), message.encode())
 

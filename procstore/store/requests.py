@@ -66,7 +66,7 @@ class OperatorRequest(msgspec.Struct, frozen=True, kw_only=True):
     @classmethod
     def new(cls, kind: RequestKind, reason: str | None, step: int | None = None) -> OperatorRequest:
         """Raises `TypeError` for a reason that is neither text nor None (see `checked_reason`)."""
-        return cls(kind=kind, reason=checked_reason(reason), requested_at=time.time(), requested_by=_who(), step=step)
+        return cls(kind=kind, reason=checked_reason(reason), requested_at=time.time(), requested_by=who(), step=step)
 
     def describe(self) -> str:
         verb = {"cancel": "cancelled", "fail": "failed", "resume": "resumed"}[self.kind]
@@ -217,7 +217,7 @@ class RequestStore:
             await self.store.batch_delete(present)
 
 
-def _who() -> str:
+def who() -> str:
     try:
         user = getpass.getuser()
     except Exception:

@@ -158,7 +158,7 @@ async def apply_restart(
         raise
     except Fenced as e:
         raise RestartedMeanwhile(plan.procedure_id, e.key or store.key(plan.procedure_id, step, KeyType.STEP)) from e
-    return ProcedureMessage(message.type_name, message.data, None, step, None, run, message.extra)
+    return ProcedureMessage(message.type_name, message.data, None, step, None, run, extra=message.extra)
 
 
 async def _read(store: ProcedureStore, key: ParsedKey, procedure_id: ProcedureId) -> ProcedureMessage:

@@ -4,8 +4,9 @@ deterministic simulation, in the small).
 `SimulatedLoop` is an asyncio event loop with two changes:
 
 - **Virtual time.** Its clock starts at 0 and, whenever nothing is ready to run, jumps to
-  the next timer instead of waiting for it: retry backoffs, the retry budget and a test's
-  own `asyncio.sleep` take no real time, and their order is kept; so do leases (their
+  the next timer instead of waiting for it: retry backoffs, the retry budget, durable
+  timers (`Status.sleep`, read from `wall_time()`) and a test's own `asyncio.sleep` take no
+  real time, and their order is kept; so do leases (their
   clock is this loop's here, the machine's boot-time clock everywhere else).
 - **A seeded schedule.** Given a seed, the callbacks ready at each turn of the loop run in
   an order drawn from it, and some are held back a turn, as if their task were slower
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 import uuid
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -46,6 +48,7 @@ class SimulatedLoop(asyncio.SelectorEventLoop):
         # Set before the base loop's __init__, which may fail half way (no more file
         # descriptors, say): its __del__ then calls close(), which reads these.
         self._now = 0.0
+        self._wall_origin = time.time()
         self._schedule: random.Random | None = None
         self._saved_uuid = ids.new_uuid
         self._saved_random: object = None
@@ -68,6 +71,11 @@ class SimulatedLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._now
+
+    def wall_time(self) -> float:
+        """The wall clock on this loop (seconds since the epoch): the real time when the loop
+        was made, plus the virtual time since. A manager's durable timers read it."""
+        return self._wall_origin + self._now
 
     async def settle(self, turns: int = 1000) -> None:
         """Let what is ready run out, in FIFO order, for up to `turns` turns: what came

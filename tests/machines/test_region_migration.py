@@ -230,3 +230,44 @@ async def test_crash_at_every_store_operation(tmp_path: Path, kind: str) -> None
     report = await CrashExplorer(MigrateTwoRegions(), run_url(tmp_path, kind)).explore(double_execution=True)
     report.assert_ok()
     assert report.operations > 5
+
+
+async def test_waits_for_the_candidates_region_opened_signal(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    cluster = await new_cluster(store, regions=2)
+    cluster.datanodes[2].open_delay = 0.2  # opens asynchronously, then signals the migration
+    regions = [region_id(TABLE, 1), region_id(TABLE, 2)]
+    async with manager_for(
+        store,
+        register=lambda m: RegionMigration.register_with(m, lambda _p: VolatileContext(cluster)),
+        request_poll_interval=0.05,
+    ) as manager:
+        watcher = await manager.submit(ProcedureWithId.new(new_migration(cluster, regions, 1, 2)))
+        seen: set[str | None] = set()
+        while not watcher.state.is_ended():
+            seen.update(info.waiting for info in manager.list_procedures())
+            await asyncio.sleep(0.01)
+        assert await asyncio.wait_for(watcher.wait(), 20) == {"regions": regions, "leader": 2}
+    assert any(w and w.startswith("waiting for signal 'region-opened' until") for w in seen)
+    # Asked per region, and again after each signal: never polled with retries.
+    assert 2 * len(regions) <= len([s for s in cluster.mailbox.sent if s[1] == "open"]) <= 4 * len(regions)
+    assert await check_cluster(store) == []
+
+
+async def test_falls_back_to_polling_when_the_signal_does_not_come(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    cluster = await new_cluster(store)
+    cluster.datanodes[2].open_delay = 0.5  # longer than the migration's timeout
+    machine = new_migration(cluster, [REGION], 1, 2, timeout=Duration(seconds=0.1))
+    async with manager_for(
+        store,
+        register=lambda m: RegionMigration.register_with(m, lambda _p: VolatileContext(cluster)),
+        request_poll_interval=60.0,  # the signal is never seen in time
+        max_retry_times=50,
+        retry_delay=0.05,
+        max_retry_delay=0.05,
+    ) as manager:
+        watcher = await manager.submit(ProcedureWithId.new(machine))
+        assert await asyncio.wait_for(watcher.wait(), 20) == {"regions": [REGION], "leader": 2}
+    assert len([s for s in cluster.mailbox.sent if s[1] == "open"]) > 2  # polled
+    assert await check_cluster(store) == []

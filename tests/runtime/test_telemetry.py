@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from procstore import Lease, ProcedureFailed, ProcedureId, ProcedureWithId
+from procstore import Lease, ProcedureFailed, ProcedureId, ProcedureWithId, TelemetrySettings
 from procstore.store.history import HistoryStore
 from procstore.store.local import LocalDirStore
 from procstore.store.requests import OperatorRequest, RequestStore
@@ -47,12 +47,9 @@ def fresh() -> Iterator[None]:
 
 
 def spans_of(procedure_id: object) -> list[ReadableSpan]:
-    """The procedure's run spans, and the step spans under them."""
+    """The procedure's spans: its runs, attempts and rollbacks (each names the procedure)."""
     wanted = str(procedure_id)
-    finished = SPANS.get_finished_spans()
-    runs = [s for s in finished if (s.attributes or {}).get("procstore.procedure.id") == wanted]
-    ids = {s.context.span_id for s in runs}
-    return runs + [s for s in finished if s.parent is not None and s.parent.span_id in ids]
+    return [s for s in SPANS.get_finished_spans() if (s.attributes or {}).get("procstore.procedure.id") == wanted]
 
 
 def points(name: str) -> list[Any]:
@@ -75,7 +72,7 @@ def total(name: str, **attributes: Any) -> float:
     return float(sum(values))
 
 
-async def test_a_retried_step_is_one_span_per_attempt_with_its_retry(tmp_path: Path) -> None:
+async def test_a_retried_step_is_a_span_per_attempt_that_raised_with_its_retry(tmp_path: Path) -> None:
     world = World.new()
     async with manager_for(LocalDirStore(tmp_path)) as manager:
         procedure = steps(world, 2, retry_at=1, retries=2)
@@ -85,21 +82,104 @@ async def test_a_retried_step_is_one_span_per_attempt_with_its_retry(tmp_path: P
     attempts = [s for s in spans if s.name == "step test::Steps"]
     assert len(run) == 1 and run[0].attributes["procstore.outcome"] == "done"  # type: ignore[index]
     assert run[0].attributes["procstore.store.backend"] == "file"  # type: ignore[index]
-    assert [(a.attributes or {}).get("procstore.attempt") for a in attempts] == [1, 1, 2, 3]
+    # The two attempts that raised, each with its retry; the step's progress on the run.
+    assert [(a.attributes or {}).get("procstore.attempt") for a in attempts] == [1, 2]
+    assert all(a.attributes["procstore.procedure.type"] == "test::Steps" for a in attempts)  # type: ignore[index]
     assert all(a.parent is not None and a.parent.span_id == run[0].context.span_id for a in attempts)
-    events = [e for s in spans for e in s.events]
-    assert [e.attributes["procstore.retry.reason"] for e in events if e.name == "retry"] == ["RetryLater"] * 2  # type: ignore[index]
-    assert any(e.name == "store request" for e in run[0].events)  # the writes of the run
-    for event in (e for e in events if e.name == "store request"):  # what docs/observability.md lists
-        attributes = dict(event.attributes or {})
-        assert isinstance(attributes.pop("procstore.store.seconds"), float) and attributes.pop(
-            "procstore.store.operation"
-        )
-        assert attributes == {"procstore.store.backend": "file", "procstore.store.outcome": "ok"}
+    assert all(a.status.status_code.name == "ERROR" for a in attempts)
+    for attempt in attempts:
+        assert [e.name for e in attempt.events] == ["exception", "retry"]
+        assert attempt.events[1].attributes["procstore.retry.reason"] == "RetryLater"  # type: ignore[index]
+    progress = [dict(e.attributes or {}) for e in run[0].events if e.name == "step"]
+    assert progress == [{"procstore.step": 1, "procstore.attempt": 1}, {"procstore.step": 2, "procstore.attempt": 3}]
+    # Store requests are events only when slow or failed: these were neither.
+    assert not [e for s in spans for e in s.events if e.name == "store request"]
     assert total("procstore.retries", **{"procstore.retry.reason": "RetryLater"}) >= 2
     assert total("procstore.procedures.submitted", **{"procstore.procedure.type": "test::Steps"}) >= 1
     assert total("procstore.procedures.ended", **{"procstore.outcome": "done"}) >= 1
     assert any(p.count for p in points("procstore.store.duration"))
+
+
+async def test_every_store_request_is_counted_and_a_sample_timed(tmp_path: Path) -> None:
+    def requests() -> float:
+        return total("procstore.store.requests", **{"procstore.store.backend": "file"})
+
+    def timed() -> int:
+        wanted = {"procstore.store.backend": "file"}.items()
+        return sum(p.count for p in points("procstore.store.duration") if wanted <= dict(p.attributes or {}).items())
+
+    before, timed_before = requests(), timed()
+    async with manager_for(LocalDirStore(tmp_path), telemetry=TelemetrySettings(store_duration_every=4)) as manager:
+        await (await manager.submit(steps(World.new(), 40))).wait()
+    made, sampled = requests() - before, timed() - timed_before
+    assert made >= 41  # a write a step at least
+    assert made / 4 - 2 <= sampled <= made / 4 + 2
+
+
+async def test_with_every_step_span_each_attempt_is_a_current_span(tmp_path: Path) -> None:
+    world = World.new()
+    settings = TelemetrySettings(step_spans="every")
+    async with manager_for(LocalDirStore(tmp_path), telemetry=settings) as manager:
+        procedure = steps(world, 2, retry_at=1, retries=1)
+        await (await manager.submit(procedure)).wait()
+    attempts = [s for s in spans_of(procedure.id) if s.name == "step test::Steps"]
+    assert [(a.attributes or {}).get("procstore.attempt") for a in attempts] == [1, 1, 2]
+    assert [e.name for e in attempts[1].events] == ["exception", "retry"]
+
+
+async def test_retries_are_kept_however_many_steps_a_procedure_has(tmp_path: Path) -> None:
+    """The SDK keeps 128 events a span: a retry on step 200 is on its attempt's own span."""
+    world = World.new()
+    async with manager_for(LocalDirStore(tmp_path), retry_delay=0.001) as manager:
+        procedure = steps(world, 200, retry_at=199, retries=1)
+        await (await manager.submit(procedure)).wait()
+    retries = [e for s in spans_of(procedure.id) for e in s.events if e.name == "retry"]
+    assert len(retries) == 1
+
+
+async def test_a_slow_store_request_is_an_event(tmp_path: Path) -> None:
+    world = World.new()
+    settings = TelemetrySettings(slow_store_request=0.0)
+    async with manager_for(LocalDirStore(tmp_path), telemetry=settings) as manager:
+        procedure = steps(world, 1)
+        await (await manager.submit(procedure)).wait()
+    run = next(s for s in spans_of(procedure.id) if s.name.startswith("procedure"))
+    events = [dict(e.attributes or {}) for e in run.events if e.name == "store request"]
+    assert events  # the run's writes, every one "slow" at a threshold of 0
+    for attributes in events:  # what docs/observability.md lists
+        assert isinstance(attributes.pop("procstore.store.seconds"), float) and attributes.pop(
+            "procstore.store.operation"
+        )
+        assert attributes == {"procstore.store.backend": "file", "procstore.store.outcome": "ok"}
+
+
+async def test_a_submitted_root_is_a_child_of_the_callers_span_unless_linked(tmp_path: Path) -> None:
+    tracer = trace.get_tracer("app")
+    async with manager_for(LocalDirStore(tmp_path)) as manager:
+        with tracer.start_as_current_span("caller") as caller:
+            child = steps(World.new(), 1)
+            await (await manager.submit(child)).wait()
+    async with manager_for(LocalDirStore(tmp_path), telemetry=TelemetrySettings(root_spans="link")) as manager:
+        with tracer.start_as_current_span("caller") as linker:
+            linked = steps(World.new(), 1)
+            await (await manager.submit(linked)).wait()
+    run = next(s for s in spans_of(child.id) if s.name.startswith("procedure"))
+    assert run.parent is not None and run.parent.span_id == caller.get_span_context().span_id
+    assert run.context.trace_id == caller.get_span_context().trace_id
+    own = next(s for s in spans_of(linked.id) if s.name.startswith("procedure"))
+    assert own.parent is None and own.context.trace_id != linker.get_span_context().trace_id
+    assert [link.context.span_id for link in own.links] == [linker.get_span_context().span_id]
+
+
+async def test_log_records_carry_the_trace_and_span_ids(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="procstore")
+    async with manager_for(LocalDirStore(tmp_path), retry_delay=0.001) as manager:
+        procedure = steps(World.new(), 2, retry_at=1, retries=1)
+        await (await manager.submit(procedure)).wait()
+    run = next(s for s in spans_of(procedure.id) if s.name.startswith("procedure"))
+    logged = [r for r in caplog.records if getattr(r, "procedure_id", None) == str(procedure.id)]
+    assert logged and all(getattr(r, "trace_id", None) == f"{run.context.trace_id:032x}" for r in logged)
+    assert all(len(getattr(r, "span_id", "")) == 16 for r in logged)
 
 
 async def test_a_failed_store_request_is_an_event_with_its_outcome_backend_and_seconds(tmp_path: Path) -> None:
@@ -133,6 +213,9 @@ async def test_a_rollback_and_a_child_are_traced(tmp_path: Path) -> None:
         await (await manager.submit(parent_id)).wait()
     run = next(s for s in spans_of(undone.id) if s.name.startswith("procedure"))
     assert run.attributes["procstore.outcome"] == "rolled back"  # type: ignore[index]
+    rollback = [s for s in spans_of(undone.id) if s.name.startswith("rollback")]
+    assert [s.name for s in rollback] == ["rollback test::Undoable"]
+    assert rollback[0].parent is not None and rollback[0].parent.span_id == run.context.span_id
     assert run.status.status_code.name == "ERROR"
     assert total("procstore.procedures.ended", **{"procstore.outcome": "rolled back"}) >= 1
     parent_run = next(s for s in spans_of(parent_id.id) if s.name.startswith("procedure"))
@@ -336,12 +419,13 @@ def test_telemetry_is_off_with_only_a_namespace_package() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_without_a_tracer_provider_a_root_still_runs_outside_the_submitters_span() -> None:
+def test_without_a_tracer_provider_a_linked_root_still_runs_outside_the_submitters_span() -> None:
     """The API alone (no tracer provider set, as most applications run): procstore makes no
-    span, yet what a no-op span would change holds. Inside a root's step no span is current,
-    however the submit was traced (here in a remote trace, propagated), and a subprocedure's
-    step sees its parent's; the step duration is still measured (a meter provider may be
-    set without a tracer provider). In a process of its own: this module sets the SDK."""
+    span, yet what a no-op span would change holds. A submitted root's step sees the span it
+    was submitted in (here a remote trace, propagated), as its child would; with
+    `root_spans="link"` no span is current inside it, and a subprocedure's step sees its
+    parent's; the step duration is still measured (a meter provider may be set without a
+    tracer provider). In a process of its own: this module sets the SDK."""
     import subprocess
     import sys
 
@@ -351,7 +435,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.trace import NonRecordingSpan, SpanContext
-from procstore import Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Status
+from procstore import Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Status, TelemetrySettings
 
 reader = InMemoryMetricReader()
 metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
@@ -370,8 +454,8 @@ class P(Procedure):
             return Status.suspended([child], persist=False)
         return Status.done()
 
-async def main() -> None:
-    async with ProcedureManager("memory://no-tracer-provider/") as manager:
+async def main(telemetry) -> None:
+    async with ProcedureManager("memory://no-tracer-provider/", telemetry=telemetry) as manager:
         manager.register(P)
         remote = NonRecordingSpan(SpanContext(1, 2, is_remote=True))
         with trace.use_span(remote):
@@ -379,9 +463,12 @@ async def main() -> None:
             watcher = await manager.submit(ProcedureWithId.new(P(str(ProcedureId.random()))))
         await watcher.wait()
 
-asyncio.run(main())
+asyncio.run(main(TelemetrySettings(root_spans="link")))
 assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 assert seen == [False, False, False], seen
+seen.clear()
+asyncio.run(main(True))
+assert seen == [True, True, True], seen
 data = reader.get_metrics_data()
 names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
 assert "procstore.step.duration" in names, names
@@ -576,7 +663,8 @@ async def test_a_run_whose_spans_fail_stays_out_of_the_callers_trace_and_keeps_i
     before = step_records()
     try:
         with caplog.at_level(logging.WARNING, logger="procstore"):
-            async with manager_for(LocalDirStore(tmp_path)) as manager:
+            every = TelemetrySettings(step_spans="every")
+            async with manager_for(LocalDirStore(tmp_path), telemetry=every) as manager:
                 with trace.get_tracer("app").start_as_current_span("outer"):
                     for _ in range(3):
                         assert await (await manager.submit(steps(World.new(), 3))).wait() == "steps done"

@@ -1,0 +1,202 @@
+"""Flow control in a term: concurrency slots per key, and the rate of first starts per type.
+
+A procedure that declares a `Concurrency` or whose type has a `RateLimit` is admitted
+before its first step (before its locks, so a procedure waiting here holds none). While it
+waits, its metadata says why (`ProcedureInfo.waiting`). Among the waiters of one key (or
+one type), the highest `priority()` goes first, then the earliest.
+
+A procedure resumed past its first step (after a restart or a takeover) was running
+already: it takes its slot at once, even above the limit, and counts against it until it
+ends; it is no new start for the rate. The rate counts the starts this term admitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from procstore.flow import Concurrency, RateLimit
+from procstore.ids import ProcedureId
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What one procedure asks of flow control: its slot and its type's rate."""
+
+    type_name: str
+    concurrency: Concurrency | None
+    rate: RateLimit | None
+    priority: int = 0
+
+    @property
+    def limited(self) -> bool:
+        return self.concurrency is not None or self.rate is not None
+
+
+@dataclass(slots=True)
+class _Waiter:
+    pid: ProcedureId
+    admission: Admission
+    order: tuple[int, int]
+    """(-priority, arrival): the waiters of a key or a type start in this order."""
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def _order(waiter: _Waiter) -> tuple[int, int]:
+    return waiter.order
+
+
+class FlowControl:
+    """The slots held per concurrency key, the recent starts per type, and who waits.
+
+    Invariant: `_by_key[k]` holds the waiters with concurrency key `k`, and `_by_type[t]`
+    those of a type `t` with a rate limit, each sorted by `order`; a change wakes only the
+    waiters at the head of the queues it concerns (as many as could start), so a release
+    costs what it frees, not a look at every waiter."""
+
+    __slots__ = ("_by_key", "_by_type", "_counter", "_held_key", "_holders", "_starts")
+
+    def __init__(self) -> None:
+        self._holders: dict[str, set[ProcedureId]] = {}
+        self._held_key: dict[ProcedureId, str] = {}
+        self._starts: dict[str, deque[float]] = {}
+        """Per type with a rate limit: the loop times of the starts admitted in its last period."""
+        self._by_key: dict[str, list[_Waiter]] = {}
+        self._by_type: dict[str, list[_Waiter]] = {}
+        self._counter = itertools.count()
+
+    async def admit(
+        self,
+        pid: ProcedureId,
+        admission: Admission,
+        *,
+        started: bool,
+        unless: asyncio.Event,
+        report: Callable[[str | None], None],
+    ) -> bool:
+        """Wait until `pid` may run: a slot of its key free and its type's rate allowing a
+        start (`started`: it ran before, and takes its slot at once). False, with nothing
+        taken, if `unless` is set first (an operator's request). `report` is told why it
+        waits, and None once it does not."""
+        if not admission.limited or pid in self._held_key:
+            return True
+        if started:
+            self.take_started(pid, admission)
+            return True
+        waiter = _Waiter(pid, admission, (-admission.priority, next(self._counter)))
+        queues = self._queues_of(admission)
+        for queue in queues:
+            bisect.insort(queue, waiter, key=_order)
+        try:
+            while True:
+                reason, retry_in = self._blocked(waiter)
+                if reason is None:
+                    self._take(pid, admission, rate=True)
+                    return True
+                report(reason)
+                if unless.is_set():
+                    return False
+                waiter.woken.clear()
+                await _either(waiter.woken, unless, seconds=retry_in)
+        finally:
+            for queue in queues:
+                queue.remove(waiter)
+            report(None)
+            self._wake_heads(admission)
+
+    def take_started(self, pid: ProcedureId, admission: Admission) -> None:
+        """A procedure that ran before (resumed by a recovery) takes its slot now, even above the limit."""
+        if admission.limited and pid not in self._held_key:
+            self._take(pid, admission, rate=False)
+
+    def release(self, pid: ProcedureId) -> None:
+        """The procedure ended here (or its runner stopped): its slot is free."""
+        key = self._held_key.pop(pid, None)
+        if key is not None:
+            holders = self._holders[key]
+            holders.discard(pid)
+            if not holders:
+                del self._holders[key]
+            self._wake_key(key)
+
+    def _queues_of(self, admission: Admission) -> list[list[_Waiter]]:
+        queues = []
+        if admission.concurrency is not None:
+            queues.append(self._by_key.setdefault(admission.concurrency.key, []))
+        if admission.rate is not None:
+            queues.append(self._by_type.setdefault(admission.type_name, []))
+        return queues
+
+    def _take(self, pid: ProcedureId, admission: Admission, *, rate: bool) -> None:
+        if (concurrency := admission.concurrency) is not None:
+            self._holders.setdefault(concurrency.key, set()).add(pid)
+            self._held_key[pid] = concurrency.key
+        if rate and admission.rate is not None:
+            self._starts.setdefault(admission.type_name, deque()).append(asyncio.get_running_loop().time())
+
+    def _wake_heads(self, admission: Admission) -> None:
+        if admission.concurrency is not None:
+            self._wake_key(admission.concurrency.key)
+        if (rate := admission.rate) is not None and (queue := self._by_type.get(admission.type_name)):
+            # The first in line look again: they start, or sleep until the rate allows.
+            free = max(rate.starts - len(self._starts.get(admission.type_name, ())), 1)
+            for waiter in queue[:free]:
+                waiter.woken.set()
+
+    def _wake_key(self, key: str) -> None:
+        queue = self._by_key.get(key)
+        if not queue:
+            self._by_key.pop(key, None)
+            return
+        concurrency = queue[0].admission.concurrency
+        assert concurrency is not None
+        free = max(concurrency.limit - len(self._holders.get(key, ())), 1)
+        for waiter in queue[:free]:
+            waiter.woken.set()
+
+    def _blocked(self, waiter: _Waiter) -> tuple[str | None, float | None]:
+        """Why `waiter` cannot start now (None: it can), and in how many seconds the rate
+        allows another start (None: when something changes)."""
+        admission = waiter.admission
+        if (concurrency := admission.concurrency) is not None:
+            running = len(self._holders.get(concurrency.key, ()))
+            if running >= concurrency.limit:
+                return (
+                    f"waiting for a concurrency slot of {concurrency.key!r} "
+                    f"({running} running, limit {concurrency.limit})",
+                    None,
+                )
+            ahead = bisect.bisect_left(self._by_key[concurrency.key], waiter.order, key=_order)
+            if running + ahead >= concurrency.limit:
+                return f"waiting behind {ahead} procedures of higher priority for {concurrency.key!r}", None
+        if (rate := admission.rate) is not None:
+            now = asyncio.get_running_loop().time()
+            window = self._starts.setdefault(admission.type_name, deque())
+            while window and window[0] <= now - rate.per:
+                window.popleft()
+            if len(window) >= rate.starts:
+                return (
+                    f"waiting for the rate limit of {admission.type_name!r} ({rate.starts} starts per {rate.per:g}s)",
+                    window[0] + rate.per - now,
+                )
+            ahead = bisect.bisect_left(self._by_type[admission.type_name], waiter.order, key=_order)
+            if len(window) + ahead >= rate.starts:
+                # Those ahead may wait for a slot instead: look again when the window moves.
+                retry_in = window[0] + rate.per - now if window else None
+                return f"waiting behind {ahead} procedures of higher priority of {admission.type_name!r}", retry_in
+        return None, None
+
+
+async def _either(woken: asyncio.Event, unless: asyncio.Event, *, seconds: float | None) -> None:
+    """Wait until either event is set, or for `seconds` (None: no limit)."""
+    waits = [asyncio.ensure_future(woken.wait()), asyncio.ensure_future(unless.wait())]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)

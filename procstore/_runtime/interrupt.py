@@ -1,0 +1,100 @@
+"""A step interrupted by an operator's request at the await it is in.
+
+An operator's cancel or fail is seen within `request_poll_interval` (or at once when made
+through this manager). A procedure between attempts meets it at its next attempt; one
+inside `execute()` would otherwise run to the end of its step, however long that awaits.
+`RunningSteps.interrupt` cancels the runner's task there instead: the step's `await` raises
+`CancelledError`, which `RunningStep.__exit__` turns into `OperatorRequested`, and the
+procedure fails (rolling back if it can) as if the step had raised it. A block inside
+`with ctx.uninterruptible():` is not cut: the interrupt waits for its end.
+
+Only the step is cut, never procstore's own work: the window is exactly the `await` of
+`execute()`, and a runner's task is suspended inside it only in user code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+
+from procstore.ids import ProcedureId
+from procstore.store.requests import OperatorRequest, OperatorRequested
+
+_WHY = "procstore: the step is interrupted by an operator's request"
+
+
+class RunningStep:
+    """One attempt at a step inside `execute()`: `with steps.running(id, known) as step:`.
+
+    Invariants: `task` is the runner's task, inside the `with` from enter to exit; it is
+    cancelled at most once by the interrupt (`interrupted`), and never while `held > 0`."""
+
+    __slots__ = ("_steps", "held", "interrupted", "procedure_id", "request", "task")
+
+    def __init__(self, steps: RunningSteps, procedure_id: ProcedureId, task: asyncio.Task[object]) -> None:
+        self._steps = steps
+        self.procedure_id = procedure_id
+        self.task = task
+        self.held = 0
+        """Depth of `ctx.uninterruptible()` blocks the step is in."""
+        self.request: OperatorRequest | None = None
+        """The request that interrupts it, once one arrived (it may wait for `held` to reach 0)."""
+        self.interrupted = False
+        """The task was cancelled for `request`: its exit must take that cancel back."""
+
+    def interrupt(self, request: OperatorRequest) -> None:
+        if self.request is None:
+            self.request = request
+        if not self.interrupted and self.held == 0:
+            self.interrupted = True
+            self.task.cancel(_WHY)
+
+    @contextmanager
+    def uninterruptible(self) -> Iterator[None]:
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
+            if self.held == 0 and self.request is not None:
+                self.interrupt(self.request)  # at the step's next await
+
+    def __enter__(self) -> RunningStep:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._steps.ended(self)
+        if not self.interrupted:
+            return  # a request held off to the step's end: its next attempt meets it
+        stopping = self.task.uncancel() > 0  # the manager stopped too: the stop wins
+        if stopping and isinstance(exc, asyncio.CancelledError):
+            return
+        assert self.request is not None
+        raise OperatorRequested(self.request) from (None if isinstance(exc, asyncio.CancelledError) else exc)
+
+
+class RunningSteps:
+    """The steps inside `execute()` in a term, by procedure, for `OperatorRequests` to interrupt."""
+
+    __slots__ = ("_running",)
+
+    def __init__(self) -> None:
+        self._running: dict[ProcedureId, RunningStep] = {}
+
+    def running(self, procedure_id: ProcedureId) -> RunningStep:
+        task = asyncio.current_task()
+        assert task is not None
+        step = RunningStep(self, procedure_id, task)
+        self._running[procedure_id] = step
+        return step
+
+    def ended(self, step: RunningStep) -> None:
+        if self._running.get(step.procedure_id) is step:
+            del self._running[step.procedure_id]
+
+    def interrupt(self, procedure_id: ProcedureId, request: OperatorRequest) -> None:
+        step = self._running.get(procedure_id)
+        if step is not None:
+            step.interrupt(request)

@@ -1,0 +1,146 @@
+"""Durable waits in a term: the procedures parked on a timer or a signal, and the one task
+that wakes them; and flow control (`Waits.flow`), what procedures wait for before they start.
+
+A procedure whose step returned `Status.sleep`, `sleep_until` or `wait_for_signal` has its
+state and wake-up time stored (`ProcedureMessage.wake_at`, `signal`), then parks: its
+runner's task ends (its locks stay held) and only an entry here remains, so that 100,000
+sleepers cost their records and no task each. One scheduler task sleeps until the earliest
+wake-up time, by the manager's clock (`wall_clock`), and restarts the runners that are due.
+
+What else wakes a parked procedure at once (`Waits.wake`): an operator's cancel or fail (its
+runner then fails it at its next attempt), and a signal for it found by `signal()` here or by
+the watch of `requests/` (its runner then reads its signals and parks again if none is the
+one it waits for). Recovery and a takeover read the stored time, so the wait counts from
+when it began, not from the restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
+
+from procstore._runtime.flow_control import FlowControl
+from procstore.ids import ProcedureId
+
+Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
+
+
+def wall_clock() -> float:
+    """The manager's clock, in seconds since the epoch: the machine's wall clock, or on an
+    event loop with virtual time (`procstore.testing.SimulatedLoop`) the loop's, so that a
+    ten-minute sleep takes no real time in a test."""
+    loop = asyncio.get_running_loop()
+    wall_time: Callable[[], float] | None = getattr(loop, "wall_time", None)
+    return wall_time() if wall_time is not None else time.time()
+
+
+class _Parked:
+    """One parked procedure: when it wakes by itself, what it waits for, how to resume it."""
+
+    __slots__ = ("resume", "signal", "wake_at")
+
+    def __init__(self, wake_at: float | None, signal: str | None, resume: Callable[[], None]) -> None:
+        self.wake_at = wake_at
+        self.signal = signal
+        self.resume = resume
+
+
+class Waits:
+    """The parked procedures of a term, and the one task that wakes them on time."""
+
+    __slots__ = ("_changed", "_counter", "_heap", "_parked", "_reading", "_spawn", "_task", "flow")
+
+    def __init__(self, spawn: Spawn) -> None:
+        self._spawn = spawn
+        self.flow = FlowControl()
+        """Concurrency slots and rate limits: what a procedure waits for before its first step."""
+        self._parked: dict[ProcedureId, _Parked] = {}
+        # Invariant: every entry of `_parked` with a wake-up time has one heap item; an item
+        # whose entry is no longer the one parked (woken early) is skipped when popped.
+        self._heap: list[tuple[float, int, ProcedureId, _Parked]] = []
+        self._counter = itertools.count()
+        self._changed: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._reading: dict[ProcedureId, bool] = {}
+        """The procedures reading their signals before they park, and whether a signal was
+        sent to them through this manager since they began (their read may have missed it)."""
+
+    def __len__(self) -> int:
+        return len(self._parked)
+
+    def __contains__(self, procedure_id: object) -> bool:
+        return procedure_id in self._parked
+
+    def park(
+        self, procedure_id: ProcedureId, wake_at: float | None, signal: str | None, resume: Callable[[], None]
+    ) -> None:
+        """Hold the procedure until `wake_at` (epoch seconds; None: no timer) or until `wake`;
+        `resume` is called once, then, to run it again."""
+        entry = self._parked[procedure_id] = _Parked(wake_at, signal, resume)
+        if wake_at is None:
+            return
+        earliest = self._heap[0][0] if self._heap else None
+        heapq.heappush(self._heap, (wake_at, next(self._counter), procedure_id, entry))
+        if self._task is None:
+            self._changed = asyncio.Event()
+            # In a context of its own, not the first sleeper's: it wakes every procedure.
+            self._task = contextvars.Context().run(self._spawn, self._wake_on_time(), "procstore:timers")
+            self._task.add_done_callback(self._ended)
+        elif (earliest is None or wake_at < earliest) and self._changed is not None:
+            self._changed.set()
+
+    def wake(self, procedure_id: ProcedureId) -> bool:
+        """Resume a parked procedure now; False if it is not parked here."""
+        entry = self._parked.pop(procedure_id, None)
+        if entry is None:
+            return False
+        entry.resume()
+        return True
+
+    def begin_reading(self, procedure_id: ProcedureId) -> None:
+        """The procedure is about to read its signals, and then to park if none is the one it waits for."""
+        self._reading[procedure_id] = False
+
+    def end_reading(self, procedure_id: ProcedureId) -> bool:
+        """Its read is over; whether a signal was sent to it meanwhile (read again before parking)."""
+        return self._reading.pop(procedure_id, False)
+
+    def signalled(self, procedure_id: ProcedureId) -> None:
+        """A signal for the procedure was stored: wake it if it is parked waiting for one, or
+        tell its read under way to read again."""
+        if procedure_id in self._reading:
+            self._reading[procedure_id] = True
+        elif (entry := self._parked.get(procedure_id)) is not None and entry.signal:
+            self.wake(procedure_id)
+
+    def waiting_for_signals(self, procedure_ids: Iterable[ProcedureId]) -> list[ProcedureId]:
+        """Those of `procedure_ids` parked here waiting for a signal."""
+        return [pid for pid in procedure_ids if (entry := self._parked.get(pid)) is not None and entry.signal]
+
+    async def _wake_on_time(self) -> None:
+        heap = self._heap
+        while True:
+            now = wall_clock()
+            while heap and heap[0][0] <= now:
+                _, _, pid, entry = heapq.heappop(heap)
+                if self._parked.get(pid) is entry:
+                    del self._parked[pid]
+                    entry.resume()
+            changed = self._changed
+            assert changed is not None
+            changed.clear()
+            # The loop's clock times the sleep: a virtual one jumps to the wake-up at once.
+            try:
+                async with asyncio.timeout(heap[0][0] - now if heap else None):
+                    await changed.wait()
+            except TimeoutError:
+                pass
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if self._task is task:
+            self._task = None

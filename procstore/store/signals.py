@@ -1,0 +1,150 @@
+"""Signals: a named message, with a JSON payload, for one procedure, from any process.
+
+A signal is one create-only key under the store's `requests/` folder, outside `procedure/`
+so that GreptimeDB's loader never sees it:
+
+    {parent_path}requests/signals/{procedure_id}/{sent_ns:020d}-{token}.json
+        {"name":"region-opened","payload":{...},"sent_at":1700000000.5,"sent_by":"ops@host"}
+
+Keys sort in the order signals were sent (by the sender's clock, to the nanosecond; the
+random token tells apart two sent in the same nanosecond), and a procedure receives the
+signals of a name in that order. A signal is consumed with the step that read it: that
+step's stored message names its key (`ProcedureMessage.consumed`), and the key is deleted
+only once that message is stored (see `procstore._runtime.waits`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+import orjson
+
+from procstore.errors import ProcedureError
+from procstore.ids import ProcedureId
+from procstore.store.folder import latest_key
+from procstore.store.keys import KeyType
+from procstore.store.message import UNDECODABLE
+from procstore.store.requests import REQUESTS_PATH, who
+from procstore.store.state_store import StateStore, walk_readable
+
+if TYPE_CHECKING:
+    from procstore.store.procedure_store import ProcedureStore
+
+SIGNALS_PATH = f"{REQUESTS_PATH}signals/"
+"""The folder of signals, under a store's root."""
+
+
+class _StoredSignal(msgspec.Struct, frozen=True):
+    name: str
+    payload: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"null"))
+    sent_at: float = 0.0
+    sent_by: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """One stored signal: its key (its identity, and its place in the order sent)."""
+
+    key: str
+    name: str
+    payload: object
+
+
+def encoded_payload(name: object, payload: object) -> bytes:
+    """`payload` as JSON, once `name` is checked: `TypeError` for a name that is not non-empty
+    text or a payload JSON cannot hold (before anything is written)."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"a signal's name is non-empty text, not {name!r}")
+    try:
+        return orjson.dumps(payload)
+    except TypeError as e:
+        raise TypeError(f"a signal's payload must be a JSON value: {e}") from None
+
+
+class SignalStore:
+    """Reads and writes signals under `{parent_path}requests/signals/` of a `StateStore`."""
+
+    def __init__(self, store: StateStore, parent_path: str = "") -> None:
+        self.store = store
+        self.prefix = f"{parent_path}{SIGNALS_PATH}"
+
+    def folder(self, procedure_id: ProcedureId) -> str:
+        return f"{self.prefix}{procedure_id}/"
+
+    async def put(self, procedure_id: ProcedureId, name: str, payload: object = None) -> str:
+        """Store a signal, create-only; returns its key. Raises `TypeError` for a name that is
+        not non-empty text or a payload JSON cannot hold, before anything is written."""
+        raw = encoded_payload(name, payload)
+        sent = time.time_ns()
+        key = f"{self.folder(procedure_id)}{sent:020d}-{secrets.token_hex(4)}.json"
+        value = msgspec.json.encode(
+            _StoredSignal(name=name, payload=msgspec.Raw(raw), sent_at=sent / 1e9, sent_by=who())
+        )
+        if not await self.store.put_if_absent(key, value) and await self.store.get(key) != value:
+            raise ProcedureError(f"the signal key {key} is taken; send the signal again")
+        return key
+
+    async def pending(self, procedure_id: ProcedureId, skip: Collection[str] = ()) -> list[Signal]:
+        """The procedure's readable signals, in the order sent, but those in `skip` (consumed
+        already). An unreadable value (a torn write) is no signal."""
+        keys = sorted(k for k in await walk_readable(self.store, self.folder(procedure_id)) if k not in skip)
+        found: list[Signal] = []
+        for key, raw in zip(keys, await self.store.get_many(keys), strict=True):
+            if not isinstance(raw, bytes):
+                continue
+            try:
+                stored = msgspec.json.decode(raw, type=_StoredSignal)
+                payload = orjson.loads(bytes(stored.payload))
+            except (msgspec.ValidationError, orjson.JSONDecodeError, *UNDECODABLE):
+                continue
+            found.append(Signal(key, stored.name, payload))
+        return found
+
+    def listed_by_procedure(self, listed: Collection[str]) -> dict[ProcedureId, list[str]]:
+        """The signal keys that `listed` (a listing of `requests/` or of this folder) shows, by procedure."""
+        found: dict[ProcedureId, list[str]] = {}
+        for key in listed:
+            if key.startswith(self.prefix) and key.endswith(".json"):
+                pid = ProcedureId.parse_canonical(key[len(self.prefix) :].split("/", 1)[0])
+                if pid is not None:
+                    found.setdefault(pid, []).append(key)
+        return found
+
+    async def delete(self, keys: Collection[str]) -> None:
+        if keys:
+            await self.store.batch_delete(list(keys))
+
+
+async def send_signal(store: ProcedureStore, procedure_id: ProcedureId, name: str, payload: object = None) -> str:
+    """Store a signal for a stored procedure that has not ended; returns its key. What any
+    process may call (`ProcedureManager.signal`, `Client.signal`, `procstore signal`): the
+    manager running the procedure finds it at its next look at `requests/`.
+
+    Raises `ProcedureError` for a procedure the store does not hold (never submitted, or
+    ended and deleted) or whose latest key is its end (`.commit`), and `TypeError` for a name
+    or payload that cannot be stored; nothing is written then.
+    """
+    encoded_payload(name, payload)
+    keys = await store.procedure_keys(procedure_id)
+    if not keys:
+        raise ProcedureError(
+            f"cannot signal procedure {procedure_id}: it is not in the store (finished and deleted, or never submitted)"
+        )
+    if (latest := latest_key(keys)).key_type is KeyType.COMMIT:
+        raise ProcedureError(
+            f"cannot signal procedure {procedure_id}: it has already ended (its latest key is {latest.step}.commit)"
+        )
+    return await store.signals.put(procedure_id, name, payload)
+
+
+def sent_at(key: str) -> float | None:
+    """When the signal under `key` was sent (seconds since the epoch, by its sender's clock),
+    read from its name; None for a name procstore did not write."""
+    name = key.rsplit("/", 1)[-1]
+    sent = name.split("-", 1)[0]
+    return int(sent) / 1e9 if sent.isascii() and sent.isdigit() else None

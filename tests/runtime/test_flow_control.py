@@ -1,0 +1,224 @@
+"""Flow control: `Procedure.concurrency()` (at most N running per key), `rate_limit` (at most
+N first starts of a type per period) and `priority()` among those waiting. Waiting ones say
+why in `ProcedureInfo.waiting`; every manager obeys the limits after a restart, since they
+are computed from the stored procedure. Virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, ClassVar
+
+import pytest
+
+from procstore import (
+    Concurrency,
+    Context,
+    Procedure,
+    ProcedureFailed,
+    ProcedureWithId,
+    RateLimit,
+    Status,
+)
+from procstore.store.activity import ActivityStore
+from procstore.testing import run_simulated
+from tests.support import StoreTarget, manager_for, store_targets
+
+RUNNING: set[str] = set()
+PEAK: dict[str, int] = {}
+STARTED: list[tuple[str, float]] = []
+
+
+class Migration(Procedure):
+    """Runs for `seconds` (a durable sleep) under concurrency key `key` (limit `limit`)."""
+
+    type_name = "test::Migration"
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def dump(self) -> str:
+        return json.dumps(self.state)
+
+    def concurrency(self) -> Concurrency | None:
+        return Concurrency(self.state["key"], self.state.get("limit", 3))
+
+    def priority(self) -> int:
+        return int(self.state.get("priority", 0))
+
+    async def execute(self, ctx: Context) -> Status:
+        if not self.state.get("began"):
+            key = self.state["key"]
+            self.state["began"] = True
+            RUNNING.add(str(ctx.procedure_id))
+            STARTED.append((self.state.get("name", ""), asyncio.get_running_loop().time()))
+            PEAK[key] = max(PEAK.get(key, 0), len(RUNNING))
+            return Status.sleep(self.state.get("seconds", 10))
+        RUNNING.discard(str(ctx.procedure_id))
+        return Status.done()
+
+
+class Create(Procedure):
+    """One call to a rate-limited cloud API."""
+
+    type_name = "test::Create"
+    rate_limit: ClassVar[RateLimit | None] = RateLimit(starts=10, per=1.0)
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def dump(self) -> str:
+        return json.dumps(self.state)
+
+    def priority(self) -> int:
+        return int(self.state.get("priority", 0))
+
+    async def execute(self, ctx: Context) -> Status:
+        STARTED.append((self.state.get("name", ""), asyncio.get_running_loop().time()))
+        return Status.done()
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    RUNNING.clear()
+    PEAK.clear()
+    STARTED.clear()
+
+
+def migration(key: str = "cluster/c1", **state: Any) -> ProcedureWithId:
+    return ProcedureWithId.new(Migration({"key": key, **state}))
+
+
+def test_at_most_limit_run_at_once_per_key() -> None:
+    async def main() -> None:
+        async with manager_for("memory://flow-limit/", Migration) as manager:
+            watchers = [await manager.submit(migration(name=str(i))) for i in range(7)]
+            watchers.append(await manager.submit(migration("cluster/c2")))
+            await asyncio.sleep(1)
+            infos = {i.id: i for i in manager.list_procedures()}
+            waiting = [i for i in infos.values() if i.waiting and "concurrency slot" in i.waiting]
+            assert len(waiting) == 4
+            assert "'cluster/c1' (3 running, limit 3)" in (waiting[0].waiting or "")
+            sleeping = [i for i in infos.values() if i.waiting and i.waiting.startswith("sleeping until")]
+            assert len(sleeping) == 4  # three of cluster/c1, one of cluster/c2
+            await asyncio.gather(*(w.wait() for w in watchers))
+            # Three batches of ten seconds: 3, 3, 1.
+            assert 30 <= asyncio.get_running_loop().time() < 31
+            assert [info.waiting for info in manager.list_procedures()] == [None] * 8
+            assert PEAK == {"cluster/c1": 3, "cluster/c2": 4}  # c2's one ran beside c1's three
+
+    run_simulated(main())
+
+
+def test_the_highest_priority_waiting_starts_first() -> None:
+    async def main() -> None:
+        async with manager_for("memory://flow-priority/", Migration) as manager:
+            first = await manager.submit(migration(name="first", limit=1))
+            await asyncio.sleep(1)
+            rest = [await manager.submit(migration(name=n, limit=1, priority=p)) for n, p in [("low", 0), ("high", 5)]]
+            await asyncio.gather(first.wait(), *(w.wait() for w in rest))
+            assert [name for name, _ in STARTED] == ["first", "high", "low"]
+
+    run_simulated(main())
+
+
+def test_a_rate_limit_spaces_the_starts_of_a_type() -> None:
+    async def main() -> None:
+        async with manager_for("memory://flow-rate/", Create) as manager:
+            watchers = [await manager.submit(ProcedureWithId.new(Create({"name": str(i)}))) for i in range(25)]
+            await asyncio.gather(*(w.wait() for w in watchers))
+            times = [t for _, t in STARTED]
+            for i in range(len(times) - 10):
+                assert times[i + 10] - times[i] >= 1.0  # never more than 10 in a second
+            assert times[-1] < 3.0
+
+    run_simulated(main())
+
+
+def test_a_cancel_ends_the_wait_for_a_slot() -> None:
+    async def main() -> None:
+        async with manager_for("memory://flow-cancel/", Migration) as manager:
+            await manager.submit(migration(limit=1, seconds=1000))
+            waiting = migration(limit=1)
+            watcher = await manager.submit(waiting)
+            await asyncio.sleep(1)
+            await manager.cancel(waiting.id, "not now")
+            with pytest.raises(ProcedureFailed, match="not now"):
+                await watcher.wait()
+            assert asyncio.get_running_loop().time() < 5
+
+    run_simulated(main())
+
+
+def test_declared_limits_are_checked() -> None:
+    with pytest.raises(ValueError):
+        Concurrency("k", 0)
+    with pytest.raises(TypeError):
+        Concurrency("", 1)
+    with pytest.raises(ValueError):
+        RateLimit(0, 1.0)
+    with pytest.raises(ValueError):
+        RateLimit(1, 0)
+
+
+real_store = store_targets("memory", "local", "s3")
+
+
+def test_the_limit_holds_after_a_restart(real_store: StoreTarget) -> None:
+    """Resumed ones were running: they keep their slots, and a new one waits for them."""
+
+    async def main() -> None:
+        running = [migration(limit=2, seconds=0.5) for _ in range(2)]
+        async with manager_for(real_store, Migration) as first:
+            for procedure in running:
+                await first.submit(procedure)
+            await asyncio.sleep(0.1)
+        async with manager_for(real_store, Migration) as second:
+            late = await second.submit(migration(limit=2, name="late", seconds=0.1))
+            await asyncio.sleep(0.05)
+            info = {i.id: i for i in second.list_procedures()}
+            waiting = [i.waiting for i in info.values() if i.waiting and "slot" in i.waiting]
+            assert len(waiting) == 1
+            await asyncio.wait_for(late.wait(), 10)
+            for procedure in running:
+                watcher = second.procedure_watcher(procedure.id)
+                assert watcher is not None
+                await asyncio.wait_for(watcher.wait(), 10)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_after_a_restart_the_resumed_running_ones_keep_their_slots_first(seed: int) -> None:
+    """Recovery starts stored procedures in any order: those that were running take their
+    slots before any that was still waiting can."""
+
+    async def main() -> None:
+        url = f"memory://flow-restart-order-{seed}/"
+        procedures = [migration(limit=2, seconds=60, name=str(i)) for i in range(5)]
+        async with manager_for(url, Migration) as first:
+            for procedure in procedures:
+                await first.submit(procedure)
+            await asyncio.sleep(1)
+            assert len([i for i in first.list_procedures() if i.waiting and "slot" in i.waiting]) == 3
+        PEAK.clear()
+        async with manager_for(url, Migration) as second:
+            watchers = [second.procedure_watcher(p.id) for p in procedures]
+            await asyncio.gather(*(w.wait() for w in watchers if w is not None))
+        assert PEAK == {"cluster/c1": 2}  # never a third beside the two that were running
+
+    run_simulated(main(), seed=seed)
+
+
+def test_a_procedure_waiting_to_start_says_why_in_its_activity() -> None:
+    async def main() -> None:
+        async with manager_for("memory://flow-activity/", Migration) as manager:
+            await manager.submit(migration(limit=1, seconds=100))
+            waiting = migration(limit=1)
+            await manager.submit(waiting)
+            await asyncio.sleep(5)
+            activity = await ActivityStore(manager.store.store).get(waiting.id)
+            assert activity is not None and activity.doing == "waiting to start"
+            assert activity.reason == "waiting for a concurrency slot of 'cluster/c1' (1 running, limit 1)"
+
+    run_simulated(main())

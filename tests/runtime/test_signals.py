@@ -1,0 +1,315 @@
+"""Signals: `ProcedureManager.signal` stores one under the store's requests, and
+`Status.wait_for_signal(name, timeout)` suspends a procedure until one of that name comes;
+the next step sees it in `ctx.signals`, consumed exactly once with that step (a crash
+before the step is stored delivers it again, one after does not). Virtual time where the
+test waits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from click.testing import CliRunner
+
+from procstore import Context, Lease, Procedure, ProcedureError, ProcedureFailed, ProcedureId, ProcedureWithId, Status
+from procstore._cli.app import cli
+from procstore.store import StateStore, WrappingStore, open_state_store
+from procstore.store.procedure_store import ProcedureStore
+from procstore.store.signals import SIGNALS_PATH, SignalStore, send_signal
+from procstore.testing import Fault, FaultyStore, crash_at, kill_manager, run_simulated
+from tests.support import StoreTarget, manager_for, store_targets
+
+T = TypeVar("T")
+
+
+class Waiter(Procedure):
+    """Waits for `waits` signals named "go" (each with `timeout`), recording each step's
+    `ctx.signals`, after an optional first sleep; returns what it got."""
+
+    type_name = "test::Waiter"
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def dump(self) -> str:
+        return json.dumps(self.state)
+
+    async def execute(self, ctx: Context) -> Status:
+        state = self.state
+        if state.get("sleep"):
+            seconds = state.pop("sleep")
+            return Status.sleep(seconds)
+        if state.setdefault("waiting", False):
+            state["got"] = [*state.get("got", []), dict(ctx.signals)]
+            await ctx.crash_point("read")
+            state["waiting"] = False
+            return Status.executing()
+        if len(state.get("got", [])) < state.get("waits", 1):
+            state["waiting"] = True
+            return Status.wait_for_signal("go", timeout=state.get("timeout"))
+        return Status.done(state["got"])
+
+
+def waiter(**state: Any) -> ProcedureWithId:
+    return ProcedureWithId.new(Waiter(state))
+
+
+async def stored_signals(manager: Any, pid: ProcedureId) -> list[str]:
+    return list(await manager.store.store.walk(f"{SIGNALS_PATH}{pid}/"))
+
+
+def test_a_signal_ends_the_wait_and_the_next_step_sees_its_payload() -> None:
+    async def main() -> None:
+        async with manager_for("memory://signals-basic/", Waiter) as manager:
+            procedure = waiter()
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(3600)  # waits as long as it takes
+            assert manager.procedure_state(procedure.id) is not None
+            await manager.signal(procedure.id, "other", 0)  # not the one it waits for
+            await manager.signal(procedure.id, "go", {"region": 7})
+            assert await watcher.wait() == [{"go": {"region": 7}}]
+            assert await stored_signals(manager, procedure.id) == [
+                k for k in await stored_signals(manager, procedure.id) if "go" not in k
+            ]
+
+    run_simulated(main())
+
+
+def test_signals_sent_before_the_wait_are_kept_and_delivered_in_order() -> None:
+    async def main() -> None:
+        async with manager_for("memory://signals-early/", Waiter) as manager:
+            procedure = waiter(sleep=60, waits=3)
+            watcher = await manager.submit(procedure)
+            for n in range(3):
+                await manager.signal(procedure.id, "go", n)
+            assert await watcher.wait() == [{"go": 0}, {"go": 1}, {"go": 2}]
+            assert await stored_signals(manager, procedure.id) == []
+
+    run_simulated(main())
+
+
+def test_a_timeout_ends_the_wait_with_no_signals() -> None:
+    async def main() -> float:
+        async with manager_for("memory://signals-timeout/", Waiter) as manager:
+            watcher = await manager.submit(waiter(timeout=600))
+            assert await watcher.wait() == [{}]
+            return asyncio.get_running_loop().time()
+
+    assert 600 <= run_simulated(main()) < 605
+
+
+def test_a_signal_to_an_unknown_or_ended_procedure_is_refused() -> None:
+    async def main() -> None:
+        async with manager_for("memory://signals-refused/", Waiter) as manager:
+            with pytest.raises(ProcedureError, match="not in the store"):
+                await manager.signal(ProcedureId.random(), "go")
+            procedure = waiter(timeout=1)
+            await (await manager.submit(procedure)).wait()
+            with pytest.raises(ProcedureError, match="ended|not in the store"):
+                await manager.signal(procedure.id, "go")
+            with pytest.raises(TypeError):
+                await manager.signal(procedure.id, "")
+
+    run_simulated(main())
+
+
+def test_a_signal_from_another_process_is_found_by_the_request_poll() -> None:
+    async def main() -> None:
+        url = "memory://signals-poll/"
+        async with manager_for(url, Waiter, request_poll_interval=1.0) as manager:
+            procedure = waiter()
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(10)
+            await send_signal(ProcedureStore(open_state_store(url)), procedure.id, "go", "hi")
+            assert await asyncio.wait_for(watcher.wait(), 5) == [{"go": "hi"}]
+
+    run_simulated(main())
+
+
+def test_a_crash_before_the_step_is_stored_delivers_the_signal_again() -> None:
+    async def main() -> None:
+        url = "memory://signals-crash-before/"
+        procedure = waiter(waits=2, timeout=100)
+        store = FaultyStore(open_state_store(url), faults=[crash_at("read")])
+        manager = manager_for(store, Waiter)
+        await manager.start()
+        await manager.submit(procedure)
+        await asyncio.sleep(1)
+        await manager.signal(procedure.id, "go", "once")
+        await asyncio.wait_for(store.crashed.wait(), 5)
+        await manager.stop()
+        async with manager_for(url, Waiter) as again:
+            watcher = again.procedure_watcher(procedure.id)
+            assert watcher is not None
+            # Delivered again to the step the crash cut short, and to no later wait.
+            assert await watcher.wait() == [{"go": "once"}, {}]
+
+    run_simulated(main())
+
+
+def test_a_crash_after_the_step_is_stored_never_delivers_the_signal_again() -> None:
+    async def main() -> None:
+        url = "memory://signals-crash-after/"
+        procedure = waiter(waits=2, timeout=100)
+        # Killed as it deletes the consumed signal: the step that read it is stored.
+        deleting = Fault("crash", kinds=frozenset({"batch_delete", "delete"}), key=f"{SIGNALS_PATH}*")
+        store = FaultyStore(open_state_store(url), faults=[deleting])
+        manager = manager_for(store, Waiter)
+        await manager.start()
+        await manager.submit(procedure)
+        await asyncio.sleep(1)
+        await manager.signal(procedure.id, "go", "once")
+        await asyncio.wait_for(store.crashed.wait(), 5)
+        await manager.stop()
+        async with manager_for(url, Waiter) as again:
+            watcher = again.procedure_watcher(procedure.id)
+            assert watcher is not None
+            assert await watcher.wait() == [{"go": "once"}, {}]
+            assert await stored_signals(again, procedure.id) == []
+
+    run_simulated(main())
+
+
+real_store = store_targets("memory", "local", "s3")
+
+
+def test_a_signal_reaches_a_waiter_after_a_restart_on_each_store(real_store: StoreTarget) -> None:
+    async def main() -> None:
+        procedure = waiter()
+        async with manager_for(real_store, Waiter) as first:
+            await first.submit(procedure)
+            await asyncio.sleep(0.2)
+            await first.signal(procedure.id, "early", 1)
+        async with manager_for(real_store, Waiter, request_poll_interval=0.1) as second:
+            watcher = second.procedure_watcher(procedure.id)
+            assert watcher is not None
+            await second.signal(procedure.id, "go", [1, 2])
+            assert await asyncio.wait_for(watcher.wait(), 10) == [{"go": [1, 2]}]
+
+    asyncio.run(main())
+
+
+def test_procstore_signal_sends_one_from_the_command_line(tmp_path: Path) -> None:
+    async def main() -> None:
+        procedure = waiter()
+        async with manager_for(str(tmp_path), Waiter, request_poll_interval=0.05) as manager:
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(0.1)
+            sent = await asyncio.to_thread(
+                CliRunner().invoke, cli, ["signal", str(tmp_path), str(procedure.id)[:8], "go", "--payload", '{"a": 1}']
+            )
+            assert sent.exit_code == 0, sent.output
+            assert await asyncio.wait_for(watcher.wait(), 10) == [{"go": {"a": 1}}]
+        refused = await asyncio.to_thread(CliRunner().invoke, cli, ["signal", str(tmp_path), str(procedure.id), "go"])
+        assert refused.exit_code == 6 and "procedure" in refused.output
+
+    asyncio.run(main())
+
+
+def test_old_signals_of_procedures_the_store_no_longer_holds_are_deleted() -> None:
+    async def main() -> None:
+        url = "memory://signals-stale/"
+        gone, recent = ProcedureId.random(), ProcedureId.random()
+        store = open_state_store(url)
+        old_key = f"{SIGNALS_PATH}{gone}/{1:020d}-00000000.json"
+        await store.put(old_key, b'{"name":"go","payload":null}')
+        recent_key = await SignalStore(store).put(recent, "go")
+        async with manager_for(url, Waiter, request_poll_interval=1.0):
+            await asyncio.sleep(3)
+        assert await store.walk(SIGNALS_PATH) == [recent_key]
+
+    run_simulated(main())
+
+
+def test_a_cancel_ends_a_wait_for_a_signal_at_once() -> None:
+    async def main() -> float:
+        async with manager_for("memory://signals-cancel/", Waiter) as manager:
+            procedure = waiter()
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(100)
+            await manager.cancel(procedure.id, "no signal will come")
+            with pytest.raises(ProcedureFailed, match="no signal will come"):
+                await watcher.wait()
+            return asyncio.get_running_loop().time()
+
+    assert run_simulated(main()) < 101
+
+
+def test_a_standby_sends_a_signal_that_the_leader_delivers() -> None:
+    async def main() -> None:
+        url = "memory://signals-standby/"
+        procedure = waiter()
+        async with (
+            manager_for(url, Waiter, lease=Lease(ttl=10.0, holder="leader"), request_poll_interval=1.0) as leader,
+            manager_for(url, Waiter, lease=Lease(ttl=10.0, holder="standby")) as standby,
+        ):
+            await leader.wait_until_leading()
+            watcher = await leader.submit(procedure)
+            await asyncio.sleep(5)
+            assert not standby.is_leader
+            await standby.signal(procedure.id, "go", "from the standby")
+            assert await asyncio.wait_for(watcher.wait(), 10) == [{"go": "from the standby"}]
+
+    run_simulated(main())
+
+
+def test_a_takeover_delivers_a_signal_sent_while_no_manager_led() -> None:
+    async def main() -> None:
+        url = "memory://signals-takeover/"
+        procedure = waiter()
+        first = manager_for(url, Waiter, lease=Lease(ttl=10.0, holder="first"))
+        await first.start()
+        await first.wait_until_leading()
+        await first.submit(procedure)
+        await asyncio.sleep(5)
+        await kill_manager(first)
+        await send_signal(ProcedureStore(open_state_store(url)), procedure.id, "go", 7)
+        async with manager_for(url, Waiter, lease=Lease(ttl=10.0, holder="second")) as second:
+            await second.wait_until_leading()
+            watcher = second.procedure_watcher(procedure.id)
+            assert watcher is not None
+            assert await asyncio.wait_for(watcher.wait(), 60) == [{"go": 7}]
+        await first.stop()
+
+    run_simulated(main())
+
+
+class SlowSignalListing(WrappingStore):
+    """Answers a listing of signals `seconds` late, with what the folder held when it was
+    listed: a signal stored meanwhile is not in the answer."""
+
+    def __init__(self, inner: StateStore, seconds: float) -> None:
+        super().__init__(inner)
+        self.seconds = seconds
+        self.listed = asyncio.Event()
+
+    async def around(
+        self, kind: str, key: str, call: Callable[[], Coroutine[Any, Any, T]], value: bytes | None = None
+    ) -> T:
+        result = await call()
+        if kind == "walk" and key.startswith(SIGNALS_PATH) and self.seconds:
+            self.listed.set()
+            await asyncio.sleep(self.seconds)
+        return result
+
+
+def test_a_signal_sent_while_the_waiter_reads_its_signals_wakes_it_at_once() -> None:
+    """The read before parking may miss a signal stored during it: one sent through this
+    manager meanwhile makes it read again, instead of waiting for the next poll."""
+
+    async def main() -> float:
+        store = SlowSignalListing(open_state_store("memory://signals-during-read/"), seconds=5)
+        async with manager_for(store, Waiter, request_poll_interval=1000.0) as manager:
+            procedure = waiter()
+            watcher = await manager.submit(procedure)
+            await store.listed.wait()
+            store.seconds = 0
+            await manager.signal(procedure.id, "go", "during the read")
+            assert await watcher.wait() == [{"go": "during the read"}]
+            return asyncio.get_running_loop().time()
+
+    assert run_simulated(main()) < 100
