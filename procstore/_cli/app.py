@@ -9,11 +9,13 @@ import click
 
 from procstore._cli.common import DECLINED, ExitCode, quiet_closed_pipe
 from procstore._cli.demo import demo
+from procstore._cli.history import history
 from procstore._cli.lease import lease
 from procstore._cli.listing import ls, tree
 from procstore._cli.maintenance import cancel, delete, fail, gc
 from procstore._cli.operations import export, resume, rewind
 from procstore._cli.serve import serve
+from procstore._cli.settings import settings
 from procstore._cli.show import show
 from procstore._cli.signal import signal
 from procstore._cli.watch import watch
@@ -26,7 +28,26 @@ def cli() -> None:
     """Crash-safe multi-step procedures on any fsspec store."""
 
 
-for command in (ls, show, tree, watch, lease, gc, fail, cancel, signal, resume, rewind, delete, export, serve, demo):
+COMMANDS = (
+    ls,
+    show,
+    history,
+    tree,
+    watch,
+    lease,
+    gc,
+    fail,
+    cancel,
+    signal,
+    resume,
+    rewind,
+    delete,
+    settings,
+    export,
+    serve,
+    demo,
+)
+for command in COMMANDS:
     cli.add_command(command)
 
 

@@ -19,8 +19,10 @@ from procstore._cli.common import (
     DECLINED,
     CommandError,
     ExitCode,
+    listed_procedures,
     open_existing_store,
     parse_age,
+    refused,
     resolve_id,
     run_command,
     store_options,
@@ -32,8 +34,9 @@ from procstore.store.folder import StoredStatus
 from procstore.store.history import HistoryStore, iso, record_from_keys
 from procstore.store.inventory import StoredProcedure
 from procstore.store.local import TEMP_PREFIX, Leftovers, LocalDirStore
+from procstore.store.operations import stoppable, write_stop_request
 from procstore.store.procedure_store import ProcedureStore
-from procstore.store.requests import OperatorRequest, RequestKind
+from procstore.store.requests import RequestKind
 
 _GC_CONCURRENCY = 16
 
@@ -187,27 +190,16 @@ async def _request(
 ) -> None:
     store = await open_existing_store(url, storage_options, parent_path)
     try:
-        inventory = await load_inventory(store, error_console())
-        p = inventory.procedures[resolve_id(inventory.procedures, procedure_id, inventory.unlisted_ids)]
-        if p.status is not StoredStatus.UNFINISHED or p.message is None:
-            raise CommandError(
-                f"procedure {p.procedure_id} is {p.status.value}; only an unfinished procedure with a readable "
-                f"latest step can be asked to {kind}",
-                ExitCode.REFUSED,
-            )
-        _confirm(f"{kind.capitalize()} {plain(p.type_name)} {p.procedure_id} (step {p.latest.step})?", yes)
-        request = OperatorRequest.new(kind, reason)
-        if not await store.requests.put(p.procedure_id, request):
-            existing = await store.requests.get(p.procedure_id)
-            said = existing.describe() if existing else "it changed while this one was written; try again"
-            raise CommandError(
-                f"procedure {p.procedure_id} already has a request ({store.requests.key(p.procedure_id)}): {said}",
-                ExitCode.REFUSED,
-            )
+        listed, unlisted = await listed_procedures(store)
+        pid = resolve_id(set(listed.steps), procedure_id, unlisted)
+        with refused():
+            p = await stoppable(store, pid, kind)
+            _confirm(f"{kind.capitalize()} {plain(p.type_name)} {pid} (step {p.step})?", yes)
+            await write_stop_request(store, pid, kind, reason)
     finally:
         await store.store.close()
     output_console().print(
-        f"wrote {store.requests.key(p.procedure_id)}: the manager running {p.procedure_id} (or the next one to start) "
+        f"wrote {store.requests.key(pid)}: the manager running {pid} (or the next one to start) "
         "stops it before its next step and rolls it back if it supports rollback; its unfinished subprocedures too"
     )
 
@@ -246,18 +238,35 @@ cancel = _request_command("cancel", "Cancel", "cancelled by an operator")
 @store_options
 @click.argument("procedure_id")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--force", is_flag=True, help="Delete it even unfinished: only when no manager runs on the store.")
 @run_command
-async def delete(url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, yes: bool) -> None:
-    """Remove a procedure and its subprocedures from the store, whatever their status.
+async def delete(
+    url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, yes: bool, force: bool
+) -> None:
+    """Remove an ended procedure and its subprocedures from the store.
 
     Its effects are not undone: use `procstore fail` for that. Subprocedures go first, then
     the procedure; each in the documented order (steps, then commit or rollback, then folder).
+    Refused, exit code 6, for a procedure that is unfinished or rolling back, or has such a
+    subprocedure: a manager may be running it, and would run on with what it holds in
+    memory (a ghost no store shows). Cancel it, and delete it once it has ended; `--force`
+    deletes it anyway, for a store no manager runs on.
     """
     store = await open_existing_store(url, storage_options, parent_path)
     try:
         inventory = await load_inventory(store, error_console())
         p = inventory.procedures[resolve_id(inventory.procedures, procedure_id, inventory.unlisted_ids)]
         doomed = [*inventory.descendants(p.procedure_id), p]
+        alive = [d for d in doomed if d.status in (StoredStatus.UNFINISHED, StoredStatus.ROLLING_BACK)]
+        if alive and not force:
+            running = alive[-1] if alive[-1] is p else alive[0]
+            which = "is" if running is p else f"has a subprocedure, {running.procedure_id}, that is"
+            raise CommandError(
+                f"procedure {p.procedure_id} {which} {running.status.value}: a manager may be running it, and "
+                "would run on with what it holds in memory. Cancel it first (procstore cancel "
+                f"{p.procedure_id}) and delete it once it has ended, or pass --force if no manager runs on this store",
+                ExitCode.REFUSED,
+            )
         children = f" and its {plural(len(doomed) - 1, 'subprocedure')}" if len(doomed) > 1 else ""
         what = plain(p.type_name or "unreadable procedure")
         _confirm(f"Delete {what} {p.procedure_id} ({p.status.value}){children}?", yes)

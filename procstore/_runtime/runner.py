@@ -58,7 +58,7 @@ from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.state import ProcedureState, ProcedureStateKind
-from procstore.store.history import HistoryRecord, iso
+from procstore.store.history import Action, HistoryRecord, iso, kept_output
 from procstore.store.keys import KeyType
 from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
 from procstore.store.requests import OperatorRequested
@@ -740,6 +740,7 @@ class Runner:
             return False
         self._parked = True
         self.meta.waiting = wait.describe()
+        self.ctx.activity.waiting(self.meta, self.step, self.meta.waiting)
         waits.park(pid, wait.wake_at, wait.signal, self._woken)
         return True
 
@@ -941,6 +942,8 @@ class Runner:
             exc, gave_up_after=self.ctx.settings.policy.max_retry_times if is_transient(exc) else None
         )
         self.meta.cancelled = isinstance(exc, OperatorRequested) and exc.request.kind == "cancel"
+        if isinstance(exc, OperatorRequested):
+            self.meta.ended_by = exc.request.action()
         logger.warning("procedure %s (%s) failed: %s", self.meta.id, self.meta.type_name, failed.error)
         if roll_back and self.procedure.rollback_supported:
             self.meta.set_state(failed.with_kind(ProcedureStateKind.PREPARE_ROLLBACK))
@@ -1178,7 +1181,7 @@ async def record_tree(
         if meta is not None:
             state = root_state if meta is root else meta.state
             if meta.end_stored and state.is_ended():
-                records.append(_record(meta, state, ended))
+                records.append(_record(meta, state, ended, ctx.settings.output_limit))
         elif (type_name := ctx.recovered.committed.get(pid)) is not None:
             # A child that ended in an earlier term: the store kept only its last message, which
             # does not say whether it rolled back or had no rollback (`StoredStatus.FAILED`).
@@ -1209,7 +1212,7 @@ async def record_superseded(
     if old is not None and old.run == new_run.run - 1 and old.state.is_ended():
         state = old.state
         error = f"{state.error}; {how} before this end was stored" if state.error else how
-        record = _record(old, state.with_error_text(error), datetime.now(UTC))
+        record = _record(old, state.with_error_text(error), datetime.now(UTC), ctx.settings.output_limit)
     else:
         record = HistoryRecord(
             id=str(procedure_id),
@@ -1231,7 +1234,11 @@ async def record_superseded(
         )
 
 
-def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime) -> HistoryRecord:
+def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime, output_limit: int) -> HistoryRecord:
+    output, not_kept = kept_output(state.output, output_limit) if state.is_done() else (None, None)
+    started = meta.started
+    if started is None and meta.run == 1:
+        started = Action(kind="submit", at=iso(meta.start_time))
     return HistoryRecord(
         id=str(meta.id),
         type_name=meta.type_name,
@@ -1243,4 +1250,9 @@ def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime) -> Hist
         steps=meta.steps,
         retries=meta.retries,
         run=meta.run,
+        output=output,
+        output_not_kept=not_kept,
+        started=started,
+        ended_by=meta.ended_by,
+        rolled_back=meta.rolled_back,
     )

@@ -537,5 +537,5 @@ def test_a_former_leaders_late_rollback_never_reads_as_the_end_of_a_run_that_com
     late = dataclasses.replace(first, step=1, error="the former leader's failure")
     (folder / "0000000001.rollback").write_bytes(late.encode())
     listed = CliRunner().invoke(cli, ["ls", str(tmp_path), "--json"]).stdout
-    assert [json.loads(row)["status"] for row in listed.splitlines()] == ["committed"], sorted(os.listdir(folder))
+    assert [json.loads(row)["status"] for row in listed.splitlines()] == ["done"], sorted(os.listdir(folder))
     assert sorted(os.listdir(folder)) == sorted(["0000000000.step", "0000000001.rollback", *left])
