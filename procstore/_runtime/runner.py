@@ -315,8 +315,8 @@ class Runner:
     """Runs one procedure in its own task until it ends or the manager stops."""
 
     __slots__ = (
-        "_consuming", "_parked", "_resume_children", "_signals", "_skip_signals", "_stored_data", "_wait", "ctx",
-        "holds_locks", "meta", "procedure", "step",
+        "_consuming", "_message_skips_a_step", "_parked", "_resume_children", "_signals", "_skip_signals",
+        "_stored_data", "_wait", "ctx", "holds_locks", "meta", "procedure", "step",
     )  # fmt: skip
 
     def __init__(
@@ -339,6 +339,8 @@ class Runner:
         self._stored_data = stored_data
         """The last `data` known to be stored: the rollback message's fallback if `dump()` fails."""
         self._resume_children = resume_children
+        self._message_skips_a_step = resume_children and ctx.lease is not None
+        """See `_message_step`: a procedure resumed from the store under a lease."""
         self.holds_locks = holds_locks
         """Its lock keys were taken for it already (see `KeyRwLock.acquire_all_now`)."""
         self._wait = wait if wait is not None and wait.waits else None
@@ -648,9 +650,31 @@ class Runner:
             return False
         return True
 
+    def _message_step(self) -> int:
+        """The step of the next `.step` or `.rollback` this runner writes.
+
+        Under a lease, the first one of a procedure resumed from the store leaves a step
+        number free (its latest key's + 1) for a former leader's late write: one paused with
+        a write of this procedure in flight can land it after this manager listed the
+        folder, and only at that step (a runner writes one key at a time, each numbered one
+        above the last one stored). Create-only writes stop it only where it has the same
+        name as this manager's key: a `.rollback` landing beside this manager's `.step` at
+        one step outranks it, and below this manager's `.commit` reads as the end (failed,
+        though the run committed done). Above that step, nothing a former leader can still
+        write is the latest key or the message a commit ends. A `.commit` needs no free
+        step: the message it ends is the highest one below its own step
+        (`procstore.store.folder`). This holds on every store, as it needs no clock (listing
+        times are absent on some stores, and on others a request's start or a temporary
+        file's, not when the key became visible)."""
+        if self._message_skips_a_step:
+            self._message_skips_a_step = False
+            self.step += 1
+        return self.step
+
     async def _persist(self, data: str, wait: StepWait) -> None:
         meta = self.meta
-        await self.ctx.store.store_procedure(meta.id, self.step, meta.type_name, data, meta.parent_id, meta.run, wait)
+        step = self._message_step()
+        await self.ctx.store.store_procedure(meta.id, step, meta.type_name, data, meta.parent_id, meta.run, wait)
         self.step += 1
         self._stored_data = data
 
@@ -945,7 +969,8 @@ class Runner:
             if is_stop(e):
                 raise
             data = self._stored_data
-        message = ProcedureMessage(self.meta.type_name, data, self.meta.parent_id, self.step, error, self.meta.run)
+        step = self._message_step()
+        message = ProcedureMessage(self.meta.type_name, data, self.meta.parent_id, step, error, self.meta.run)
 
         async def write(_attempt: int) -> None:
             await self.ctx.store.rollback_procedure(self.meta.id, message)
