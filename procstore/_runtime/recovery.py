@@ -385,9 +385,10 @@ def _plan_unfinished(
 def resume_root(
     ctx: ManagerContext, pid: ProcedureId, message: ProcedureMessage, *, rolling_back: bool
 ) -> list[LoadProblem]:
-    """Run a stored root in this term, as recovery does; returns why it could not be loaded."""
+    """Run a stored root that an operator resumed or rewound in this term, as recovery does
+    (but it waits for its concurrency slot: it held none); returns why it could not be loaded."""
     problems: list[LoadProblem] = []
-    for runner in _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=problems):
+    for runner in _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=problems, restarted=True):
         runner.start()
     return problems
 
@@ -441,6 +442,7 @@ def _resume_root(
     *,
     rolling_back: bool,
     problems: list[LoadProblem],
+    restarted: bool = False,
 ) -> list[Runner]:
     """The runner that resumes a stored root, not started; none if it cannot be loaded."""
     key_type = KeyType.ROLLBACK if rolling_back else KeyType.STEP
@@ -461,8 +463,11 @@ def _resume_root(
     holds = (message.step > 0 or rolling_back) and ctx.locks.take_all_now(pid, lock_key.keys_to_lock())
     wait = NO_WAIT if rolling_back else StepWait.of(message)
     return [
-        Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=True, holds_locks=holds, wait=wait)
-    ]
+        Runner(
+            ctx, meta, procedure, message.step + 1, message.data,
+            resume_children=True, holds_locks=holds, wait=wait, restarted=restarted,
+        )
+    ]  # fmt: skip
 
 
 async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy: set[ProcedureId]) -> set[ProcedureId]:

@@ -25,7 +25,7 @@ import contextvars
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 from types import TracebackType
@@ -315,8 +315,8 @@ class Runner:
     """Runs one procedure in its own task until it ends or the manager stops."""
 
     __slots__ = (
-        "_consuming", "_parked", "_resume_children", "_signals", "_skip_signals", "_stored_data", "_wait", "ctx",
-        "holds_locks", "meta", "procedure", "step",
+        "_consuming", "_parked", "_resume_children", "_signal_names", "_signals", "_skip_signals", "_stored_data",
+        "_wait", "ctx", "holds_locks", "meta", "procedure", "restarted", "step",
     )  # fmt: skip
 
     def __init__(
@@ -330,6 +330,7 @@ class Runner:
         resume_children: bool = False,
         holds_locks: bool = False,
         wait: StepWait | None = None,
+        restarted: bool = False,
     ) -> None:
         self.ctx = ctx
         self.meta = meta
@@ -353,6 +354,12 @@ class Runner:
         its next stored message, and deleted once that is stored."""
         self._parked = False
         """Parked in `ctx.waits`: its task has ended, and its locks stay held for it."""
+        self.restarted = restarted
+        """Resumed or rewound by an operator: it ran no step since it ended (or stopped), so it
+        held no concurrency slot, and waits for one as a new procedure does."""
+        self._signal_names: dict[str, str] = {}
+        """The names of the signals it read and did not take (of another name than its wait's;
+        "" for an unreadable value): a later wait reads a signal again only if it may be the one."""
 
     def start(self) -> None:
         self._spawn_run(submitted=not self._resume_children)
@@ -400,8 +407,11 @@ class Runner:
                 self.ctx.waits.flow.release(self.meta.id)
 
     def _has_started(self) -> bool:
-        """Whether it ran a step already (stored past its first state, or failing): flow
-        control counts it as running, and never makes it wait again."""
+        """Whether it was running when this term took it over (stored past its first state,
+        or failing, and not restarted by an operator): flow control counts it as running,
+        and never makes it wait."""
+        if self.restarted:
+            return False
         return self.step > 1 or self.meta.state.kind is not ProcedureStateKind.RUNNING
 
     def take_slot_if_started(self) -> None:
@@ -420,6 +430,8 @@ class Runner:
         """Wait for flow control (`Procedure.concurrency()`, `rate_limit`); False if the
         procedure failed instead (an operator's request came first: it had not started)."""
         admission = admission_of(self.procedure, self.meta.type_name)
+        if self.restarted:
+            admission = replace(admission, rate=None)  # no first start: the rate counts those
         if not admission.limited:
             return True
         started = self._has_started()

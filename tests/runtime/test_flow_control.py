@@ -222,3 +222,41 @@ def test_a_procedure_waiting_to_start_says_why_in_its_activity() -> None:
             assert activity.reason == "waiting for a concurrency slot of 'cluster/c1' (1 running, limit 1)"
 
     run_simulated(main())
+
+
+class Flaky(Migration):
+    """A `Migration` whose second step fails while `OUTAGE` holds (it retries nothing)."""
+
+    type_name = "test::FlakyMigration"
+    OUTAGE: ClassVar[list[bool]] = [True]
+
+    async def execute(self, ctx: Context) -> Status:
+        if not self.state.get("prepared"):
+            self.state["prepared"] = True
+            return Status.executing()
+        if self.OUTAGE[0]:
+            raise RuntimeError("datanode down")
+        return await super().execute(ctx)
+
+
+def test_a_procedure_resumed_after_it_failed_waits_for_a_slot() -> None:
+    # It held no slot once it failed: an operator's resume makes it a new contender, not
+    # one that was running before a restart (which takes its slot at once).
+    async def main() -> None:
+        async with manager_for("memory://flow-resumed/", Flaky, keep_failed=True) as manager:
+            failed = [await manager.submit(ProcedureWithId.new(Flaky({"key": "k", "limit": 1}))) for _ in range(4)]
+            for watcher in failed:
+                with pytest.raises(ProcedureFailed):
+                    await watcher.wait()
+            Flaky.OUTAGE[0] = False
+            resumed = [await manager.resume(w.procedure_id) for w in failed]
+            await asyncio.sleep(1)
+            waiting = [i.waiting for i in manager.list_procedures() if i.waiting and "concurrency slot" in i.waiting]
+            assert len(waiting) == 3
+            await asyncio.gather(*(w.wait() for w in resumed))
+            assert PEAK == {"k": 1}
+
+    try:
+        run_simulated(main())
+    finally:
+        Flaky.OUTAGE[0] = True
