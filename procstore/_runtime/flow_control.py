@@ -5,9 +5,10 @@ before its first step (before its locks, so a procedure waiting here holds none)
 waits, its metadata says why (`ProcedureInfo.waiting`). Among the waiters of one key (or
 one type), the highest `priority()` goes first, then the earliest.
 
-A procedure resumed past its first step by a restart or a takeover was running already
-(one an operator resumes or rewinds after it ended was not, and waits as a new one does): it takes its slot at once, even above the limit, and counts against it until it
-ends; it is no new start for the rate. The rate counts the starts this term admitted.
+A procedure resumed past its first step by a restart or a takeover was running already:
+it takes its slot at once, even above the limit, and counts against it until it ends; it
+is no new start for the rate. One an operator resumes or rewinds after it ended held no
+slot, and waits for one as a new procedure does. The rate counts the starts this term admitted.
 """
 
 from __future__ import annotations

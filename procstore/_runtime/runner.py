@@ -63,6 +63,7 @@ from procstore.store.keys import KeyType
 from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
 from procstore.store.requests import OperatorRequested
 from procstore.store.signals import Signal
+from procstore.wake_time import clamped_wake_at
 
 if TYPE_CHECKING:
     from procstore._runtime.context import ManagerContext
@@ -677,7 +678,7 @@ class Runner:
             return StepWait(consumed=consumed) if consumed else NO_WAIT
         wake_at = status.wake_at
         if wake_at is None and status.delay is not None:
-            wake_at = wall_clock() + status.delay
+            wake_at = clamped_wake_at(wall_clock() + status.delay)
         return StepWait(wake_at, status.signal, self._consuming + self._skip_signals)
 
     async def _delete_consumed(self) -> None:
