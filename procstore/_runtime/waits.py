@@ -27,6 +27,9 @@ from typing import Any
 from procstore._runtime.flow_control import FlowControl
 from procstore.ids import ProcedureId
 
+_HEAP_SLACK = 64
+"""Stale heap items kept before a rebuild beyond one per live item: each costs a tuple, not a procedure."""
+
 Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
 
 
@@ -60,9 +63,13 @@ class Waits:
         self.flow = FlowControl()
         """Concurrency slots and rate limits: what a procedure waits for before its first step."""
         self._parked: dict[ProcedureId, _Parked] = {}
-        # Invariant: every entry of `_parked` with a wake-up time has one heap item; an item
-        # whose entry is no longer the one parked (woken early) is skipped when popped.
-        self._heap: list[tuple[float, int, ProcedureId, _Parked]] = []
+        # Invariant: every entry of `_parked` with a wake-up time has a heap item of that time.
+        # An item names the procedure only, never its entry: the entry of one woken early
+        # (signalled, cancelled) holds its runner, and with it the procedure's state, which
+        # must go when it ends, not when its timeout would have passed. An item whose time
+        # is not its procedure's (woken early, or parked again) is skipped when popped, and
+        # the heap is rebuilt once such items outnumber the live ones.
+        self._heap: list[tuple[float, int, ProcedureId]] = []
         self._counter = itertools.count()
         self._changed: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -81,11 +88,11 @@ class Waits:
     ) -> None:
         """Hold the procedure until `wake_at` (epoch seconds; None: no timer) or until `wake`;
         `resume` is called once, then, to run it again."""
-        entry = self._parked[procedure_id] = _Parked(wake_at, signal, resume)
+        self._parked[procedure_id] = _Parked(wake_at, signal, resume)
         if wake_at is None:
             return
         earliest = self._heap[0][0] if self._heap else None
-        heapq.heappush(self._heap, (wake_at, next(self._counter), procedure_id, entry))
+        heapq.heappush(self._heap, (wake_at, next(self._counter), procedure_id))
         if self._task is None:
             self._changed = asyncio.Event()
             # In a context of its own, not the first sleeper's: it wakes every procedure.
@@ -99,8 +106,19 @@ class Waits:
         entry = self._parked.pop(procedure_id, None)
         if entry is None:
             return False
+        if len(self._heap) > 2 * len(self._parked) + _HEAP_SLACK:
+            self._drop_stale_items()
         entry.resume()
         return True
+
+    def _drop_stale_items(self) -> None:
+        """Rebuild the heap from the parked entries (in place: the timer task holds it)."""
+        self._heap[:] = [
+            (entry.wake_at, next(self._counter), pid)
+            for pid, entry in self._parked.items()
+            if entry.wake_at is not None
+        ]
+        heapq.heapify(self._heap)
 
     def begin_reading(self, procedure_id: ProcedureId) -> None:
         """The procedure is about to read its signals, and then to park if none is the one it waits for."""
@@ -127,8 +145,9 @@ class Waits:
         while True:
             now = wall_clock()
             while heap and heap[0][0] <= now:
-                _, _, pid, entry = heapq.heappop(heap)
-                if self._parked.get(pid) is entry:
+                _, _, pid = heapq.heappop(heap)
+                entry = self._parked.get(pid)
+                if entry is not None and entry.wake_at is not None and entry.wake_at <= now:
                     del self._parked[pid]
                     entry.resume()
             changed = self._changed

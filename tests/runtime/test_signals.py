@@ -7,7 +7,9 @@ test waits."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -313,3 +315,32 @@ def test_a_signal_sent_while_the_waiter_reads_its_signals_wakes_it_at_once() -> 
             return asyncio.get_running_loop().time()
 
     assert run_simulated(main()) < 100
+
+
+def test_a_signalled_wait_with_a_long_timeout_leaves_nothing_of_the_procedure_behind() -> None:
+    # Its timer's heap item outlives the wait until the timeout: it must not hold the procedure.
+    alive: list[weakref.ref[Waiter]] = []
+
+    class Tracked(Waiter):
+        type_name = "test::TrackedWaiter"
+
+        def __init__(self, state: dict[str, Any]) -> None:
+            super().__init__(state)
+            alive.append(weakref.ref(self))
+
+    async def main() -> None:
+        async with manager_for("memory://signals-forgotten/", Tracked) as manager:
+            procedures = [ProcedureWithId.new(Tracked({"timeout": 7 * 86400})) for _ in range(100)]
+            watchers = [await manager.submit(p) for p in procedures]
+            await asyncio.sleep(1)
+            for procedure in procedures:
+                await manager.signal(procedure.id, "go")
+            for watcher in watchers:
+                await watcher.wait()
+            del procedures, watchers, watcher
+            await asyncio.sleep(3600)
+            gc.collect()
+            # Of 100: a context's log scope may still name the last ones to run (as without a timeout).
+            assert sum(ref() is not None for ref in alive) <= 2
+
+    run_simulated(main())
