@@ -8,9 +8,10 @@ sleepers cost their records and no task each. One scheduler task sleeps until th
 wake-up time, by the manager's clock (`wall_clock`), and restarts the runners that are due.
 
 What else wakes a parked procedure at once (`Waits.wake`): an operator's cancel or fail (its
-runner then fails it at its next attempt), and a signal for it found by `signal()` here or by
-the watch of `requests/` (its runner then reads its signals and parks again if none is the
-one it waits for). Recovery and a takeover read the stored time, so the wait counts from
+runner then fails it at its next attempt), and a signal of the name it waits for sent by
+`signal()` here, or one found by the watch of `requests/` that it has not read yet (its
+runner then reads it, and parks again if it is of another name: a signal of another name
+it has read never wakes it again). Recovery and a takeover read the stored time, so the wait counts from
 when it began, not from the restart.
 """
 
@@ -21,7 +22,7 @@ import contextvars
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any
 
 from procstore._runtime.flow_control import FlowControl
@@ -43,14 +44,18 @@ def wall_clock() -> float:
 
 
 class _Parked:
-    """One parked procedure: when it wakes by itself, what it waits for, how to resume it."""
+    """One parked procedure: when it wakes by itself, what it waits for, how to resume it,
+    and which of its stored signals are not the one it waits for."""
 
-    __slots__ = ("resume", "signal", "wake_at")
+    __slots__ = ("not_for_it", "resume", "signal", "wake_at")
 
-    def __init__(self, wake_at: float | None, signal: str | None, resume: Callable[[], None]) -> None:
+    def __init__(
+        self, wake_at: float | None, signal: str | None, resume: Callable[[], None], not_for_it: frozenset[str]
+    ) -> None:
         self.wake_at = wake_at
         self.signal = signal
         self.resume = resume
+        self.not_for_it = not_for_it
 
 
 class Waits:
@@ -84,11 +89,18 @@ class Waits:
         return procedure_id in self._parked
 
     def park(
-        self, procedure_id: ProcedureId, wake_at: float | None, signal: str | None, resume: Callable[[], None]
+        self,
+        procedure_id: ProcedureId,
+        wake_at: float | None,
+        signal: str | None,
+        resume: Callable[[], None],
+        not_for_it: frozenset[str] = frozenset(),
     ) -> None:
         """Hold the procedure until `wake_at` (epoch seconds; None: no timer) or until `wake`;
-        `resume` is called once, then, to run it again."""
-        self._parked[procedure_id] = _Parked(wake_at, signal, resume)
+        `resume` is called once, then, to run it again. `not_for_it`: the keys of its stored
+        signals that it read and that are not `signal`'s (or were consumed): a listing that
+        shows only those does not wake it."""
+        self._parked[procedure_id] = _Parked(wake_at, signal, resume, not_for_it)
         if wake_at is None:
             return
         earliest = self._heap[0][0] if self._heap else None
@@ -128,17 +140,24 @@ class Waits:
         """Its read is over; whether a signal was sent to it meanwhile (read again before parking)."""
         return self._reading.pop(procedure_id, False)
 
-    def signalled(self, procedure_id: ProcedureId) -> None:
-        """A signal for the procedure was stored: wake it if it is parked waiting for one, or
-        tell its read under way to read again."""
+    def signalled(self, procedure_id: ProcedureId, name: str) -> None:
+        """A signal `name` for the procedure was stored: wake it if it is parked waiting for
+        that name, or tell its read under way to read again."""
         if procedure_id in self._reading:
             self._reading[procedure_id] = True
-        elif (entry := self._parked.get(procedure_id)) is not None and entry.signal:
+        elif (entry := self._parked.get(procedure_id)) is not None and entry.signal == name:
             self.wake(procedure_id)
 
-    def waiting_for_signals(self, procedure_ids: Iterable[ProcedureId]) -> list[ProcedureId]:
-        """Those of `procedure_ids` parked here waiting for a signal."""
-        return [pid for pid in procedure_ids if (entry := self._parked.get(pid)) is not None and entry.signal]
+    def waiting_for_signals(self, listed: Mapping[ProcedureId, Collection[str]]) -> list[ProcedureId]:
+        """The procedures parked here waiting for a signal, whose signal keys `listed` include
+        one they have not read (it may be the one they wait for)."""
+        return [
+            pid
+            for pid, keys in listed.items()
+            if (entry := self._parked.get(pid)) is not None
+            and entry.signal
+            and any(key not in entry.not_for_it for key in keys)
+        ]
 
     async def _wake_on_time(self) -> None:
         heap = self._heap
