@@ -119,6 +119,10 @@ class SignalStore:
         if keys:
             await self.store.batch_delete(list(keys))
 
+    async def delete_all(self, procedure_id: ProcedureId) -> None:
+        """Delete every signal of a procedure that has ended (none can be delivered any more)."""
+        await self.delete(await self.keys(procedure_id))
+
 
 async def send_signal(store: ProcedureStore, procedure_id: ProcedureId, name: str, payload: object = None) -> str:
     """Store a signal for a stored procedure that has not ended; returns its key. What any
