@@ -17,7 +17,7 @@ import asyncio
 import bisect
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from procstore.flow import Concurrency, RateLimit
@@ -156,8 +156,34 @@ class FlowControl:
         concurrency = queue[0].admission.concurrency
         assert concurrency is not None
         free = max(concurrency.limit - len(self._holders.get(key, ())), 1)
-        for waiter in queue[:free]:
+        # Those its type's rate holds back wake by their own timer, and let the next start.
+        for waiter in itertools.islice(self._startable(queue), free):
             waiter.woken.set()
+
+    def _startable(self, queue: list[_Waiter]) -> Iterator[_Waiter]:
+        """The waiters of a key's queue, in order, but those whose type's rate allows no start now."""
+        return (waiter for waiter in queue if not self._rate_full(waiter.admission))
+
+    def _startable_ahead(self, queue: list[_Waiter], waiter: _Waiter, enough: int) -> int:
+        """How many of those ahead of `waiter` in a key's queue could start now (counted up to `enough`)."""
+        count = 0
+        for other in queue:
+            if other is waiter or count >= enough:
+                break
+            count += not self._rate_full(other.admission)
+        return count
+
+    def _rate_full(self, admission: Admission) -> bool:
+        rate = admission.rate
+        return rate is not None and len(self._recent_starts(admission.type_name, rate)) >= rate.starts
+
+    def _recent_starts(self, type_name: str, rate: RateLimit) -> deque[float]:
+        """The loop times of the starts of `type_name` in the last `rate.per` seconds."""
+        now = asyncio.get_running_loop().time()
+        window = self._starts.setdefault(type_name, deque())
+        while window and window[0] <= now - rate.per:
+            window.popleft()
+        return window
 
     def _blocked(self, waiter: _Waiter) -> tuple[str | None, float | None]:
         """Why `waiter` cannot start now (None: it can), and in how many seconds the rate
@@ -171,14 +197,15 @@ class FlowControl:
                     f"({running} running, limit {concurrency.limit})",
                     None,
                 )
-            ahead = bisect.bisect_left(self._by_key[concurrency.key], waiter.order, key=_order)
-            if running + ahead >= concurrency.limit:
+            # Only those ahead that could start now count: one its type's rate holds back
+            # does not keep a free slot idle.
+            free = concurrency.limit - running
+            ahead = self._startable_ahead(self._by_key[concurrency.key], waiter, free)
+            if ahead >= free:
                 return f"waiting behind {ahead} procedures of higher priority for {concurrency.key!r}", None
         if (rate := admission.rate) is not None:
             now = asyncio.get_running_loop().time()
-            window = self._starts.setdefault(admission.type_name, deque())
-            while window and window[0] <= now - rate.per:
-                window.popleft()
+            window = self._recent_starts(admission.type_name, rate)
             if len(window) >= rate.starts:
                 return (
                     f"waiting for the rate limit of {admission.type_name!r} ({rate.starts} starts per {rate.per:g}s)",

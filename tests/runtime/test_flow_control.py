@@ -260,3 +260,44 @@ def test_a_procedure_resumed_after_it_failed_waits_for_a_slot() -> None:
         run_simulated(main())
     finally:
         Flaky.OUTAGE[0] = True
+
+
+class RatedOnKey(Create):
+    """A `Create` of at most one start an hour, under concurrency key "k" (limit 1), first in line."""
+
+    type_name = "test::RatedOnKey"
+    rate_limit: ClassVar[RateLimit | None] = RateLimit(starts=1, per=3600)
+
+    def concurrency(self) -> Concurrency | None:
+        return Concurrency("k", 1)
+
+    def priority(self) -> int:
+        return 10
+
+    async def execute(self, ctx: Context) -> Status:
+        if self.state.pop("nap", False):
+            return Status.sleep(10)  # holding its slot
+        return await super().execute(ctx)
+
+
+class UnratedOnKey(RatedOnKey):
+    type_name = "test::UnratedOnKey"
+    rate_limit: ClassVar[RateLimit | None] = None
+
+    def priority(self) -> int:
+        return 0
+
+
+def test_a_waiter_held_back_by_its_rate_leaves_a_free_slot_to_the_next() -> None:
+    async def main() -> None:
+        async with manager_for("memory://flow-rate-head/", RatedOnKey, UnratedOnKey) as manager:
+            await (await manager.submit(ProcedureWithId.new(RatedOnKey({"name": "a1"})))).wait()
+            await manager.submit(ProcedureWithId.new(RatedOnKey({"name": "a2"})))  # waits an hour for its rate
+            await asyncio.sleep(1)
+            # b takes the free slot at once; c waits for it, and b's release wakes c, not a2.
+            b, c = [await manager.submit(ProcedureWithId.new(UnratedOnKey({"name": n, "nap": True}))) for n in "bc"]
+            await asyncio.gather(b.wait(), c.wait())
+            assert asyncio.get_running_loop().time() < 30
+            assert [name for name, _ in STARTED] == ["a1", "b", "c"]
+
+    run_simulated(main())
