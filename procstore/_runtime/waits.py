@@ -27,6 +27,7 @@ from typing import Any
 
 from procstore._runtime.flow_control import FlowControl
 from procstore.ids import ProcedureId
+from procstore.store.rate_starts import RateStartsStore
 
 _HEAP_SLACK = 64
 """Stale heap items kept before a rebuild beyond one per live item: each costs a tuple, not a procedure."""
@@ -63,9 +64,9 @@ class Waits:
 
     __slots__ = ("_changed", "_counter", "_heap", "_parked", "_reading", "_spawn", "_task", "flow")
 
-    def __init__(self, spawn: Spawn) -> None:
+    def __init__(self, spawn: Spawn, rate_starts: RateStartsStore) -> None:
         self._spawn = spawn
-        self.flow = FlowControl()
+        self.flow = FlowControl(rate_starts, wall_clock)
         """Concurrency slots and rate limits: what a procedure waits for before its first step."""
         self._parked: dict[ProcedureId, _Parked] = {}
         # Invariant: every entry of `_parked` with a wake-up time has a heap item of that time.

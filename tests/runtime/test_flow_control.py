@@ -14,6 +14,7 @@ import pytest
 from procstore import (
     Concurrency,
     Context,
+    Lease,
     Procedure,
     ProcedureFailed,
     ProcedureWithId,
@@ -21,7 +22,7 @@ from procstore import (
     Status,
 )
 from procstore.store.activity import ActivityStore
-from procstore.testing import run_simulated
+from procstore.testing import kill_manager, run_simulated
 from tests.support import StoreTarget, manager_for, store_targets
 
 RUNNING: set[str] = set()
@@ -299,5 +300,51 @@ def test_a_waiter_held_back_by_its_rate_leaves_a_free_slot_to_the_next() -> None
             await asyncio.gather(b.wait(), c.wait())
             assert asyncio.get_running_loop().time() < 30
             assert [name for name, _ in STARTED] == ["a1", "b", "c"]
+
+    run_simulated(main())
+
+
+class Hourly(Create):
+    type_name = "test::HourlyCreate"
+    rate_limit: ClassVar[RateLimit | None] = RateLimit(starts=2, per=3600)
+
+
+def test_the_rate_holds_after_a_restart(real_store: StoreTarget) -> None:
+    # The starts of the type are stored: the next manager goes on counting them.
+    async def main() -> None:
+        creates = [ProcedureWithId.new(Hourly({"name": str(i)})) for i in range(4)]
+        async with manager_for(real_store, Hourly) as first:
+            for procedure in creates:
+                await first.submit(procedure)
+            await asyncio.sleep(0.3)
+        async with manager_for(real_store, Hourly) as second:
+            await asyncio.sleep(0.3)
+            waiting = [i.waiting for i in second.list_procedures() if i.waiting]
+            assert len(STARTED) == 2 and len(waiting) == 2, (STARTED, waiting)
+            assert "rate limit of 'test::HourlyCreate'" in (waiting[0] or "")
+            for procedure in creates[2:]:
+                await second.cancel(procedure.id, "done")
+
+    asyncio.run(main())
+
+
+def test_the_rate_holds_after_a_takeover() -> None:
+    async def main() -> None:
+        url = "memory://flow-rate-takeover/"
+        creates = [ProcedureWithId.new(Hourly({"name": str(i)})) for i in range(4)]
+        first = manager_for(url, Hourly, lease=Lease(ttl=10.0, holder="first"))
+        await first.start()
+        await first.wait_until_leading()
+        for procedure in creates:
+            await first.submit(procedure)
+        await asyncio.sleep(60)
+        await kill_manager(first)
+        async with manager_for(url, Hourly, lease=Lease(ttl=10.0, holder="second")) as second:
+            await second.wait_until_leading()
+            watchers = [second.procedure_watcher(p.id) for p in creates[2:]]
+            await asyncio.gather(*(w.wait() for w in watchers if w is not None))
+        await first.stop()
+        starts = [at for _, at in STARTED]
+        assert len(starts) == 4 and starts[2] - starts[0] >= 3600, starts
 
     run_simulated(main())
