@@ -4,6 +4,8 @@ The public surface is re-exported here; see `api.md` for the contract.
 """
 
 from procstore import _public
+from procstore._client.client import Client
+from procstore._client.status import ProcedureStatus
 from procstore._runtime.lease import Lease
 from procstore._runtime.lease_clock import LeaseClock
 from procstore._runtime.manager import ProcedureManager
@@ -24,8 +26,12 @@ from procstore.errors import (
     ManagerNotStarted,
     ManagerStopped,
     NotLeader,
+    OperationRefused,
     ProcedureError,
     ProcedureFailed,
+    ProcedureNotEnded,
+    ProcedureNotFound,
+    ResultNotKept,
     RetryLater,
     SettingFrozen,
     StoreError,
@@ -38,12 +44,14 @@ from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, LockMode, StringKey
 from procstore.procedure import Context, ContextProvider, Procedure, ProcedureWithId, Status, StatusKind
 from procstore.state import ProcedureInfo, ProcedureState, ProcedureStateKind
-from procstore.store.history import History, HistoryRecord
+from procstore.store.history import Action, History, HistoryRecord
 from procstore.store.procedure_store import LoadProblem
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Action",
+    "Client",
     "Concurrency",
     "Context",
     "ContextProvider",
@@ -67,16 +75,21 @@ __all__ = [
     "ManagerNotStarted",
     "ManagerStopped",
     "NotLeader",
+    "OperationRefused",
     "Procedure",
     "ProcedureError",
     "ProcedureFailed",
     "ProcedureId",
     "ProcedureInfo",
     "ProcedureManager",
+    "ProcedureNotEnded",
+    "ProcedureNotFound",
     "ProcedureState",
     "ProcedureStateKind",
+    "ProcedureStatus",
     "ProcedureWithId",
     "RateLimit",
+    "ResultNotKept",
     "RetryBudget",
     "RetryLater",
     "Status",

@@ -310,6 +310,42 @@ class NotLeader(ProcedureError):
         super().__init__(f"{holder} is a standby and does not accept submissions: {what_to_do}")
 
 
+class ProcedureNotFound(ProcedureError, LookupError):
+    """`Client` asked about an id the store holds neither as keys nor in its history: never
+    submitted, or ended and its history record swept since (see `History`)."""
+
+    def __init__(self, procedure_id: ProcedureId | str) -> None:
+        self.procedure_id = procedure_id
+        super().__init__(
+            f"no procedure {procedure_id} in this store: never submitted, or it ended longer ago than history keeps"
+        )
+
+
+class ProcedureNotEnded(ProcedureError):
+    """`Client.result()` of a procedure that has not ended yet: `Client.wait()` waits for it."""
+
+    def __init__(self, procedure_id: ProcedureId | str, status: str) -> None:
+        self.procedure_id = procedure_id
+        self.status = status
+        super().__init__(f"procedure {procedure_id} has not ended ({status}): Client.wait() waits for its result")
+
+
+class ResultNotKept(ProcedureError):
+    """`Client.result()` of a procedure that ended `done` but whose output history could
+    not keep: larger than the limit, or not JSON-serialisable (`reason` says which)."""
+
+    def __init__(self, procedure_id: ProcedureId | str, reason: str) -> None:
+        self.procedure_id = procedure_id
+        self.reason = reason
+        super().__init__(f"procedure {procedure_id} ended done, but its output was not kept: {reason}")
+
+
+class OperationRefused(ProcedureError):
+    """An operator's `cancel`, `fail`, `resume` or `rewind` (through `Client` or the CLI)
+    that cannot be done now: the message says why and what to do instead. Nothing was
+    written."""
+
+
 class LoadFailed(ProcedureError):
     """A stored procedure could not be rebuilt; `problem` says where and what to do."""
 

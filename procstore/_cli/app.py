@@ -9,6 +9,7 @@ import click
 
 from procstore._cli.common import DECLINED, ExitCode, quiet_closed_pipe
 from procstore._cli.demo import demo
+from procstore._cli.history import history
 from procstore._cli.lease import lease
 from procstore._cli.listing import ls, tree
 from procstore._cli.maintenance import cancel, delete, fail, gc
@@ -26,7 +27,25 @@ def cli() -> None:
     """Crash-safe multi-step procedures on any fsspec store."""
 
 
-for command in (ls, show, tree, watch, lease, gc, fail, cancel, signal, resume, rewind, delete, export, serve, demo):
+COMMANDS = (
+    ls,
+    show,
+    history,
+    tree,
+    watch,
+    lease,
+    gc,
+    fail,
+    cancel,
+    signal,
+    resume,
+    rewind,
+    delete,
+    export,
+    serve,
+    demo,
+)
+for command in COMMANDS:
     cli.add_command(command)
 
 

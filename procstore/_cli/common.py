@@ -4,12 +4,13 @@ first, exit codes, one-line errors, and resolving a procedure id."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import functools
 import os
 import re
 import sys
-from collections.abc import Awaitable, Callable, Collection, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterator
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import click
@@ -17,7 +18,7 @@ import orjson
 
 from procstore._cli.output import FORMATS
 from procstore._text import TEXT_LIMIT, bounded, terminal_text
-from procstore.errors import StoreError
+from procstore.errors import OperationRefused, ProcedureNotFound, StoreError
 from procstore.ids import ProcedureId
 from procstore.store import open_state_store
 from procstore.store.keys import KeysByProcedure
@@ -62,22 +63,55 @@ class CommandError(click.ClickException):
         setattr(self, "exit_code", int(code))  # noqa: B010
 
 
+@contextlib.contextmanager
+def refused() -> Iterator[None]:
+    """An operation the store refuses (`OperationRefused`, `ProcedureNotFound`) becomes
+    the command's one-line error and exit code (6, 4)."""
+    try:
+        yield
+    except ProcedureNotFound as e:
+        raise CommandError(str(e), ExitCode.NOT_FOUND) from e
+    except OperationRefused as e:
+        raise CommandError(str(e), ExitCode.REFUSED) from e
+
+
+def storage_option_flags(fn: Callable[..., T]) -> Callable[..., T]:
+    """`-s/--storage-option KEY=VALUE` and `-o`, passed on together as `storage_options`:
+    `-o FORMAT` is an output format (`procstore._cli.output`), and `-o KEY=VALUE`, the
+    storage options' flag of earlier releases, still works for one release, with a warning."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, storage_option: tuple[str, ...], dash_o: tuple[str, ...], **kwargs: Any) -> T:
+        if any("=" in value for value in dash_o):
+            click.echo("warning: `-o KEY=VALUE` is deprecated for storage options: use `-s KEY=VALUE`", err=True)
+        return fn(*args, storage_options=(*storage_option, *dash_o), **kwargs)
+
+    wrapper = click.option(
+        "-o",
+        "dash_o",
+        multiple=True,
+        metavar="FORMAT",
+        help="Output format, as --output (`-o json`); KEY=VALUE here is a storage option (deprecated: use -s).",
+    )(wrapper)
+    return click.option(
+        "-s",
+        "--storage-option",
+        "storage_option",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="fsspec storage option, repeatable (`-s endpoint_url=http://...`); values are JSON if they parse. "
+        "For S3, AWS_ENDPOINT_URL (and the other AWS_* variables) work too.",
+    )(wrapper)
+
+
 def store_options(fn: Callable[P, T]) -> Callable[P, T]:
-    """The URL argument, `-o/--storage-option k=v` and `--parent-path`."""
+    """The URL argument, `-s/--storage-option k=v`, `-o FORMAT` and `--parent-path`."""
     fn = click.option(
         "--parent-path",
         default="",
         help="Folder inside the store that holds `procedure/` (the manager's parent_path).",
     )(fn)
-    fn = click.option(
-        "-o",
-        "--storage-option",
-        "storage_options",
-        multiple=True,
-        metavar="KEY=VALUE",
-        help="fsspec storage option, repeatable (`-o endpoint_url=http://...`); values are JSON if they parse.",
-    )(fn)
-    return click.argument("url")(fn)
+    return click.argument("url")(storage_option_flags(fn))
 
 
 def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -88,8 +122,8 @@ def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
             continue  # `-o json`: an output format (procstore._cli.output), not a storage option
         if not sep or not key:
             raise click.BadParameter(
-                f"expected KEY=VALUE or an output format ({', '.join(FORMATS)}), got {pair!r}",
-                param_hint="'-o' / '--storage-option'",
+                f"expected KEY=VALUE (a storage option) or an output format ({', '.join(FORMATS)}), got {pair!r}",
+                param_hint="'-s' / '--storage-option'",
             )
         try:
             options[key] = orjson.loads(value)
@@ -136,6 +170,20 @@ def run_command(main: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]
     return wrapper
 
 
+def interrupt_ends(command: Callable[P, T | None]) -> Callable[P, T | None]:
+    """For a command that runs until Ctrl-C (`watch`): Ctrl-C ends it as it should, exit
+    code 0, rather than as an interrupted prompt (`declined`, exit 6)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T | None:
+        try:
+            return command(*args, **kwargs)
+        except KeyboardInterrupt:
+            return None
+
+    return wrapper
+
+
 async def closing(store: ProcedureStore, body: Awaitable[T]) -> T:
     """Await `body`, then close the store whatever happened."""
     try:
@@ -159,7 +207,13 @@ def resolve_id(known: Collection[ProcedureId], text: str, unlisted: Collection[P
     try:
         pid = ProcedureId.parse(text)
     except ValueError:
-        matches = [p for p in known if str(p).startswith(text.lower())] if len(text) >= 4 else []
+        matches = [p for p in known if str(p).startswith(text.lower())]
+        if matches and len(text) < 4:
+            raise CommandError(
+                f"{text!r} is too short to name a procedure: give at least 4 characters of its id "
+                f"({plural_matches(len(matches))} start with it)",
+                ExitCode.NOT_FOUND,
+            ) from None
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
@@ -173,6 +227,10 @@ def resolve_id(known: Collection[ProcedureId], text: str, unlisted: Collection[P
     if pid not in known:
         raise CommandError(f"no procedure {pid} in this store (`procstore ls URL` lists them)", ExitCode.NOT_FOUND)
     return pid
+
+
+def plural_matches(count: int) -> str:
+    return "one procedure's id does" if count == 1 else f"{count} procedures' ids"
 
 
 def _same_id(pid: ProcedureId, text: str) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from procstore._cli.common import parse_storage_options
+from procstore._cli.common import parse_storage_options, storage_option_flags
 
 
 @click.command()
@@ -22,14 +22,7 @@ from procstore._cli.common import parse_storage_options
               help="Tables to create and regions to migrate.")  # fmt: skip
 @click.option("--crashes", type=click.IntRange(0, 50), default=4, show_default=True, help="Kills to inject.")
 @click.option("--verbose", "-v", is_flag=True, help="Show procstore's log (retries, failures, recovery).")
-@click.option(
-    "-o",
-    "--storage-option",
-    "storage_options",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="fsspec storage option for --store, repeatable (`-o endpoint_url=http://...`); values are JSON if they parse.",
-)
+@storage_option_flags
 def demo(
     store_url: str | None, seed: int | None, size: int, crashes: int, verbose: bool, storage_options: tuple[str, ...]
 ) -> None:

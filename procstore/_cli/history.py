@@ -6,30 +6,47 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
 import click
 import msgspec
+import orjson
 from rich import box
 from rich.console import RenderableType
 from rich.table import Table
 
-from procstore._cli.common import CommandError, ExitCode
+from procstore._cli.common import (
+    CommandError,
+    ExitCode,
+    closing,
+    open_existing_store,
+    parse_age,
+    plural_matches,
+    run_command,
+    store_options,
+)
 from procstore._cli.output import (
     Format,
     TimeFormat,
+    chosen_format,
     emit,
+    nested,
     output_console,
+    output_options,
     plural,
     short_ids,
     stored,
     table_time,
+    time_option,
 )
 from procstore.ids import ProcedureId
-from procstore.store.history import HistoryRecord, HistoryStore
+from procstore.store.history import Action, HistoryRecord, HistoryStore, Outcome
 from procstore.store.procedure_store import ProcedureStore
 
-_FIELDS = ("id", "type_name", "outcome", "steps", "retries", "parent_id", "started_at", "ended_at", "error")
+_FIELDS = (
+    "id", "type_name", "outcome", "run", "steps", "retries", "parent_id", "started_at", "ended_at", "error",
+    "started", "ended_by", "output", "output_not_kept",
+)  # fmt: skip
 
 
 def history_of(store: ProcedureStore) -> HistoryStore:
@@ -52,13 +69,17 @@ class HistoryListing:
     wide: bool = False
     headers: bool = True
     time_format: TimeFormat = "relative"
+    id_prefix: str | None = None
+    outcomes: frozenset[str] = frozenset()
 
     def select(self, records: list[HistoryRecord], now: float) -> list[HistoryRecord]:
-        """Filtered by type and end time, sorted, reversed and cut as `ls` does."""
+        """Filtered by id, type, outcome and end time, sorted, reversed and cut as `ls` does."""
         chosen = [
             r
             for r in records
             if (self.type_name is None or r.type_name == self.type_name)
+            and (self.id_prefix is None or r.id.startswith(self.id_prefix.lower()))
+            and (not self.outcomes or r.outcome in self.outcomes)
             and (self.older_than is None or now - _ended(r) >= self.older_than)
             and (self.newer_than is None or now - _ended(r) <= self.newer_than)
         ]
@@ -124,14 +145,39 @@ async def print_history(store: ProcedureStore, fmt: Format, listing: HistoryList
         summary = [f"{plural(len(records), 'ended procedure')} in the history"] if listing.headers else []
         return [out, *summary]
 
-    emit(fmt, {"history": [msgspec.to_builtins(r) for r in records]}, table, rows="history", wide=listing.wide)
+    emit(fmt, {"history": [record_json(r) for r in records]}, table, rows="history", wide=listing.wide)
+
+
+def record_json(record: HistoryRecord) -> dict[str, Any]:
+    """A history record as data, its `output` nested as JSON (as `show` nests `data`)."""
+    document: dict[str, Any] = msgspec.to_builtins(record)
+    document["output"] = None if record.output is None else nested(record.output)
+    return document
+
+
+def action_text(action: Action | None) -> str:
+    """`resume by ops@host at 2026-…: why` for an `Action` (how a run started, or the request that ended it)."""
+    if action is None:
+        return ""
+    parts = [action.kind + (f" to step {action.to_step}" if action.to_step is not None else "")]
+    if action.by:
+        parts.append(f"by {action.by}")
+    if action.at:
+        parts.append(f"at {action.at}")
+    return " ".join(parts) + (f": {action.reason}" if action.reason else "")
 
 
 async def show_ended(store: ProcedureStore, text: str, as_json: bool) -> None:
     """The newest record of an id no longer in the store (the full id, or a unique prefix)."""
     history = history_of(store)
     ids = await history.recorded_ids()
-    matches = sorted(i for i in ids if i.startswith(text.lower())) if len(text) >= 4 else []
+    matches = sorted(i for i in ids if i.startswith(text.lower()))
+    if matches and len(text) < 4:
+        raise CommandError(
+            f"{text!r} is too short to name a procedure: give at least 4 characters of its id "
+            f"({plural_matches(len(matches))} in the history start with it)",
+            ExitCode.NOT_FOUND,
+        )
     if len(matches) != 1:
         found = "matches several ended procedures" if matches else "is neither in the store nor in its history"
         raise CommandError(f"{text!r} {found} (`procstore ls URL --history` lists them)", ExitCode.NOT_FOUND)
@@ -139,9 +185,76 @@ async def show_ended(store: ProcedureStore, text: str, as_json: bool) -> None:
     if record is None:
         raise CommandError(f"the history record of {matches[0]} cannot be read", ExitCode.UNREADABLE)
     if as_json:
-        click.echo(msgspec.json.encode(record).decode())
+        click.echo(orjson.dumps(record_json(record)).decode())
         return
     console = output_console()
     console.print(f"[bold]{stored(record.id)}[/] ended: its keys are gone, this is its history record")
     for name in _FIELDS[1:]:
-        console.print(f"  {name:<11} {stored(getattr(record, name))}")
+        value = getattr(record, name)
+        if name in ("started", "ended_by"):
+            value = action_text(value)
+        if value is not None and value != "":
+            console.print(f"  {name:<15} {stored(value)}")
+
+
+@click.command("history")
+@store_options
+@click.option("--id", "id_prefix", help="Only the runs of this procedure (its id, or a prefix of it).")
+@click.option("--type", "type_name", help="Only procedures of this type_name.")
+@click.option(
+    "--outcome",
+    "outcomes",
+    multiple=True,
+    type=click.Choice(get_args(Outcome)),
+    help="Only these outcomes (repeatable).",
+)
+@click.option("--older-than", callback=lambda _c, _p, v: parse_age(v) if v else None, help="Ended longer ago (7d).")
+@click.option("--newer-than", callback=lambda _c, _p, v: parse_age(v) if v else None, help="Ended more recently.")
+@click.option("--sort", type=click.Choice(sorted(_SORT_KEYS)), default="time", show_default=True, help="Order rows by.")
+@click.option("--reverse", is_flag=True, help="Reverse the order.")
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="At most this many rows (after sorting).")
+@click.option("--wide", is_flag=True, help="Full ids and every detail, however wide.")
+@click.option("--no-headers", is_flag=True, help="Table rows only: no header, no summary.")
+@time_option
+@output_options
+@run_command
+async def history(
+    url: str,
+    storage_options: tuple[str, ...],
+    parent_path: str,
+    id_prefix: str | None,
+    type_name: str | None,
+    outcomes: tuple[str, ...],
+    older_than: float | None,
+    newer_than: float | None,
+    sort: str,
+    reverse: bool,
+    limit: int | None,
+    wide: bool,
+    no_headers: bool,
+    time_format: TimeFormat,
+    output: str | None,
+    as_json: bool,
+) -> None:
+    """The record of every ended run the store's history keeps, oldest end first.
+
+    Each says how the run ended (outcome, error), how it started (`started`: submit,
+    resume or rewind, with who, when and why), the operator request that ended it, if one
+    did (`ended_by`), and a done run's output: `-o json` has every field.
+    """
+    fmt: Format = chosen_format(storage_options, output, as_json)
+    store = await open_existing_store(url, storage_options, parent_path)
+    listing = HistoryListing(
+        type_name,
+        older_than,
+        newer_than,
+        sort,
+        reverse,
+        limit,
+        wide,
+        not no_headers,
+        time_format,
+        id_prefix,
+        frozenset(outcomes),
+    )
+    await closing(store, print_history(store, fmt, listing))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import click
 from rich import box
@@ -43,10 +44,10 @@ from procstore._cli.output import (
 )
 from procstore.ids import ProcedureId
 from procstore.store.folder import StoredStatus
-from procstore.store.inventory import Inventory, StoredProcedure, read_inventory
-from procstore.store.message import StepWait
+from procstore.store.inventory import Inventory, StoredProcedure, read_inventory, read_outcomes
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.state_store import walk_readable
+from procstore.store.words import StatusWord, status_word
 
 STATUS_STYLE = {
     StoredStatus.UNFINISHED: "yellow",
@@ -56,22 +57,24 @@ STATUS_STYLE = {
     StoredStatus.UNREADABLE: "bold red",
     StoredStatus.PARENT_CYCLE: "bold red",
 }
-OUR_FOLDERS = ("lease/", "requests/", "history/")
+OUR_FOLDERS = ("lease/", "requests/", "history/", "activity/", "flow/")
 """Folders a manager writes beside `procedure/`: a store holding only these is ours, and empty."""
 
 
-def _statuses(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> set[StoredStatus]:
+def _statuses(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> set[str]:
     # One spelling in the help; `rolling-back` and `ROLLING_BACK` are read the same, and
-    # `rolled back` (the former name of `failed`) as `failed`.
-    out: set[StoredStatus] = set()
+    # `committed` (the former name of `done`) as `done`.
+    out: set[str] = set()
     for value in values:
         text = value.lower().replace("-", " ").replace("_", " ")
-        try:
-            out.add(StoredStatus.FAILED if text == "rolled back" else StoredStatus(text))
-        except ValueError:
-            choices = ", ".join(s.value for s in StoredStatus)
-            raise click.BadParameter(f"{value!r} is not a status ({choices})") from None
+        text = "done" if text == "committed" else text
+        if text not in STATUS_WORDS:
+            raise click.BadParameter(f"{value!r} is not a status ({', '.join(STATUS_WORDS)})") from None
+        out.add(text)
     return out
+
+
+STATUS_WORDS: tuple[str, ...] = get_args(StatusWord)
 
 
 async def load_inventory(store: ProcedureStore, console: Console) -> Inventory:
@@ -86,7 +89,9 @@ async def load_inventory(store: ProcedureStore, console: Console) -> Inventory:
         def advance(done: int, total: int) -> None:
             progress.update(task, description="reading procedures", completed=done, total=total)
 
-        return await read_inventory(store, advance)
+        inventory = await read_inventory(store, advance)
+        await read_outcomes(store, inventory)
+        return inventory
 
 
 def row_json(p: StoredProcedure, inventory: Inventory | None = None) -> dict[str, Any]:
@@ -94,7 +99,7 @@ def row_json(p: StoredProcedure, inventory: Inventory | None = None) -> dict[str
     return {
         "id": str(p.procedure_id),
         "type": p.type_name,
-        "status": p.status.value,
+        "status": inventory.word(p) if inventory is not None else status_word(p.status),
         "step": p.latest.step,
         "parent": None if p.parent_id is None else str(p.parent_id),
         "children": len(p.children),
@@ -102,27 +107,21 @@ def row_json(p: StoredProcedure, inventory: Inventory | None = None) -> dict[str
         "error": p.error,
         "problem": p.problem,
         "orphan": inventory is not None and inventory.is_orphan(p),
-        "waiting": stored_wait(p),
+        "pending": None if inventory is None else inventory.pending.get(p.procedure_id),
+        "waiting": p.waiting,
     }
-
-
-def stored_wait(p: StoredProcedure) -> str | None:
-    """How an unfinished procedure's latest step said it waits (`sleeping until ...`,
-    `waiting for signal ...`), or None. A running manager may have ended the wait since."""
-    if p.status is not StoredStatus.UNFINISHED or p.message is None:
-        return None
-    wait = StepWait.of(p.message)
-    return wait.describe() if wait.waits else None
 
 
 def status_text(p: StoredProcedure, inventory: Inventory | None) -> str:
     """The status, `*` when its latest state cannot be read although it finished (see
     `procstore show`), and `orphan` when its parent is not in the store."""
-    text = p.status.value
+    text: str = inventory.word(p) if inventory is not None else status_word(p.status)
     if p.problem is not None and p.status is not StoredStatus.UNREADABLE and p.status is not StoredStatus.PARENT_CYCLE:
         text += "*"
     if inventory is not None and inventory.is_orphan(p):
         text += " (orphan)"
+    if inventory is not None and (kind := inventory.pending.get(p.procedure_id)) is not None:
+        text += f" ({kind} pending)"
     return f"[{STATUS_STYLE[p.status]}]{text}[/]"
 
 
@@ -197,7 +196,7 @@ _SORT_KEYS: dict[str, Callable[[StoredProcedure], Any]] = {
 def select(
     inventory: Inventory,
     type_name: str | None,
-    statuses: Iterable[StoredStatus],
+    statuses: Iterable[str],
     older: float | None,
     newer: float | None,
     sort: str = "time",
@@ -209,7 +208,7 @@ def select(
         age = None if p.modified is None else now - p.modified
         if type_name is not None and p.type_name != type_name:
             continue
-        if wanted and p.status not in wanted:
+        if wanted and inventory.word(p) not in wanted:
             continue
         if older is not None and (age is None or age < older):
             continue
@@ -251,7 +250,7 @@ async def check_not_misplaced(store: ProcedureStore, inventory: Inventory) -> No
     multiple=True,
     callback=_statuses,
     metavar="STATUS",
-    help="Only these statuses (repeatable): " + ", ".join(s.value for s in StoredStatus) + ".",
+    help="Only these statuses (repeatable): " + ", ".join(get_args(StatusWord)) + ".",
 )
 @click.option("--older-than", callback=lambda _c, _p, v: parse_age(v) if v else None, help="Last step older than (7d).")
 @click.option("--newer-than", callback=lambda _c, _p, v: parse_age(v) if v else None, help="Last step newer than.")
@@ -275,7 +274,7 @@ async def ls(
     storage_options: tuple[str, ...],
     parent_path: str,
     type_name: str | None,
-    statuses: set[StoredStatus],
+    statuses: set[str],
     older_than: float | None,
     newer_than: float | None,
     sort: str,
@@ -299,7 +298,9 @@ async def ls(
     store = await open_existing_store(url, storage_options, parent_path)
     if ended:
         if statuses:
-            raise click.UsageError("--status filters stored procedures; ended ones have an outcome (see -o json)")
+            raise click.UsageError(
+                "--status filters stored procedures: `procstore history --outcome` filters ended ones"
+            )
         listing = HistoryListing(
             type_name, older_than, newer_than, sort, reverse, limit, wide, not no_headers, time_format
         )
@@ -332,8 +333,8 @@ async def ls(
             )
         ]
         if not no_headers:
-            counts = {s: sum(p.status is s for p in chosen) for s in StoredStatus}
-            summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
+            counts: Counter[str] = Counter(inventory.word(p) for p in chosen)
+            summary = ", ".join(f"{counts[w]} {w}" for w in STATUS_WORDS if counts[w])
             rows.append(f"{plural(len(chosen), 'procedure')}{': ' + summary if summary else ''}")
         return rows
 

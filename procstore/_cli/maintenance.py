@@ -19,8 +19,10 @@ from procstore._cli.common import (
     DECLINED,
     CommandError,
     ExitCode,
+    listed_procedures,
     open_existing_store,
     parse_age,
+    refused,
     resolve_id,
     run_command,
     store_options,
@@ -32,8 +34,9 @@ from procstore.store.folder import StoredStatus
 from procstore.store.history import HistoryStore, iso, record_from_keys
 from procstore.store.inventory import StoredProcedure
 from procstore.store.local import TEMP_PREFIX, Leftovers, LocalDirStore
+from procstore.store.operations import stoppable, write_stop_request
 from procstore.store.procedure_store import ProcedureStore
-from procstore.store.requests import OperatorRequest, RequestKind
+from procstore.store.requests import RequestKind
 
 _GC_CONCURRENCY = 16
 
@@ -187,27 +190,16 @@ async def _request(
 ) -> None:
     store = await open_existing_store(url, storage_options, parent_path)
     try:
-        inventory = await load_inventory(store, error_console())
-        p = inventory.procedures[resolve_id(inventory.procedures, procedure_id, inventory.unlisted_ids)]
-        if p.status is not StoredStatus.UNFINISHED or p.message is None:
-            raise CommandError(
-                f"procedure {p.procedure_id} is {p.status.value}; only an unfinished procedure with a readable "
-                f"latest step can be asked to {kind}",
-                ExitCode.REFUSED,
-            )
-        _confirm(f"{kind.capitalize()} {plain(p.type_name)} {p.procedure_id} (step {p.latest.step})?", yes)
-        request = OperatorRequest.new(kind, reason)
-        if not await store.requests.put(p.procedure_id, request):
-            existing = await store.requests.get(p.procedure_id)
-            said = existing.describe() if existing else "it changed while this one was written; try again"
-            raise CommandError(
-                f"procedure {p.procedure_id} already has a request ({store.requests.key(p.procedure_id)}): {said}",
-                ExitCode.REFUSED,
-            )
+        listed, unlisted = await listed_procedures(store)
+        pid = resolve_id(set(listed.steps), procedure_id, unlisted)
+        with refused():
+            p = await stoppable(store, pid, kind)
+            _confirm(f"{kind.capitalize()} {plain(p.type_name)} {pid} (step {p.step})?", yes)
+            await write_stop_request(store, pid, kind, reason)
     finally:
         await store.store.close()
     output_console().print(
-        f"wrote {store.requests.key(p.procedure_id)}: the manager running {p.procedure_id} (or the next one to start) "
+        f"wrote {store.requests.key(pid)}: the manager running {pid} (or the next one to start) "
         "stops it before its next step and rolls it back if it supports rollback; its unfinished subprocedures too"
     )
 

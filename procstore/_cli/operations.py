@@ -1,15 +1,9 @@
 """`procstore resume` and `procstore rewind`: run a failed or stuck procedure again.
 
 Both act through the store, so they work while managers run, under a lease too: the
-state to run from is written as a new step key (`procstore.store.restart`), and a nudge
-(`requests/resume/ID.json`, naming that key's step) tells the leader to load the procedure
-again within a poll interval; with no manager running, the next one to start does.
-
-Writes, in order: a rewind deletes the operator request, writes the copy, then the nudge.
-A crash before the copy changes nothing that matters (run it again); after it, the
-procedure is unfinished at the copy, which the next start runs, and `resume` (which
-accepts a latest `.step` right above a `.commit`: a copy not run past) nudges a running
-leader to run it. A resume writes only the nudge (the leader writes its copy).
+checks and writes are `procstore.store.operations` (shared with `procstore.Client`); a
+nudge (`requests/resume/ID.json`) tells the leader to load the procedure again within a
+poll interval; with no manager running, the next one to start does.
 """
 
 from __future__ import annotations
@@ -17,74 +11,52 @@ from __future__ import annotations
 import click
 
 from procstore._cli.common import (
-    CommandError,
-    ExitCode,
     listed_procedures,
     open_existing_store,
     parse_storage_options,
+    refused,
     resolve_id,
     run_command,
     store_options,
 )
-from procstore._cli.history import history_of
 from procstore._cli.maintenance import _confirm
 from procstore._cli.output import output_console, plural, stored
-from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
-from procstore.store.message import ProcedureMessage
+from procstore.store.operations import (
+    Nudged,
+    carry_out_resume,
+    carry_out_rewind,
+    prepare_resume,
+    prepare_rewind,
+)
 from procstore.store.procedure_store import ProcedureStore
-from procstore.store.requests import OperatorRequest
-from procstore.store.restart import RestartedMeanwhile, RestartPlan, apply_restart, check_restart, plan_restart
 
 
-async def _plan(store: ProcedureStore, procedure_id: str, to_step: int | None) -> RestartPlan:
+async def _resolved(store: ProcedureStore, procedure_id: str) -> ProcedureId:
     listed, unlisted = await listed_procedures(store)
-    pid = resolve_id(set(listed.steps), procedure_id, unlisted)
-    try:
-        return await plan_restart(store, pid, to_step)
-    except ProcedureError as e:
-        raise CommandError(str(e), ExitCode.REFUSED) from e
+    return resolve_id(set(listed.steps), procedure_id, unlisted)
 
 
-async def _checked(store: ProcedureStore, plan: RestartPlan) -> ProcedureMessage:
-    """What the restart runs from, refused (exit 6, nothing changed) if it cannot run."""
-    try:
-        return await check_restart(store, plan)
-    except ProcedureError as e:
-        raise CommandError(str(e), ExitCode.REFUSED) from e
-
-
-async def _nudge(store: ProcedureStore, pid: ProcedureId, what: str, step: int, wrote_copy: bool) -> None:
-    """Write the nudge naming `step` (the latest key as the leader should find it); say
-    truthfully what happened if a nudge was there already."""
-    key = store.resumes.key(pid)
-    for _ in range(3):
-        if await store.resumes.put(pid, OperatorRequest.new("resume", what, step)):
-            output_console().print(
-                f"wrote {key}: the leader loads {pid} again within a second or so (its request_poll_interval); "
-                "with no manager running, the next one to start runs it"
-            )
-            return
-        existing = await store.resumes.get(pid)
-        if existing is None:
-            continue  # acted on and deleted since: write ours again
-        if wrote_copy or existing.step == step:
-            # The leader deletes a nudge only after acting on it, then reads the store again:
-            # it runs what it finds, the copy written above included.
-            output_console().print(
-                f"a nudge was already waiting at {key} ({stored(existing.describe())}), so none was written: the "
-                f"leader acts on it within a second or so and runs {pid} from what the store then holds"
-                + (f", the copy this {what} wrote (step {step}) included" if wrote_copy else "")
-                + "; with no manager running, the next one to start runs it"
-            )
-            return
-        raise CommandError(
-            f"a nudge for an earlier state of {pid} is waiting at {key} ({existing.describe()}): the leader deletes "
-            "it unused at its next look (within a second or so; with no manager running, at the next start). Run "
-            "this command again then",
-            ExitCode.REFUSED,
+def _say(pid: ProcedureId, nudged: Nudged, what: str) -> None:
+    """What the nudge did, truthfully: written, or one already waiting covers it."""
+    console = output_console()
+    if nudged.written:
+        console.print(
+            f"wrote {nudged.key}: the leader loads {pid} again within a second or so (its request_poll_interval); "
+            "with no manager running, the next one to start runs it"
         )
-    raise CommandError(f"the nudge at {key} kept changing while it was written; try again", ExitCode.REFUSED)
+    elif nudged.existing is not None:
+        console.print(
+            f"a nudge was already waiting at {nudged.key} ({stored(nudged.existing.describe())}), so none was "
+            f"written: the leader acts on it within a second or so and runs {pid} from what the store then holds"
+            + (f", the copy this {what} wrote (step {nudged.step}) included" if nudged.wrote_copy else "")
+            + "; with no manager running, the next one to start runs it"
+        )
+    for note in nudged.notes:
+        console.print(note)
+
+
+REASON = click.option("--reason", default=None, help="Why: kept, with who and when, in the new run's history record.")
 
 
 @click.command()
@@ -95,8 +67,11 @@ async def _nudge(store: ProcedureStore, pid: ProcedureId, what: str, step: int, 
     is_flag=True,
     help="Resume an unfinished procedure: only one that the running manager could not load (POISONED).",
 )
+@REASON
 @run_command
-async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, force: bool) -> None:
+async def resume(
+    url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, force: bool, reason: str | None
+) -> None:
     """Run a failed procedure again from its last stored step, with fresh retries.
 
     For a root that ended FAILED with its keys kept (managers with keep_failed=True, or a
@@ -111,40 +86,13 @@ async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, p
     """
     store = await open_existing_store(url, storage_options, parent_path)
     try:
-        plan = await _plan(store, procedure_id, None)
-        pid = plan.procedure_id
-        if not plan.ended and not plan.copy_pending and not force:
-            raise CommandError(
-                f"procedure {pid} is unfinished (its latest key is {plan.latest.step}.{plan.latest.key_type.value}): "
-                "a manager may be running it, and the next one to start resumes it anyway. Resume is for a "
-                f"procedure that has ended: cancel it first (procstore cancel {pid}), or pass --force if the "
-                "running manager could not load it (POISONED)",
-                ExitCode.REFUSED,
-            )
-        await _checked(store, plan)
-        if plan.copy_pending:
-            output_console().print(
-                f"its latest key, {plan.latest.step}.step, is a restart's copy that no manager has run past (a "
-                "rewind or resume interrupted before its nudge, or one a manager is just starting): nudging the "
-                "leader to run it (one that runs it already ignores the nudge)"
-            )
-        record = await history_of(store).find(pid) if plan.ended else None
-        if record is not None and record.outcome == "rolled back":
-            raise CommandError(
-                f"procedure {pid} was rolled back: resuming would run its later steps over undone work; "
-                f"rewind it instead (procstore rewind {pid} --to-step 0 to run it again from the start)",
-                ExitCode.REFUSED,
-            )
-        if not plan.ended and not plan.copy_pending:
-            # `--force` on one its manager could not load: the operator's word is newer than
-            # any request stored for it. (A request stored after a restart's copy stands.)
-            await store.requests.delete([pid])
-        await _nudge(store, pid, "resume", plan.latest.step, wrote_copy=False)
-        if plan.ended and record is None:
-            output_console().print(
-                "no history record says whether it was rolled back: the manager checks, and refuses (in its log) "
-                "to resume a rolled-back one"
-            )
+        pid = await _resolved(store, procedure_id)
+        with refused():
+            prepared = await prepare_resume(store, pid, force=force)
+            for note in prepared.notes:
+                output_console().print(note)
+            nudged = await carry_out_resume(store, prepared, reason)
+        _say(pid, nudged, "resume")
     finally:
         await store.store.close()
 
@@ -154,6 +102,7 @@ async def resume(url: str, storage_options: tuple[str, ...], parent_path: str, p
 @click.argument("procedure_id")
 @click.option("--to-step", "to_step", type=click.IntRange(min=0), required=True, help="The stored step to run from.")
 @click.option("--force", is_flag=True, help="Rewind an unfinished procedure: only when no manager runs on the store.")
+@REASON
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @run_command
 async def rewind(
@@ -163,6 +112,7 @@ async def rewind(
     procedure_id: str,
     to_step: int,
     force: bool,
+    reason: str | None,
     yes: bool,
 ) -> None:
     """Make step N's stored state the latest again, then run the procedure from there.
@@ -176,32 +126,12 @@ async def rewind(
     """
     store = await open_existing_store(url, storage_options, parent_path)
     try:
-        plan = await _plan(store, procedure_id, to_step)
-        pid = plan.procedure_id
-        if plan.copy_pending and not force:
-            raise CommandError(
-                f"procedure {pid} is unfinished: its latest key, {plan.latest.step}.step, is a restart's copy that "
-                "no manager has run past (a rewind or resume interrupted before its nudge, or one a manager is just "
-                f"starting). Run it: procstore resume {pid} (a manager that runs it already ignores that); rewind it "
-                "once it has ended, or pass --force if no manager runs on this store",
-                ExitCode.REFUSED,
-            )
-        if not plan.ended and not force:
-            raise CommandError(
-                f"procedure {pid} is unfinished (its latest key is {plan.latest.step}.{plan.latest.key_type.value}): "
-                f"a manager may be running it. Cancel it first (procstore cancel {pid}) and rewind it once it has "
-                "ended, or pass --force if no manager runs on this store",
-                ExitCode.REFUSED,
-            )
-        message = await _checked(store, plan)
-        _confirm(f"Rewind {pid} to step {to_step} (written as step {plan.latest.step + 1})?", yes)
-        # Certain now. The old request first: left in place, it would fail the rewound run at once.
-        await store.requests.delete([pid])
-        try:
-            copied = await apply_restart(store, plan, message)
-        except RestartedMeanwhile as e:
-            raise CommandError(str(e), ExitCode.REFUSED) from e
-        await _nudge(store, pid, f"rewind to step {to_step}", copied.step, wrote_copy=True)
+        pid = await _resolved(store, procedure_id)
+        with refused():
+            prepared = await prepare_rewind(store, pid, to_step, force=force)
+            _confirm(f"Rewind {pid} to step {to_step} (written as step {prepared.plan.latest.step + 1})?", yes)
+            nudged = await carry_out_rewind(store, prepared, reason)
+        _say(pid, nudged, f"rewind to step {to_step}")
     finally:
         await store.store.close()
 

@@ -70,8 +70,8 @@ def chosen_format(storage_options: tuple[str, ...], output: str | None, as_json:
     unknown = asked - set(FORMATS)
     if unknown:
         raise click.BadParameter(
-            f"{sorted(unknown)[0]!r} is neither KEY=VALUE nor an output format ({', '.join(FORMATS)})",
-            param_hint="'-o' / '--storage-option'",
+            f"{sorted(unknown)[0]!r} is not an output format ({', '.join(FORMATS)})",
+            param_hint="'-o' / '--output'",
         )
     if len(asked) > 1:
         raise click.UsageError(f"several output formats asked for: {', '.join(sorted(asked))}; give one")
@@ -133,6 +133,34 @@ def plain(value: object) -> str:
     """A value from the store, for text that is not markup (a prompt, a click message):
     control characters escaped, at most `TEXT_LIMIT` characters."""
     return terminal_text(bounded(str(value)))
+
+
+NESTING_LIMIT = 100
+"""The deepest JSON `nested` places in a document: the output's encoders (YAML, the
+sanitising of text) recurse, and Python's recursion stops near 1,000."""
+
+
+def nested(text: str) -> Any:
+    """Stored JSON text as the value it holds (a step's `data`, a run's output), nested in a
+    JSON document rather than a string inside it; text that is not JSON, or nested deeper
+    than `NESTING_LIMIT`, as stored."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+    return value if _depth_within(value, NESTING_LIMIT) else text
+
+
+def _depth_within(value: Any, limit: int) -> bool:
+    """A loop, not a recursion: orjson reads values nested up to 1,024 deep."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return False
+            stack += [(inner, depth + 1) for inner in (item.values() if isinstance(item, dict) else item)]
+    return True
 
 
 def stored(value: object) -> str:

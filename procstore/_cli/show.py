@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import click
+import msgspec
 import orjson
 from rich.console import Group, RenderableType
 from rich.panel import Panel
@@ -21,13 +23,18 @@ from procstore._cli.common import (
     run_command,
     store_options,
 )
-from procstore._cli.history import show_ended
+from procstore._cli.history import action_text, show_ended
 from procstore._cli.listing import STATUS_STYLE
-from procstore._cli.output import chosen_format, emit, iso_time, output_options, plural, stored
+from procstore._cli.output import chosen_format, emit, iso_time, nested, output_options, plural, stored
+from procstore._client.client import Client
+from procstore._client.status import ProcedureStatus
 from procstore._text import bounded
+from procstore.errors import ProcedureError
+from procstore.ids import ProcedureId
 from procstore.store.folder import StoredStatus
 from procstore.store.inventory import ENDINGS, endings, read_history
 from procstore.store.message import ProcedureMessage, StepWait
+from procstore.store.words import status_word
 
 FIELDS_SHOWN = 200
 """Fields of one step's data `show` and the web page list; `-o json` has the whole value."""
@@ -119,9 +126,9 @@ def _entry(history: list[Any], index: int, ended: StoredStatus | None) -> dict[s
     entry: dict[str, Any] = {"key": str(key), "step": key.step, "kind": key.key_type.value,
                              "modified": iso_time(modified), "problem": problem, "message": None}  # fmt: skip
     if ended is not None:
-        entry["ended"] = ended.value
+        entry["ended"] = status_word(ended)
     if message is not None:
-        entry["message"] = {"type_name": message.type_name, "data": message.data,
+        entry["message"] = {"type_name": message.type_name, "data": nested(message.data),
                             "parent_id": message.parent_id and str(message.parent_id),
                             "step": message.step, "error": message.error, "wake_at": message.wake_at,
                             "signal": message.signal, "consumed": list(message.consumed)}  # fmt: skip
@@ -157,6 +164,41 @@ def _panels(history: list[Any]) -> list[RenderableType]:
     return panels
 
 
+def status_json(status: ProcedureStatus) -> dict[str, Any]:
+    """What `Client.get` says of the procedure, as data (times ISO 8601 in UTC)."""
+    return {
+        "status": status.status,
+        "run": status.run,
+        "step": status.step,
+        "started_at": _iso(status.started_at),
+        "ended_at": _iso(status.ended_at),
+        "updated_at": _iso(status.updated_at),
+        "duration": status.duration,
+        "error": status.error,
+        "started": None if status.started is None else msgspec.to_builtins(status.started),
+        "pending": None if status.pending is None else msgspec.to_builtins(status.pending),
+    }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else iso_time(moment.timestamp())
+
+
+def status_line(status: ProcedureStatus) -> str:
+    """`unfinished, run 2 (resume by ops@host: why), step 4, for 12s; pending: cancel by …`."""
+    parts = [f"[bold]{stored(status.status)}[/]", f"run {status.run}"]
+    if status.started is not None and status.started.kind != "submit":
+        parts[-1] += f" ({stored(action_text(status.started))})"
+    if status.step is not None:
+        parts.append(f"step {status.step}")
+    if status.duration is not None:
+        parts.append(f"{'took' if status.is_ended else 'for'} {status.duration:.1f}s")
+    line = ", ".join(parts)
+    if status.pending is not None:
+        line += f"; [bold yellow]pending:[/] {stored(action_text(status.pending))}"
+    return line
+
+
 @click.command()
 @store_options
 @click.argument("procedure_id")
@@ -174,7 +216,7 @@ async def show(
     fmt = chosen_format(storage_options, output, as_json)
     store = await open_existing_store(url, storage_options, parent_path)
 
-    async def read() -> tuple[Any, Any] | None:
+    async def read() -> tuple[ProcedureId, ProcedureStatus | None, Any] | None:
         # A listing is enough to resolve the id; reading every procedure would not be.
         listed, unlisted = await listed_procedures(store)
         if not any(str(p).startswith(procedure_id.lower()) for p in [*listed.steps, *unlisted]):
@@ -182,14 +224,26 @@ async def show(
             await show_ended(store, procedure_id, fmt != "table")
             return None
         pid = resolve_id(listed.steps, procedure_id, unlisted)
-        return pid, await read_history(store, pid)
+        try:
+            status = await Client(store.store, parent_path=store.parent_path).get(pid)
+        except ProcedureError:
+            status = None  # its keys went meanwhile: the steps below say what is left
+        return pid, status, await read_history(store, pid)
 
     found = await closing(store, read())
     if found is None:
         return
-    pid, history = found
-    document = {"procedure": str(pid), "keys": [_entry(history, i, ended) for i, ended in enumerate(endings(history))]}
-    emit(fmt, document, lambda: _panels(history), rows="keys")
+    pid, status, history = found
+    document = {
+        "procedure": str(pid),
+        "status": None if status is None else status_json(status),
+        "keys": [_entry(history, i, ended) for i, ended in enumerate(endings(history))],
+    }
+
+    def table() -> list[RenderableType]:
+        return [*([] if status is None else [status_line(status)]), *_panels(history)]
+
+    emit(fmt, document, table, rows="keys")
     unreadable = [str(key) for key, _, _, problem in history if problem is not None]
     if unreadable:
         raise CommandError(

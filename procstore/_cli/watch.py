@@ -13,7 +13,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.text import Text
 
-from procstore._cli.common import open_existing_store, run_command, store_options
+from procstore._cli.common import interrupt_ends, open_existing_store, run_command, store_options
 from procstore._cli.listing import procedures_table, row_json
 from procstore._cli.output import (
     Format,
@@ -51,6 +51,7 @@ def _changes(seen: dict[str, dict[str, Any]], inventory: Inventory, now: float) 
 @click.option("--count", type=click.IntRange(1), default=None, help="Stop after this many listings (default: Ctrl-C).")
 @time_option
 @output_options
+@interrupt_ends
 @run_command
 async def watch(
     url: str,

@@ -77,6 +77,12 @@ class ActivityPublisher:
         """Held back by flow control before its first step."""
         self._publish(meta, "waiting to start", step, reason=reason)
 
+    def waiting(self, meta: ProcedureMeta, step: int, reason: str) -> None:
+        """Parked in a durable wait. Its stored step says so already: said only if something
+        else was said of it, which would be stale for as long as it waits."""
+        if meta.id in self._shown or meta.id in self._pending:
+            self._publish(meta, "waiting", step, reason=reason)
+
     def running(self, meta: ProcedureMeta, step: int) -> None:
         """It runs a step again: said only if something else was said of it (a dict look)."""
         if meta.id in self._shown or meta.id in self._pending:

@@ -31,7 +31,7 @@ class RunningStep:
     Invariants: `task` is the runner's task, inside the `with` from enter to exit; it is
     cancelled at most once by the interrupt (`interrupted`), and never while `held > 0`."""
 
-    __slots__ = ("_steps", "held", "interrupted", "procedure_id", "request", "task")
+    __slots__ = ("_steps", "ended", "held", "interrupted", "procedure_id", "request", "task")
 
     def __init__(self, steps: RunningSteps, procedure_id: ProcedureId, task: asyncio.Task[object]) -> None:
         self._steps = steps
@@ -43,11 +43,13 @@ class RunningStep:
         """The request that interrupts it, once one arrived (it may wait for `held` to reach 0)."""
         self.interrupted = False
         """The task was cancelled for `request`: its exit must take that cancel back."""
+        self.ended = False
+        """`execute()` has returned or raised: nothing may interrupt the task any more."""
 
     def interrupt(self, request: OperatorRequest) -> None:
         if self.request is None:
             self.request = request
-        if not self.interrupted and self.held == 0:
+        if not self.interrupted and self.held == 0 and not self.ended:
             self.interrupted = True
             self.task.cancel(_WHY)
 
@@ -59,12 +61,17 @@ class RunningStep:
         finally:
             self.held -= 1
             if self.held == 0 and self.request is not None:
-                self.interrupt(self.request)  # at the step's next await
+                # Not `task.cancel()` now, from inside the task: a step that returns with no
+                # await after the block would carry that cancel into procstore's own awaits
+                # (3.11's `uncancel()` does not take back a cancel not yet delivered). Once the
+                # task yields, it is at an await of the step, or the step has ended.
+                asyncio.get_running_loop().call_soon(self.interrupt, self.request)
 
     def __enter__(self) -> RunningStep:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.ended = True
         self._steps.ended(self)
         if not self.interrupted:
             return  # a request held off to the step's end: its next attempt meets it

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import warnings
+from datetime import UTC, datetime
 from functools import partial
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar, overload
@@ -38,12 +39,12 @@ from procstore.errors import (
 from procstore.ids import ProcedureId
 from procstore.procedure import Procedure, ProcedureWithId
 from procstore.state import ProcedureInfo, ProcedureState
-from procstore.store.history import History
+from procstore.store.history import Action, History, iso
 from procstore.store.keys import KeyType
 from procstore.store.limits import lease_write_rate_warning
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
-from procstore.store.requests import checked_reason
+from procstore.store.requests import checked_reason, who
 from procstore.store.signals import encoded_payload, send_signal
 from procstore.store.state_store import StateStore
 
@@ -460,7 +461,7 @@ class ProcedureManager:
         self._lifecycle.own(task)
         await await_term_task(task, "signalling")
 
-    async def resume(self, procedure_id: ProcedureId) -> Watcher:
+    async def resume(self, procedure_id: ProcedureId, *, reason: str | None = None) -> Watcher:
         """Run an ended or stuck root again from its last stored step, with fresh retries.
 
         For a FAILED root whose keys were kept (`keep_failed`, or a rollback that failed), a
@@ -468,28 +469,38 @@ class ProcedureManager:
         load. A rolled-back procedure is refused (its later steps would run over undone
         work): `rewind` it. Returns a watcher of the new run. Raises `ProcedureError`
         saying why not (running here, a subprocedure, finished, keys gone),
-        `NotLeader` on a standby, `ManagerNotStarted`.
+        `NotLeader` on a standby, `ManagerNotStarted`. `reason` (text, or None for none;
+        anything else raises `TypeError`) is kept, with who and when, in the new run's
+        history record (`HistoryRecord.started`).
         """
-        return await self._restart(procedure_id, None)
+        return await self._restart(procedure_id, None, reason)
 
-    async def rewind(self, procedure_id: ProcedureId, to_step: int) -> Watcher:
+    async def rewind(self, procedure_id: ProcedureId, to_step: int, *, reason: str | None = None) -> Watcher:
         """Make step `to_step`'s stored state the latest again, and run the root from there.
 
         The state is copied to a new key above the latest (step keys are never
         overwritten: the history stays for audit). Refused, with `ProcedureError`, on a
-        procedure running here: cancel it and wait until it has ended first.
+        procedure running here: cancel it and wait until it has ended first. `reason`: as
+        for `resume`.
         """
         if isinstance(to_step, bool) or not isinstance(to_step, int) or to_step < 0:
             raise ValueError(f"to_step must be a step number (an int >= 0), not {to_step!r}")
-        return await self._restart(procedure_id, to_step)
+        return await self._restart(procedure_id, to_step, reason)
 
-    async def _restart(self, procedure_id: ProcedureId, to_step: int | None) -> Watcher:
+    async def _restart(self, procedure_id: ProcedureId, to_step: int | None, reason: str | None) -> Watcher:
         if not isinstance(procedure_id, ProcedureId):
             raise InvalidProcedureId(procedure_id)
+        started = Action(
+            kind="resume" if to_step is None else "rewind",
+            by=who(),
+            at=iso(datetime.now(UTC)),
+            reason=checked_reason(reason),
+            to_step=to_step,
+        )
         if self._leadership is not None and not self.is_leader:
             raise NotLeader(self._leadership.keeper.holder, self.leader)
         ctx = self._started("resume" if to_step is None else "rewind")
-        meta = await ctx.term.run_in_term(restart(ctx, procedure_id, to_step), what="restarting")
+        meta = await ctx.term.run_in_term(restart(ctx, procedure_id, to_step, started=started), what="restarting")
         return Watcher(meta)
 
     # -- submitting ------------------------------------------------------------------

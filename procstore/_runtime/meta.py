@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey
 from procstore.state import ProcedureInfo, ProcedureState, ProcedureStateKind
-from procstore.store.history import Outcome
+from procstore.store.history import Action, Outcome
 from procstore.store.keys import KeyType, ParsedKey
 
 
@@ -24,8 +24,9 @@ class ProcedureMeta:
     # Slots: one is kept per procedure, for as long as it runs and for the metadata TTL.
     __slots__ = (
         "_changed", "_ended", "_on_end", "_requested", "_state", "abandoned", "cancelled", "children", "end_stored",
-        "end_time", "ended_at", "id", "inherited", "is_root", "keep_keys", "lock_key", "parent_id", "retries",
-        "rolled_back", "run", "start_time", "steps", "terminal_keys", "type_name", "waiting", "wrote_every_key",
+        "end_time", "ended_at", "ended_by", "id", "inherited", "is_root", "keep_keys", "lock_key", "parent_id",
+        "retries", "rolled_back", "run", "start_time", "started", "steps", "terminal_keys", "type_name", "waiting",
+        "wrote_every_key",
     )  # fmt: skip
 
     def __init__(
@@ -66,6 +67,11 @@ class ProcedureMeta:
         """Its rollback ran to the end (its FAILED state is a rolled-back one)."""
         self.cancelled = False
         """It failed because an operator cancelled it or an ancestor (not a `fail` request)."""
+        self.started: Action | None = None
+        """How this run started, for its history record: a submit here, or an operator's
+        resume or rewind (None: taken over from the store, its start not seen)."""
+        self.ended_by: Action | None = None
+        """The operator request (cancel, fail) that ended it, for its history record."""
         self.steps = 0
         """The highest step number it stored, as of its end (for its history record)."""
         self.retries = 0

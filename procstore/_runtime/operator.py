@@ -444,7 +444,7 @@ async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: Ope
             extra=procedure_fields(procedure_id),
         )
     else:
-        await _run_again(ctx, procedure_id)
+        await _run_again(ctx, procedure_id, nudge)
     await ctx.store.resumes.delete([procedure_id])
     if runs_here(ctx, procedure_id) or procedure_id in ctx.metas.restarting:
         return
@@ -453,7 +453,7 @@ async def _load_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: Ope
     now = await _latest_key(ctx, procedure_id)
     if now is not None and now.key_type is not KeyType.COMMIT and str(now) != str(latest):
         logger.info("procedure %s: %s was written while its resume nudge was handled; running it", procedure_id, now)
-        await _run_again(ctx, procedure_id)
+        await _run_again(ctx, procedure_id, None)
 
 
 async def _delete_if_kept_for_the_nudge(ctx: ManagerContext, procedure_id: ProcedureId) -> None:
@@ -470,9 +470,11 @@ async def _delete_if_kept_for_the_nudge(ctx: ManagerContext, procedure_id: Proce
         ctx.forget(procedure_id)
 
 
-async def _run_again(ctx: ManagerContext, procedure_id: ProcedureId) -> None:
+async def _run_again(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorRequest | None) -> None:
+    """Run the procedure from what the store holds; `nudge`: the operator's, whose who,
+    when and why the new run's history record keeps."""
     try:
-        await restart(ctx, procedure_id, None, nudged=True)
+        await restart(ctx, procedure_id, None, nudged=True, started=None if nudge is None else nudge.action())
     except ProcedureError as e:
         if isinstance(e, StoreError):
             raise  # not acted on (the store failed, or this manager no longer leads): the nudge stays

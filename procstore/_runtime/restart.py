@@ -28,6 +28,7 @@ from procstore._runtime.recovery import resume_root
 from procstore._runtime.runner import delete_tree, record_superseded
 from procstore.errors import LoadFailed, ProcedureError
 from procstore.ids import ProcedureId
+from procstore.store.history import Action
 from procstore.store.restart import RestartedMeanwhile, apply_restart, check_restart, plan_restart
 
 if TYPE_CHECKING:
@@ -48,9 +49,16 @@ def runs_here(ctx: ManagerContext, procedure_id: ProcedureId) -> bool:
 
 
 async def restart(
-    ctx: ManagerContext, procedure_id: ProcedureId, to_step: int | None, *, nudged: bool = False
+    ctx: ManagerContext,
+    procedure_id: ProcedureId,
+    to_step: int | None,
+    *,
+    nudged: bool = False,
+    started: Action | None = None,
 ) -> ProcedureMeta:
     """Resume (`to_step` None) or rewind `procedure_id` in this term; returns its new metadata.
+
+    `started`: who asked, when and why, kept in the new run's history record.
 
     Raises `ProcedureError` saying why not: it is running or waiting here, it is a
     subprocedure, it finished successfully, its keys are gone, (resume only) its rollback
@@ -93,7 +101,9 @@ async def restart(
             await delete_tree(ctx, meta, ids, ctx.metas.tree_metas(ids), meta.state, keep_root=True)
         for _ in range(3):
             try:
-                return await _restart(ctx, procedure_id, to_step, nudged=nudged)
+                meta = await _restart(ctx, procedure_id, to_step, nudged=nudged)
+                meta.started = started
+                return meta
             except RestartedMeanwhile as e:
                 if not nudged:
                     raise

@@ -58,7 +58,7 @@ from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.state import ProcedureState, ProcedureStateKind
-from procstore.store.history import HistoryRecord, iso
+from procstore.store.history import Action, HistoryRecord, iso, kept_output
 from procstore.store.keys import KeyType
 from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
 from procstore.store.requests import OperatorRequested
@@ -729,6 +729,7 @@ class Runner:
             return False
         self._parked = True
         self.meta.waiting = wait.describe()
+        self.ctx.activity.waiting(self.meta, self.step, self.meta.waiting)
         not_for_it = frozenset(self._signal_names).union(self._skip_signals)
         waits.park(pid, wait.wake_at, wait.signal, self._woken, not_for_it)
         return True
@@ -943,6 +944,8 @@ class Runner:
             exc, gave_up_after=self.ctx.settings.policy.max_retry_times if is_transient(exc) else None
         )
         self.meta.cancelled = isinstance(exc, OperatorRequested) and exc.request.kind == "cancel"
+        if isinstance(exc, OperatorRequested):
+            self.meta.ended_by = exc.request.action()
         logger.warning("procedure %s (%s) failed: %s", self.meta.id, self.meta.type_name, failed.error)
         if roll_back and self.procedure.rollback_supported:
             self.meta.set_state(failed.with_kind(ProcedureStateKind.PREPARE_ROLLBACK))
@@ -1233,6 +1236,10 @@ async def record_superseded(
 
 
 def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime) -> HistoryRecord:
+    output, not_kept = kept_output(state.output) if state.is_done() else (None, None)
+    started = meta.started
+    if started is None and meta.run == 1:
+        started = Action(kind="submit", at=iso(meta.start_time))
     return HistoryRecord(
         id=str(meta.id),
         type_name=meta.type_name,
@@ -1244,4 +1251,9 @@ def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime) -> Hist
         steps=meta.steps,
         retries=meta.retries,
         run=meta.run,
+        output=output,
+        output_not_kept=not_kept,
+        started=started,
+        ended_by=meta.ended_by,
+        rolled_back=meta.rolled_back,
     )

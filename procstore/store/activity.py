@@ -31,7 +31,7 @@ logger = get_logger("procstore.store")
 ACTIVITY_PATH = "activity/"
 """The folder under a store's root that holds what running procedures are doing."""
 
-Doing = Literal["running", "backing off", "waiting on a lock", "waiting on children", "waiting to start"]
+Doing = Literal["running", "backing off", "waiting on a lock", "waiting on children", "waiting to start", "waiting"]
 
 ERROR_TEXT_LIMIT = 2000
 """Characters of an error's text kept in an activity (the whole text is in the log)."""
@@ -69,7 +69,8 @@ class Activity(msgspec.Struct, frozen=True, kw_only=True):
     children: int = 0
     """Waiting on children: how many have not ended."""
     reason: str | None = None
-    """Waiting to start: why (a concurrency slot, a rate limit; see `Procedure.concurrency`)."""
+    """Waiting to start: why (a concurrency slot, a rate limit; see `Procedure.concurrency`);
+    waiting: for what (a time, a signal: its stored step says the same)."""
     retries: list[Retry] = []
     """The last few retries of this run, oldest first (a timeline of its attempts)."""
 

@@ -21,12 +21,13 @@ and swept as before, but are no end records (their run is not known).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
 import msgspec
+import orjson
 
 from procstore._aio import gather_settled
 from procstore._logs import get_logger
@@ -36,6 +37,9 @@ from procstore.store.message import UNDECODABLE, ProcedureMessage
 from procstore.store.state_store import StateStore, walk_readable
 
 logger = get_logger("procstore.store")
+
+_READ_CHUNK = 100
+"""Records `HistoryStore.newest` reads at a time."""
 
 HISTORY_PATH = "history/"
 """The folder under a store's root that holds history records."""
@@ -67,6 +71,26 @@ class History:
             raise ValueError(f"History needs retention > 0 and max_records >= 1, not {self!r}")
 
 
+OUTPUT_LIMIT = 64 * 1024
+"""The most bytes of JSON an end record keeps of a `Status.done(output=...)`: a larger
+output is not kept (`HistoryRecord.output_not_kept` says so), and the procedure is done
+all the same."""
+
+
+class Action(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Who did what to a procedure, when and why: how a run started (`submit`, `resume`,
+    `rewind`), or the operator request that ended it (`cancel`, `fail`)."""
+
+    kind: str
+    by: str = ""
+    """`user@host` of the process that asked (empty when not known)."""
+    at: str | None = None
+    """ISO 8601 in UTC."""
+    reason: str = ""
+    to_step: int | None = None
+    """A rewind's step."""
+
+
 class HistoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     """What is kept of one ended procedure."""
 
@@ -85,6 +109,35 @@ class HistoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Retries of its steps (and rollback) in the run that ended it."""
     run: int = 1
     """Which run of the id ended: 1 for a submit, one more for each resume or rewind."""
+    output: str | None = None
+    """What `Status.done(output=...)` returned, as JSON text (None for no output, or one
+    not kept: see `output_not_kept`)."""
+    output_not_kept: str | None = None
+    """Why a done run's output is not in `output`: larger than `OUTPUT_LIMIT` as JSON, or
+    not JSON-serialisable."""
+    started: Action | None = None
+    """How the run started (`submit`, `resume`, `rewind`: who, when, why); None when the
+    manager that ended it did not see its start (it took it over from the store)."""
+    ended_by: Action | None = None
+    """The operator request (`cancel`, `fail`) that ended the run, if one did."""
+    rolled_back: bool = False
+    """Its rollback ran to its end (a `rolled back` outcome, or a `cancelled` one that
+    rolled back): resuming it would run its later steps over undone work."""
+
+
+def kept_output(output: object) -> tuple[str | None, str | None]:
+    """`(output, output_not_kept)` of an end record for a run's output: JSON text within
+    `OUTPUT_LIMIT`, else the reason it is not kept. Never raises: a procedure's end is
+    recorded whatever its output."""
+    if output is None:
+        return None, None
+    try:
+        encoded = orjson.dumps(output)
+    except Exception as e:  # orjson.JSONEncodeError, or any error of the object's own hooks
+        return None, f"not JSON-serialisable ({type(e).__name__}: {e})"
+    if len(encoded) > OUTPUT_LIMIT:
+        return None, f"{len(encoded)} bytes as JSON, above the {OUTPUT_LIMIT} bytes history keeps"
+    return encoded.decode(), None
 
 
 def record_from_keys(
@@ -181,6 +234,17 @@ class HistoryStore:
         """Every record's key, oldest first."""
         return [key for _, key in await self._by_end()]
 
+    async def latest_keys(self) -> dict[str, str]:
+        """Each recorded id's newest record key (its highest run; a record of an earlier
+        release counts below any run), from one listing and no read."""
+        newest: dict[str, tuple[int, str]] = {}
+        for key in await self._listed():
+            shape = _shape(key)
+            rank = shape[1] if isinstance(shape, tuple) else 0
+            if (known := newest.get(pid := _id_of(key))) is None or known[0] < rank:
+                newest[pid] = (rank, key)
+        return {pid: key for pid, (_, key) in newest.items()}
+
     async def recorded_ids(self) -> set[str]:
         """The ids with a record (of any run, or of an earlier release)."""
         return {_id_of(key) for key in await self._listed()}
@@ -221,6 +285,48 @@ class HistoryStore:
                 except UNDECODABLE as e:
                     logger.warning("skipping the history record at %s: %s; delete the key", key, e)
             out.append(record)
+        return out
+
+    async def find_run(self, procedure_id: ProcedureId | str, run: int) -> HistoryRecord | None:
+        """The end record of run `run` of the procedure (one read), or None."""
+        return (await self.read_runs([(procedure_id, run)]))[0]
+
+    async def find_newest_run(self, procedure_id: ProcedureId | str) -> HistoryRecord | None:
+        """`find`, without listing the whole history: reads run 1, 2, ... while each has a
+        record (runs are numbered one after another, and each ended run is recorded), so
+        two or three reads for most ids. With no record of run 1 (a record of an earlier
+        release, or none at all), `find`."""
+        newest = None
+        run = 1
+        while (record := await self.find_run(procedure_id, run)) is not None:
+            newest, run = record, run + 1
+        return newest if newest is not None else await self.find(procedure_id)
+
+    async def read_runs(self, runs: Sequence[tuple[ProcedureId | str, int]]) -> list[HistoryRecord | None]:
+        """The end record of each (procedure, run), None where there is none (one read each)."""
+        return await self._decode_many([self.run_key(pid, run) for pid, run in runs])
+
+    async def read_each(self, keys: Sequence[str]) -> list[HistoryRecord | None]:
+        """The record under each key, in order: None for a key deleted since or a value
+        that is not a record (logged)."""
+        return await self._decode_many(keys)
+
+    async def newest(
+        self, keep: Callable[[HistoryRecord], bool], limit: int, procedure_id: str | None = None
+    ) -> list[HistoryRecord]:
+        """Up to `limit` records that `keep` accepts, newest end first (of one procedure's
+        runs, with `procedure_id`): read a chunk at a time from the newest, not all of them."""
+        keys = await self.keys()
+        if procedure_id is not None:
+            keys = [k for k in keys if _id_of(k) == procedure_id]
+        chunk = max(limit, _READ_CHUNK)
+        out: list[HistoryRecord] = []
+        for end in range(len(keys), 0, -chunk):
+            for record in reversed(await self.read(keys[max(0, end - chunk) : end])):
+                if keep(record):
+                    out.append(record)
+                    if len(out) >= limit:
+                        return out
         return out
 
     async def read(self, keys: Sequence[str]) -> list[HistoryRecord]:

@@ -16,10 +16,12 @@ from procstore._text import valid_unicode
 from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
 from procstore.store.folder import ProcedureKeys, StoredStatus, decode_or_problem, ended_as, latest_first
-from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_of_dir
-from procstore.store.message import ProcedureMessage
+from procstore.store.history import HistoryStore, Outcome
+from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_dir, procedure_of_dir
+from procstore.store.message import ProcedureMessage, StepWait
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.tree import descendants, reachable, stuck_chains
+from procstore.store.words import StatusWord, status_word
 
 logger = get_logger("procstore.store")
 
@@ -31,7 +33,7 @@ Progress = Callable[[int, int], None]
 
 
 ENDINGS = {
-    StoredStatus.COMMITTED: "committed: the procedure finished",
+    StoredStatus.COMMITTED: "done: the procedure finished",
     StoredStatus.FAILED: "failed: the procedure failed and ended; its rollback, if it has one, ran to its end",
 }
 """What a `.commit` key says, by the status it gives its procedure: one wording for `show`,
@@ -78,6 +80,15 @@ class StoredProcedure:
         return self.message.error if failed and self.message else None
 
     @property
+    def waiting(self) -> str | None:
+        """How an unfinished procedure's latest step said it waits (`sleeping until ...`,
+        `waiting for signal ...`), or None. A running manager may have ended the wait since."""
+        if self.status is not StoredStatus.UNFINISHED or self.message is None:
+            return None
+        wait = StepWait.of(self.message)
+        return wait.describe() if wait.waits else None
+
+    @property
     def is_finished(self) -> bool:
         return self.status in (StoredStatus.COMMITTED, StoredStatus.FAILED)
 
@@ -102,6 +113,17 @@ class Inventory:
     """The procedures whose folder is one of `unlisted`."""
     cycle_entries: set[ProcedureId] = field(default_factory=set)
     """One member of each parent cycle: where a tree of the store shows that cycle."""
+    outcomes: dict[ProcedureId, Outcome] = field(default_factory=dict)
+    """How the finished procedures the store still holds ended, as their end records say
+    (`read_outcomes`): the keys alone do not tell a rolled-back or cancelled end from a failure."""
+
+    pending: dict[ProcedureId, str] = field(default_factory=dict)
+    """The kind (`cancel`, `fail`) of each unfinished procedure's operator request not yet
+    honoured (`read_outcomes`)."""
+
+    def word(self, p: StoredProcedure) -> StatusWord:
+        """The procedure's status in the one vocabulary (`procstore.store.words`)."""
+        return self.outcomes.get(p.procedure_id) or status_word(p.status)
 
     def is_orphan(self, p: StoredProcedure) -> bool:
         """Unfinished, with a parent that is not in the store: nothing will run it (a
@@ -175,6 +197,34 @@ async def read_inventory(store: ProcedureStore, progress: Progress | None = None
     ids = {folder_of for folder in unlisted if (folder_of := procedure_of_dir(store.proc_path, folder)) is not None}
     shown_unlisted = {valid_unicode(folder): valid_unicode(why) for folder, why in unlisted.items()}
     return Inventory(procedures, [valid_unicode(k) for k in others], shown_unlisted, ids, cycle_entries)
+
+
+async def read_outcomes(store: ProcedureStore, inventory: Inventory) -> None:
+    """Fill `inventory.outcomes` from the end records of its finished procedures' last runs
+    (one read each: a store holds few, the failed roots kept for an operator), and
+    `inventory.pending` from the operator requests (one listing, a read of each request)."""
+    for pid, request in (await store.requests.list_all()).items():
+        if (p := inventory.procedures.get(pid)) is not None and not p.is_finished:
+            inventory.pending[pid] = request.kind
+    finished = [p for p in inventory.procedures.values() if p.is_finished and p.message is not None]
+    history = HistoryStore(store.store, store.parent_path)
+    records = await history.read_runs([(p.procedure_id, p.message.run if p.message else 1) for p in finished])
+    for p, record in zip(finished, records, strict=True):
+        if record is not None:
+            inventory.outcomes[p.procedure_id] = record.outcome
+
+
+async def read_procedure(
+    store: ProcedureStore, procedure_id: ProcedureId
+) -> tuple[StoredProcedure | None, dict[str, float | None]]:
+    """One procedure as `read_inventory` reads it, from a listing of its folder alone (None
+    if the store holds no key of it), and each of its keys' last-modified time where known."""
+    modified = await store.store.walk_modified(procedure_dir(store.proc_path, procedure_id))
+    procedures, to_read, _ = _procedures_of(store.proc_path, modified)
+    values = await store.store.get_many([str(key) for _, key in to_read])
+    for procedure, key in _decode_latest(to_read, values):
+        procedure.message = await _earlier_message(store, procedure, key)
+    return procedures.get(procedure_id), modified
 
 
 _Latest = tuple["StoredProcedure", ParsedKey]

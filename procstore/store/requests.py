@@ -30,6 +30,7 @@ import getpass
 import socket
 import time
 from collections.abc import Collection
+from datetime import UTC, datetime
 from typing import Literal
 
 import msgspec
@@ -37,6 +38,7 @@ import msgspec
 from procstore._logs import get_logger, procedure_fields
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
+from procstore.store.history import Action, iso
 from procstore.store.message import UNDECODABLE
 from procstore.store.state_store import StateStore, walk_readable
 
@@ -62,11 +64,28 @@ class OperatorRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Who wrote it (`user@host` for the CLI)."""
     step: int | None = None
     """A resume nudge's latest step key when written (None: a nudge of an older release)."""
+    to_step: int | None = None
+    """A rewind's nudge: the step it rewound to (None: a resume, or a nudge of an older release)."""
 
     @classmethod
-    def new(cls, kind: RequestKind, reason: str | None, step: int | None = None) -> OperatorRequest:
+    def new(
+        cls, kind: RequestKind, reason: str | None, step: int | None = None, to_step: int | None = None
+    ) -> OperatorRequest:
         """Raises `TypeError` for a reason that is neither text nor None (see `checked_reason`)."""
-        return cls(kind=kind, reason=checked_reason(reason), requested_at=time.time(), requested_by=who(), step=step)
+        return cls(
+            kind=kind,
+            reason=checked_reason(reason),
+            requested_at=time.time(),
+            requested_by=who(),
+            step=step,
+            to_step=to_step,
+        )
+
+    def action(self) -> Action:
+        """The request as history keeps it: `cancel`, `fail`, or for a nudge `resume` or `rewind`."""
+        kind = "rewind" if self.kind == "resume" and self.to_step is not None else self.kind
+        at = iso(datetime.fromtimestamp(self.requested_at, UTC))
+        return Action(kind=kind, by=self.requested_by, at=at, reason=self.reason, to_step=self.to_step)
 
     def describe(self) -> str:
         verb = {"cancel": "cancelled", "fail": "failed", "resume": "resumed"}[self.kind]
@@ -218,6 +237,7 @@ class RequestStore:
 
 
 def who() -> str:
+    """`user@host` of this process: who an operator's request or action says asked."""
     try:
         user = getpass.getuser()
     except Exception:

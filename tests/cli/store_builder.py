@@ -92,13 +92,13 @@ async def build_mixed_store(state_store: StateStore, prefix: str) -> MixedStore:
     mixed.expected = {
         mixed.migration: "unfinished",
         mixed.parent: "unfinished",
-        mixed.committed_child: "committed",
+        mixed.committed_child: "done",
         mixed.running_child: "unfinished",
-        mixed.gt_committed: "committed",
+        mixed.gt_committed: "done",
         mixed.rolling_back: "rolling back",
         mixed.truncated: "unreadable",
         mixed.empty: "unreadable",
-        mixed.ps_committed: "committed",
+        mixed.ps_committed: "done",
         mixed.ps_unfinished: "unfinished",
     }
     return mixed

@@ -35,7 +35,7 @@ class Place:
         self.url = url
         self.options = options
         self.args = [
-            a for k, v in options.items() for a in ("-o", f"{k}={json.dumps(v) if not isinstance(v, str) else v}")
+            a for k, v in options.items() for a in ("-s", f"{k}={json.dumps(v) if not isinstance(v, str) else v}")
         ]
 
     def stored_keys(self) -> set[str]:
@@ -215,7 +215,7 @@ def test_bad_input_gives_one_line_errors_and_documented_codes(tmp_path: Path, pr
     assert result.exit_code == ExitCode.STORE_UNAVAILABLE and "no such directory" in result.stderr
     assert not missing.exists()  # nothing created by a read-only command
     assert runner.invoke(cli, ["ls", "nosuchproto://x"]).exit_code == ExitCode.STORE_UNAVAILABLE
-    options = [a for k, v in s3_storage_options(procstore_moto_endpoint).items() for a in ("-o", f"{k}={v}")]
+    options = [a for k, v in s3_storage_options(procstore_moto_endpoint).items() for a in ("-s", f"{k}={v}")]
     no_bucket = runner.invoke(cli, ["ls", "s3://no-such-bucket-here/cp", *options])
     assert no_bucket.exit_code == ExitCode.STORE_UNAVAILABLE and "does not exist" in no_bucket.stderr
     tmp_path.joinpath("procedure").mkdir()
@@ -253,12 +253,28 @@ def test_missing_credentials_are_named(procstore_moto_endpoint: str, tmp_path: P
         "procstore",
         "ls",
         "s3://some-bucket/cp",
-        "-o",
+        "-s",
         f"endpoint_url={procstore_moto_endpoint}",
     ]
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, timeout=60)
     assert done.returncode == ExitCode.STORE_UNAVAILABLE
     assert "no credentials were found" in done.stderr and done.stderr.strip().count("\n") == 0
+
+
+def test_an_s3_endpoint_and_credentials_from_the_environment_need_no_storage_option(
+    procstore_moto_endpoint: str, tmp_path: Path
+) -> None:
+    """The route docs/cli.md gives: botocore reads AWS_ENDPOINT_URL, as the AWS CLI does."""
+    bucket = create_bucket(procstore_moto_endpoint)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    none = str(tmp_path / "none")
+    env |= {"AWS_ENDPOINT_URL": procstore_moto_endpoint, "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_SHARED_CREDENTIALS_FILE": none, "AWS_CONFIG_FILE": none}  # fmt: skip
+    command = [sys.executable, "-m", "procstore", "ls", f"s3://{bucket}/cp/", "-o", "json"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["procedures"] == []
 
 
 def test_show_reads_data_nested_as_deep_as_json_goes(tmp_path: Path) -> None:

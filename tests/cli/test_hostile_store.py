@@ -101,7 +101,7 @@ def test_a_large_value_is_shown_bounded_and_whole_in_json(hostile: tuple[str, Ho
         or f"{LARGE_ARRAY_LENGTH - 20} more" in shown.output
     )
     whole = run("show", url, str(written.large), "-o", "json")
-    data = json.loads(json.loads(whole.output)["keys"][0]["message"]["data"])
+    data = json.loads(whole.output)["keys"][0]["message"]["data"]
     assert len(data["items"]) == LARGE_ARRAY_LENGTH
 
 

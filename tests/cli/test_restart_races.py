@@ -17,8 +17,9 @@ from typing import Any, Literal
 import pytest
 from click.testing import CliRunner, Result
 
-import procstore._cli.operations as cli_operations
+import procstore._cli.operations as cli_operations_module
 import procstore._runtime.restart as runtime_restart
+import procstore.store.operations as store_operations
 import procstore.store.requests as requests_module
 from procstore import Context, ProcedureError, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId, Status
 from procstore._cli.app import cli
@@ -74,7 +75,7 @@ async def test_the_second_of_two_rewinds_is_told_another_operator_restarted_it_f
     async with running(tmp_path) as manager:
         pid, name = await failed_and_kept(manager)
     Flaky.broken.discard(name)
-    other = interleaved(cli_operations, monkeypatch, "rewind", str(tmp_path), str(pid), "--to-step", "0", "-y")
+    other = interleaved(store_operations, monkeypatch, "rewind", str(tmp_path), str(pid), "--to-step", "0", "-y")
     result = await in_thread("rewind", str(tmp_path), str(pid), "--to-step", "1", "-y")
     assert other[0].returncode == 0, other[0].stdout + other[0].stderr
     assert result.exit_code == ExitCode.REFUSED, result.output
@@ -172,7 +173,7 @@ async def test_a_rewind_killed_at_any_write_is_finished_without_force_while_a_ma
             return opened
         return ProcedureStore(FaultyStore(opened.store, faults=[Fault("crash", kinds=WRITES, nth=nth, when=when)]))
 
-    monkeypatch.setattr(cli_operations, "open_existing_store", faulty_open)
+    monkeypatch.setattr(cli_operations_module, "open_existing_store", faulty_open)
     async with running(tmp_path) as manager:
         pid, name = await failed_and_kept(manager)
         Flaky.broken.discard(name)

@@ -90,7 +90,7 @@ def test_markers_mean_what_the_help_says(tmp_path: Path) -> None:
     rows = {r["id"]: r for r in json.loads(run("ls", url, "-o", "json").stdout)["procedures"]}
     assert rows[orphan]["orphan"] is True and rows[committed]["problem"]
     table = run("ls", url, "--wide", columns=200).stdout
-    assert "committed*" in table and "unfinished (orphan)" in table
+    assert "done*" in table and "unfinished (orphan)" in table
     tree = run("tree", url, columns=200).stdout
     assert f"its parent {parent} is not in the store" in tree
 
@@ -110,8 +110,10 @@ def test_formats_are_one_option_for_every_command(mixed: tuple[str, MixedStore])
         out = run(*command, "-o", "json")
         assert out.exit_code == 0, (command, out.output)
         json.loads(out.stdout)
-    both = run("ls", url, "-o", "json", "-o", "auto_mkdir=false")  # a format and a storage option
+    both = run("ls", url, "-o", "json", "-s", "auto_mkdir=false")  # a format and a storage option
     assert both.exit_code == 0 and json.loads(both.stdout)
+    former = run("ls", url, "-o", "json", "-o", "auto_mkdir=false")  # the storage options' former flag
+    assert former.exit_code == 0 and json.loads(former.stdout) and "use `-s KEY=VALUE`" in former.stderr
     clash = run("ls", url, "-o", "json", "--output", "yaml")
     assert clash.exit_code == ExitCode.USAGE and "several output formats" in clash.output
 

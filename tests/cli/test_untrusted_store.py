@@ -142,7 +142,7 @@ def test_show_and_the_page_are_linear_in_a_procedures_commits(tmp_path: Path, mo
     monkeypatch.setattr(procstore.store.inventory, "status_of_keys", counting)
     shown = CliRunner().invoke(cli, ["show", str(tmp_path), str(pid), "-o", "json"])
     assert shown.exit_code == 0, shown.output
-    assert [k.get("ended") for k in json.loads(shown.stdout)["keys"]] == [None, *["committed"] * count]
+    assert [k.get("ended") for k in json.loads(shown.stdout)["keys"]] == [None, *["done"] * count]
     with TestClient(create_app(str(tmp_path))) as client:
         assert client.get(f"/p/{pid}").status_code == 200
     assert looked_at < 10 * count  # by every key before each: count**2 / 2

@@ -125,3 +125,31 @@ async def test_a_procedure_that_only_steps_publishes_nothing(tmp_path: Path) -> 
         await (await manager.submit(steps(World.new(), 5))).wait()
     assert not await ActivityStore(store).stored_ids()
     assert not await store.walk("activity/")
+
+
+class RetriesThenSleeps(Procedure):
+    """Retries once, then sleeps an hour in a durable wait."""
+
+    type_name = "activity::RetriesThenSleeps"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    async def execute(self, ctx: Context) -> Status:
+        if not ctx.is_retrying and not self.data.get("slept"):
+            raise RetryLater("the datanode is busy")
+        self.data["slept"] = True
+        return Status.sleep(3600)
+
+
+async def test_a_procedure_parked_after_its_activity_was_shown_says_it_waits(tmp_path: Path) -> None:
+    """Its stored step says it sleeps; an activity saying "running" would be stale for an hour."""
+    activities = ActivityStore(LocalDirStore(tmp_path))
+    async with manager_for(LocalDirStore(tmp_path), RetriesThenSleeps, **SLOW_RETRIES) as manager:
+        procedure = ProcedureWithId.new(RetriesThenSleeps({}))
+        await manager.submit(procedure)
+        found = await _published(activities, procedure, lambda a: a.doing == "waiting")
+        assert found.reason is not None and "sleeping until" in found.reason

@@ -111,6 +111,46 @@ async def test_an_uninterruptible_block_runs_to_its_end_and_the_step_stops_at_it
     ]
 
 
+class HeldThenReturns(Procedure):
+    """A step that returns right after its `ctx.uninterruptible()` block, with no await."""
+
+    type_name = "interrupt::HeldThenReturns"
+    rollback_supported = True
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    async def execute(self, ctx: Context) -> Status:
+        if self.data.get("stepped"):
+            return Status.done()
+        with ctx.uninterruptible():
+            IN_STEP[self.data["test"]].set()
+            await asyncio.sleep(0.05)
+        self.data["stepped"] = True
+        return Status.executing()
+
+    async def rollback(self, ctx: Context) -> None:
+        SEEN[self.data["test"]].append("rolled back")
+
+
+async def test_a_request_held_to_the_end_of_a_step_that_returns_at_once_stops_the_next_step(tmp_path: Path) -> None:
+    """The interrupt owed at the block's end must not land in procstore's own awaits once the
+    step has returned: the procedure fails as asked before its next step (not with a stray
+    `CancelledError` of procstore's own writes)."""
+    in_step = _start("returns")
+    async with manager_for(LocalDirStore(tmp_path), HeldThenReturns) as manager:
+        watcher = await manager.submit(ProcedureWithId.new(HeldThenReturns({"test": "returns"})))
+        await asyncio.wait_for(in_step.wait(), 10)
+        await manager.cancel(watcher.procedure_id, "stop it")
+        with pytest.raises(ProcedureFailed) as failed:
+            await asyncio.wait_for(watcher.wait(), 10)
+    assert "stop it" in str(failed.value) and "CancelledError" not in str(failed.value)
+    assert SEEN["returns"] == ["rolled back"]
+
+
 async def test_a_cancel_of_a_parent_interrupts_its_childs_running_step(tmp_path: Path) -> None:
     in_step = _start("tree")
     async with manager_for(LocalDirStore(tmp_path), Blocked) as manager:

@@ -132,7 +132,8 @@ def test_stored_values_are_escaped(tmp_path: Path) -> None:
 
 def test_a_failed_procedure_is_not_shown_as_rolled_back(tmp_path: Path) -> None:
     """Kept by keep_failed: one without rollback and one that rolled back are stored alike
-    (`.rollback`, then `.commit`); the web view and `procstore ls` call both `failed`."""
+    (`.rollback`, then `.commit`); the web view calls both `failed`, and `procstore ls` says
+    what their end records say: `failed`, and `rolled back` for the one whose rollback ran."""
     from procstore import ProcedureFailed, ProcedureWithId
     from tests.procedures import Undoable, World
     from tests.runtime.helpers import steps
@@ -163,8 +164,9 @@ def test_a_failed_procedure_is_not_shown_as_rolled_back(tmp_path: Path) -> None:
         assert "failed-note" in page
         assert "failed: the procedure failed and ended" in page and "the procedure finished" not in page
     listed = CliRunner().invoke(cli, ["ls", url, "--json"])
-    assert [json.loads(line)["status"] for line in listed.output.splitlines()] == ["failed", "failed"]
-    assert CliRunner().invoke(cli, ["ls", url, "--status", "rolled-back", "--json"]).output == listed.output
+    assert [json.loads(line)["status"] for line in listed.output.splitlines()] == ["failed", "rolled back"]
+    rolled_back = CliRunner().invoke(cli, ["ls", url, "--status", "rolled-back", "--json"]).output
+    assert [json.loads(line)["id"] for line in rolled_back.splitlines()] == [ids[1]]
 
 
 def test_an_unreadable_store_answers_503_with_the_reason() -> None:
