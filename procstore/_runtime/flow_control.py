@@ -130,12 +130,15 @@ class FlowControl:
 
     async def _read_starts(self, type_name: str) -> None:
         """Count the starts of `type_name` that the store holds (by earlier managers), once a term.
-        One it cannot read counts as none: the limit then holds from this term's starts."""
+        One it cannot read counts as none: the limit then holds from this term's starts. A
+        time ahead of this manager's clock (a clock ahead, another writer) counts as now, so
+        that it ends with a period as every start does."""
         async with self._writing.setdefault(type_name, asyncio.Lock()):
             if type_name in self._starts:
                 return
             try:
-                stored = sorted(await self._stored.get(type_name))
+                now = self._clock()
+                stored = sorted(min(t, now) for t in await self._stored.get(type_name))
             except Exception as e:
                 logger.warning("cannot read the recent starts of %s (%s): counting from now", type_name, describe(e))
                 stored = []

@@ -11,8 +11,8 @@ What else wakes a parked procedure at once (`Waits.wake`): an operator's cancel 
 runner then fails it at its next attempt), and a signal of the name it waits for sent by
 `signal()` here, or one found by the watch of `requests/` that it has not read yet (its
 runner then reads it, and parks again if it is of another name: a signal of another name
-it has read never wakes it again). Recovery and a takeover read the stored time, so the wait counts from
-when it began, not from the restart.
+it has read never wakes it again). Recovery and a takeover read the stored time, so the
+wait counts from when it began, not from the restart.
 """
 
 from __future__ import annotations
