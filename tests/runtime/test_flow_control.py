@@ -22,6 +22,7 @@ from procstore import (
     Status,
 )
 from procstore.store.activity import ActivityStore
+from procstore.store.rate_starts import RateStartsStore
 from procstore.testing import kill_manager, run_simulated
 from tests.support import StoreTarget, manager_for, store_targets
 
@@ -346,5 +347,17 @@ def test_the_rate_holds_after_a_takeover() -> None:
         await first.stop()
         starts = [at for _, at in STARTED]
         assert len(starts) == 4 and starts[2] - starts[0] >= 3600, starts
+
+    run_simulated(main())
+
+
+def test_stored_starts_ahead_of_the_clock_hold_a_type_back_one_period_at_most() -> None:
+    async def main() -> None:
+        url = "memory://flow-rate-ahead/"
+        async with manager_for(url, Hourly) as manager:
+            await RateStartsStore(manager.store.store).put(Hourly.type_name, [1e15, 1e15])
+            watcher = await manager.submit(ProcedureWithId.new(Hourly({"name": "next"})))
+            await asyncio.wait_for(watcher.wait(), 7200)
+        assert [at for _, at in STARTED] == [pytest.approx(3600, abs=1)]
 
     run_simulated(main())
