@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import shlex
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -282,4 +284,9 @@ async def report(store_url: str, options: dict[str, Any], plan: Plan, console: C
         "[bold green]invariants hold[/]: every region has exactly one leader, the metadata agrees "
         "with the datanodes, no region leaked, and the store holds no procedure keys."
     )
+    # The procedures' keys are gone; each run's end record stays in history, for the CLI.
+    where = escape(shlex.quote(store_url))
+    console.print("  what ran, as an operator sees it:")
+    console.print(f"    procstore history {where}", soft_wrap=True)
+    console.print(f"    procstore show {where} {str(plan.jobs[0].procedure_id)[:8]}", soft_wrap=True)
     return 0

@@ -46,6 +46,7 @@ from procstore.procedure import Context, ContextProvider, Procedure, ProcedureWi
 from procstore.state import ProcedureInfo, ProcedureState, ProcedureStateKind
 from procstore.store.history import Action, History, HistoryRecord
 from procstore.store.procedure_store import LoadProblem
+from procstore.store.settings import StoreSettings
 
 __version__ = "0.1.0"
 
@@ -96,6 +97,7 @@ __all__ = [
     "StatusKind",
     "StringKey",
     "StoreError",
+    "StoreSettings",
     "StoreUnavailable",
     "SettingFrozen",
     "SubmissionsPaused",

@@ -15,6 +15,7 @@ from procstore._cli.listing import ls, tree
 from procstore._cli.maintenance import cancel, delete, fail, gc
 from procstore._cli.operations import export, resume, rewind
 from procstore._cli.serve import serve
+from procstore._cli.settings import settings
 from procstore._cli.show import show
 from procstore._cli.signal import signal
 from procstore._cli.watch import watch
@@ -41,6 +42,7 @@ COMMANDS = (
     resume,
     rewind,
     delete,
+    settings,
     export,
     serve,
     demo,

@@ -238,18 +238,35 @@ cancel = _request_command("cancel", "Cancel", "cancelled by an operator")
 @store_options
 @click.argument("procedure_id")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--force", is_flag=True, help="Delete it even unfinished: only when no manager runs on the store.")
 @run_command
-async def delete(url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, yes: bool) -> None:
-    """Remove a procedure and its subprocedures from the store, whatever their status.
+async def delete(
+    url: str, storage_options: tuple[str, ...], parent_path: str, procedure_id: str, yes: bool, force: bool
+) -> None:
+    """Remove an ended procedure and its subprocedures from the store.
 
     Its effects are not undone: use `procstore fail` for that. Subprocedures go first, then
     the procedure; each in the documented order (steps, then commit or rollback, then folder).
+    Refused, exit code 6, for a procedure that is unfinished or rolling back, or has such a
+    subprocedure: a manager may be running it, and would run on with what it holds in
+    memory (a ghost no store shows). Cancel it, and delete it once it has ended; `--force`
+    deletes it anyway, for a store no manager runs on.
     """
     store = await open_existing_store(url, storage_options, parent_path)
     try:
         inventory = await load_inventory(store, error_console())
         p = inventory.procedures[resolve_id(inventory.procedures, procedure_id, inventory.unlisted_ids)]
         doomed = [*inventory.descendants(p.procedure_id), p]
+        alive = [d for d in doomed if d.status in (StoredStatus.UNFINISHED, StoredStatus.ROLLING_BACK)]
+        if alive and not force:
+            running = alive[-1] if alive[-1] is p else alive[0]
+            which = "is" if running is p else f"has a subprocedure, {running.procedure_id}, that is"
+            raise CommandError(
+                f"procedure {p.procedure_id} {which} {running.status.value}: a manager may be running it, and "
+                "would run on with what it holds in memory. Cancel it first (procstore cancel "
+                f"{p.procedure_id}) and delete it once it has ended, or pass --force if no manager runs on this store",
+                ExitCode.REFUSED,
+            )
         children = f" and its {plural(len(doomed) - 1, 'subprocedure')}" if len(doomed) > 1 else ""
         what = plain(p.type_name or "unreadable procedure")
         _confirm(f"Delete {what} {p.procedure_id} ({p.status.value}){children}?", yes)

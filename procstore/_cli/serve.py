@@ -24,13 +24,31 @@ from procstore._cli.output import warn
 @click.option(
     "--refresh", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between page updates."
 )
-def serve(url: str, storage_options: tuple[str, ...], parent_path: str, host: str, port: int, refresh: float) -> None:
-    """A live, read-only web page of the store: counts by status, the procedures with filters,
-    each one's tree and decoded steps, unreadable values with what to do, the lease, and the
-    history of ended procedures (managers with history=...).
+@click.option("--read-only", is_flag=True, help="No action buttons, even on a loopback address.")
+@click.option(
+    "--allow-actions",
+    is_flag=True,
+    help="Action buttons on a non-loopback address too: anyone who can reach it can steer procedures.",
+)
+def serve(
+    url: str,
+    storage_options: tuple[str, ...],
+    parent_path: str,
+    host: str,
+    port: int,
+    refresh: float,
+    read_only: bool,
+    allow_actions: bool,
+) -> None:
+    """A live web page of the store: counts by status, the procedures with search, filters
+    and pages, each one's status, timeline, input and output, tree and decoded steps,
+    unreadable values with what to do, the lease, and the history of ended procedures.
 
-    Needs the `web` extra (`pip install 'procstore[web]'`). Listens on 127.0.0.1 by default:
-    the page shows everything the store holds, so expose it with care.
+    On a loopback address (the default, 127.0.0.1) a procedure's page has cancel, fail,
+    resume and rewind buttons, with a reason (done through `procstore.Client`, each form
+    carrying this server's token); on any other address only with `--allow-actions`, and
+    never with `--read-only`. Needs the `web` extra (`pip install 'procstore[web]'`): the
+    page shows everything the store holds, so expose it with care.
     """
     try:
         import uvicorn
@@ -45,9 +63,13 @@ def serve(url: str, storage_options: tuple[str, ...], parent_path: str, host: st
     # command, before the server starts. Once it runs, a store that fails answers 503.
     run_command(_check_store)(url, storage_options, parent_path)
     own_hosts = loopback_hosts(host)
-    app = create_app(url, parse_storage_options(storage_options), parent_path, refresh, own_hosts)
+    actions = not read_only and (own_hosts is not None or allow_actions)
+    app = create_app(url, parse_storage_options(storage_options), parent_path, refresh, own_hosts, actions)
     shown = f"[{host}]" if ":" in host and not host.startswith("[") else host  # an IPv6 address, as URLs write it
-    click.echo(f"serving {url} on http://{shown}:{port}/ (read-only; Ctrl-C stops)", err=True)
+    mode = "with actions" if actions else "read-only"
+    click.echo(f"serving {url} on http://{shown}:{port}/ ({mode}; Ctrl-C stops)", err=True)
+    if own_hosts is None and not actions and not read_only:
+        warn(f"no action buttons: {host} is not a loopback address (--allow-actions gives them to whoever reaches it)")
     if own_hosts is None:
         warn(
             f"listening on {host}, not a loopback address: anyone who can reach it reads everything the store "

@@ -175,6 +175,7 @@ def status_json(status: ProcedureStatus) -> dict[str, Any]:
         "updated_at": _iso(status.updated_at),
         "duration": status.duration,
         "error": status.error,
+        "doing": status.doing,
         "started": None if status.started is None else msgspec.to_builtins(status.started),
         "pending": None if status.pending is None else msgspec.to_builtins(status.pending),
     }

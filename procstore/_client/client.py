@@ -50,6 +50,7 @@ from procstore.store.operations import (
 )
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import RequestKind, checked_reason
+from procstore.store.settings import SettingsStore, StoreSettings
 from procstore.store.signals import encoded_payload, send_signal
 from procstore.store.state_store import StateStore
 from procstore.store.words import StatusWord
@@ -243,6 +244,11 @@ class Client:
                 raise TimeoutError(f"procedure {pid} has not ended within {timeout} seconds ({status.status})")
             pause = self.poll_interval if deadline is None else min(self.poll_interval, deadline - time.monotonic())
             await asyncio.sleep(max(0.0, pause))
+
+    async def settings(self) -> StoreSettings:
+        """What the store says every manager must keep (`procstore settings` writes them):
+        the defaults where none are stored."""
+        return await SettingsStore(self._store.store, self.parent_path).read()
 
     async def history(
         self,

@@ -1182,7 +1182,7 @@ async def record_tree(
         if meta is not None:
             state = root_state if meta is root else meta.state
             if meta.end_stored and state.is_ended():
-                records.append(_record(meta, state, ended))
+                records.append(_record(meta, state, ended, ctx.settings.output_limit))
         elif (type_name := ctx.recovered.committed.get(pid)) is not None:
             # A child that ended in an earlier term: the store kept only its last message, which
             # does not say whether it rolled back or had no rollback (`StoredStatus.FAILED`).
@@ -1213,7 +1213,7 @@ async def record_superseded(
     if old is not None and old.run == new_run.run - 1 and old.state.is_ended():
         state = old.state
         error = f"{state.error}; {how} before this end was stored" if state.error else how
-        record = _record(old, state.with_error_text(error), datetime.now(UTC))
+        record = _record(old, state.with_error_text(error), datetime.now(UTC), ctx.settings.output_limit)
     else:
         record = HistoryRecord(
             id=str(procedure_id),
@@ -1235,8 +1235,8 @@ async def record_superseded(
         )
 
 
-def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime) -> HistoryRecord:
-    output, not_kept = kept_output(state.output) if state.is_done() else (None, None)
+def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime, output_limit: int) -> HistoryRecord:
+    output, not_kept = kept_output(state.output, output_limit) if state.is_done() else (None, None)
     started = meta.started
     if started is None and meta.run == 1:
         started = Action(kind="submit", at=iso(meta.start_time))

@@ -37,7 +37,7 @@ from procstore._runtime.telemetry import OFF, Telemetry, TracedStore, backend_of
 from procstore.errors import Fenced, ManagerStopped, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.guarded import GuardedStore
-from procstore.store.history import History
+from procstore.store.history import OUTPUT_LIMIT, History
 from procstore.store.local import LocalDirStore
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.state_store import StateStore
@@ -82,6 +82,8 @@ class TermSettings:
     history: History = field(default_factory=History)
     keep_failed: bool = False
     telemetry: Telemetry = OFF
+    output_limit: int = OUTPUT_LIMIT
+    """Bytes of a done procedure's output (as JSON) its end record keeps."""
 
 
 class Term:

@@ -38,9 +38,12 @@ from starlette.routing import Route
 from procstore._cli.lease import lease_state, read_lease
 from procstore._cli.listing import row_json
 from procstore._cli.output import SHORT_ID, iso_time, table_time
-from procstore._cli.show import data_fields, field_changes
+from procstore._cli.show import data_fields, field_changes, status_json
+from procstore._client.client import Client
+from procstore._client.status import ProcedureStatus
 from procstore._runtime.lease import LEASE_KEY, LeaseRecord
 from procstore._text import bounded, valid_unicode
+from procstore._web.actions import ACTIONS, Actions
 from procstore._web.headers import SecurityHeaders
 from procstore._web.links import procedure_link
 from procstore.errors import StoreError
@@ -85,6 +88,7 @@ def create_app(
     parent_path: str = "",
     refresh: float = 2.0,
     allowed_hosts: Sequence[str] | None = None,
+    actions: bool = False,
 ) -> Starlette:
     """The web view of the store at `url`: `/` (list, counts, lease), `/p/{id}` (one
     procedure, or the history record of one whose keys are gone), `/history` (the newest
@@ -95,33 +99,51 @@ def create_app(
     server on a loopback address must not answer a page of another site that a DNS
     rebinding pointed at it.
 
+    With `actions`, a procedure's page has cancel, fail, resume and rewind buttons, posted to
+    `/p/{id}/action` with this server's token and done through `procstore.Client` (see
+    `procstore._web.actions`); without, that path answers 403 and the page has none.
+
     The store is opened when the app starts and closed when it stops; a store that cannot be
     read answers 503 with the reason, page by page (it may come back).
     """
-    state: dict[str, ProcedureStore] = {}
+    state: dict[str, Any] = {}
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        state["store"] = ProcedureStore(open_state_store(url, storage_options or {}), parent_path)
+        state_store = open_state_store(url, storage_options or {})
+        state["store"] = ProcedureStore(state_store, parent_path)
+        state["client"] = Client(state_store, parent_path=parent_path)  # leaves the store to this app
+        state["actions"] = Actions(state["client"]) if actions else None
         try:
             yield
         finally:
-            await state["store"].store.close()
+            await state_store.close()
 
     async def index(request: Request) -> Response:
         return await _page(request, "index.html", lambda: _overview(state["store"], request, whole=False), refresh, "")
 
     async def procedure(request: Request) -> Response:
         pid = request.path_params["procedure_id"]
-        return await _page(
-            request, "procedure.html", lambda: _procedure(state["store"], pid, whole=False), refresh, "../"
-        )
+        token = None if state["actions"] is None else state["actions"].token
+        read = lambda: _procedure(state["store"], pid, whole=False, client=state["client"], request=request)  # noqa: E731
+        return await _page(request, "procedure.html", read, refresh, "../", token=token)
+
+    async def act(request: Request) -> Response:
+        if state["actions"] is None:
+            return Response(
+                "refused: actions are off on this server (procstore serve enables them on a loopback address, "
+                "or with --allow-actions)",
+                403,
+            )
+        answer: Response = await state["actions"].perform(request)
+        return answer
 
     async def api_index(request: Request) -> Response:
         return await _json(lambda: _overview(state["store"], request, whole=True))
 
     async def api_procedure(request: Request) -> Response:
-        return await _json(lambda: _procedure(state["store"], request.path_params["procedure_id"], whole=True))
+        pid = request.path_params["procedure_id"]
+        return await _json(lambda: _procedure(state["store"], pid, whole=True, client=state["client"]))
 
     async def history(request: Request) -> Response:
         return await _page(request, "history.html", lambda: _history(state["store"]), refresh, "")
@@ -132,6 +154,7 @@ def create_app(
     routes = [
         Route("/", index),
         Route("/p/{procedure_id}", procedure),
+        Route("/p/{procedure_id}/action", act, methods=["POST"]),
         Route("/api/procedures", api_index),
         Route("/api/procedures/{procedure_id}", api_procedure),
         Route("/history", history),
@@ -169,8 +192,11 @@ async def static(request: Request) -> Response:
     return Response((_STATIC_DIR / name).read_bytes(), media_type=_STATIC_TYPES[name])
 
 
-async def _page(request: Request, template: str, read: Any, refresh: float, root: str) -> Response:
-    """`root`: the path from this page back to the app's root (its own links start there)."""
+async def _page(
+    request: Request, template: str, read: Any, refresh: float, root: str, token: str | None = None
+) -> Response:
+    """`root`: the path from this page back to the app's root (its own links start there);
+    `token`: the actions' form token, for a page with actions."""
     try:
         data = await read()
         status = 200
@@ -178,7 +204,8 @@ async def _page(request: Request, template: str, read: Any, refresh: float, root
         data, status = {"error": str(e)}, 404
     except StoreError as e:
         data, status = {"error": f"the store cannot be read: {e}"}, 503
-    html = await asyncio.to_thread(_TEMPLATES.get_template(template).render, data=data, refresh=refresh, root=root)
+    render = _TEMPLATES.get_template(template).render
+    html = await asyncio.to_thread(render, data=data, refresh=refresh, root=root, token=token)
     return HTMLResponse(valid_unicode(html), status_code=status)
 
 
@@ -231,53 +258,85 @@ def _row(p: StoredProcedure, inventory: Inventory, ids: dict[ProcedureId, str], 
     # An orphan's parent has no page: linked, it would be a 404.
     row["parent_stored"] = p.parent_id is not None and p.parent_id in inventory.procedures
     row["age"] = table_time(p.modified, "relative", now)
+    row["started"] = iso_time(p.first_written)
+    end = p.modified if p.is_finished else now
+    row["duration"] = _duration(end - p.first_written) if p.first_written is not None and end else None
     row["hint"] = UNREADABLE_HINT if p.status is StoredStatus.UNREADABLE else None
     return row
 
 
-OVERVIEW_SHOWN = 500
-"""Procedures the overview page lists (it says how many more; its JSON twin lists them
-all): one hostile key per procedure must not make a page of megabytes, fetched again at
-every refresh."""
+OVERVIEW_SHOWN = 100
+"""Procedures a page of the overview lists (it pages through the rest; its JSON twin lists
+them all): one hostile key per procedure must not make a page of megabytes, fetched again
+at every refresh, and only the rows shown are rendered."""
+
+
+class Filters(msgspec.Struct, frozen=True):
+    """The overview's search: a status, a type, text in the id or the type, and a page."""
+
+    status: str | None = None
+    type: str | None = None
+    q: str | None = None
+    page: int = 1
+
+    @classmethod
+    def of(cls, request: Request) -> Filters:
+        asked = request.query_params
+        page = asked.get("page") or "1"
+        return cls(
+            asked.get("status") or None,
+            asked.get("type") or None,
+            (asked.get("q") or "").strip().lower()[:200] or None,
+            int(page) if page.isdigit() and 0 < int(page) < 10**6 else 1,
+        )
+
+    def admits(self, p: StoredProcedure) -> bool:
+        if self.status is not None and p.status.value != self.status:
+            return False
+        if self.type is not None and p.type_name != self.type:
+            return False
+        return self.q is None or str(p.procedure_id).startswith(self.q) or self.q in (p.type_name or "").lower()
 
 
 async def _overview(store: ProcedureStore, request: Request, *, whole: bool) -> dict[str, Any]:
     inventory = await read_inventory(store)
     now = time.time()
     lease = await _lease(store, now)
-    wanted = (request.query_params.get("status") or None, request.query_params.get("type") or None)
     shown = None if whole else OVERVIEW_SHOWN
     # Off the event loop: on a large store this takes a while, and other pages go on meanwhile.
-    return await asyncio.to_thread(_overview_of, store, inventory, wanted, lease, now, shown)
+    return await asyncio.to_thread(_overview_of, store, inventory, Filters.of(request), lease, now, shown)
 
 
 def _overview_of(
     store: ProcedureStore,
     inventory: Inventory,
-    wanted: tuple[str | None, str | None],
+    filters: Filters,
     lease: dict[str, Any] | None,
     now: float,
     shown: int | None,
 ) -> dict[str, Any]:
-    wanted_status, wanted_type = wanted
-    ids = short_ids(list(inventory.procedures))
     counts = {s.value: 0 for s in StoredStatus}
     for p in inventory.procedures.values():
         counts[p.status.value] += 1
-    chosen = [
-        p
-        for p in sorted(inventory.procedures.values(), key=lambda p: (p.modified or 0.0, str(p.procedure_id)))
-        if (wanted_status is None or p.status.value == wanted_status)
-        and (wanted_type is None or p.type_name == wanted_type)
-    ]
+    chosen = sorted(
+        (p for p in inventory.procedures.values() if filters.admits(p)),
+        key=lambda p: (p.modified or 0.0, str(p.procedure_id)),
+    )
+    pages = max(1, -(-len(chosen) // shown)) if shown else 1
+    page = min(filters.page, pages)
+    rows = chosen if shown is None else chosen[(page - 1) * shown : page * shown]
+    ids = short_ids(list(inventory.procedures))  # unique in the whole store: what `procstore show` takes
     return {
         "store": f"{store.store.url}{store.proc_path}",
         "counts": counts,
         "total": len(inventory.procedures),
         "types": sorted({p.type_name for p in inventory.procedures.values() if p.type_name}),
-        "filters": {"status": wanted_status, "type": wanted_type},
-        "procedures": [_row(p, inventory, ids, now) for p in chosen[:shown]],
-        "not_shown": 0 if shown is None else max(0, len(chosen) - shown),
+        "filters": msgspec.to_builtins(filters),
+        "matching": len(chosen),
+        "page": page,
+        "pages": pages,
+        "procedures": [_row(p, inventory, ids, now) for p in rows],
+        "not_shown": 0 if shown is None else max(0, len(chosen) - page * shown),
         "other_keys": inventory.other_keys[:20],
         "unlisted": sorted(inventory.unlisted.items())[:20],
         "lease": lease,
@@ -314,7 +373,9 @@ def _about_the_key(error: StoreError) -> bool:
     )
 
 
-async def _procedure(store: ProcedureStore, text: str, *, whole: bool) -> dict[str, Any]:
+async def _procedure(
+    store: ProcedureStore, text: str, *, whole: bool, client: Client, request: Request | None = None
+) -> dict[str, Any]:
     inventory = await read_inventory(store)
     matches = [pid for pid in inventory.procedures if str(pid).startswith(text.lower())] if len(text) >= 4 else []
     if not matches:
@@ -323,7 +384,36 @@ async def _procedure(store: ProcedureStore, text: str, *, whole: bool) -> dict[s
         raise NotFound(f"{text!r} is ambiguous")
     p = inventory.procedures[matches[0]]
     history = await read_history(store, p.procedure_id)
-    return await asyncio.to_thread(_procedure_of, store, inventory, p, history, whole)
+    page = await asyncio.to_thread(_procedure_of, store, inventory, p, history, whole)
+    status = await client.get(p.procedure_id)
+    record = await HistoryStore(store.store, store.parent_path).find(str(p.procedure_id))
+    page["status"] = status_json(status)
+    page["duration"] = _duration(status.duration)
+    page["input"] = history[0][2].data if history and history[0][2] is not None else None
+    page["output"] = None if record is None or record.run != status.run else record.output
+    page["timeline"] = _timeline(page["steps"], status)
+    page["actions"] = list(ACTIONS)
+    if request is not None:  # what the last action on this page did (after its redirect)
+        page["said"] = {k: request.query_params[k] for k in ("done", "refused") if k in request.query_params}
+    return page
+
+
+def _duration(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    minutes, rest = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{rest:02d}s" if hours else f"{minutes}m{rest:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+def _timeline(steps: list[dict[str, Any]], status: ProcedureStatus) -> list[dict[str, Any]]:
+    """What happened, oldest first: each stored key, and each retry the manager published."""
+    events = [{"at": s["written"] or "", "what": f"step {s['step']} {s['kind']} stored"} for s in steps]
+    if status.activity is not None:
+        events += [
+            {"at": r.at, "what": f"attempt {r.attempt} failed, retried: {r.error}"} for r in status.activity.retries
+        ]
+    return sorted(events, key=lambda e: e["at"])
 
 
 PAGE_FIELD_TEXT = 300_000

@@ -125,18 +125,18 @@ class HistoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     rolled back): resuming it would run its later steps over undone work."""
 
 
-def kept_output(output: object) -> tuple[str | None, str | None]:
+def kept_output(output: object, limit: int = OUTPUT_LIMIT) -> tuple[str | None, str | None]:
     """`(output, output_not_kept)` of an end record for a run's output: JSON text within
-    `OUTPUT_LIMIT`, else the reason it is not kept. Never raises: a procedure's end is
-    recorded whatever its output."""
+    `limit` bytes (the store's `result_limit`, else `OUTPUT_LIMIT`), else the reason it is
+    not kept. Never raises: a procedure's end is recorded whatever its output."""
     if output is None:
         return None, None
     try:
         encoded = orjson.dumps(output)
     except Exception as e:  # orjson.JSONEncodeError, or any error of the object's own hooks
         return None, f"not JSON-serialisable ({type(e).__name__}: {e})"
-    if len(encoded) > OUTPUT_LIMIT:
-        return None, f"{len(encoded)} bytes as JSON, above the {OUTPUT_LIMIT} bytes history keeps"
+    if len(encoded) > limit:
+        return None, f"{len(encoded)} bytes as JSON, above the {limit} bytes history keeps"
     return encoded.decode(), None
 
 

@@ -61,6 +61,9 @@ class StoredProcedure:
     """Why the latest value could not be read (for `UNREADABLE`, and for a finished one whose
     message below its `.commit` could not be), or the parent cycle it is in."""
     children: list[ProcedureId] = field(default_factory=list)
+    first_written: float | None = None
+    """When its oldest key still stored was written (its run's start, unless a resume or a
+    rewind started it again), if the store says."""
 
     @property
     def latest(self) -> ParsedKey:
@@ -242,6 +245,7 @@ def _procedures_of(
         keys = [ParsedKey(prefix, pid, step, kind) for step, kind in sorted(found, key=latest_first)]
         folder = ProcedureKeys.of(found)
         procedure = procedures[pid] = StoredProcedure(pid, keys, folder.status, modified.get(str(keys[-1])))
+        procedure.first_written = modified.get(str(keys[0]))
         if folder.newest_message is not None:
             to_read.append((procedure, ParsedKey(prefix, pid, *folder.newest_message)))
     return procedures, to_read, grouped.others

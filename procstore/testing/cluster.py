@@ -406,7 +406,7 @@ class ClusterSimulation:
             elif action.kind == "rewind":
                 arguments |= {"to_step": step, "force": False, "yes": True}
             elif action.kind == "delete":
-                arguments |= {"yes": True}
+                arguments |= {"yes": True, "force": False}
             else:
                 arguments = {"older_than": 0.0, "dry_run": False, "output": None, "as_json": False}
             return await run_cli(store, action.kind, **arguments)

@@ -172,5 +172,5 @@ def test_a_parent_chain_deeper_than_recursion_goes_is_listed(tmp_path: Path) -> 
     assert whole.exit_code == 0 and "1079 more descendants" in whole.output, whole.output[-300:]
     assert run("tree", str(tmp_path), ids[-1]).exit_code == 0
     assert run("tree", str(tmp_path), "-o", "json").exit_code == 0
-    declined = run("delete", str(tmp_path), ids[0], input="n\n")
+    declined = run("delete", str(tmp_path), ids[0], "--force", input="n\n")
     assert declined.exit_code == ExitCode.REFUSED and "1099 subprocedures" in inert(declined)

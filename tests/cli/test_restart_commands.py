@@ -29,7 +29,7 @@ def leader(target: StoreTarget) -> ProcedureManager:
 
 
 async def procstore(target: StoreTarget, *args: str) -> Result:
-    options = [a for k, v in target.storage_options.items() for a in ("-o", f"{k}={v}")]
+    options = [a for k, v in target.storage_options.items() for a in ("-s", f"{k}={v}")]
     command = [args[0], target.url, *options, *args[1:]]
     return await asyncio.to_thread(CliRunner().invoke, cli, command)
 

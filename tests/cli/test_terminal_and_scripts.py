@@ -166,7 +166,7 @@ def test_gc_removes_stale_temp_files_and_reports_keys_it_did_not_write(tmp_path:
 
 def test_one_wording_for_a_declined_prompt_and_option_names_in_errors(mixed: tuple[str, MixedStore]) -> None:
     url, store = mixed
-    declined = run("delete", url, store.migration, input="n\n")
+    declined = run("delete", url, store.migration, "--force", input="n\n")
     assert declined.exit_code == ExitCode.REFUSED and "declined: nothing was changed" in declined.output
     cancelled = run("cancel", url, store.migration, input="n\n")
     assert "declined: nothing was changed" in cancelled.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,10 @@ def test_demo_survives_its_crashes(tmp_path: Path, seed: int, size: int, crashes
 
     broken, left = asyncio.run(read_back())
     assert broken == [] and left == []
+    # What it tells a newcomer to run next shows what ran.
+    assert f"procstore history {store}" in result.output
+    history = CliRunner().invoke(cli, ["history", str(store), "-o", "json"])
+    assert history.exit_code == 0 and len(json.loads(history.stdout)["history"]) >= size
 
 
 def test_same_seed_same_plan(tmp_path: Path) -> None:
