@@ -632,7 +632,7 @@ async def send_signal_here(ctx: ManagerContext, procedure_id: ProcedureId, name:
     if meta is not None and meta.state.is_ended():
         raise ProcedureError(f"cannot signal procedure {procedure_id}: it has already ended ({meta.state.kind.name})")
     await send_signal(ctx.store, procedure_id, name, payload)
-    ctx.waits.signalled(procedure_id)
+    ctx.waits.signalled(procedure_id, name)
 
 
 def _telemetry_for(telemetry: bool | TelemetrySettings) -> Telemetry:
