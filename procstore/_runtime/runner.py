@@ -1067,13 +1067,22 @@ class Runner:
     # -- ending ----------------------------------------------------------------------
 
     async def _finish(self, state: ProcedureState, *, delete: bool = True) -> None:
-        """Set the final state; a root first deletes its tree's keys (if `delete`)."""
+        """Set the final state; a root first deletes its tree's keys (if `delete`: without
+        it, its end is not stored, and the whole tree stays as stored for the next start)."""
         if not delete:
             self.meta.keep_keys = True
         self.meta.steps = max(self.step - 1, 0)
         if self.meta.is_root:
             ids = self.ctx.metas.tree_ids(self.meta.id)
             metas = self.ctx.metas.tree_metas(ids)
+            if not delete:
+                # The next start resumes this run from what is stored: a child it created
+                # must be there for it to claim, never created again (a child whose
+                # create landed with its answer lost ran nowhere yet, and one that ended
+                # is not to run twice).
+                self.ctx.on_tree_finished(ids, metas)
+                self.meta.set_state(state)
+                return
             lease = self.ctx.lease
             wait = lease.keep_inherited_until - time.monotonic() if lease and self.meta.inherited else 0.0
             if wait > 0:

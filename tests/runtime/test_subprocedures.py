@@ -9,6 +9,7 @@ import pytest
 
 from procstore import (
     Context,
+    EndNotRecorded,
     LockConflict,
     ProcedureFailed,
     ProcedureId,
@@ -16,9 +17,9 @@ from procstore import (
     Status,
     StringKey,
 )
-from procstore.store import ProcedureMessage
+from procstore.store import ProcedureMessage, open_state_store
 from procstore.store.local import LocalDirStore
-from procstore.testing import FaultyStore
+from procstore.testing import Fault, FaultyStore
 from tests.procedures import Child, JsonProcedure, Parent, World
 from tests.support import StoreTarget, manager_for
 
@@ -190,3 +191,25 @@ async def test_children_resume_from_their_stored_state_after_restart(tmp_path: P
         assert watcher is not None
         assert await watcher.wait() == "joined"
     assert world.log == ["child/a/1", "parent/joined"]
+
+
+async def test_a_root_whose_failure_cannot_be_stored_keeps_its_ended_children(memory_target: StoreTarget) -> None:
+    """The parent's `.commit` and then its `.rollback` are refused after its children
+    committed: its end is not stored, so the next start resumes it from its last stored step
+    (waiting on the children). Its children's keys must still be there for it to find them
+    ended: were they deleted, the resumed parent would create them again and each child would
+    run twice."""
+    world = World.new()
+    parent = Parent.create(world, ["a", "b"])
+    procedure = ProcedureWithId.new(parent)
+    refused = [Fault("transient", key=f"procedure/{procedure.id}/*.{kind}") for kind in ("commit", "rollback")]
+    faulty = FaultyStore(open_state_store(memory_target.url), faults=refused)
+    async with manager_for(faulty) as manager:
+        watcher = await manager.submit(procedure)
+        with pytest.raises(EndNotRecorded):
+            await watcher.wait()
+    async with manager_for(memory_target) as manager:
+        resumed = manager.procedure_watcher(procedure.id)
+        assert resumed is not None and await resumed.wait() == "joined"
+    assert {world.counts[f"child/{n}/{s}"] for n in "ab" for s in (0, 1)} == {1}
+    assert world.counts["parent/joined"] == 2  # its last step ran again, its children did not

@@ -42,7 +42,7 @@ FIXED_FINDINGS = {
         *[68, 536, 894, 954, 1030, 1031, 1065, 1350, 1839, 1967, 2249, 3063, 3409, 3555],
         *[14188, 31084, 52723, 53863],
     ],
-    "machines": [283, 626, 5613, 6152, 6584, 36408],
+    "machines": [283, 626, 5613, 6152, 6584, 36408, 80963],
 }
 """Seeds outside the many-seeds range where the simulation found a break that is fixed now:
 a loaded procedure ended at its lock wait (68, 536), a deletion of an ended run taking a
@@ -56,10 +56,12 @@ stuck run (machines 6152), recovery's deletion given up after one store error (m
 (machines 6584: its run's end was refused by the store, which let go of its lock), a
 deposed leader's late `.rollback` beside the new leader's step read as the end of the run
 it committed (14188), an operator's resume running again an ended run whose `0.step` a
-late write re-created (52723); and false reports of the model or a world (2249, 3409,
-31084, 626, 5613; 53863: the run ended while a leader paused by a fault armed before the
-heal still held an inherited failed tree's deletion, and a failed folder counted as kept
-though `keep_failed` was off)."""
+late write re-created (52723), a root whose failure the store refused deleting the child
+its step had just created, which the next leader created again (machines 80963: a child
+that had ended would have run twice); and false reports of the model or a world (2249,
+3409, 31084, 626, 5613; 53863: the run ended while a leader paused by a fault armed before
+the heal still held an inherited failed tree's deletion, and a failed folder counted as
+kept though `keep_failed` was off)."""
 
 
 class Complaining(LedgerWorld):
