@@ -94,9 +94,10 @@ async def restart(
     if procedure_id in ctx.metas.restarting:
         raise ProcedureError(f"procedure {procedure_id} is being restarted already")
     with ctx.metas.restarting_now(procedure_id):
-        if meta is not None and meta.inherited and ctx.keeps_inherited_keys():
-            # Its tree's deletion waits out the grace: its children go now, or the new run
-            # could not create them anew (their ids hold the ended run's keys).
+        if meta is not None and _children_still_stored(ctx, meta):
+            # Its children go now, or the new run could not create them anew (their ids
+            # hold the ended run's keys), nor would its end delete them (a resumed run
+            # knows them ended, and names none).
             ids = ctx.metas.tree_ids(meta.id)
             await delete_tree(ctx, meta, ids, ctx.metas.tree_metas(ids), meta.state, keep_root=True)
         for _ in range(3):
@@ -113,6 +114,15 @@ async def restart(
                     e.key,
                 )
         raise ProcedureError(f"procedure {procedure_id} kept being restarted by others while this manager tried")
+
+
+def _children_still_stored(ctx: ManagerContext, root: ProcedureMeta) -> bool:
+    """Whether the ended run's tree still holds its children's keys: its deletion waits out
+    the grace after a takeover, or it has none, since the root's end is not stored (the
+    next start would have resumed it with them)."""
+    return (root.inherited and ctx.keeps_inherited_keys()) or (
+        not root.end_stored and bool(ctx.metas.descendants(root.id))
+    )
 
 
 def _unrecorded_descendant(ctx: ManagerContext, root: ProcedureMeta) -> ProcedureId | None:

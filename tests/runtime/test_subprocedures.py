@@ -193,6 +193,12 @@ async def test_children_resume_from_their_stored_state_after_restart(tmp_path: P
     assert world.log == ["child/a/1", "parent/joined"]
 
 
+def _refusing_the_end_of(procedure: ProcedureWithId, target: StoreTarget) -> FaultyStore:
+    """A store that refuses every `.commit` and `.rollback` of `procedure`."""
+    refused = [Fault("transient", key=f"procedure/{procedure.id}/*.{kind}") for kind in ("commit", "rollback")]
+    return FaultyStore(open_state_store(target.url), faults=refused)
+
+
 async def test_a_root_whose_failure_cannot_be_stored_keeps_its_ended_children(memory_target: StoreTarget) -> None:
     """The parent's `.commit` and then its `.rollback` are refused after its children
     committed: its end is not stored, so the next start resumes it from its last stored step
@@ -202,9 +208,7 @@ async def test_a_root_whose_failure_cannot_be_stored_keeps_its_ended_children(me
     world = World.new()
     parent = Parent.create(world, ["a", "b"])
     procedure = ProcedureWithId.new(parent)
-    refused = [Fault("transient", key=f"procedure/{procedure.id}/*.{kind}") for kind in ("commit", "rollback")]
-    faulty = FaultyStore(open_state_store(memory_target.url), faults=refused)
-    async with manager_for(faulty) as manager:
+    async with manager_for(_refusing_the_end_of(procedure, memory_target)) as manager:
         watcher = await manager.submit(procedure)
         with pytest.raises(EndNotRecorded):
             await watcher.wait()
@@ -213,3 +217,23 @@ async def test_a_root_whose_failure_cannot_be_stored_keeps_its_ended_children(me
         assert resumed is not None and await resumed.wait() == "joined"
     assert {world.counts[f"child/{n}/{s}"] for n in "ab" for s in (0, 1)} == {1}
     assert world.counts["parent/joined"] == 2  # its last step ran again, its children did not
+
+
+@pytest.mark.parametrize(("to_step", "child_runs"), [(None, 1), (2, 2)], ids=["resume", "rewind"])
+async def test_an_operator_restarts_a_root_whose_end_was_refused(
+    memory_target: StoreTarget, to_step: int | None, child_runs: int
+) -> None:
+    """The same manager restarts the root whose end the store refused (its children's keys
+    still stored): a resume goes on knowing its children ended, a rewind's new run creates
+    them anew; either way the tree's keys all go at its end."""
+    world = World.new()
+    procedure = ProcedureWithId.new(Parent.create(world, ["a", "b"]))
+    faulty = _refusing_the_end_of(procedure, memory_target)
+    async with manager_for(faulty) as manager:
+        with pytest.raises(EndNotRecorded):
+            await (await manager.submit(procedure)).wait()
+        faulty.plan.faults.clear()
+        restarted = await (manager.resume(procedure.id) if to_step is None else manager.rewind(procedure.id, to_step))
+        assert await restarted.wait() == "joined"
+        assert await manager.store.store.walk("procedure/") == []
+    assert {world.counts[f"child/{n}/{s}"] for n in "ab" for s in (0, 1)} == {child_runs}
