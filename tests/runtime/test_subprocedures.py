@@ -215,8 +215,12 @@ async def test_a_root_whose_failure_cannot_be_stored_keeps_its_ended_children(me
     async with manager_for(memory_target) as manager:
         resumed = manager.procedure_watcher(procedure.id)
         assert resumed is not None and await resumed.wait() == "joined"
+        assert await manager.store.store.walk("procedure/") == []
+        records = await manager.store.store.walk("history/")
     assert {world.counts[f"child/{n}/{s}"] for n in "ab" for s in (0, 1)} == {1}
     assert world.counts["parent/joined"] == 2  # its last step ran again, its children did not
+    for child_id in parent.data["children"].values():
+        assert sum(child_id in key for key in records) == 1, records  # one run, one record
 
 
 @pytest.mark.parametrize(("to_step", "child_runs"), [(None, 1), (2, 2)], ids=["resume", "rewind"])
