@@ -124,9 +124,11 @@ def create_app(
 
     async def procedure(request: Request) -> Response:
         pid = request.path_params["procedure_id"]
-        token = None if state["actions"] is None else state["actions"].token
-        read = lambda: _procedure(state["store"], pid, whole=False, client=state["client"], request=request)  # noqa: E731
-        return await _page(request, "procedure.html", read, refresh, "../", token=token)
+        actions = state["actions"]
+        token = None if actions is None else actions.token
+        said = None if actions is None else actions.said(request.query_params.get("said"))
+        read = lambda: _procedure(state["store"], pid, whole=False, client=state["client"])  # noqa: E731
+        return await _page(request, "procedure.html", read, refresh, "../", token=token, said=said)
 
     async def act(request: Request) -> Response:
         if state["actions"] is None:
@@ -193,10 +195,17 @@ async def static(request: Request) -> Response:
 
 
 async def _page(
-    request: Request, template: str, read: Any, refresh: float, root: str, token: str | None = None
+    request: Request,
+    template: str,
+    read: Any,
+    refresh: float,
+    root: str,
+    token: str | None = None,
+    said: dict[str, str] | None = None,
 ) -> Response:
     """`root`: the path from this page back to the app's root (its own links start there);
-    `token`: the actions' form token, for a page with actions."""
+    `token`: the actions' form token, for a page with actions; `said`: what the action that
+    led here did."""
     try:
         data = await read()
         status = 200
@@ -205,7 +214,7 @@ async def _page(
     except StoreError as e:
         data, status = {"error": f"the store cannot be read: {e}"}, 503
     render = _TEMPLATES.get_template(template).render
-    html = await asyncio.to_thread(render, data=data, refresh=refresh, root=root, token=token)
+    html = await asyncio.to_thread(render, data=data, refresh=refresh, root=root, token=token, said=said)
     return HTMLResponse(valid_unicode(html), status_code=status)
 
 
@@ -260,7 +269,8 @@ def _row(p: StoredProcedure, inventory: Inventory, ids: dict[ProcedureId, str], 
     row["age"] = table_time(p.modified, "relative", now)
     row["started"] = iso_time(p.first_written)
     end = p.modified if p.is_finished else now
-    row["duration"] = _duration(end - p.first_written) if p.first_written is not None and end else None
+    # max: the store's clock may run ahead of this one (a just-written key "in the future").
+    row["duration"] = _duration(max(0.0, end - p.first_written)) if p.first_written is not None and end else None
     row["hint"] = UNREADABLE_HINT if p.status is StoredStatus.UNREADABLE else None
     return row
 
@@ -287,7 +297,7 @@ class Filters(msgspec.Struct, frozen=True):
             asked.get("status") or None,
             asked.get("type") or None,
             (asked.get("q") or "").strip().lower()[:200] or None,
-            int(page) if page.isdigit() and 0 < int(page) < 10**6 else 1,
+            int(page) if page.isascii() and page.isdigit() and len(page) <= 6 and int(page) > 0 else 1,
         )
 
     def admits(self, p: StoredProcedure) -> bool:
@@ -373,9 +383,7 @@ def _about_the_key(error: StoreError) -> bool:
     )
 
 
-async def _procedure(
-    store: ProcedureStore, text: str, *, whole: bool, client: Client, request: Request | None = None
-) -> dict[str, Any]:
+async def _procedure(store: ProcedureStore, text: str, *, whole: bool, client: Client) -> dict[str, Any]:
     inventory = await read_inventory(store)
     matches = [pid for pid in inventory.procedures if str(pid).startswith(text.lower())] if len(text) >= 4 else []
     if not matches:
@@ -393,14 +401,13 @@ async def _procedure(
     page["output"] = None if record is None or record.run != status.run else record.output
     page["timeline"] = _timeline(page["steps"], status)
     page["actions"] = list(ACTIONS)
-    if request is not None:  # what the last action on this page did (after its redirect)
-        page["said"] = {k: request.query_params[k] for k in ("done", "refused") if k in request.query_params}
     return page
 
 
 def _duration(seconds: float | None) -> str | None:
     if seconds is None:
         return None
+    seconds = max(0.0, seconds)
     minutes, rest = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m{rest:02d}s" if hours else f"{minutes}m{rest:02d}s" if minutes else f"{seconds:.1f}s"
