@@ -38,7 +38,7 @@ from procstore._runtime.telemetry import OFF, Telemetry, TracedStore, backend_of
 from procstore.errors import Fenced, ManagerStopped, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.guarded import GuardedStore
-from procstore.store.history import OUTPUT_LIMIT, History
+from procstore.store.history import History
 from procstore.store.local import LocalDirStore
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.settings import SettingsStore
@@ -84,8 +84,6 @@ class TermSettings:
     history: History = field(default_factory=History)
     keep_failed: bool = False
     telemetry: Telemetry = OFF
-    output_limit: int = OUTPUT_LIMIT
-    """Bytes of a done procedure's output (as JSON) its end record keeps."""
 
 
 async def obeying_the_store(settings: TermSettings) -> TermSettings:
@@ -97,7 +95,6 @@ async def obeying_the_store(settings: TermSettings) -> TermSettings:
         settings,
         keep_failed=settings.keep_failed or stored.keep_failed,
         history=stored.history(settings.history),
-        output_limit=stored.output_limit,
     )
 
 

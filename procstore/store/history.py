@@ -52,6 +52,12 @@ Outcome = Literal["done", "failed", "rolled back", "cancelled", "poisoned"]
 rollback, if it has one), where a `fail` request gives `failed` or `rolled back`."""
 
 
+OUTPUT_LIMIT = 64 * 1024
+"""The most bytes of JSON an end record keeps of a `Status.done(output=...)`: a larger
+output is not kept (`HistoryRecord.output_not_kept` says so), and the procedure is done
+all the same."""
+
+
 @dataclass(frozen=True, slots=True)
 class History:
     """How long the records of ended runs are kept: `ProcedureManager(history=History(...))`.
@@ -61,20 +67,17 @@ class History:
     Args:
         retention: seconds a record is kept after its procedure ended (7 days by default).
         max_records: the most records kept; the oldest go first beyond it.
+        output_limit: bytes of a done procedure's output (as JSON) its record keeps
+            (`OUTPUT_LIMIT` by default); a larger one is not kept, and the record says why.
     """
 
     retention: float = 7 * 24 * 3600.0
     max_records: int = 10_000
+    output_limit: int = OUTPUT_LIMIT
 
     def __post_init__(self) -> None:
-        if not self.retention > 0 or self.max_records < 1:
-            raise ValueError(f"History needs retention > 0 and max_records >= 1, not {self!r}")
-
-
-OUTPUT_LIMIT = 64 * 1024
-"""The most bytes of JSON an end record keeps of a `Status.done(output=...)`: a larger
-output is not kept (`HistoryRecord.output_not_kept` says so), and the procedure is done
-all the same."""
+        if not self.retention > 0 or self.max_records < 1 or self.output_limit < 0:
+            raise ValueError(f"History needs retention > 0, max_records >= 1 and output_limit >= 0, not {self!r}")
 
 
 class Action(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

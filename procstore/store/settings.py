@@ -25,7 +25,7 @@ import msgspec
 
 from procstore._logs import get_logger
 from procstore.errors import StoreError
-from procstore.store.history import OUTPUT_LIMIT, History
+from procstore.store.history import History
 from procstore.store.message import UNDECODABLE
 from procstore.store.requests import who
 from procstore.store.state_store import StateStore
@@ -51,7 +51,8 @@ class StoreSettings(msgspec.Struct, frozen=True, kw_only=True):
     history_max_records: int | None = None
     """History records kept at least."""
     result_limit: int | None = None
-    """Bytes of a done procedure's output (as JSON) its end record keeps; `OUTPUT_LIMIT` if None."""
+    """Bytes of a done procedure's output (as JSON) its end record keeps; the manager's
+    `History.output_limit` (`OUTPUT_LIMIT` by default) if None."""
     written_at: str = ""
     """ISO 8601 in UTC: when an operator wrote these."""
     written_by: str = ""
@@ -72,11 +73,8 @@ class StoreSettings(msgspec.Struct, frozen=True, kw_only=True):
         return History(
             retention=max(own.retention, self.history_retention or 0.0),
             max_records=max(own.max_records, self.history_max_records or 0),
+            output_limit=own.output_limit if self.result_limit is None else self.result_limit,
         )
-
-    @property
-    def output_limit(self) -> int:
-        return self.result_limit if self.result_limit is not None else OUTPUT_LIMIT
 
 
 KEEP_EVERYTHING = StoreSettings(keep_failed=True, history_retention=10 * 365 * 24 * 3600.0, history_max_records=10**9)
