@@ -238,7 +238,7 @@ class Client:
             # keys may be gone a moment before the later run's end record can be read.
             newest_run = max(newest_run, status.run)
             current = status.run >= newest_run
-            if status.is_ended and (record is not None or status.step is None) and not restarting and current:
+            if status.is_ended and (record is not None or not _record_coming(status)) and not restarting and current:
                 return _result_of(pid, status, record)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"procedure {pid} has not ended within {timeout} seconds ({status.status})")
@@ -365,11 +365,26 @@ def _id(value: ProcedureId | str) -> ProcedureId:
     raise InvalidProcedureId(value)
 
 
+SUBPROCEDURE_OUTPUT_LATER = (
+    "it is a subprocedure whose parent still runs: its keys, and not its output, are kept until its "
+    "root's tree ends, when its end record (with its output) is written; ask again then"
+)
+
+
+def _record_coming(status: ProcedureStatus) -> bool:
+    """Whether an ended procedure's end record is about to be written: a root's is, right
+    after its `.commit` (its keys are still there); a subprocedure's waits for its root's
+    whole tree to end, so none is waited for."""
+    return status.step is not None and status.parent_id is None
+
+
 def _result_of(pid: ProcedureId, status: ProcedureStatus, record: HistoryRecord | None) -> object:
     if not status.is_ended:
         raise ProcedureNotEnded(pid, status.status)
     if status.status != "done":
         raise ProcedureFailed(pid, ProcedureState.failed(status.error or status.status))
+    if record is None and status.parent_id is not None:
+        raise ResultNotKept(pid, SUBPROCEDURE_OUTPUT_LATER)
     if record is None:
         raise ProcedureNotEnded(pid, "done, its end record not written yet")
     if record.output_not_kept is not None:

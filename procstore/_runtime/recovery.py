@@ -28,6 +28,7 @@ from procstore.store.history import HistoryRecord, Recorded, RunKey, iso, record
 from procstore.store.keys import KeysByProcedure, KeyType, procedure_dir
 from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
+from procstore.store.run_origin import run_origin
 from procstore.store.tree import descendants, stuck_chains
 
 if TYPE_CHECKING:
@@ -455,6 +456,7 @@ def _resume_root(
     meta = ctx.metas.register(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)
     meta.is_root = True
     meta.inherited = True
+    meta.started = run_origin(message)
     # A root past its step 0 (or rolling back) held its locks when its process died, and
     # its last step may be half done: it takes them again now, before any runner starts, so
     # that a procedure queued behind it cannot overtake it and run over that half-done step.
