@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, get_args
 
 import orjson
 
@@ -53,7 +53,7 @@ from procstore.store.requests import RequestKind, checked_reason
 from procstore.store.settings import SettingsStore, StoreSettings
 from procstore.store.signals import encoded_payload, send_signal
 from procstore.store.state_store import StateStore
-from procstore.store.words import StatusWord
+from procstore.store.words import STATUS_WORDS, StatusWord
 
 Statuses = list[ProcedureStatus]
 Records = list[HistoryRecord]
@@ -159,7 +159,7 @@ class Client:
         """
         if limit < 1:
             raise ValueError(f"limit must be at least 1, not {limit!r}")
-        wanted = None if status is None else {status} if isinstance(status, str) else set(status)
+        wanted = _known_words(status, STATUS_WORDS, "status")
         prefix = (id_prefix or "").lower()
         start = "" if after is None else str(_id(after))
         nudges = await self._store.resumes.list_all()  # before the keys: see `_read`
@@ -260,7 +260,7 @@ class Client:
     ) -> Records:
         """The records of ended runs (`HistoryRecord`), newest end first, at most `limit`:
         of one procedure (every run), one type, or one or several outcomes."""
-        wanted = None if outcome is None else {outcome} if isinstance(outcome, str) else set(outcome)
+        wanted = _known_words(outcome, get_args(Outcome), "outcome")
         pid = None if procedure_id is None else str(_id(procedure_id))
         if limit < 1:
             raise ValueError(f"limit must be at least 1, not {limit!r}")
@@ -354,6 +354,17 @@ class Client:
         return f"Client({self._store})"
 
 
+def _known_words(asked: str | Iterable[str] | None, words: tuple[str, ...], what: str) -> set[str] | None:
+    """The words asked for (None: any); `ValueError` naming the words taken for any other,
+    which would otherwise match nothing and answer an empty list."""
+    if asked is None:
+        return None
+    wanted = {asked} if isinstance(asked, str) else set(asked)
+    if unknown := sorted(wanted - set(words)):
+        raise ValueError(f"unknown {what} {', '.join(map(repr, unknown))}: the words are {', '.join(words)}")
+    return wanted
+
+
 def _id(value: ProcedureId | str) -> ProcedureId:
     if isinstance(value, ProcedureId):
         return value
@@ -389,4 +400,9 @@ def _result_of(pid: ProcedureId, status: ProcedureStatus, record: HistoryRecord 
         raise ProcedureNotEnded(pid, "done, its end record not written yet")
     if record.output_not_kept is not None:
         raise ResultNotKept(pid, record.output_not_kept)
-    return None if record.output is None else orjson.loads(record.output)
+    if record.output is None:
+        return None
+    try:
+        return orjson.loads(record.output)
+    except orjson.JSONDecodeError as e:  # a record written by hand: not JSON, or nested too deep
+        raise ResultNotKept(pid, f"its stored output cannot be read as JSON ({e})") from None

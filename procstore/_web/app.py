@@ -58,10 +58,12 @@ from procstore.store.inventory import (
     endings,
     read_history,
     read_inventory,
+    read_outcomes,
 )
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
+from procstore.store.words import STATUS_WORDS, StatusWord, status_word
 
 _TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
@@ -290,8 +292,8 @@ class Filters(msgspec.Struct, frozen=True):
             int(page) if page.isdigit() and 0 < int(page) < 10**6 else 1,
         )
 
-    def admits(self, p: StoredProcedure) -> bool:
-        if self.status is not None and p.status.value != self.status:
+    def admits(self, p: StoredProcedure, word: StatusWord) -> bool:
+        if self.status is not None and word != self.status:
             return False
         if self.type is not None and p.type_name != self.type:
             return False
@@ -300,6 +302,7 @@ class Filters(msgspec.Struct, frozen=True):
 
 async def _overview(store: ProcedureStore, request: Request, *, whole: bool) -> dict[str, Any]:
     inventory = await read_inventory(store)
+    await read_outcomes(store, inventory)  # the words of `ls`: `rolled back`, `cancelled`
     now = time.time()
     lease = await _lease(store, now)
     shown = None if whole else OVERVIEW_SHOWN
@@ -315,11 +318,11 @@ def _overview_of(
     now: float,
     shown: int | None,
 ) -> dict[str, Any]:
-    counts = {s.value: 0 for s in StoredStatus}
+    counts = dict.fromkeys(STATUS_WORDS, 0)
     for p in inventory.procedures.values():
-        counts[p.status.value] += 1
+        counts[inventory.word(p)] += 1
     chosen = sorted(
-        (p for p in inventory.procedures.values() if filters.admits(p)),
+        (p for p in inventory.procedures.values() if filters.admits(p, inventory.word(p))),
         key=lambda p: (p.modified or 0.0, str(p.procedure_id)),
     )
     pages = max(1, -(-len(chosen) // shown)) if shown else 1
@@ -377,6 +380,7 @@ async def _procedure(
     store: ProcedureStore, text: str, *, whole: bool, client: Client, request: Request | None = None
 ) -> dict[str, Any]:
     inventory = await read_inventory(store)
+    await read_outcomes(store, inventory)
     matches = [pid for pid in inventory.procedures if str(pid).startswith(text.lower())] if len(text) >= 4 else []
     if not matches:
         return await _ended(store, text, {str(pid) for pid in inventory.procedures})
@@ -444,7 +448,7 @@ def _procedure_of(
             "problem": problem,
             "error": None,
             "fields": [],
-            "ended": None if ended is None else {"status": ended.value, "text": ENDINGS[ended]},
+            "ended": None if ended is None else {"status": status_word(ended), "text": ENDINGS[ended]},
         }
         if problem is not None:
             step["hint"] = UNREADABLE_HINT
