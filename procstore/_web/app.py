@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from procstore._cli.history import record_json
 from procstore._cli.lease import lease_state, read_lease
 from procstore._cli.listing import row_json
 from procstore._cli.output import SHORT_ID, iso_time, table_time
@@ -483,7 +484,7 @@ HISTORY_SHOWN = 200
 
 
 def _history_row(record: HistoryRecord, short: dict[str, str], now: float) -> dict[str, Any]:
-    row: dict[str, Any] = msgspec.to_builtins(record)
+    row = record_json(record)  # as `procstore history -o json`: output nested, times in one form
     row["short"] = short.get(record.id, record.id)
     try:
         row["age"] = table_time(datetime.fromisoformat(record.ended_at).timestamp(), "relative", now)

@@ -1,4 +1,4 @@
-"""`procstore show` of an id whose keys are gone prints its history record in the chosen
+"""`procstore show` (and the web view's history) of an id whose keys are gone prints its history record in the chosen
 format, in the document shape of a live id's (`procedure`, `status`, `keys`, and `record`),
 with JSON's escapes and the one time form; `-o json` never rounds a stored integer."""
 
@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from starlette.testclient import TestClient
 
 from procstore import ProcedureFailed, ProcedureWithId
 from procstore._cli.app import cli
+from procstore._web.app import create_app
 from tests.procedures import Steps, World
 from tests.runtime.test_operations import Flaky, manager_on
 from tests.support import manager_for
@@ -60,6 +62,9 @@ def test_times_in_json_are_iso_8601_utc_to_the_second(tmp_path: Path) -> None:
     shown = json.loads(CliRunner().invoke(cli, ["show", url, pid, "-o", "json"]).output)
     times = [history["started_at"], history["ended_at"], history["started"]["at"]]
     times += [shown["record"]["ended_at"], shown["status"]["ended_at"]]
+    with TestClient(create_app(url)) as web:
+        (row,) = web.get("/api/history").json()["records"]
+        times += [row["started_at"], row["ended_at"], row["started"]["at"]]
     assert all(one_form.fullmatch(t) for t in times), times
 
 
