@@ -572,7 +572,9 @@ async def record_recovered(
     """
     now = iso(datetime.now(UTC)) or ""
     records = [
-        record_from_keys(pid, message, rolled_back=pid in loaded.rolled_back_ids, ended_at=now)
+        record_from_keys(
+            pid, message, rolled_back=pid in loaded.rolled_back_ids, ended_at=now, started=run_origin(message)
+        )
         for pid in ids
         if (message := loaded.finished_messages.get(pid)) is not None
     ]
@@ -597,5 +599,5 @@ async def record_kept(
         if now - ended > ctx.store.history.settings.retention:
             continue
         at = iso(datetime.fromtimestamp(ended, UTC)) or ""
-        records.append(record_from_keys(pid, message, rolled_back=True, ended_at=at))
+        records.append(record_from_keys(pid, message, rolled_back=True, ended_at=at, started=run_origin(message)))
     await ctx.store.history.put_many(records)

@@ -159,10 +159,16 @@ def _has_non_finite(value: object) -> bool:
 
 
 def record_from_keys(
-    procedure_id: ProcedureId, message: ProcedureMessage, *, rolled_back: bool, ended_at: str
+    procedure_id: ProcedureId,
+    message: ProcedureMessage,
+    *,
+    rolled_back: bool,
+    ended_at: str,
+    started: Action | None,
 ) -> HistoryRecord:
     """The end record of a finished run known only from its keys (`message`: its highest
-    message below the `.commit`): written by whoever deletes such a run (recovery, `procstore
+    message below the `.commit`; `started`: how the run started, as its messages say:
+    `procstore.store.run_origin`): written by whoever deletes such a run (recovery, `procstore
     gc` and `delete`), unless the manager that ran it wrote a fuller one first. The keys do
     not say whether it rolled back or had no rollback: either is `failed`."""
     return HistoryRecord(
@@ -174,6 +180,7 @@ def record_from_keys(
         ended_at=ended_at,
         steps=message.step,
         run=message.run,
+        started=started,
     )
 
 

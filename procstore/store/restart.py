@@ -36,7 +36,7 @@ from procstore.store.history import Action, History, HistoryStore, iso, record_f
 from procstore.store.keys import MAX_STEP, KeyType, ParsedKey, procedure_dir
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
-from procstore.store.run_origin import with_run_origin
+from procstore.store.run_origin import run_origin, with_run_origin
 
 
 class RestartedMeanwhile(ProcedureError):
@@ -159,7 +159,7 @@ async def apply_restart(
         ended = modified.get(str(plan.latest)) or now
         if now - ended <= retention:
             at = iso(datetime.fromtimestamp(ended, UTC)) or ""
-            record = record_from_keys(plan.procedure_id, last, rolled_back=True, ended_at=at)
+            record = record_from_keys(plan.procedure_id, last, rolled_back=True, ended_at=at, started=run_origin(last))
             await HistoryStore(store.store, store.parent_path).put_unrecorded([record])
     if started is not None:
         message = dataclasses.replace(message, extra=with_run_origin(message.extra, run, started))
