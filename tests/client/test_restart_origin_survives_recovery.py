@@ -45,3 +45,21 @@ async def test_a_later_rewind_to_an_earlier_runs_step_does_not_inherit_that_runs
                 await client.wait(pid, timeout=20)
         runs = await client.history(procedure_id=pid)
         assert [(r.run, r.started and r.started.reason) for r in runs] == [(3, "second"), (2, "first"), (1, "")]
+
+
+async def test_an_end_record_written_from_the_keys_says_how_the_run_started(target: StoreTarget) -> None:
+    """A manager killed between the run's `.commit` and its end record: the next start
+    writes the record from the keys, with the origin the run's messages carry."""
+    async with manager_on(target.url, storage_options=target.storage_options, keep_failed=True) as manager:
+        pid, _ = await failed_and_kept(manager)
+    async with Client(target.url, target.storage_options, poll_interval=0.05) as client:
+        await client.rewind(pid, 0, reason="once more")
+        async with manager_on(target.url, storage_options=target.storage_options, keep_failed=True) as manager:
+            with pytest.raises(ProcedureFailed):
+                await client.wait(pid, timeout=20)
+            await manager.store.store.batch_delete([manager.store.history.run_key(pid, 2)])  # as if never written
+        assert [r.run for r in await client.history(procedure_id=pid)] == [1]
+        async with manager_on(target.url, storage_options=target.storage_options, keep_failed=True):
+            newest, _ = await client.history(procedure_id=pid)
+        assert newest.run == 2 and newest.started is not None
+        assert (newest.started.kind, newest.started.reason) == ("rewind", "once more")
