@@ -188,7 +188,10 @@ _decoder = msgspec.json.Decoder(HistoryRecord)
 
 
 def iso(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.astimezone(UTC).isoformat(timespec="milliseconds")
+    """ISO 8601 in UTC with `Z`, as every time procstore writes, to the millisecond."""
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(slots=True)

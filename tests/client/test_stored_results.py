@@ -169,3 +169,12 @@ async def test_a_hand_written_output_that_is_not_json_is_not_kept(target: StoreT
         await history.store.put(history.key(record), msgspec.json.encode(written))
         with pytest.raises(ResultNotKept, match="cannot be read as JSON"):
             await client.result(procedure.id)
+
+
+async def test_record_times_are_iso_8601_utc_with_z(target: StoreTarget) -> None:
+    procedure, _ = await run_to_end(target, "none")
+    async with Client(target.url, target.storage_options) as client:
+        (record,) = await client.history(procedure_id=procedure.id)
+    assert record.started is not None
+    times = [record.started_at, record.ended_at, record.started.at]
+    assert all(t is not None and t.endswith("Z") and "+" not in t for t in times), times
