@@ -19,6 +19,7 @@ from procstore.flow import Concurrency, RateLimit
 from procstore.ids import ProcedureId
 from procstore.lock_key import NO_KEYS, LockKey, StringKey
 from procstore.state import ProcedureState
+from procstore.wake_time import clamped_wake_at
 
 
 class Procedure(abc.ABC):
@@ -146,8 +147,9 @@ class Status:
     @classmethod
     def sleep_until(cls, when: datetime | float, persist: bool = True) -> Status:
         """`sleep` until `when`: an aware `datetime`, or seconds since the epoch (an `int` or
-        `float`). A time already past wakes at once. Raises `ValueError` for a naive datetime
-        (its time zone would be a guess) and `TypeError` for any other value."""
+        `float`). A time already past wakes at once; one after 9999-12-31T23:59:59Z is kept as
+        that (it never comes either). Raises `ValueError` for a naive datetime (its time zone
+        would be a guess) or a non-finite time, and `TypeError` for any other value."""
         if isinstance(when, datetime):
             if when.tzinfo is None or when.utcoffset() is None:
                 raise ValueError(f"sleep_until needs an aware datetime (with a tzinfo), not {when!r}")
@@ -158,7 +160,7 @@ class Status:
             raise TypeError(f"sleep_until takes an aware datetime or epoch seconds, not {when!r}")
         if not math.isfinite(epoch):
             raise ValueError(f"sleep_until takes a finite time, not {when!r}")
-        return cls(StatusKind.WAITING, persist, wake_at=epoch)
+        return cls(StatusKind.WAITING, persist, wake_at=clamped_wake_at(epoch))
 
     @classmethod
     def wait_for_signal(cls, name: str, timeout: float | None = None) -> Status:

@@ -5,14 +5,19 @@
 - Each datanode keeps its replicas (role and last entry id) durably under
   `cluster/datanodes/{id}.json`, as a real datanode keeps them on its disk.
 - The mailbox carries instructions to datanodes and can be made slow, time out, fail, or
-  cut a datanode off (a partition). A leader whose lease is no longer renewed (its route
-  marks it downgrading) gives up leadership on its own once the lease has run out, as
-  GreptimeDB's datanodes do; that needs no message, so it works across a partition.
+  cut a datanode off (a partition). An instruction carries the fencing token of the
+  manager's lease term that sent it (`Context.fencing_token`); a datanode keeps the highest
+  token it has seen per region and refuses a lower one (`StaleFencingToken`), so a leader
+  paused past its lease cannot act on a region after the next leader has.
+- A region's leader whose lease is no longer renewed (its route marks it downgrading)
+  gives up leadership on its own once the lease has run out, as GreptimeDB's datanodes
+  do; that needs no message, so it works across a partition.
 - A datanode may open a region asynchronously (`Datanode.open_delay`): it answers at once
   that the region is not open yet, and once it is, sends the migration that asked the
   signal `REGION_OPENED` through the store (`procstore.store.signals`).
 
-Everything survives the procedure manager being killed: only the mailbox is in memory.
+Everything survives the procedure manager being killed: only the mailbox and the
+datanodes' fencing tokens are in memory (the datanodes outlive every manager).
 """
 
 from __future__ import annotations
@@ -85,6 +90,10 @@ class DatanodeError(Exception):
     """The datanode refused the instruction."""
 
 
+class StaleFencingToken(DatanodeError):
+    """The instruction comes from an older lease term than one the region has seen."""
+
+
 class ClusterMetadata:
     """Table routes on durable storage."""
 
@@ -138,6 +147,10 @@ class Datanode:
         self.id = node_id
         self.store = store
         self.replicas: dict[int, Replica] = {}
+        self.fences: dict[int, int] = {}
+        """The highest fencing token seen per region. Kept in memory: a datanode here lives
+        as long as its cluster, longer than any manager (a real one would keep it on disk
+        with its replicas)."""
         self.lock = asyncio.Lock()
         self._loaded = False
         self.open_delay = 0.0
@@ -163,10 +176,26 @@ class Datanode:
     async def save(self) -> None:
         await self.store.put(self.key, orjson.dumps(to_builtins(self.replicas)))
 
-    async def handle(self, instruction: str, region: int, **args: Any) -> dict[str, Any]:
+    def admit(self, region: int, fencing_token: int | None) -> None:
+        """Refuse an instruction whose token is below the highest seen for `region`: it
+        comes from a deposed leader (paused past its lease, say) acting late. An instruction
+        without a token (a manager without a lease) is not fenced."""
+        if fencing_token is None:
+            return
+        highest = self.fences.get(region, fencing_token)
+        if fencing_token < highest:
+            raise StaleFencingToken(
+                f"datanode {self.id}: region {region} has seen fencing token {highest}, refusing {fencing_token}"
+            )
+        self.fences[region] = fencing_token
+
+    async def handle(
+        self, instruction: str, region: int, fencing_token: int | None = None, **args: Any
+    ) -> dict[str, Any]:
         # One instruction at a time: each save writes the whole replica map, and two
         # overlapping saves could land out of order and lose a change.
         async with self.lock:
+            self.admit(region, fencing_token)
             await self.ensure_loaded()
             before = {rid: Replica(r.role, r.last_entry_id) for rid, r in self.replicas.items()}
             try:
@@ -262,6 +291,7 @@ class Mailbox:
         instruction: str,
         region: int,
         timeout: float,  # noqa: ASYNC109 - the timeout is simulated, part of the fault model
+        fencing_token: int | None = None,
         **args: Any,
     ) -> dict[str, Any]:
         self.sent.append((node_id, instruction, region))
@@ -283,7 +313,7 @@ class Mailbox:
         node = self.datanodes.get(node_id)
         if node is None:
             raise DatanodeError(f"no datanode {node_id}")
-        return await node.handle(instruction, region, **args)
+        return await node.handle(instruction, region, fencing_token=fencing_token, **args)
 
 
 class SimCluster:
@@ -328,16 +358,18 @@ class SimCluster:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def expire_lease(self, node_id: int, region: int) -> None:
+    async def expire_lease(self, node_id: int, region: int, fencing_token: int | None = None) -> None:
         """The leader's lease on `region` ran out (nobody renewed it): it stops leading.
 
         This happens inside the datanode, with no message from the metasrv, which is why it
-        works when the datanode cannot be reached.
+        works when the datanode cannot be reached. A procedure waits out the lease and then
+        calls this to stand for it; `fencing_token` is its term's, so a deposed leader's late
+        call cannot demote a region a later leader gave back to this datanode.
         """
         node = self.datanodes.get(node_id)
         if node is None:
             return
-        await node.handle("lease_expired", region)
+        await node.handle("lease_expired", region, fencing_token=fencing_token)
 
 
 async def check_cluster(store: StateStore) -> list[str]:

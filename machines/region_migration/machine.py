@@ -117,13 +117,32 @@ def _timeout_left(ctx: Ctx) -> float:
     return ctx.persistent.timeout.total_seconds() - ctx.volatile.operations_elapsed
 
 
+def _fencing_token(ctx: Ctx) -> int | None:
+    """The lease term this step runs in. Every datanode call carries it: a datanode refuses
+    a lower token than it has seen for the region, so a leader paused past its lease cannot
+    act on a region after the next leader has (as GreptimeDB's datanodes refuse a stale
+    lease)."""
+    return None if ctx.procedure is None else ctx.procedure.fencing_token
+
+
 async def _send(ctx: Ctx, peer: Peer, instruction: str, region: int, **args: Any) -> dict[str, Any]:
     started = time.monotonic()
     try:
         timeout = max(_timeout_left(ctx), 0.05)
-        return await ctx.volatile.cluster.mailbox.send(peer.id, instruction, region, timeout, **args)
+        mailbox = ctx.volatile.cluster.mailbox
+        return await mailbox.send(peer.id, instruction, region, timeout, _fencing_token(ctx), **args)
     finally:
         ctx.volatile.operations_elapsed += time.monotonic() - started
+
+
+def _led_by_others(route: TableRoute, p: PersistentContext) -> list[int]:
+    """The regions to move that neither peer leads (another migration moved them)."""
+    routes = [route.route(region) for region in p.regions()]
+    return [r.region_id for r in routes if r is not None and r.leader not in (p.from_peer.id, p.to_peer.id)]
+
+
+def _not_led_by_from_peer(regions: list[int], p: PersistentContext) -> State[Ctx]:
+    return RegionMigrationAbort(f"regions {regions} are not led by {p.from_peer.id}")
 
 
 @registry.state
@@ -140,9 +159,8 @@ class RegionMigrationStart(State[Ctx]):
             return RegionMigrationAbort(f"regions {missing} are not in table {p.table_id}"), Status.executing()
         if all(r is not None and r.leader == p.to_peer.id and not r.leader_downgrading for r in routes):
             return RegionMigrationEnd(), Status.executing()
-        strangers = [r.region_id for r in routes if r is not None and r.leader not in (p.from_peer.id, p.to_peer.id)]
-        if strangers:
-            return RegionMigrationAbort(f"regions {strangers} are not led by {p.from_peer.id}"), Status.executing()
+        if strangers := _led_by_others(route, p):
+            return _not_led_by_from_peer(strangers, p), Status.executing()
         if all(r is not None and p.to_peer.id in r.followers for r in routes):
             return UpdateMetadata(MetadataUpdate.DOWNGRADE), Status.executing()
         return OpenCandidateRegion(), Status.executing()
@@ -214,6 +232,12 @@ class UpdateMetadata(State[Ctx]):
     async def next(self, ctx: Ctx) -> tuple[State[Ctx], Status]:
         p = ctx.persistent
         if self.kind is MetadataUpdate.DOWNGRADE:
+            # The start's check again: a migration resumed from its stored state (after a
+            # run whose end the store refused, which let go of its locks) may find that
+            # another migration has moved the region meanwhile. Every path to the upgrade
+            # passes here, in the same run, so nothing acts on a route read before that.
+            if strangers := _led_by_others(await _route(ctx), p):
+                return _not_led_by_from_peer(strangers, p), Status.executing(persist=False)
             await _update_route(ctx, lambda route: _set_downgrading(route, p, True))
             return DowngradeLeaderRegion(), Status.executing(persist=False)
         if self.kind is MetadataUpdate.UPGRADE:
@@ -270,7 +294,7 @@ async def _demote(ctx: Ctx, peer: Peer, region: int) -> None:
         # Unreachable: the route does not name it, so nobody renews its lease; once the
         # lease has run out it has stopped leading.
         await asyncio.sleep(REGION_LEASE_SECONDS)
-        await ctx.volatile.cluster.expire_lease(peer.id, region)
+        await ctx.volatile.cluster.expire_lease(peer.id, region, _fencing_token(ctx))
 
 
 async def _send_with_backoff(
@@ -307,7 +331,7 @@ class DowngradeLeaderRegion(State[Ctx]):
                 continue
             reply = await _send_with_backoff(ctx, p.from_peer, "downgrade", region, lease_ran_out)
             if reply is None:  # slow path: go on without the old leader
-                await v.cluster.expire_lease(p.from_peer.id, region)
+                await v.cluster.expire_lease(p.from_peer.id, region, _fencing_token(ctx))
             v.last_entry_ids[region] = None if reply is None else reply.get("last_entry_id")
         return UpgradeCandidateRegion(), Status.executing(persist=False)
 

@@ -57,7 +57,7 @@ STATUS_STYLE = {
     StoredStatus.UNREADABLE: "bold red",
     StoredStatus.PARENT_CYCLE: "bold red",
 }
-OUR_FOLDERS = ("lease/", "requests/", "history/", "activity/")
+OUR_FOLDERS = ("lease/", "requests/", "history/", "activity/", "flow/")
 """Folders a manager writes beside `procedure/`: a store holding only these is ours, and empty."""
 
 

@@ -62,7 +62,7 @@ class ManagerContext:
         self.recovered = StoredProcedures()
         self.metas = Registry(self.recovered.children_of, self._ended)
         self.locks = LockTable()
-        self.waits = Waits(term.spawn)
+        self.waits = Waits(term.spawn, store.rate_starts)
         self.requests = OperatorRequests(store.requests, term.spawn, self.metas, self.waits.wake)
         self.activity = ActivityPublisher(store.activities, term.spawn, None if lease is None else lease.holder)
 

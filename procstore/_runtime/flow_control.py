@@ -5,9 +5,12 @@ before its first step (before its locks, so a procedure waiting here holds none)
 waits, its metadata says why (`ProcedureInfo.waiting`). Among the waiters of one key (or
 one type), the highest `priority()` goes first, then the earliest.
 
-A procedure resumed past its first step (after a restart or a takeover) was running
-already: it takes its slot at once, even above the limit, and counts against it until it
-ends; it is no new start for the rate. The rate counts the starts this term admitted.
+A procedure resumed past its first step by a restart or a takeover was running already:
+it takes its slot at once, even above the limit, and counts against it until it ends; it
+is no new start for the rate. One an operator resumes or rewinds after it ended held no
+slot, and waits for one as a new procedure does. The rate counts the starts stored by
+earlier terms (`RateStartsStore`, read at the first admission of the type) and those this
+term admitted, each stored before its procedure runs.
 """
 
 from __future__ import annotations
@@ -16,11 +19,16 @@ import asyncio
 import bisect
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from procstore._logs import get_logger
+from procstore.errors import describe
 from procstore.flow import Concurrency, RateLimit
 from procstore.ids import ProcedureId
+from procstore.store.rate_starts import RateStartsStore
+
+logger = get_logger("procstore.runtime")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,13 +66,20 @@ class FlowControl:
     waiters at the head of the queues it concerns (as many as could start), so a release
     costs what it frees, not a look at every waiter."""
 
-    __slots__ = ("_by_key", "_by_type", "_counter", "_held_key", "_holders", "_starts")
+    __slots__ = ("_by_key", "_by_type", "_clock", "_counter", "_held_key", "_holders", "_starts", "_stored", "_writing")
 
-    def __init__(self) -> None:
+    def __init__(self, stored: RateStartsStore, clock: Callable[[], float]) -> None:
+        self._stored = stored
+        self._clock = clock
+        """The manager's wall clock (epoch seconds): the stored starts are compared across managers."""
         self._holders: dict[str, set[ProcedureId]] = {}
         self._held_key: dict[ProcedureId, str] = {}
         self._starts: dict[str, deque[float]] = {}
-        """Per type with a rate limit: the loop times of the starts admitted in its last period."""
+        """Per type with a rate limit, once read from the store: the times of its starts in
+        its last period (stored ones, then those admitted here)."""
+        self._writing: dict[str, asyncio.Lock] = {}
+        """Per type: held while its stored starts are read, or written (one write at a time,
+        each with every start admitted before it, so that none is lost to a reordered write)."""
         self._by_key: dict[str, list[_Waiter]] = {}
         self._by_type: dict[str, list[_Waiter]] = {}
         self._counter = itertools.count()
@@ -87,6 +102,8 @@ class FlowControl:
         if started:
             self.take_started(pid, admission)
             return True
+        if admission.rate is not None and admission.type_name not in self._starts:
+            await self._read_starts(admission.type_name)
         waiter = _Waiter(pid, admission, (-admission.priority, next(self._counter)))
         queues = self._queues_of(admission)
         for queue in queues:
@@ -96,7 +113,7 @@ class FlowControl:
                 reason, retry_in = self._blocked(waiter)
                 if reason is None:
                     self._take(pid, admission, rate=True)
-                    return True
+                    break
                 report(reason)
                 if unless.is_set():
                     return False
@@ -107,6 +124,34 @@ class FlowControl:
                 queue.remove(waiter)
             report(None)
             self._wake_heads(admission)
+        if admission.rate is not None:
+            await self._write_starts(admission.type_name)
+        return True
+
+    async def _read_starts(self, type_name: str) -> None:
+        """Count the starts of `type_name` that the store holds (by earlier managers), once a term.
+        One it cannot read counts as none: the limit then holds from this term's starts. A
+        time ahead of this manager's clock (a clock ahead, another writer) counts as now, so
+        that it ends with a period as every start does."""
+        async with self._writing.setdefault(type_name, asyncio.Lock()):
+            if type_name in self._starts:
+                return
+            try:
+                now = self._clock()
+                stored = sorted(min(t, now) for t in await self._stored.get(type_name))
+            except Exception as e:
+                logger.warning("cannot read the recent starts of %s (%s): counting from now", type_name, describe(e))
+                stored = []
+            self._starts[type_name] = deque(stored)
+
+    async def _write_starts(self, type_name: str) -> None:
+        """Store the recent starts of `type_name`, before the one just admitted runs. One
+        not stored is counted by this term only (logged)."""
+        async with self._writing[type_name]:
+            try:
+                await self._stored.put(type_name, list(self._starts[type_name]))
+            except Exception as e:
+                logger.warning("cannot store the recent starts of %s (%s)", type_name, describe(e))
 
     def take_started(self, pid: ProcedureId, admission: Admission) -> None:
         """A procedure that ran before (resumed by a recovery) takes its slot now, even above the limit."""
@@ -136,7 +181,7 @@ class FlowControl:
             self._holders.setdefault(concurrency.key, set()).add(pid)
             self._held_key[pid] = concurrency.key
         if rate and admission.rate is not None:
-            self._starts.setdefault(admission.type_name, deque()).append(asyncio.get_running_loop().time())
+            self._starts.setdefault(admission.type_name, deque()).append(self._clock())
 
     def _wake_heads(self, admission: Admission) -> None:
         if admission.concurrency is not None:
@@ -155,8 +200,34 @@ class FlowControl:
         concurrency = queue[0].admission.concurrency
         assert concurrency is not None
         free = max(concurrency.limit - len(self._holders.get(key, ())), 1)
-        for waiter in queue[:free]:
+        # Those its type's rate holds back wake by their own timer, and let the next start.
+        for waiter in itertools.islice(self._startable(queue), free):
             waiter.woken.set()
+
+    def _startable(self, queue: list[_Waiter]) -> Iterator[_Waiter]:
+        """The waiters of a key's queue, in order, but those whose type's rate allows no start now."""
+        return (waiter for waiter in queue if not self._rate_full(waiter.admission))
+
+    def _startable_ahead(self, queue: list[_Waiter], waiter: _Waiter, enough: int) -> int:
+        """How many of those ahead of `waiter` in a key's queue could start now (counted up to `enough`)."""
+        count = 0
+        for other in queue:
+            if other is waiter or count >= enough:
+                break
+            count += not self._rate_full(other.admission)
+        return count
+
+    def _rate_full(self, admission: Admission) -> bool:
+        rate = admission.rate
+        return rate is not None and len(self._recent_starts(admission.type_name, rate)) >= rate.starts
+
+    def _recent_starts(self, type_name: str, rate: RateLimit) -> deque[float]:
+        """The times of the starts of `type_name` in the last `rate.per` seconds."""
+        now = self._clock()
+        window = self._starts.get(type_name, deque())  # none read yet: none counted
+        while window and window[0] <= now - rate.per:
+            window.popleft()
+        return window
 
     def _blocked(self, waiter: _Waiter) -> tuple[str | None, float | None]:
         """Why `waiter` cannot start now (None: it can), and in how many seconds the rate
@@ -170,14 +241,15 @@ class FlowControl:
                     f"({running} running, limit {concurrency.limit})",
                     None,
                 )
-            ahead = bisect.bisect_left(self._by_key[concurrency.key], waiter.order, key=_order)
-            if running + ahead >= concurrency.limit:
+            # Only those ahead that could start now count: one its type's rate holds back
+            # does not keep a free slot idle.
+            free = concurrency.limit - running
+            ahead = self._startable_ahead(self._by_key[concurrency.key], waiter, free)
+            if ahead >= free:
                 return f"waiting behind {ahead} procedures of higher priority for {concurrency.key!r}", None
         if (rate := admission.rate) is not None:
-            now = asyncio.get_running_loop().time()
-            window = self._starts.setdefault(admission.type_name, deque())
-            while window and window[0] <= now - rate.per:
-                window.popleft()
+            now = self._clock()
+            window = self._recent_starts(admission.type_name, rate)
             if len(window) >= rate.starts:
                 return (
                     f"waiting for the rate limit of {admission.type_name!r} ({rate.starts} starts per {rate.per:g}s)",

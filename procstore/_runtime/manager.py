@@ -472,7 +472,8 @@ class ProcedureManager:
         POISONED one (say, a loader registered since), or one that `start()` could not
         load. A rolled-back procedure is refused (its later steps would run over undone
         work): `rewind` it. Returns a watcher of the new run. Raises `ProcedureError`
-        saying why not (running here, a subprocedure, finished, keys gone),
+        saying why not (running here, a subprocedure, finished, keys gone, a run that
+        ended whose keys a late write re-created),
         `NotLeader` on a standby, `ManagerNotStarted`. `reason` (text, or None for none;
         anything else raises `TypeError`) is kept, with who and when, in the new run's
         history record (`HistoryRecord.started`).
@@ -631,7 +632,7 @@ async def send_signal_here(ctx: ManagerContext, procedure_id: ProcedureId, name:
     if meta is not None and meta.state.is_ended():
         raise ProcedureError(f"cannot signal procedure {procedure_id}: it has already ended ({meta.state.kind.name})")
     await send_signal(ctx.store, procedure_id, name, payload)
-    ctx.waits.signalled(procedure_id)
+    ctx.waits.signalled(procedure_id, name)
 
 
 def _telemetry_for(telemetry: bool | TelemetrySettings) -> Telemetry:

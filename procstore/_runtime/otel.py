@@ -79,8 +79,7 @@ class Attempt:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> None:
         telemetry = self._telemetry
         if telemetry.metering():
-            elapsed = time.perf_counter() - self._start
-            telemetry.step_duration.record(elapsed, {"procstore.procedure.type": self._type_name})
+            telemetry.step_ended(self._type_name, time.perf_counter() - self._start)
         if not telemetry._tracing():
             return
         try:
@@ -210,7 +209,7 @@ class OtelTelemetry(Telemetry):
         )
         self.retries = meter.create_counter("procstore.retries", "{retry}", "Retries of steps, by reason")
         self.store_duration = meter.create_histogram(
-            "procstore.store.duration", "s", "Store requests (a sample: one in TelemetrySettings.store_duration_every)"
+            "procstore.store.duration", "s", "Store requests (a sample: one in TelemetrySettings.histogram_every)"
         )
         self._store_requests: dict[tuple[str, str], list[int]] = {}
         """Requests made, ok and failed, by (operation, backend): counted here, read by the SDK
@@ -219,6 +218,12 @@ class OtelTelemetry(Telemetry):
             "procstore.store.requests", [self._observe_store_requests], "{request}", "Store requests, by outcome"
         )
         self._store_sampled = 0
+        self._steps: dict[str, list[int]] = {}
+        """Attempts at steps ended, by type (a one-item list: counted in place)."""
+        meter.create_observable_counter(
+            "procstore.steps", [self._observe_steps], "{attempt}", "Attempts at steps ended, by type"
+        )
+        self._step_sampled = 0
         self.store_errors = meter.create_counter("procstore.store.errors", "{error}", "Store requests that failed")
         self.lease_held_now = meter.create_up_down_counter(
             "procstore.lease.held", "{lease}", "1 while this manager holds the lease"
@@ -372,7 +377,7 @@ class OtelTelemetry(Telemetry):
                 else:
                     span.end()
             finally:  # the metric, even when a span processor fails at the end
-                self.step_duration.record(time.perf_counter() - start, {"procstore.procedure.type": type_name})
+                self.step_ended(type_name, time.perf_counter() - start)
 
     def rollback_span(self, procedure_id: str, type_name: str, step: int) -> Any:
         if not self._tracing():
@@ -427,13 +432,27 @@ class OtelTelemetry(Telemetry):
             yield Observation(counts[0], ok)
             yield Observation(counts[1], failed)
 
+    def _observe_steps(self, _options: CallbackOptions) -> Iterator[Observation]:
+        for type_name, count in list(self._steps.items()):
+            yield Observation(count[0], {"procstore.procedure.type": type_name})
+
+    def step_ended(self, type_name: str, seconds: float) -> None:
+        """An attempt at a step ended: counted, and one in `histogram_every` timed."""
+        count = self._steps.get(type_name)
+        if count is None:
+            count = self._steps.setdefault(type_name, [0])
+        count[0] += 1
+        sampled, self._step_sampled = self._step_sampled == 0, (self._step_sampled + 1) % self.settings.histogram_every
+        if sampled:  # the first, then one in `histogram_every`
+            self.step_duration.record(seconds, {"procstore.procedure.type": type_name})
+
     def _sampled(self) -> bool:
-        """Whether this request's duration goes in the histogram: one in `store_duration_every`."""
-        self._store_sampled += 1
-        if self._store_sampled >= self.settings.store_duration_every:
-            self._store_sampled = 0
-            return True
-        return False
+        """Whether this request's duration goes in the histogram: the first, then one in `histogram_every`."""
+        sampled, self._store_sampled = (
+            self._store_sampled == 0,
+            (self._store_sampled + 1) % self.settings.histogram_every,
+        )
+        return sampled
 
     async def store_call(self, operation: str, backend: str, call: Callable[[], Awaitable[T]]) -> T:
         counts = self._store_requests.get((operation, backend))

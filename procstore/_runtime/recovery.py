@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from procstore._aio import gather_settled
 from procstore._bulk import collector_paused
 from procstore._logs import get_logger
 from procstore._runtime.meta import ProcedureMeta
@@ -169,7 +170,8 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
         )
     with collector_paused():
         stranded = _stranded(loaded, alive) | _children_of_ended_runs(loaded)
-        to_delete = _plan_finished(ctx, loaded, alive, nudged) + loaded.stray_ids + finished_runs
+        ended = _plan_finished(ctx, loaded, alive, nudged)
+        to_delete = ended + loaded.stray_ids + finished_runs
         rolling_back_roots = _plan_unfinished(
             ctx, loaded.rollback_messages, stranded, alive, rolling_back=True, problems=problems
         )
@@ -193,6 +195,8 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
         except ProcedureError as e:
             logger.warning("could not delete finished procedures (%s); the next start tries again", e)
             to_delete = []
+        else:
+            await _delete_signals(ctx, ended)
     await _forget_requests(ctx, requested, loaded, to_delete)
 
     runners: list[Runner] = []
@@ -279,6 +283,18 @@ async def _forget_requests(
         await ctx.store.requests.delete(gone)
     except ProcedureError as e:
         logger.warning("could not delete operator requests of ended procedures (%s); the next start tries again", e)
+
+
+async def _delete_signals(ctx: ManagerContext, procedure_ids: list[ProcedureId]) -> None:
+    """Delete the signals of procedures that ended: a crash between a `.commit` and the
+    deletion of the signals its step consumed left those behind, and no signal of an ended
+    procedure can be delivered any more. One that fails is left to the request poll's sweep."""
+    try:
+        await ctx.settings.policy.call(
+            lambda _n: gather_settled(*(ctx.store.signals.delete_all(pid) for pid in procedure_ids))
+        )
+    except ProcedureError as e:
+        logger.warning("could not delete the signals of finished procedures (%s); the request poll will", e)
 
 
 def _plan_finished(
@@ -386,9 +402,10 @@ def _plan_unfinished(
 def resume_root(
     ctx: ManagerContext, pid: ProcedureId, message: ProcedureMessage, *, rolling_back: bool
 ) -> list[LoadProblem]:
-    """Run a stored root in this term, as recovery does; returns why it could not be loaded."""
+    """Run a stored root that an operator resumed or rewound in this term, as recovery does
+    (but it waits for its concurrency slot: it held none); returns why it could not be loaded."""
     problems: list[LoadProblem] = []
-    for runner in _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=problems):
+    for runner in _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=problems, restarted=True):
         runner.start()
     return problems
 
@@ -442,6 +459,7 @@ def _resume_root(
     *,
     rolling_back: bool,
     problems: list[LoadProblem],
+    restarted: bool = False,
 ) -> list[Runner]:
     """The runner that resumes a stored root, not started; none if it cannot be loaded."""
     key_type = KeyType.ROLLBACK if rolling_back else KeyType.STEP
@@ -463,8 +481,11 @@ def _resume_root(
     holds = (message.step > 0 or rolling_back) and ctx.locks.take_all_now(pid, lock_key.keys_to_lock())
     wait = NO_WAIT if rolling_back else StepWait.of(message)
     return [
-        Runner(ctx, meta, procedure, message.step + 1, message.data, resume_children=True, holds_locks=holds, wait=wait)
-    ]
+        Runner(
+            ctx, meta, procedure, message.step + 1, message.data,
+            resume_children=True, holds_locks=holds, wait=wait, restarted=restarted,
+        )
+    ]  # fmt: skip
 
 
 async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy: set[ProcedureId]) -> set[ProcedureId]:

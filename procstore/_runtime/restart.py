@@ -127,6 +127,14 @@ async def _restart(
 ) -> ProcedureMeta:
     plan = await plan_restart(ctx.store, procedure_id, to_step)
     stored = await check_restart(ctx.store, plan)
+    if plan.source is None and await ctx.store.history.has_ended(procedure_id, stored.run):
+        # Resumed as stored, the same run would go on; but it ended (its record is written
+        # before its keys are deleted), so these keys are a former leader's late write
+        # (a retried create, say) that re-created its folder, as recovery reads them too.
+        raise ProcedureError(
+            f"procedure {procedure_id}: its run {stored.run} ended (history holds its end record); {plan.latest} "
+            "is a late write that re-created its keys, not a run to resume: rewind it to run it again"
+        )
     try:
         procedure, _ = ctx.load_with_lock_key(procedure_id, stored, str(plan.source or plan.latest))
     except LoadFailed as e:

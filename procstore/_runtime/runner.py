@@ -25,7 +25,7 @@ import contextvars
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 from types import TracebackType
@@ -63,6 +63,7 @@ from procstore.store.keys import KeyType
 from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
 from procstore.store.requests import OperatorRequested
 from procstore.store.signals import Signal
+from procstore.wake_time import clamped_wake_at
 
 if TYPE_CHECKING:
     from procstore._runtime.context import ManagerContext
@@ -315,8 +316,8 @@ class Runner:
     """Runs one procedure in its own task until it ends or the manager stops."""
 
     __slots__ = (
-        "_consuming", "_parked", "_resume_children", "_signals", "_skip_signals", "_stored_data", "_wait", "ctx",
-        "holds_locks", "meta", "procedure", "step",
+        "_consuming", "_message_skips_a_step", "_parked", "_resume_children", "_signal_names", "_signals",
+        "_skip_signals", "_stored_data", "_wait", "ctx", "holds_locks", "meta", "procedure", "restarted", "step",
     )  # fmt: skip
 
     def __init__(
@@ -330,6 +331,7 @@ class Runner:
         resume_children: bool = False,
         holds_locks: bool = False,
         wait: StepWait | None = None,
+        restarted: bool = False,
     ) -> None:
         self.ctx = ctx
         self.meta = meta
@@ -339,6 +341,8 @@ class Runner:
         self._stored_data = stored_data
         """The last `data` known to be stored: the rollback message's fallback if `dump()` fails."""
         self._resume_children = resume_children
+        self._message_skips_a_step = resume_children and ctx.lease is not None
+        """See `_message_step`: a procedure resumed from the store under a lease."""
         self.holds_locks = holds_locks
         """Its lock keys were taken for it already (see `KeyRwLock.acquire_all_now`)."""
         self._wait = wait if wait is not None and wait.waits else None
@@ -353,6 +357,12 @@ class Runner:
         its next stored message, and deleted once that is stored."""
         self._parked = False
         """Parked in `ctx.waits`: its task has ended, and its locks stay held for it."""
+        self.restarted = restarted
+        """Resumed or rewound by an operator: it ran no step since it ended (or stopped), so it
+        held no concurrency slot, and waits for one as a new procedure does."""
+        self._signal_names: dict[str, str] = {}
+        """The names of the signals it read and did not take (of another name than its wait's;
+        "" for an unreadable value): a later wait reads a signal again only if it may be the one."""
 
     def start(self) -> None:
         self._spawn_run(submitted=not self._resume_children)
@@ -400,8 +410,11 @@ class Runner:
                 self.ctx.waits.flow.release(self.meta.id)
 
     def _has_started(self) -> bool:
-        """Whether it ran a step already (stored past its first state, or failing): flow
-        control counts it as running, and never makes it wait again."""
+        """Whether it was running when this term took it over (stored past its first state,
+        or failing, and not restarted by an operator): flow control counts it as running,
+        and never makes it wait."""
+        if self.restarted:
+            return False
         return self.step > 1 or self.meta.state.kind is not ProcedureStateKind.RUNNING
 
     def take_slot_if_started(self) -> None:
@@ -420,6 +433,8 @@ class Runner:
         """Wait for flow control (`Procedure.concurrency()`, `rate_limit`); False if the
         procedure failed instead (an operator's request came first: it had not started)."""
         admission = admission_of(self.procedure, self.meta.type_name)
+        if self.restarted:
+            admission = replace(admission, rate=None)  # no first start: the rate counts those
         if not admission.limited:
             return True
         started = self._has_started()
@@ -648,9 +663,31 @@ class Runner:
             return False
         return True
 
+    def _message_step(self) -> int:
+        """The step of the next `.step` or `.rollback` this runner writes.
+
+        Under a lease, the first one of a procedure resumed from the store leaves a step
+        number free (its latest key's + 1) for a former leader's late write: one paused with
+        a write of this procedure in flight can land it after this manager listed the
+        folder, and only at that step (a runner writes one key at a time, each numbered one
+        above the last one stored). Create-only writes stop it only where it has the same
+        name as this manager's key: a `.rollback` landing beside this manager's `.step` at
+        one step outranks it, and below this manager's `.commit` reads as the end (failed,
+        though the run committed done). Above that step, nothing a former leader can still
+        write is the latest key or the message a commit ends. A `.commit` needs no free
+        step: the message it ends is the highest one below its own step
+        (`procstore.store.folder`). This holds on every store, as it needs no clock (listing
+        times are absent on some stores, and on others a request's start or a temporary
+        file's, not when the key became visible)."""
+        if self._message_skips_a_step:
+            self._message_skips_a_step = False
+            self.step += 1
+        return self.step
+
     async def _persist(self, data: str, wait: StepWait) -> None:
         meta = self.meta
-        await self.ctx.store.store_procedure(meta.id, self.step, meta.type_name, data, meta.parent_id, meta.run, wait)
+        step = self._message_step()
+        await self.ctx.store.store_procedure(meta.id, step, meta.type_name, data, meta.parent_id, meta.run, wait)
         self.step += 1
         self._stored_data = data
 
@@ -665,7 +702,7 @@ class Runner:
             return StepWait(consumed=consumed) if consumed else NO_WAIT
         wake_at = status.wake_at
         if wake_at is None and status.delay is not None:
-            wake_at = wall_clock() + status.delay
+            wake_at = clamped_wake_at(wall_clock() + status.delay)
         return StepWait(wake_at, status.signal, self._consuming + self._skip_signals)
 
     async def _delete_consumed(self) -> None:
@@ -717,13 +754,26 @@ class Runner:
         self._parked = True
         self.meta.waiting = wait.describe()
         self.ctx.activity.waiting(self.meta, self.step, self.meta.waiting)
-        waits.park(pid, wait.wake_at, wait.signal, self._woken)
+        not_for_it = frozenset(self._signal_names).union(self._skip_signals)
+        waits.park(pid, wait.wake_at, wait.signal, self._woken, not_for_it)
         return True
 
     async def _read_signals(self, name: str) -> Signal | None:
-        """The first signal `name` sent to it that no stored step consumed."""
-        pending = await self.ctx.store.signals.pending(self.meta.id, skip=self._skip_signals)
-        return next((s for s in pending if s.name == name), None)
+        """The first signal `name` sent to it that no stored step consumed: one listing, then
+        a read of each signal in order that is not known to be of another name, until one
+        is `name`'s. Delivering n signals so costs n listings and about n reads, not n^2."""
+        signals = self.ctx.store.signals
+        keys = await signals.keys(self.meta.id, skip=self._skip_signals)
+        known = self._signal_names
+        self._signal_names = names = {key: known[key] for key in keys if key in known}  # deleted ones go
+        for key in keys:
+            if names.get(key, name) != name:
+                continue
+            signal = await signals.read(key)
+            if signal is not None and signal.name == name:
+                return signal
+            names[key] = "" if signal is None else signal.name
+        return None
 
     def _woken(self) -> None:
         """Called by `ctx.waits`: run again, in a new task, with the locks it kept."""
@@ -945,7 +995,8 @@ class Runner:
             if is_stop(e):
                 raise
             data = self._stored_data
-        message = ProcedureMessage(self.meta.type_name, data, self.meta.parent_id, self.step, error, self.meta.run)
+        step = self._message_step()
+        message = ProcedureMessage(self.meta.type_name, data, self.meta.parent_id, step, error, self.meta.run)
 
         async def write(_attempt: int) -> None:
             await self.ctx.store.rollback_procedure(self.meta.id, message)

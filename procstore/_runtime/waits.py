@@ -8,10 +8,11 @@ sleepers cost their records and no task each. One scheduler task sleeps until th
 wake-up time, by the manager's clock (`wall_clock`), and restarts the runners that are due.
 
 What else wakes a parked procedure at once (`Waits.wake`): an operator's cancel or fail (its
-runner then fails it at its next attempt), and a signal for it found by `signal()` here or by
-the watch of `requests/` (its runner then reads its signals and parks again if none is the
-one it waits for). Recovery and a takeover read the stored time, so the wait counts from
-when it began, not from the restart.
+runner then fails it at its next attempt), and a signal of the name it waits for sent by
+`signal()` here, or one found by the watch of `requests/` that it has not read yet (its
+runner then reads it, and parks again if it is of another name: a signal of another name
+it has read never wakes it again). Recovery and a takeover read the stored time, so the
+wait counts from when it began, not from the restart.
 """
 
 from __future__ import annotations
@@ -21,11 +22,15 @@ import contextvars
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any
 
 from procstore._runtime.flow_control import FlowControl
 from procstore.ids import ProcedureId
+from procstore.store.rate_starts import RateStartsStore
+
+_HEAP_SLACK = 64
+"""Stale heap items kept before a rebuild beyond one per live item: each costs a tuple, not a procedure."""
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
 
@@ -40,14 +45,18 @@ def wall_clock() -> float:
 
 
 class _Parked:
-    """One parked procedure: when it wakes by itself, what it waits for, how to resume it."""
+    """One parked procedure: when it wakes by itself, what it waits for, how to resume it,
+    and which of its stored signals are not the one it waits for."""
 
-    __slots__ = ("resume", "signal", "wake_at")
+    __slots__ = ("not_for_it", "resume", "signal", "wake_at")
 
-    def __init__(self, wake_at: float | None, signal: str | None, resume: Callable[[], None]) -> None:
+    def __init__(
+        self, wake_at: float | None, signal: str | None, resume: Callable[[], None], not_for_it: frozenset[str]
+    ) -> None:
         self.wake_at = wake_at
         self.signal = signal
         self.resume = resume
+        self.not_for_it = not_for_it
 
 
 class Waits:
@@ -55,14 +64,18 @@ class Waits:
 
     __slots__ = ("_changed", "_counter", "_heap", "_parked", "_reading", "_spawn", "_task", "flow")
 
-    def __init__(self, spawn: Spawn) -> None:
+    def __init__(self, spawn: Spawn, rate_starts: RateStartsStore) -> None:
         self._spawn = spawn
-        self.flow = FlowControl()
+        self.flow = FlowControl(rate_starts, wall_clock)
         """Concurrency slots and rate limits: what a procedure waits for before its first step."""
         self._parked: dict[ProcedureId, _Parked] = {}
-        # Invariant: every entry of `_parked` with a wake-up time has one heap item; an item
-        # whose entry is no longer the one parked (woken early) is skipped when popped.
-        self._heap: list[tuple[float, int, ProcedureId, _Parked]] = []
+        # Invariant: every entry of `_parked` with a wake-up time has a heap item of that time.
+        # An item names the procedure only, never its entry: the entry of one woken early
+        # (signalled, cancelled) holds its runner, and with it the procedure's state, which
+        # must go when it ends, not when its timeout would have passed. An item whose time
+        # is not its procedure's (woken early, or parked again) is skipped when popped, and
+        # the heap is rebuilt once such items outnumber the live ones.
+        self._heap: list[tuple[float, int, ProcedureId]] = []
         self._counter = itertools.count()
         self._changed: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -77,15 +90,22 @@ class Waits:
         return procedure_id in self._parked
 
     def park(
-        self, procedure_id: ProcedureId, wake_at: float | None, signal: str | None, resume: Callable[[], None]
+        self,
+        procedure_id: ProcedureId,
+        wake_at: float | None,
+        signal: str | None,
+        resume: Callable[[], None],
+        not_for_it: frozenset[str] = frozenset(),
     ) -> None:
         """Hold the procedure until `wake_at` (epoch seconds; None: no timer) or until `wake`;
-        `resume` is called once, then, to run it again."""
-        entry = self._parked[procedure_id] = _Parked(wake_at, signal, resume)
+        `resume` is called once, then, to run it again. `not_for_it`: the keys of its stored
+        signals that it read and that are not `signal`'s (or were consumed): a listing that
+        shows only those does not wake it."""
+        self._parked[procedure_id] = _Parked(wake_at, signal, resume, not_for_it)
         if wake_at is None:
             return
         earliest = self._heap[0][0] if self._heap else None
-        heapq.heappush(self._heap, (wake_at, next(self._counter), procedure_id, entry))
+        heapq.heappush(self._heap, (wake_at, next(self._counter), procedure_id))
         if self._task is None:
             self._changed = asyncio.Event()
             # In a context of its own, not the first sleeper's: it wakes every procedure.
@@ -99,8 +119,19 @@ class Waits:
         entry = self._parked.pop(procedure_id, None)
         if entry is None:
             return False
+        if len(self._heap) > 2 * len(self._parked) + _HEAP_SLACK:
+            self._drop_stale_items()
         entry.resume()
         return True
+
+    def _drop_stale_items(self) -> None:
+        """Rebuild the heap from the parked entries (in place: the timer task holds it)."""
+        self._heap[:] = [
+            (entry.wake_at, next(self._counter), pid)
+            for pid, entry in self._parked.items()
+            if entry.wake_at is not None
+        ]
+        heapq.heapify(self._heap)
 
     def begin_reading(self, procedure_id: ProcedureId) -> None:
         """The procedure is about to read its signals, and then to park if none is the one it waits for."""
@@ -110,25 +141,33 @@ class Waits:
         """Its read is over; whether a signal was sent to it meanwhile (read again before parking)."""
         return self._reading.pop(procedure_id, False)
 
-    def signalled(self, procedure_id: ProcedureId) -> None:
-        """A signal for the procedure was stored: wake it if it is parked waiting for one, or
-        tell its read under way to read again."""
+    def signalled(self, procedure_id: ProcedureId, name: str) -> None:
+        """A signal `name` for the procedure was stored: wake it if it is parked waiting for
+        that name, or tell its read under way to read again."""
         if procedure_id in self._reading:
             self._reading[procedure_id] = True
-        elif (entry := self._parked.get(procedure_id)) is not None and entry.signal:
+        elif (entry := self._parked.get(procedure_id)) is not None and entry.signal == name:
             self.wake(procedure_id)
 
-    def waiting_for_signals(self, procedure_ids: Iterable[ProcedureId]) -> list[ProcedureId]:
-        """Those of `procedure_ids` parked here waiting for a signal."""
-        return [pid for pid in procedure_ids if (entry := self._parked.get(pid)) is not None and entry.signal]
+    def waiting_for_signals(self, listed: Mapping[ProcedureId, Collection[str]]) -> list[ProcedureId]:
+        """The procedures parked here waiting for a signal, whose signal keys `listed` include
+        one they have not read (it may be the one they wait for)."""
+        return [
+            pid
+            for pid, keys in listed.items()
+            if (entry := self._parked.get(pid)) is not None
+            and entry.signal
+            and any(key not in entry.not_for_it for key in keys)
+        ]
 
     async def _wake_on_time(self) -> None:
         heap = self._heap
         while True:
             now = wall_clock()
             while heap and heap[0][0] <= now:
-                _, _, pid, entry = heapq.heappop(heap)
-                if self._parked.get(pid) is entry:
+                _, _, pid = heapq.heappop(heap)
+                entry = self._parked.get(pid)
+                if entry is not None and entry.wake_at is not None and entry.wake_at <= now:
                     del self._parked[pid]
                     entry.resume()
             changed = self._changed

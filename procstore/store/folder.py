@@ -17,9 +17,14 @@ by chance or not at all:
   GreptimeDB keeps the first key listed at the highest step, which is the same key only
   because a listing is sorted (`commit` < `rollback` < `step`); the rank here does not
   depend on the order keys come in.
-- A `.commit` above a `.rollback` (the highest key below the commit) is `FAILED`: the
-  procedure failed and ended (a root kept by `keep_failed`, or a child whose parent is
-  still alive). GreptimeDB sees only a finished procedure and deletes it.
+- A `.commit` above a `.rollback` (the highest message below the commit's step) is
+  `FAILED`: the procedure failed and ended (a root kept by `keep_failed`, or a child whose
+  parent is still alive). GreptimeDB sees only a finished procedure and deletes it. A
+  message at the commit's own step is not the one it ends: procstore writes a commit above
+  the message it ends, and a message beside it is a former leader's write that landed late
+  (`Runner._message_step` in `procstore._runtime.runner` says where it can land and why).
+  Only a folder with no message below its commit (never one procstore wrote) reads the
+  message at the commit's step, ranked as above.
 - A finished procedure's highest message below its `.commit` is read for its parent: a
   finished child of a live parent is kept for that parent (GreptimeDB deletes it, and a
   re-submit of the parent would run it again). Unreadable there, the procedure is kept.
@@ -91,8 +96,9 @@ class ProcedureKeys:
     latest: StepAndType
     """The key at the highest step (ranked by `latest_first`)."""
     newest_message: StepAndType | None
-    """The highest key that holds a message (not a `.commit`): for a finished procedure,
-    its parent, type and outcome; None if every key is a `.commit`."""
+    """The highest key that holds a message (not a `.commit`); with a `.commit` latest, the
+    highest one below the commit's step (the message the commit ends: its parent, type and
+    outcome), or, with none below, the highest at its step. None if every key is a `.commit`."""
     lowest: int
     """The lowest step: an unfinished procedure always has 0 (steps start there, and only
     a finished procedure loses keys)."""
@@ -101,8 +107,11 @@ class ProcedureKeys:
     def of(cls, keys: Iterable[StepAndType]) -> ProcedureKeys:
         """Read a non-empty collection of one procedure's keys, in any order."""
         ordered = sorted(keys, key=latest_first)
-        newest = next((k for k in reversed(ordered) if k[1] is not KeyType.COMMIT), None)
-        return cls(ordered[-1], newest, ordered[0][0])
+        top = ordered[-1]
+        messages = [k for k in ordered if k[1] is not KeyType.COMMIT]
+        if top[1] is KeyType.COMMIT:
+            messages = [k for k in messages if k[0] < top[0]] or messages
+        return cls(top, messages[-1] if messages else None, ordered[0][0])
 
     @property
     def below_commit(self) -> StepAndType | None:

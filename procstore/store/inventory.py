@@ -342,13 +342,18 @@ def endings(history: Sequence[tuple[ParsedKey, object, object, object]]) -> list
     folder of thousands of `.commit` keys (anyone who can write the bucket can add them)
     is as cheap as its keys."""
     out: list[StoredStatus | None] = []
-    below: KeyType | None = None  # the latest key so far that is not a commit
+    below: KeyType | None = None  # the latest message at a lower step than the key at hand
+    beside: KeyType | None = None  # the latest message so far at the key's own step
+    step = None
     for key, *_ in history:
+        if key.step != step:
+            below, beside, step = below if beside is None else beside, None, key.step
         if key.key_type is not KeyType.COMMIT:
-            below = key.key_type
+            beside = key.key_type
             out.append(None)
         else:
-            out.append(ended_as(below))
+            # The message a commit ends is below its step (`ProcedureKeys.newest_message`).
+            out.append(ended_as(beside if below is None else below))
     return out
 
 

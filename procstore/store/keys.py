@@ -268,11 +268,17 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
 
 
 def _highest_below_commit(keys: Sequence[str], at: int, first: int, digits_end: int) -> str | None:
-    """The highest key that is not a commit in the folder whose run of `keys` begins at
-    `first`, a rollback over a step at one step (`folder.latest_first`), for the commit at `at`:
-    the key after the commit at its step, or a walk back past any other commit."""
-    if at + 1 < len(keys) and keys[at + 1].startswith(keys[at][:digits_end]):  # its rollback or step
-        return keys[at + 1]
+    """For the commit at `at` in the folder whose run of `keys` begins at `first`, the
+    message it ends (`folder.ProcedureKeys.newest_message`): the highest key below its step
+    that is not a commit, a rollback over a step at one step (`folder.latest_first`), by a
+    walk back past any other commit; with none, the key after the commit at its step."""
+    found = _highest_message_before(keys, at, first, digits_end)
+    if found is None and at + 1 < len(keys) and keys[at + 1].startswith(keys[at][:digits_end]):
+        return keys[at + 1]  # its rollback or step
+    return found
+
+
+def _highest_message_before(keys: Sequence[str], at: int, first: int, digits_end: int) -> str | None:
     for i in range(at - 1, first - 1, -1):
         key = keys[i]
         if key.endswith(".commit"):

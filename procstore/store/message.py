@@ -20,13 +20,13 @@ loader (serde, unknown fields ignored) reads the others.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import msgspec
 import orjson
 
 from procstore.ids import ProcedureId
+from procstore.wake_time import clamped_wake_at, wake_at_text
 
 _U32_MAX = 2**32 - 1
 
@@ -51,7 +51,7 @@ class StepWait:
 
     def describe(self) -> str:
         """The wait in words: `sleeping until {time}`, `waiting for signal 'name' [until {time}]`."""
-        until = "" if self.wake_at is None else datetime.fromtimestamp(self.wake_at, UTC).isoformat(timespec="seconds")
+        until = "" if self.wake_at is None else wake_at_text(self.wake_at)
         if self.signal is None:
             return f"sleeping until {until}"
         return f"waiting for signal {self.signal!r}" + (f" until {until}" if until else "")
@@ -166,11 +166,16 @@ class ProcedureMessage:
             stored.step,
             stored.error,
             stored.run,
-            stored.wake_at,
+            _wake_at_read(stored.wake_at),
             stored.signal,
             tuple(stored.consumed),
             _unknown_fields(raw),
         )
+
+
+def _wake_at_read(stored: float | None) -> float | None:
+    """A stored wake-up time, kept within what every reader can show (any finite float may be stored)."""
+    return None if stored is None else clamped_wake_at(stored)
 
 
 def _unknown_fields(raw: bytes) -> bytes:
@@ -251,7 +256,7 @@ def _message_of(known: _KnownFieldsOnly) -> ProcedureMessage:
     _set_step(message, known.step)
     _set_error(message, known.error)
     _set_run(message, known.run)
-    _set_wake_at(message, known.wake_at)
+    _set_wake_at(message, _wake_at_read(known.wake_at))
     _set_signal(message, known.signal)
     _set_consumed(message, known.consumed)
     _set_extra(message, b"")

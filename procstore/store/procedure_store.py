@@ -36,6 +36,7 @@ from procstore.store.keys import (
     procedure_of_dir,
 )
 from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
+from procstore.store.rate_starts import RateStartsStore
 from procstore.store.requests import RESUME_PATH, RequestStore
 from procstore.store.signals import SignalStore
 from procstore.store.state_store import StateStore
@@ -148,6 +149,8 @@ class ProcedureStore:
         """Nudges to load a restarted procedure again (`procstore resume`, `rewind`)."""
         self.signals = SignalStore(store, parent_path)
         """Signals sent to the procedures of this store (`ProcedureManager.signal`)."""
+        self.rate_starts = RateStartsStore(store, parent_path)
+        """The recent starts of rate-limited types, counted across restarts and takeovers."""
         self.activities = ActivityStore(store, parent_path)
         """What running procedures do between their steps, for operators to read."""
         self.history = HistoryStore(store, parent_path, history)

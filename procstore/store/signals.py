@@ -89,21 +89,21 @@ class SignalStore:
             raise ProcedureError(f"the signal key {key} is taken; send the signal again")
         return key
 
-    async def pending(self, procedure_id: ProcedureId, skip: Collection[str] = ()) -> list[Signal]:
-        """The procedure's readable signals, in the order sent, but those in `skip` (consumed
-        already). An unreadable value (a torn write) is no signal."""
-        keys = sorted(k for k in await walk_readable(self.store, self.folder(procedure_id)) if k not in skip)
-        found: list[Signal] = []
-        for key, raw in zip(keys, await self.store.get_many(keys), strict=True):
-            if not isinstance(raw, bytes):
-                continue
-            try:
-                stored = msgspec.json.decode(raw, type=_StoredSignal)
-                payload = orjson.loads(bytes(stored.payload))
-            except (msgspec.ValidationError, orjson.JSONDecodeError, *UNDECODABLE):
-                continue
-            found.append(Signal(key, stored.name, payload))
-        return found
+    async def keys(self, procedure_id: ProcedureId, skip: Collection[str] = ()) -> list[str]:
+        """The keys of the procedure's signals, in the order sent, but those in `skip` (consumed already)."""
+        return sorted(k for k in await walk_readable(self.store, self.folder(procedure_id)) if k not in skip)
+
+    async def read(self, key: str) -> Signal | None:
+        """The signal stored under `key`; None if it is gone, or unreadable (a torn write is no signal)."""
+        raw = await self.store.get(key)
+        if raw is None:
+            return None
+        try:
+            stored = msgspec.json.decode(raw, type=_StoredSignal)
+            payload = orjson.loads(bytes(stored.payload))
+        except (msgspec.ValidationError, orjson.JSONDecodeError, *UNDECODABLE):
+            return None
+        return Signal(key, stored.name, payload)
 
     def listed_by_procedure(self, listed: Collection[str]) -> dict[ProcedureId, list[str]]:
         """The signal keys that `listed` (a listing of `requests/` or of this folder) shows, by procedure."""
@@ -118,6 +118,10 @@ class SignalStore:
     async def delete(self, keys: Collection[str]) -> None:
         if keys:
             await self.store.batch_delete(list(keys))
+
+    async def delete_all(self, procedure_id: ProcedureId) -> None:
+        """Delete every signal of a procedure that has ended (none can be delivered any more)."""
+        await self.delete(await self.keys(procedure_id))
 
 
 async def send_signal(store: ProcedureStore, procedure_id: ProcedureId, name: str, payload: object = None) -> str:

@@ -441,10 +441,10 @@ class ClusterSimulation:
                 slot.process.write_outage_until = 0.0
                 if slot.process.dead or not slot.manager.is_running:
                     await self._restart(run, slot)
-            if not await _busy(run.store) and all(t.done() for t in run.tasks):
+            if not await _busy(run.store, run.model) and all(t.done() for t in run.tasks):
                 # Quiet: wait out the deletions and records a takeover postpones, then look again.
                 await asyncio.sleep(Lease(ttl=TTL).late_write_grace + 2 * TTL)
-                if not await _busy(run.store):
+                if not await _busy(run.store, run.model):
                     return
             if not restarted and loop.time() > deadline - self.deadline / 2:
                 restarted = True
@@ -494,15 +494,20 @@ def _requested_id(key: str) -> str:
     return key.rsplit("/", 1)[-1].removesuffix(".json")
 
 
-async def _busy(store: MemoryStore) -> bool:
+async def _busy(store: MemoryStore, model: Model) -> bool:
     """Whether some procedure is unfinished, or some request waits, or a finished folder
-    that is no failed root kept for an operator waits for a manager's clean-up (a late
-    `.commit` alone, say: the leader deletes it once it has forgotten the procedure, or at
-    its next start)."""
+    that is no failed root kept for an operator (`keep_failed`, as `check_runs` reads it)
+    waits for a manager's clean-up (a late `.commit` alone, say: the leader deletes it once
+    it has forgotten the procedure, or at its next start; or an inherited tree's keys, kept
+    through the late-write grace by a leader paused meanwhile)."""
     stored = await _stored(store)
     if any(latest_key(keys).key_type.value != "commit" for keys in stored.values()):
         return True
-    if any(status_of_keys(keys) is not StoredStatus.FAILED for keys in stored.values()):
+
+    def kept(pid: str, keys: list[ParsedKey]) -> bool:
+        return model.keep_failed and pid in model.roots and status_of_keys(keys) is StoredStatus.FAILED
+
+    if not all(kept(pid, keys) for pid, keys in stored.items()):
         return True
     # Any request: one whose procedure is gone is deleted by the leader's watch once it is
     # `STALE_REQUEST_AGE` old (it may be a cancel written just before its submit landed).

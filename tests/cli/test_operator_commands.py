@@ -110,7 +110,7 @@ async def test_resume_refuses_a_subprocedure_and_a_rolled_back_root_like_the_man
     child = ProcedureId.random()
     await store.create_procedure(child, "tests::Flaky", '{"name": "c", "at": 0, "fail_at": 9}', procedure.id)
     await store.rollback_procedure(child, ProcedureMessage("tests::Flaky", "{}", procedure.id, 1, "broke"))
-    await store.commit_procedure(child, 1)
+    await store.commit_procedure(child, 2)  # above its rollback, as a manager writes it
     rolled_back = await asyncio.to_thread(run, "resume", str(tmp_path), str(procedure.id))
     assert rolled_back.exit_code == ExitCode.REFUSED and "rewind it instead" in rolled_back.output
     subprocedure = await asyncio.to_thread(run, "resume", str(tmp_path), str(child))

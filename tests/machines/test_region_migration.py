@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from procstore import ProcedureFailed, ProcedureManager, ProcedureWithId
+from procstore import Lease, ProcedureFailed, ProcedureManager, ProcedureWithId
 from procstore.machine import Duration
 from procstore.store import StateStore
 from procstore.store.local import LocalDirStore
@@ -19,8 +19,8 @@ from procstore_machines.region_migration import (
     check_cluster,
     new_migration,
 )
-from procstore_machines.region_migration.cluster import region_id
-from procstore_machines.region_migration.machine import PersistentContext, UpdateMetadata
+from procstore_machines.region_migration.cluster import StaleFencingToken, region_id
+from procstore_machines.region_migration.machine import OpenCandidateRegion, PersistentContext, UpdateMetadata
 from tests.machines.scenarios import MigrateTwoRegions, run_url
 from tests.support import manager_for
 
@@ -142,9 +142,9 @@ async def test_unreachable_leader_takes_the_lease_slow_path(tmp_path: Path) -> N
     expired: list[tuple[int, int]] = []
     expire_lease = cluster.expire_lease
 
-    async def record(node_id: int, region: int) -> None:
+    async def record(node_id: int, region: int, fencing_token: int | None = None) -> None:
         expired.append((node_id, region))
-        await expire_lease(node_id, region)
+        await expire_lease(node_id, region, fencing_token)
 
     cluster.expire_lease = record  # type: ignore[method-assign]
     await migrate(store, cluster, new_migration(cluster, [REGION], 1, 2))
@@ -158,6 +158,53 @@ async def test_aborts_when_the_region_is_led_elsewhere(tmp_path: Path) -> None:
     cluster = await new_cluster(store)
     with pytest.raises(ProcedureFailed, match="not led by 3"):
         await migrate(store, cluster, new_migration(cluster, [REGION], 3, 2))
+    assert await check_cluster(store) == []
+
+
+async def test_a_datanode_refuses_a_lower_fencing_token_than_it_has_seen(tmp_path: Path) -> None:
+    cluster = await new_cluster(LocalDirStore(tmp_path))
+    await cluster.mailbox.send(2, "open", REGION, 1.0, fencing_token=5)
+    with pytest.raises(StaleFencingToken, match="seen fencing token 5, refusing 4"):
+        await cluster.mailbox.send(2, "upgrade", REGION, 1.0, fencing_token=4)
+    assert cluster.datanodes[2].replicas[REGION].role == "follower"
+    await cluster.mailbox.send(2, "upgrade", REGION, 1.0, fencing_token=5)  # the same term goes on
+    await cluster.mailbox.send(3, "open", REGION, 1.0)  # no lease, no token: not fenced
+    assert cluster.datanodes[2].replicas[REGION].role == "leader"
+
+
+async def test_a_migration_sends_its_terms_fencing_token_to_the_datanodes(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    cluster = await new_cluster(store)
+    register = lambda m: RegionMigration.register_with(m, lambda _p: VolatileContext(cluster))  # noqa: E731
+    async with manager_for(store, register=register, lease=Lease(ttl=5)) as manager:
+        watcher = await manager.submit(ProcedureWithId.new(new_migration(cluster, [REGION], 1, 2)))
+        await asyncio.wait_for(watcher.wait(), 20)
+        assert manager.lease_epoch is not None
+        assert {n: node.fences[REGION] for n, node in cluster.datanodes.items() if node.fences} == {
+            1: manager.lease_epoch,
+            2: manager.lease_epoch,
+        }
+    assert await check_cluster(store) == []
+
+
+async def test_a_migration_resumed_after_its_region_moved_elsewhere_aborts(tmp_path: Path) -> None:
+    """A migration (1 -> 2) stored past its start, whose run ended without its end stored
+    (which let go of its region lock) while another migration moved the region to 3.
+    Resumed, it must not make 2 a second leader (cluster simulator, machines seed 6584)."""
+    store = LocalDirStore(tmp_path)
+    cluster = await new_cluster(store)
+    await migrate(store, cluster, new_migration(cluster, [REGION], 1, 3))
+    stale = new_migration(cluster, [REGION], 1, 2)
+    pid = ProcedureWithId.new(stale).id
+    async with manager_on(store, cluster) as manager:
+        await manager.store.store_procedure(pid, 0, RegionMigration.type_name, stale.dump(), None)
+        stale.state = OpenCandidateRegion()
+        await manager.store.store_procedure(pid, 1, RegionMigration.type_name, stale.dump(), None)
+    async with manager_on(store, cluster) as manager:
+        watcher = manager.procedure_watcher(pid)
+        assert watcher is not None
+        with pytest.raises(ProcedureFailed, match="not led by 1"):
+            await asyncio.wait_for(watcher.wait(), 20)
     assert await check_cluster(store) == []
 
 

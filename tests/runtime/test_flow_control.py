@@ -14,6 +14,7 @@ import pytest
 from procstore import (
     Concurrency,
     Context,
+    Lease,
     Procedure,
     ProcedureFailed,
     ProcedureWithId,
@@ -21,7 +22,8 @@ from procstore import (
     Status,
 )
 from procstore.store.activity import ActivityStore
-from procstore.testing import run_simulated
+from procstore.store.rate_starts import RateStartsStore
+from procstore.testing import kill_manager, run_simulated
 from tests.support import StoreTarget, manager_for, store_targets
 
 RUNNING: set[str] = set()
@@ -220,5 +222,142 @@ def test_a_procedure_waiting_to_start_says_why_in_its_activity() -> None:
             activity = await ActivityStore(manager.store.store).get(waiting.id)
             assert activity is not None and activity.doing == "waiting to start"
             assert activity.reason == "waiting for a concurrency slot of 'cluster/c1' (1 running, limit 1)"
+
+    run_simulated(main())
+
+
+class Flaky(Migration):
+    """A `Migration` whose second step fails while `OUTAGE` holds (it retries nothing)."""
+
+    type_name = "test::FlakyMigration"
+    OUTAGE: ClassVar[list[bool]] = [True]
+
+    async def execute(self, ctx: Context) -> Status:
+        if not self.state.get("prepared"):
+            self.state["prepared"] = True
+            return Status.executing()
+        if self.OUTAGE[0]:
+            raise RuntimeError("datanode down")
+        return await super().execute(ctx)
+
+
+def test_a_procedure_resumed_after_it_failed_waits_for_a_slot() -> None:
+    # It held no slot once it failed: an operator's resume makes it a new contender, not
+    # one that was running before a restart (which takes its slot at once).
+    async def main() -> None:
+        async with manager_for("memory://flow-resumed/", Flaky, keep_failed=True) as manager:
+            failed = [await manager.submit(ProcedureWithId.new(Flaky({"key": "k", "limit": 1}))) for _ in range(4)]
+            for watcher in failed:
+                with pytest.raises(ProcedureFailed):
+                    await watcher.wait()
+            Flaky.OUTAGE[0] = False
+            resumed = [await manager.resume(w.procedure_id) for w in failed]
+            await asyncio.sleep(1)
+            waiting = [i.waiting for i in manager.list_procedures() if i.waiting and "concurrency slot" in i.waiting]
+            assert len(waiting) == 3
+            await asyncio.gather(*(w.wait() for w in resumed))
+            assert PEAK == {"k": 1}
+
+    try:
+        run_simulated(main())
+    finally:
+        Flaky.OUTAGE[0] = True
+
+
+class RatedOnKey(Create):
+    """A `Create` of at most one start an hour, under concurrency key "k" (limit 1), first in line."""
+
+    type_name = "test::RatedOnKey"
+    rate_limit: ClassVar[RateLimit | None] = RateLimit(starts=1, per=3600)
+
+    def concurrency(self) -> Concurrency | None:
+        return Concurrency("k", 1)
+
+    def priority(self) -> int:
+        return 10
+
+    async def execute(self, ctx: Context) -> Status:
+        if self.state.pop("nap", False):
+            return Status.sleep(10)  # holding its slot
+        return await super().execute(ctx)
+
+
+class UnratedOnKey(RatedOnKey):
+    type_name = "test::UnratedOnKey"
+    rate_limit: ClassVar[RateLimit | None] = None
+
+    def priority(self) -> int:
+        return 0
+
+
+def test_a_waiter_held_back_by_its_rate_leaves_a_free_slot_to_the_next() -> None:
+    async def main() -> None:
+        async with manager_for("memory://flow-rate-head/", RatedOnKey, UnratedOnKey) as manager:
+            await (await manager.submit(ProcedureWithId.new(RatedOnKey({"name": "a1"})))).wait()
+            await manager.submit(ProcedureWithId.new(RatedOnKey({"name": "a2"})))  # waits an hour for its rate
+            await asyncio.sleep(1)
+            # b takes the free slot at once; c waits for it, and b's release wakes c, not a2.
+            b, c = [await manager.submit(ProcedureWithId.new(UnratedOnKey({"name": n, "nap": True}))) for n in "bc"]
+            await asyncio.gather(b.wait(), c.wait())
+            assert asyncio.get_running_loop().time() < 30
+            assert [name for name, _ in STARTED] == ["a1", "b", "c"]
+
+    run_simulated(main())
+
+
+class Hourly(Create):
+    type_name = "test::HourlyCreate"
+    rate_limit: ClassVar[RateLimit | None] = RateLimit(starts=2, per=3600)
+
+
+def test_the_rate_holds_after_a_restart(real_store: StoreTarget) -> None:
+    # The starts of the type are stored: the next manager goes on counting them.
+    async def main() -> None:
+        creates = [ProcedureWithId.new(Hourly({"name": str(i)})) for i in range(4)]
+        async with manager_for(real_store, Hourly) as first:
+            for procedure in creates:
+                await first.submit(procedure)
+            await asyncio.sleep(0.3)
+        async with manager_for(real_store, Hourly) as second:
+            await asyncio.sleep(0.3)
+            waiting = [i.waiting for i in second.list_procedures() if i.waiting]
+            assert len(STARTED) == 2 and len(waiting) == 2, (STARTED, waiting)
+            assert "rate limit of 'test::HourlyCreate'" in (waiting[0] or "")
+            for procedure in creates[2:]:
+                await second.cancel(procedure.id, "done")
+
+    asyncio.run(main())
+
+
+def test_the_rate_holds_after_a_takeover() -> None:
+    async def main() -> None:
+        url = "memory://flow-rate-takeover/"
+        creates = [ProcedureWithId.new(Hourly({"name": str(i)})) for i in range(4)]
+        first = manager_for(url, Hourly, lease=Lease(ttl=10.0, holder="first"))
+        await first.start()
+        await first.wait_until_leading()
+        for procedure in creates:
+            await first.submit(procedure)
+        await asyncio.sleep(60)
+        await kill_manager(first)
+        async with manager_for(url, Hourly, lease=Lease(ttl=10.0, holder="second")) as second:
+            await second.wait_until_leading()
+            watchers = [second.procedure_watcher(p.id) for p in creates[2:]]
+            await asyncio.gather(*(w.wait() for w in watchers if w is not None))
+        await first.stop()
+        starts = [at for _, at in STARTED]
+        assert len(starts) == 4 and starts[2] - starts[0] >= 3600, starts
+
+    run_simulated(main())
+
+
+def test_stored_starts_ahead_of_the_clock_hold_a_type_back_one_period_at_most() -> None:
+    async def main() -> None:
+        url = "memory://flow-rate-ahead/"
+        async with manager_for(url, Hourly) as manager:
+            await RateStartsStore(manager.store.store).put(Hourly.type_name, [1e15, 1e15])
+            watcher = await manager.submit(ProcedureWithId.new(Hourly({"name": "next"})))
+            await asyncio.wait_for(watcher.wait(), 7200)
+        assert [at for _, at in STARTED] == [pytest.approx(3600, abs=1)]
 
     run_simulated(main())

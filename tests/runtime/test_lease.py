@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import os
 import time
 import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from click.testing import CliRunner
 
 from procstore import (
     Context,
@@ -25,6 +28,7 @@ from procstore import (
     StoreError,
     StoreUnavailable,
 )
+from procstore._cli.app import cli
 from procstore._runtime.lease import LEASE_KEY, Lease, LeaseRecord
 from procstore.store import open_state_store
 from procstore.store.keys import KeyType
@@ -316,7 +320,8 @@ async def test_a_leader_resumes_past_an_empty_latest_key_without_writing_it_agai
         for op in store.ops
         if op.kind == "put_if_absent" and f"procedure/{submitted.id}" in op.key
     ]
-    assert written == ["0000000002.step", "0000000003.step", "0000000004.commit"]  # never 1 again
+    # Never 1 again, and 2 is left free for a former leader's late write (`Runner._message_step`).
+    assert written == ["0000000003.step", "0000000004.step", "0000000005.commit"]
     await manager.stop()
 
 
@@ -505,3 +510,32 @@ async def test_a_lease_renewed_faster_than_gcs_allows_is_warned_about_at_start(
     assert bool(said) == warned, said
     if warned:
         assert "Lease(ttl >= 4)" in said[0]
+
+
+@pytest.mark.parametrize(("n", "left"), [(1, ["0000000001.commit"]), (2, ["0000000002.step", "0000000003.commit"])])
+def test_a_former_leaders_late_rollback_never_reads_as_the_end_of_a_run_that_committed(
+    tmp_path: Path, n: int, left: list[str]
+) -> None:
+    """A former leader's `.rollback`, sent before it lost the lease and landing late at the
+    step above the latest key, must not turn the run the next leader committed into a failed
+    one (cluster simulator, ledger seed 14188). The next leader's first message leaves that
+    step free; a commit ends the message below its own step."""
+    world = World.new()
+    submitted = steps(world, n)
+    folder = tmp_path / "procedure" / str(submitted.id)
+    folder.mkdir(parents=True)
+    first = ProcedureMessage("test::Steps", submitted.procedure.dump(), None, 0)
+    (folder / "0000000000.step").write_bytes(first.encode())
+
+    async def take_over() -> None:
+        manager = manager_for(LocalDirStore(tmp_path), lease=Lease(ttl=TTL, holder="cp-2"))
+        await manager.start()
+        await eventually(lambda: (s := manager.procedure_state(submitted.id)) is not None and s.is_done(), timeout=10)
+        await manager.stop()  # within the late-write grace: its keys are kept
+
+    asyncio.run(take_over())
+    late = dataclasses.replace(first, step=1, error="the former leader's failure")
+    (folder / "0000000001.rollback").write_bytes(late.encode())
+    listed = CliRunner().invoke(cli, ["ls", str(tmp_path), "--json"]).stdout
+    assert [json.loads(row)["status"] for row in listed.splitlines()] == ["done"], sorted(os.listdir(folder))
+    assert sorted(os.listdir(folder)) == sorted(["0000000000.step", "0000000001.rollback", *left])

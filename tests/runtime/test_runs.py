@@ -17,6 +17,7 @@ from procstore import (
     Context,
     DuplicateProcedure,
     Lease,
+    ProcedureError,
     ProcedureFailed,
     ProcedureId,
     ProcedureWithId,
@@ -202,6 +203,24 @@ async def test_a_finished_procedure_recreated_by_a_late_write_never_runs_again(t
         assert await manager.store.store.walk(f"procedure/{submitted.id}/") == []
         with pytest.raises(DuplicateProcedure, match="has ended"):
             await manager.submit(ProcedureWithId(submitted.id, submitted.procedure))
+    assert world.log == ["steps/0", "steps/1"]
+
+
+async def test_a_resume_never_runs_again_a_finished_run_a_late_write_recreated(target: StoreTarget) -> None:
+    """A paused leader's retried create of `0.step` lands after the run ended (and its keys
+    were deleted) and after this manager's recovery; an operator's resume of the id must not
+    run that ended run again (cluster simulator, ledger seed 52723)."""
+    world = World.new()
+    submitted = steps(world, 2)
+    as_submitted = submitted.procedure.dump()
+    async with manager_for(target, Flaky, Family) as manager:
+        assert await (await manager.submit(submitted)).wait() == "steps done"
+    async with manager_for(target, Flaky, Family) as manager:
+        store = manager.store
+        late = ProcedureMessage("test::Steps", as_submitted, None, 0).encode()
+        await _write(store.store, store.key(submitted.id, 0, KeyType.STEP), late)
+        with pytest.raises(ProcedureError, match="its run 1 ended"):
+            await manager.resume(submitted.id)
     assert world.log == ["steps/0", "steps/1"]
 
 

@@ -7,8 +7,10 @@ test waits."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
-from collections.abc import Callable, Coroutine
+import weakref
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -313,3 +315,89 @@ def test_a_signal_sent_while_the_waiter_reads_its_signals_wakes_it_at_once() -> 
             return asyncio.get_running_loop().time()
 
     assert run_simulated(main()) < 100
+
+
+def test_a_signalled_wait_with_a_long_timeout_leaves_nothing_of_the_procedure_behind() -> None:
+    # Its timer's heap item outlives the wait until the timeout: it must not hold the procedure.
+    alive: list[weakref.ref[Waiter]] = []
+
+    class Tracked(Waiter):
+        type_name = "test::TrackedWaiter"
+
+        def __init__(self, state: dict[str, Any]) -> None:
+            super().__init__(state)
+            alive.append(weakref.ref(self))
+
+    async def main() -> None:
+        async with manager_for("memory://signals-forgotten/", Tracked) as manager:
+            procedures = [ProcedureWithId.new(Tracked({"timeout": 7 * 86400})) for _ in range(100)]
+            watchers = [await manager.submit(p) for p in procedures]
+            await asyncio.sleep(1)
+            for procedure in procedures:
+                await manager.signal(procedure.id, "go")
+            for watcher in watchers:
+                await watcher.wait()
+            del procedures, watchers, watcher
+            await asyncio.sleep(3600)
+            gc.collect()
+            # Of 100: a context's log scope may still name the last ones to run (as without a timeout).
+            assert sum(ref() is not None for ref in alive) <= 2
+
+    run_simulated(main())
+
+
+class CountingSignalReads(WrappingStore):
+    """Counts the listings and the reads of signals (a `get_many` counts each key)."""
+
+    def __init__(self, inner: StateStore) -> None:
+        super().__init__(inner)
+        self.listings = 0
+        self.reads = 0
+
+    def get_many(self, keys: Sequence[str]) -> Coroutine[Any, Any, list[bytes | Exception | None]]:
+        self.reads += sum(key.startswith(SIGNALS_PATH) for key in keys)
+        return super().get_many(keys)
+
+    def around(
+        self, kind: str, key: str, call: Callable[[], Coroutine[Any, Any, T]], value: bytes | None = None
+    ) -> Coroutine[Any, Any, T]:
+        if key.startswith(SIGNALS_PATH):
+            self.listings += kind == "walk"
+            self.reads += kind == "get"
+        return call()
+
+
+def test_a_signal_of_another_name_does_not_wake_a_parked_waiter() -> None:
+    # It stays for a later wait of its name; the waiter reads it once, and then holds no task.
+    async def main() -> None:
+        store = CountingSignalReads(open_state_store("memory://signals-other-name/"))
+        async with manager_for(store, Waiter, request_poll_interval=1.0) as manager:
+            procedure = waiter()
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(2)
+            await send_signal(ProcedureStore(store), procedure.id, "other", 1)  # from another process
+            await manager.signal(procedure.id, "later", 2)  # through the manager
+            await asyncio.sleep(5)
+            before = store.listings + store.reads
+            await asyncio.sleep(600)
+            assert store.listings + store.reads == before
+            await manager.signal(procedure.id, "go", 3)
+            assert await watcher.wait() == [{"go": 3}]
+
+    run_simulated(main())
+
+
+def test_delivering_n_queued_signals_costs_about_n_reads() -> None:
+    n = 200
+
+    async def main() -> None:
+        store = CountingSignalReads(open_state_store("memory://signals-queued/"))
+        async with manager_for(store, Waiter) as manager:
+            procedure = waiter(waits=n)
+            watcher = await manager.submit(procedure)
+            await asyncio.gather(*(manager.signal(procedure.id, "go", i) for i in range(n)))
+            got = await watcher.wait()
+            assert sorted(g["go"] for g in got) == list(range(n))  # sent at once: in no set order
+            assert store.reads <= 3 * n
+
+    run_simulated(main())

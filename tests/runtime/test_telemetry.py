@@ -109,7 +109,7 @@ async def test_every_store_request_is_counted_and_a_sample_timed(tmp_path: Path)
         return sum(p.count for p in points("procstore.store.duration") if wanted <= dict(p.attributes or {}).items())
 
     before, timed_before = requests(), timed()
-    async with manager_for(LocalDirStore(tmp_path), telemetry=TelemetrySettings(store_duration_every=4)) as manager:
+    async with manager_for(LocalDirStore(tmp_path), telemetry=TelemetrySettings(histogram_every=4)) as manager:
         await (await manager.submit(steps(World.new(), 40))).wait()
     made, sampled = requests() - before, timed() - timed_before
     assert made >= 41  # a write a step at least
@@ -523,10 +523,10 @@ async def main() -> None:
         assert not get_telemetry().records_store_calls()
         await (await manager.submit(ProcedureWithId.new(P(set_provider=True)))).wait()
         assert get_telemetry().records_store_calls()
-        assert counts()["procstore.step.duration"] == 1, counts()
+        assert counts()["procstore.steps"] == 1, counts()
         await (await manager.submit(ProcedureWithId.new(P()))).wait()
     found = counts()
-    assert found["procstore.step.duration"] == 2, found
+    assert found["procstore.steps"] == 2, found
     assert found["procstore.store.duration"] > 0 and found["procstore.procedures.ended"] >= 2, found
 
 asyncio.run(main())
@@ -663,7 +663,7 @@ async def test_a_run_whose_spans_fail_stays_out_of_the_callers_trace_and_keeps_i
     before = step_records()
     try:
         with caplog.at_level(logging.WARNING, logger="procstore"):
-            every = TelemetrySettings(step_spans="every")
+            every = TelemetrySettings(step_spans="every", histogram_every=1)
             async with manager_for(LocalDirStore(tmp_path), telemetry=every) as manager:
                 with trace.get_tracer("app").start_as_current_span("outer"):
                     for _ in range(3):

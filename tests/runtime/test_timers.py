@@ -6,6 +6,7 @@ procedure holds no task, and an operator's cancel wakes it at once. Virtual time
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -237,6 +238,48 @@ def test_procstore_ls_says_a_procedure_sleeps(tmp_path: Path) -> None:
     assert listed.exit_code == 0, listed.output
     (row,) = [json.loads(line) for line in listed.stdout.splitlines()]
     assert row["id"] == str(procedure.id) and row["waiting"].startswith("sleeping until 20")
+
+
+def test_a_far_future_or_huge_sleep_keeps_the_procedure_sleeping() -> None:
+    # A time after the calendar's last second is kept as it: it never comes either.
+    async def main() -> None:
+        async with manager_for("memory://timers-far/", Sleeper) as manager:
+            far = ProcedureWithId.new(Sleeper({"until": 3e11}))
+            await manager.submit(far)
+            await manager.submit(sleeper(1e300))
+            await asyncio.sleep(1)
+            infos = manager.list_procedures()
+            assert [i.state.is_failed() for i in infos] == [False, False]
+            assert {i.waiting for i in infos} == {"sleeping until 9999-12-31T23:59:59+00:00"}
+            await manager.cancel(far.id, "done")
+
+    run_simulated(main())
+
+
+def test_ls_and_show_survive_any_stored_wake_at(tmp_path: Path) -> None:
+    # The store is written by others: a step key may hold any finite wake-up time.
+    async def main() -> list[ProcedureWithId]:
+        procedures = [sleeper(TEN_MINUTES), sleeper(TEN_MINUTES)]
+        async with manager_for(str(tmp_path), Sleeper) as manager:
+            for procedure, wake_at in zip(procedures, (-1e300, 1e300), strict=True):
+                await manager.submit(procedure)
+                await asyncio.sleep(0.1)
+                key = manager.store.key(procedure.id, 1, KeyType.STEP)
+                stored = ProcedureMessage.decode(await manager.store.store.get(key) or b"")
+                await manager.store.store.put(key, dataclasses.replace(stored, wake_at=wake_at).encode())
+        return procedures
+
+    procedures = asyncio.run(main())
+    for args in (
+        ["ls", str(tmp_path), "--json"],
+        ["ls", str(tmp_path)],
+        *(["show", str(tmp_path), str(p.id)] for p in procedures),
+    ):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, (args, result.output, result.exception)
+    listed = CliRunner().invoke(cli, ["ls", str(tmp_path), "--json"])
+    waiting = sorted(json.loads(line)["waiting"] for line in listed.stdout.splitlines())
+    assert waiting == ["sleeping until 1970-01-01T00:00:00+00:00", "sleeping until 9999-12-31T23:59:59+00:00"]
 
 
 class LockedSleeper(Sleeper):

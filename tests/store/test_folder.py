@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from procstore import ProcedureId
 from procstore.store.folder import ProcedureKeys, StoredStatus, latest_first
-from procstore.store.keys import KeyType, key_text, latest_in_sorted
+from procstore.store.inventory import endings
+from procstore.store.keys import KeyType, ParsedKey, key_text, latest_in_sorted
 
 _PREFIX = "data/procedure/"
 _IDS = [ProcedureId.parse(f"00000000-0000-4000-8000-00000000000{i}") for i in range(4)]
@@ -34,6 +35,19 @@ def test_at_one_step_a_commit_ranks_over_a_rollback_over_a_step() -> None:
     ended = [(3, KeyType.COMMIT), (3, KeyType.STEP), (3, KeyType.ROLLBACK)]
     assert ProcedureKeys.of(ended).latest == (3, KeyType.COMMIT)
     assert ProcedureKeys.of(ended).status is StoredStatus.FAILED
+
+
+def test_a_commit_ends_the_message_below_its_step_not_one_beside_it() -> None:
+    """A `.rollback` beside a `.commit` is a former leader's write that landed late (ledger
+    seed 14188): the commit ends the message below it. Only with none below is the one
+    beside it read."""
+    late = [(0, KeyType.STEP), (1, KeyType.COMMIT), (1, KeyType.ROLLBACK)]
+    assert ProcedureKeys.of(late).newest_message == (0, KeyType.STEP)
+    assert ProcedureKeys.of(late).status is StoredStatus.COMMITTED
+    failed = [(0, KeyType.STEP), (1, KeyType.ROLLBACK), (2, KeyType.COMMIT), (2, KeyType.STEP)]
+    assert ProcedureKeys.of(failed).status is StoredStatus.FAILED
+    keys = [ParsedKey(_PREFIX, _IDS[0], step, kind) for step, kind in sorted(late, key=latest_first)]
+    assert endings([(key,) for key in keys]) == [None, None, StoredStatus.COMMITTED]
 
 
 @given(st.dictionaries(st.sampled_from(_IDS), _FOLDER, min_size=1), st.booleans())

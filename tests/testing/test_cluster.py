@@ -29,24 +29,20 @@ SEEDS = int(os.environ.get("PROCSTORE_SIM_SEEDS", "200"))
 runs 70% as many, at about 15 seeds/s): a few hundred in all, well within CI's 3 minutes."""
 
 KNOWN_FINDINGS: dict[str, list[int]] = {
-    "ledger": [14188],
-    "machines": [6584],
+    "ledger": [],
+    "machines": [],
 }
 """Seeds where the simulation still reports a problem on this code: replay one with `python
--m procstore.testing.simulate --world W --seed S`. Each is an open finding to fix. Machines
-6584: a leader paused past its lease runs a migration step's datanode call late, after the
-new leader's migration of the same region (the example migration passes no fencing token
-to the datanodes, and the simulated datanode accepts a stale one): two leaders. Ledger
-14188: a deposed leader's `.rollback`, in flight for 24 s, lands beside the step the new
-leader wrote at the same step number, below the new leader's `.commit`: the folder then
-reads as rolled back, and the end record says failed though the run committed done (a
-`.rollback` that landed after the `.commit` above it cannot be the one that commit ended)."""
+-m procstore.testing.simulate --world W --seed S`. Each is an open finding to fix."""
 
 FIRST_SEED = {"ledger": 100, "machines": 0}
 
 FIXED_FINDINGS = {
-    "ledger": [68, 536, 894, 954, 1030, 1031, 1065, 1350, 1839, 1967, 2249, 3063, 3409, 3555, 31084],
-    "machines": [283, 626, 5613, 6152, 36408],
+    "ledger": [
+        *[68, 536, 894, 954, 1030, 1031, 1065, 1350, 1839, 1967, 2249, 3063, 3409, 3555],
+        *[14188, 31084, 52723, 53863],
+    ],
+    "machines": [283, 626, 5613, 6152, 6584, 36408],
 }
 """Seeds outside the many-seeds range where the simulation found a break that is fixed now:
 a loaded procedure ended at its lock wait (68, 536), a deletion of an ended run taking a
@@ -56,8 +52,14 @@ record lost to one store error (1065), a rewind beside a submit still backing of
 283), a failed root kept only for a refused resume nudge (1030), a deletion of a rewound
 procedure cut short (3063), a resume as stored given an end record (3555), a rewind of a
 stuck run (machines 6152), recovery's deletion given up after one store error (machines
-36408); and false reports of the model or a world (2249, 3409, 31084,
-626, 5613)."""
+36408), a migration resumed from its stored state after another one moved its region
+(machines 6584: its run's end was refused by the store, which let go of its lock), a
+deposed leader's late `.rollback` beside the new leader's step read as the end of the run
+it committed (14188), an operator's resume running again an ended run whose `0.step` a
+late write re-created (52723); and false reports of the model or a world (2249, 3409,
+31084, 626, 5613; 53863: the run ended while a leader paused by a fault armed before the
+heal still held an inherited failed tree's deletion, and a failed folder counted as kept
+though `keep_failed` was off)."""
 
 
 class Complaining(LedgerWorld):

@@ -110,3 +110,48 @@ def test_a_timer_never_wakes_early_whatever_the_crash() -> None:
     report = run_simulated(explorer.explore())
     report.assert_ok()
     assert report.explored > 4
+
+
+class SleepyReceiver(Procedure):
+    """Sleeps, then waits for two signals "go" with no step between: the step that reads
+    one waits for the next (consumed and a new wait in one message), and the step that reads
+    the last ends the procedure (consumed with its `.commit`)."""
+
+    type_name = "tests::SleepyReceiver"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def dump(self) -> str:
+        return json.dumps(self.data)
+
+    async def execute(self, ctx: Context) -> Status:
+        if not self.data.get("slept"):
+            self.data["slept"] = True
+            return Status.sleep(5)
+        got: list[Any] = self.data.setdefault("got", [])
+        if self.data.get("waiting"):
+            got.append(ctx.signals.get("go", "timed out"))
+        if len(got) < 2:
+            self.data["waiting"] = True
+            return Status.wait_for_signal("go", timeout=20)
+        RECEIVED[str(ctx.procedure_id)] = got
+        return Status.done()
+
+
+class SleepyThenSignalled(Signalled):
+    name = "sleepy-then-signalled"
+
+    def attach(self, manager: ProcedureManager, store: StateStore) -> None:
+        manager.register(SleepyReceiver)
+
+    async def procedures(self, store: StateStore) -> list[ProcedureWithId]:
+        return [ProcedureWithId(RECEIVER, SleepyReceiver({}))]
+
+
+def test_a_signal_consumed_by_the_last_step_is_deleted_whatever_the_crash() -> None:
+    # A crash between the `.commit` and the signal's deletion: recovery deletes it.
+    explorer = CrashExplorer(SleepyThenSignalled(), lambda n: f"memory://explorer-last-{n}-{uuid.uuid4().hex}/")
+    report = run_simulated(explorer.explore())
+    report.assert_ok()
+    assert report.explored > 10
