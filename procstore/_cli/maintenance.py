@@ -37,6 +37,7 @@ from procstore.store.local import TEMP_PREFIX, Leftovers, LocalDirStore
 from procstore.store.operations import stoppable, write_stop_request
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import RequestKind
+from procstore.store.run_origin import run_origin
 
 _GC_CONCURRENCY = 16
 
@@ -156,7 +157,13 @@ async def record_ends(store: ProcedureStore, procedures: list[StoredProcedure]) 
     write could re-create and run it again (docs/guarantees.md, "Runs and end records")."""
     ended_at = iso(datetime.now(UTC)) or ""
     records = [
-        record_from_keys(p.procedure_id, p.message, rolled_back=p.status is StoredStatus.FAILED, ended_at=ended_at)
+        record_from_keys(
+            p.procedure_id,
+            p.message,
+            rolled_back=p.status is StoredStatus.FAILED,
+            ended_at=ended_at,
+            started=run_origin(p.message),
+        )
         for p in procedures
         if p.message is not None and p.status in (StoredStatus.COMMITTED, StoredStatus.FAILED)
     ]

@@ -169,7 +169,7 @@ def _run_start(p: StoredProcedure, modified: dict[str, float | None]) -> datetim
     """When the latest run's first key was written: the lowest key above the last `.commit`
     below the latest key (a restart's copy starts a run above the ended run's `.commit`)."""
     first = p.keys[0]
-    for key in p.keys[:-1]:
+    for at, key in enumerate(p.keys[:-1]):
         if key.key_type is KeyType.COMMIT:
-            first = p.keys[p.keys.index(key) + 1]
+            first = p.keys[at + 1]
     return _time(modified.get(str(first)))

@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from procstore._cli.history import record_json
 from procstore._cli.lease import lease_state, read_lease
 from procstore._cli.listing import row_json
 from procstore._cli.output import SHORT_ID, iso_time, table_time
@@ -58,10 +59,12 @@ from procstore.store.inventory import (
     endings,
     read_history,
     read_inventory,
+    read_outcomes,
 )
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
+from procstore.store.words import STATUS_WORDS, StatusWord, status_word
 
 _TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
@@ -300,8 +303,8 @@ class Filters(msgspec.Struct, frozen=True):
             int(page) if page.isascii() and page.isdigit() and len(page) <= 6 and int(page) > 0 else 1,
         )
 
-    def admits(self, p: StoredProcedure) -> bool:
-        if self.status is not None and p.status.value != self.status:
+    def admits(self, p: StoredProcedure, word: StatusWord) -> bool:
+        if self.status is not None and word != self.status:
             return False
         if self.type is not None and p.type_name != self.type:
             return False
@@ -310,6 +313,7 @@ class Filters(msgspec.Struct, frozen=True):
 
 async def _overview(store: ProcedureStore, request: Request, *, whole: bool) -> dict[str, Any]:
     inventory = await read_inventory(store)
+    await read_outcomes(store, inventory)  # the words of `ls`: `rolled back`, `cancelled`
     now = time.time()
     lease = await _lease(store, now)
     shown = None if whole else OVERVIEW_SHOWN
@@ -325,11 +329,11 @@ def _overview_of(
     now: float,
     shown: int | None,
 ) -> dict[str, Any]:
-    counts = {s.value: 0 for s in StoredStatus}
+    counts = dict.fromkeys(STATUS_WORDS, 0)
     for p in inventory.procedures.values():
-        counts[p.status.value] += 1
+        counts[inventory.word(p)] += 1
     chosen = sorted(
-        (p for p in inventory.procedures.values() if filters.admits(p)),
+        (p for p in inventory.procedures.values() if filters.admits(p, inventory.word(p))),
         key=lambda p: (p.modified or 0.0, str(p.procedure_id)),
     )
     pages = max(1, -(-len(chosen) // shown)) if shown else 1
@@ -385,6 +389,7 @@ def _about_the_key(error: StoreError) -> bool:
 
 async def _procedure(store: ProcedureStore, text: str, *, whole: bool, client: Client) -> dict[str, Any]:
     inventory = await read_inventory(store)
+    await read_outcomes(store, inventory)
     matches = [pid for pid in inventory.procedures if str(pid).startswith(text.lower())] if len(text) >= 4 else []
     if not matches:
         return await _ended(store, text, {str(pid) for pid in inventory.procedures})
@@ -451,7 +456,7 @@ def _procedure_of(
             "problem": problem,
             "error": None,
             "fields": [],
-            "ended": None if ended is None else {"status": ended.value, "text": ENDINGS[ended]},
+            "ended": None if ended is None else {"status": status_word(ended), "text": ENDINGS[ended]},
         }
         if problem is not None:
             step["hint"] = UNREADABLE_HINT
@@ -486,7 +491,7 @@ HISTORY_SHOWN = 200
 
 
 def _history_row(record: HistoryRecord, short: dict[str, str], now: float) -> dict[str, Any]:
-    row: dict[str, Any] = msgspec.to_builtins(record)
+    row = record_json(record)  # as `procstore history -o json`: output nested, times in one form
     row["short"] = short.get(record.id, record.id)
     try:
         row["age"] = table_time(datetime.fromisoformat(record.ended_at).timestamp(), "relative", now)
