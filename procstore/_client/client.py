@@ -23,6 +23,7 @@ from typing import Any, Self, get_args
 
 import orjson
 
+from procstore._client.leader import no_manager_leads
 from procstore._client.status import ProcedureStatus, from_keys, from_record, pending_of
 from procstore.errors import (
     InvalidProcedureId,
@@ -138,7 +139,8 @@ class Client:
             record = await self._history.find_run(pid, run)
         request = await self._store.requests.get(pid) if not stored.is_finished else None
         activity = await self._activities.get(pid) if not stored.is_finished else None
-        return from_keys(stored, modified, record, pending_of(request, nudge), activity), record
+        leaderless = not stored.is_finished and await no_manager_leads(self._store)
+        return from_keys(stored, modified, record, pending_of(request, nudge), activity, leaderless), record
 
     async def list(
         self,
@@ -175,6 +177,7 @@ class Client:
             return []
         requests = await self._store.requests.list_all()
         active = await self._activities.stored_ids()
+        leaderless = await no_manager_leads(self._store)
         out: Statuses = []
         # Records are read a page at a time, not all of them: a page of 100 over 10,000
         # ended procedures reads about 100.
@@ -194,7 +197,7 @@ class Client:
                     pending = pending_of(
                         None if p.is_finished else requests.get(p.procedure_id), nudges.get(p.procedure_id)
                     )
-                    found = from_keys(p, {}, ends.get(text), pending, activities.get(p.procedure_id))
+                    found = from_keys(p, {}, ends.get(text), pending, activities.get(p.procedure_id), leaderless)
                 elif (record := records[text]) is not None:
                     found = from_record(ProcedureId.parse(text), record)
                 else:

@@ -36,11 +36,11 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from procstore._cli.history import record_json
-from procstore._cli.lease import lease_state, read_lease
 from procstore._cli.listing import row_json
 from procstore._cli.output import SHORT_ID, iso_time, table_time
 from procstore._cli.show import data_fields, field_changes, status_json
 from procstore._client.client import Client
+from procstore._client.leader import lease_state, read_lease
 from procstore._client.status import ProcedureStatus
 from procstore._runtime.lease import LEASE_KEY, LeaseRecord
 from procstore._text import bounded, valid_unicode
