@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import shlex
 import time
@@ -285,7 +286,8 @@ async def report(store_url: str, options: dict[str, Any], plan: Plan, console: C
         "with the datanodes, no region leaked, and the store holds no procedure keys."
     )
     # The procedures' keys are gone; each run's end record stays in history, for the CLI.
-    where = escape(shlex.quote(store_url))
+    flags = [f"-s {shlex.quote(f'{k}={v if isinstance(v, str) else json.dumps(v)}')}" for k, v in options.items()]
+    where = escape(" ".join([shlex.quote(store_url), *flags]))
     console.print("  what ran, as an operator sees it:")
     console.print(f"    procstore history {where}", soft_wrap=True)
     console.print(f"    procstore show {where} {str(plan.jobs[0].procedure_id)[:8]}", soft_wrap=True)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import enum
 import functools
+import inspect
 import os
 import re
 import sys
@@ -80,8 +81,22 @@ def storage_option_flags(fn: Callable[..., T]) -> Callable[..., T]:
     `-o FORMAT` is an output format (`procstore._cli.output`), and `-o KEY=VALUE`, the
     storage options' flag of earlier releases, still works for one release, with a warning."""
 
+    prints_data = "output" in inspect.signature(fn).parameters  # the command has output formats
+
     @functools.wraps(fn)
     def wrapper(*args: Any, storage_option: tuple[str, ...], dash_o: tuple[str, ...], **kwargs: Any) -> T:
+        for value in dash_o:
+            if "=" in value:
+                continue
+            if not prints_data:
+                raise click.BadParameter(
+                    f"{value!r}: -o is an output format, and this command prints no data (storage options: -s)",
+                    param_hint="'-o'",
+                )
+            if value not in FORMATS:
+                raise click.BadParameter(
+                    f"{value!r} is not an output format ({', '.join(FORMATS)})", param_hint="'-o' / '--output'"
+                )
         if any("=" in value for value in dash_o):
             click.echo("warning: `-o KEY=VALUE` is deprecated for storage options: use `-s KEY=VALUE`", err=True)
         return fn(*args, storage_options=(*storage_option, *dash_o), **kwargs)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, get_args
 
 import click
 import msgspec
-import orjson
 from rich import box
 from rich.console import RenderableType
 from rich.table import Table
@@ -30,6 +29,7 @@ from procstore._cli.output import (
     TimeFormat,
     chosen_format,
     emit,
+    iso_time,
     nested,
     output_console,
     output_options,
@@ -149,10 +149,27 @@ async def print_history(store: ProcedureStore, fmt: Format, listing: HistoryList
 
 
 def record_json(record: HistoryRecord) -> dict[str, Any]:
-    """A history record as data, its `output` nested as JSON (as `show` nests `data`)."""
+    """A history record as data, its `output` nested as JSON (as `show` nests `data`), its
+    times in the one form of every JSON document (`iso_time`: to the second, with `Z`)."""
     document: dict[str, Any] = msgspec.to_builtins(record)
     document["output"] = None if record.output is None else nested(record.output)
+    for name in ("started_at", "ended_at"):
+        document[name] = _same_form(document[name])
+    for action in (document["started"], document["ended_by"]):
+        if action is not None:
+            action["at"] = _same_form(action.get("at"))
     return document
+
+
+def _same_form(text: str | None) -> str | None:
+    """A stored ISO 8601 time in `iso_time`'s form; text that is not one, as stored."""
+    if not text:
+        return text
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return text
+    return iso_time((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()) or text
 
 
 def action_text(action: Action | None) -> str:
@@ -167,8 +184,9 @@ def action_text(action: Action | None) -> str:
     return " ".join(parts) + (f": {action.reason}" if action.reason else "")
 
 
-async def show_ended(store: ProcedureStore, text: str, as_json: bool) -> None:
-    """The newest record of an id no longer in the store (the full id, or a unique prefix)."""
+async def ended_record(store: ProcedureStore, text: str) -> tuple[str, HistoryRecord]:
+    """The id (as its record's key names it) and newest record of an id no longer in the
+    store (the full id, or a unique prefix)."""
     history = history_of(store)
     ids = await history.recorded_ids()
     matches = sorted(i for i in ids if i.startswith(text.lower()))
@@ -184,17 +202,19 @@ async def show_ended(store: ProcedureStore, text: str, as_json: bool) -> None:
     record = await history.find(matches[0])
     if record is None:
         raise CommandError(f"the history record of {matches[0]} cannot be read", ExitCode.UNREADABLE)
-    if as_json:
-        click.echo(orjson.dumps(record_json(record)).decode())
-        return
-    console = output_console()
-    console.print(f"[bold]{stored(record.id)}[/] ended: its keys are gone, this is its history record")
+    return matches[0], record
+
+
+def record_lines(record: HistoryRecord) -> list[RenderableType]:
+    """An ended id's record, for people (`procstore show`)."""
+    lines: list[RenderableType] = [f"[bold]{stored(record.id)}[/] ended: its keys are gone, this is its history record"]
     for name in _FIELDS[1:]:
         value = getattr(record, name)
         if name in ("started", "ended_by"):
             value = action_text(value)
         if value is not None and value != "":
-            console.print(f"  {name:<15} {stored(value)}")
+            lines.append(f"  {name:<15} {stored(value)}")
+    return lines
 
 
 @click.command("history")

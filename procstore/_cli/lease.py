@@ -16,27 +16,8 @@ from procstore._cli.common import (
     store_options,
 )
 from procstore._cli.output import chosen_format, emit, iso_time, output_options, stored, table_time
-from procstore._runtime.lease import LEASE_KEY, LeaseRecord
-from procstore.store.procedure_store import ProcedureStore
-
-
-def lease_state(record: LeaseRecord, age: float | None) -> tuple[str, str]:
-    """`held`, `released` or `expired`, and what a standby would conclude, from the
-    record and its age on this machine's clock."""
-    if record.released:
-        return "released", "released: the next manager to look takes over"
-    if age is None:
-        return "held", "held (time of the last renewal unknown)"
-    if age > record.ttl:
-        return "expired", f"expired: not renewed for {age:.1f} s > ttl {record.ttl:g} s; a standby takes over"
-    return "held", f"held (renewed {age:.1f} s ago)"
-
-
-async def read_lease(store: ProcedureStore) -> tuple[str, bytes | None, float | None]:
-    """The lease's key, its bytes (None if absent) and the store's modification time."""
-    key = f"{store.parent_path}{LEASE_KEY}"
-    modified = await store.store.walk_modified(key.rsplit("/", 1)[0] + "/")
-    return key, await store.store.get(key), modified.get(key)
+from procstore._client.leader import lease_state, read_lease
+from procstore._runtime.lease import LeaseRecord
 
 
 @click.command("lease")

@@ -37,6 +37,7 @@ from procstore.store.local import TEMP_PREFIX, Leftovers, LocalDirStore
 from procstore.store.operations import stoppable, write_stop_request
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import RequestKind
+from procstore.store.run_origin import run_origin
 
 _GC_CONCURRENCY = 16
 
@@ -156,7 +157,13 @@ async def record_ends(store: ProcedureStore, procedures: list[StoredProcedure]) 
     write could re-create and run it again (docs/guarantees.md, "Runs and end records")."""
     ended_at = iso(datetime.now(UTC)) or ""
     records = [
-        record_from_keys(p.procedure_id, p.message, rolled_back=p.status is StoredStatus.FAILED, ended_at=ended_at)
+        record_from_keys(
+            p.procedure_id,
+            p.message,
+            rolled_back=p.status is StoredStatus.FAILED,
+            ended_at=ended_at,
+            started=run_origin(p.message),
+        )
         for p in procedures
         if p.message is not None and p.status in (StoredStatus.COMMITTED, StoredStatus.FAILED)
     ]
@@ -249,8 +256,9 @@ async def delete(
     the procedure; each in the documented order (steps, then commit or rollback, then folder).
     Refused, exit code 6, for a procedure that is unfinished or rolling back, or has such a
     subprocedure: a manager may be running it, and would run on with what it holds in
-    memory (a ghost no store shows). Cancel it, and delete it once it has ended; `--force`
-    deletes it anyway, for a store no manager runs on.
+    memory (a ghost no store shows); and for a subprocedure whose parent has not ended (the
+    parent reads its end when it goes on, and without it would run it again). Cancel it, and
+    delete it once it has ended; `--force` deletes it anyway, for a store no manager runs on.
     """
     store = await open_existing_store(url, storage_options, parent_path)
     try:
@@ -258,6 +266,16 @@ async def delete(
         p = inventory.procedures[resolve_id(inventory.procedures, procedure_id, inventory.unlisted_ids)]
         doomed = [*inventory.descendants(p.procedure_id), p]
         alive = [d for d in doomed if d.status in (StoredStatus.UNFINISHED, StoredStatus.ROLLING_BACK)]
+        waiting = [
+            a for a in inventory.ancestors(p) if a.status in (StoredStatus.UNFINISHED, StoredStatus.ROLLING_BACK)
+        ]
+        if waiting and not force:
+            raise CommandError(
+                f"procedure {p.procedure_id} is a subprocedure of {waiting[0].procedure_id}, which is "
+                f"{waiting[0].status.value}: it reads this one's end when it goes on, and without it would run it "
+                f"again. Delete the root once it has ended, or pass --force if no manager runs on this store",
+                ExitCode.REFUSED,
+            )
         if alive and not force:
             running = alive[-1] if alive[-1] is p else alive[0]
             which = "is" if running is p else f"has a subprocedure, {running.procedure_id}, that is"

@@ -18,7 +18,9 @@ characters, so no value sets a window title, clears the screen or makes a hyperl
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import re
 import sys
 from collections.abc import Callable, Collection, Iterable
 from datetime import UTC, datetime
@@ -148,7 +150,32 @@ def nested(text: str) -> Any:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
         return text
-    return value if _depth_within(value, NESTING_LIMIT) else text
+    return value if _depth_within(value, NESTING_LIMIT) and not _has_wide_int(text) else text
+
+
+_LONG_DIGITS = re.compile(r"\d{20,}")
+"""A run of digits that may be an integer beyond 64 bits (2**64 has 20)."""
+
+
+def _has_wide_int(text: str) -> bool:
+    """Whether the JSON text holds an integer beyond 64 bits, which orjson reads as a
+    rounded float (and cannot write): such a value is shown as stored, whole. The full
+    parse runs only for text with 20 digits in a row."""
+    if not _LONG_DIGITS.search(text):
+        return False
+    wide = False
+
+    def integer(literal: str) -> int:
+        nonlocal wide
+        number = int(literal)
+        wide = wide or not -(2**63) <= number < 2**64
+        return 0
+
+    try:
+        json.loads(text, parse_int=integer)
+    except (ValueError, RecursionError):
+        return True
+    return wide
 
 
 def _depth_within(value: Any, limit: int) -> bool:

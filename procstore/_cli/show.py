@@ -23,11 +23,11 @@ from procstore._cli.common import (
     run_command,
     store_options,
 )
-from procstore._cli.history import action_text, show_ended
+from procstore._cli.history import action_text, ended_record, record_json, record_lines
 from procstore._cli.listing import STATUS_STYLE
 from procstore._cli.output import chosen_format, emit, iso_time, nested, output_options, plural, stored
 from procstore._client.client import Client
-from procstore._client.status import ProcedureStatus
+from procstore._client.status import ProcedureStatus, from_record
 from procstore._text import bounded
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
@@ -222,7 +222,12 @@ async def show(
         listed, unlisted = await listed_procedures(store)
         if not any(str(p).startswith(procedure_id.lower()) for p in [*listed.steps, *unlisted]):
             # Ended and deleted: its history record, if managers keep history.
-            await show_ended(store, procedure_id, fmt != "table")
+            key_id, ended = await ended_record(store, procedure_id)
+            pid = ProcedureId.parse_canonical(key_id)  # None: a record of an earlier release
+            said = None if pid is None else status_json(from_record(pid, ended))
+            # A live id's document, no key left, and the record itself.
+            document: dict[str, Any] = {"procedure": key_id, "status": said, "keys": [], "record": record_json(ended)}
+            emit(fmt, document, lambda: record_lines(ended), rows="keys")
             return None
         pid = resolve_id(listed.steps, procedure_id, unlisted)
         try:

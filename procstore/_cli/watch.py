@@ -26,7 +26,7 @@ from procstore._cli.output import (
     plural,
     time_option,
 )
-from procstore.store.inventory import Inventory, read_inventory
+from procstore.store.inventory import Inventory, read_inventory, read_outcomes
 
 
 def _changes(seen: dict[str, dict[str, Any]], inventory: Inventory, now: float) -> list[dict[str, Any]]:
@@ -84,6 +84,7 @@ async def watch(
             if n:
                 await asyncio.sleep(interval)
             inventory = await read_inventory(store)
+            await read_outcomes(store, inventory)  # the words of `ls`: `rolled back`, `cancelled`
             now = time.time()
             first = not seen
             changes = _changes(seen, inventory, now)

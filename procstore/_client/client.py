@@ -19,10 +19,11 @@ import os
 import time
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, get_args
 
 import orjson
 
+from procstore._client.leader import no_manager_leads
 from procstore._client.status import ProcedureStatus, from_keys, from_record, pending_of
 from procstore.errors import (
     InvalidProcedureId,
@@ -53,7 +54,7 @@ from procstore.store.requests import RequestKind, checked_reason
 from procstore.store.settings import SettingsStore, StoreSettings
 from procstore.store.signals import encoded_payload, send_signal
 from procstore.store.state_store import StateStore
-from procstore.store.words import StatusWord
+from procstore.store.words import STATUS_WORDS, StatusWord
 
 Statuses = list[ProcedureStatus]
 Records = list[HistoryRecord]
@@ -138,7 +139,8 @@ class Client:
             record = await self._history.find_run(pid, run)
         request = await self._store.requests.get(pid) if not stored.is_finished else None
         activity = await self._activities.get(pid) if not stored.is_finished else None
-        return from_keys(stored, modified, record, pending_of(request, nudge), activity), record
+        leaderless = not stored.is_finished and await no_manager_leads(self._store)
+        return from_keys(stored, modified, record, pending_of(request, nudge), activity, leaderless), record
 
     async def list(
         self,
@@ -159,7 +161,7 @@ class Client:
         """
         if limit < 1:
             raise ValueError(f"limit must be at least 1, not {limit!r}")
-        wanted = None if status is None else {status} if isinstance(status, str) else set(status)
+        wanted = _known_words(status, STATUS_WORDS, "status")
         prefix = (id_prefix or "").lower()
         start = "" if after is None else str(_id(after))
         nudges = await self._store.resumes.list_all()  # before the keys: see `_read`
@@ -175,6 +177,7 @@ class Client:
             return []
         requests = await self._store.requests.list_all()
         active = await self._activities.stored_ids()
+        leaderless = await no_manager_leads(self._store)
         out: Statuses = []
         # Records are read a page at a time, not all of them: a page of 100 over 10,000
         # ended procedures reads about 100.
@@ -194,7 +197,7 @@ class Client:
                     pending = pending_of(
                         None if p.is_finished else requests.get(p.procedure_id), nudges.get(p.procedure_id)
                     )
-                    found = from_keys(p, {}, ends.get(text), pending, activities.get(p.procedure_id))
+                    found = from_keys(p, {}, ends.get(text), pending, activities.get(p.procedure_id), leaderless)
                 elif (record := records[text]) is not None:
                     found = from_record(ProcedureId.parse(text), record)
                 else:
@@ -238,7 +241,7 @@ class Client:
             # keys may be gone a moment before the later run's end record can be read.
             newest_run = max(newest_run, status.run)
             current = status.run >= newest_run
-            if status.is_ended and (record is not None or status.step is None) and not restarting and current:
+            if status.is_ended and (record is not None or not _record_coming(status)) and not restarting and current:
                 return _result_of(pid, status, record)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"procedure {pid} has not ended within {timeout} seconds ({status.status})")
@@ -260,7 +263,7 @@ class Client:
     ) -> Records:
         """The records of ended runs (`HistoryRecord`), newest end first, at most `limit`:
         of one procedure (every run), one type, or one or several outcomes."""
-        wanted = None if outcome is None else {outcome} if isinstance(outcome, str) else set(outcome)
+        wanted = _known_words(outcome, get_args(Outcome), "outcome")
         pid = None if procedure_id is None else str(_id(procedure_id))
         if limit < 1:
             raise ValueError(f"limit must be at least 1, not {limit!r}")
@@ -354,6 +357,17 @@ class Client:
         return f"Client({self._store})"
 
 
+def _known_words(asked: str | Iterable[str] | None, words: tuple[str, ...], what: str) -> set[str] | None:
+    """The words asked for (None: any); `ValueError` naming the words taken for any other,
+    which would otherwise match nothing and answer an empty list."""
+    if asked is None:
+        return None
+    wanted = {asked} if isinstance(asked, str) else set(asked)
+    if unknown := sorted(wanted - set(words)):
+        raise ValueError(f"unknown {what} {', '.join(map(repr, unknown))}: the words are {', '.join(words)}")
+    return wanted
+
+
 def _id(value: ProcedureId | str) -> ProcedureId:
     if isinstance(value, ProcedureId):
         return value
@@ -365,13 +379,33 @@ def _id(value: ProcedureId | str) -> ProcedureId:
     raise InvalidProcedureId(value)
 
 
+SUBPROCEDURE_OUTPUT_LATER = (
+    "it is a subprocedure whose parent still runs: its keys, and not its output, are kept until its "
+    "root's tree ends, when its end record (with its output) is written; ask again then"
+)
+
+
+def _record_coming(status: ProcedureStatus) -> bool:
+    """Whether an ended procedure's end record is about to be written: a root's is, right
+    after its `.commit` (its keys are still there); a subprocedure's waits for its root's
+    whole tree to end, so none is waited for."""
+    return status.step is not None and status.parent_id is None
+
+
 def _result_of(pid: ProcedureId, status: ProcedureStatus, record: HistoryRecord | None) -> object:
     if not status.is_ended:
         raise ProcedureNotEnded(pid, status.status)
     if status.status != "done":
         raise ProcedureFailed(pid, ProcedureState.failed(status.error or status.status))
+    if record is None and status.parent_id is not None:
+        raise ResultNotKept(pid, SUBPROCEDURE_OUTPUT_LATER)
     if record is None:
         raise ProcedureNotEnded(pid, "done, its end record not written yet")
     if record.output_not_kept is not None:
         raise ResultNotKept(pid, record.output_not_kept)
-    return None if record.output is None else orjson.loads(record.output)
+    if record.output is None:
+        return None
+    try:
+        return orjson.loads(record.output)
+    except orjson.JSONDecodeError as e:  # a record written by hand: not JSON, or nested too deep
+        raise ResultNotKept(pid, f"its stored output cannot be read as JSON ({e})") from None

@@ -55,6 +55,10 @@ class ProcedureStatus:
     backing off with its attempt, last error and next try; waiting on a lock and its
     holders; waiting on its children), for this run while it is alive; None for a
     procedure that only steps (its `updated_at` says since when it runs its step)."""
+    no_manager: bool = False
+    """The store's lease says no manager leads it now (released, or not renewed within its
+    TTL): nothing runs this procedure until one starts or takes over. False where nothing
+    tells (managers without `lease=` keep no lease)."""
 
     @property
     def is_ended(self) -> bool:
@@ -65,7 +69,10 @@ class ProcedureStatus:
         """What an alive procedure does now: its `activity`'s `doing` (`backing off`,
         `waiting on a lock`, `waiting on children`, `running`...) where one is published,
         else `sleeping` or `waiting for a signal` (its stored step's durable wait), `running`
-        (a step) or `rolling back`; None once it has ended or nothing runs it."""
+        (a step) or `rolling back`; `no manager` while the lease says none leads the store;
+        None once it has ended."""
+        if self.no_manager and not self.is_ended:
+            return "no manager"
         if self.status == "unfinished":
             if self.activity is not None:
                 return self.activity.doing
@@ -134,6 +141,7 @@ def from_keys(
     record: HistoryRecord | None,
     pending: Action | None,
     activity: Activity | None = None,
+    no_manager: bool = False,
 ) -> ProcedureStatus:
     """A procedure the store holds keys of; `record`: the end record of its latest run, if
     written (an ended one's outcome and times come from it); `modified`: its keys' times."""
@@ -162,6 +170,7 @@ def from_keys(
         waiting=p.waiting,
         # One of another run, or left behind by a procedure that has ended, says nothing.
         activity=activity if activity is not None and activity.run == run and not p.is_finished else None,
+        no_manager=no_manager and not p.is_finished,
     )
 
 
@@ -169,7 +178,7 @@ def _run_start(p: StoredProcedure, modified: dict[str, float | None]) -> datetim
     """When the latest run's first key was written: the lowest key above the last `.commit`
     below the latest key (a restart's copy starts a run above the ended run's `.commit`)."""
     first = p.keys[0]
-    for key in p.keys[:-1]:
+    for at, key in enumerate(p.keys[:-1]):
         if key.key_type is KeyType.COMMIT:
-            first = p.keys[p.keys.index(key) + 1]
+            first = p.keys[at + 1]
     return _time(modified.get(str(first)))

@@ -3,14 +3,16 @@
 A runner tells the publisher when its procedure begins to back off, to wait on a lock or
 on its children, and when it runs a step again after one of those. The publisher keeps the
 latest activity of each procedure and one task writes them, at most once per `INTERVAL`:
-a procedure retrying in a tight loop makes one write a second, not one per retry, and one
-that only steps makes none. A write that fails is dropped (the next transition writes
-again): an activity is a view, never a fact the runtime reads back.
+a procedure retrying in a tight loop makes one write a second, not one per retry (so a
+manager writes at most one activity per procedure a second), and one that only steps makes
+none. A write that fails is dropped (the next transition writes again): an activity is a
+view, never a fact the runtime reads back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import socket
 import time
@@ -107,7 +109,9 @@ class ActivityPublisher:
 
     def _flush_soon(self) -> None:
         if self._flusher is None:
-            self._flusher = self._spawn(self._flush(), "procstore:activity")
+            # In a context of its own: not the first publisher's, whose span and log fields
+            # would otherwise claim every procedure's writes.
+            self._flusher = contextvars.Context().run(self._spawn, self._flush(), "procstore:activity")
 
     async def _flush(self) -> None:
         try:

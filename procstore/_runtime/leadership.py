@@ -38,7 +38,7 @@ from procstore._logs import get_logger
 from procstore._runtime.lease import LEASE_KEY, Lease, LeaseKeeper, LeaseRecord
 from procstore._runtime.lease_clock import LeaseClock
 from procstore._runtime.telemetry import OFF, Telemetry, timed
-from procstore._runtime.term import Term, TermLease, TermSettings
+from procstore._runtime.term import Term, TermLease, TermSettings, obeying_the_store
 from procstore.errors import Fenced, LeaseExpired, LeaseHeld, ManagerStopped, StoreError, StoreUnavailable
 from procstore.store.probe import ConditionalWritesIgnored, probe_conditional_writes
 from procstore.store.state_store import StateStore
@@ -80,7 +80,7 @@ class Leadership:
         started = time.time_ns()
         leading = await self.keeper.acquire_once()
         if leading:
-            self._begin(started)
+            await self._begin(started)
         # Renewals must run while a long recovery does.
         self._task = asyncio.get_running_loop().create_task(self._run(), name="procstore:lease")
         if leading and self.term is not None:
@@ -140,7 +140,7 @@ class Leadership:
         if self._stopped:
             raise ManagerStopped(what="waiting to lead")
 
-    def _begin(self, acquiring_since: int | None = None) -> None:
+    async def _begin(self, acquiring_since: int | None = None) -> None:
         """Begin a term; its recovery runs in its own task, so renewals go on meanwhile.
 
         `acquiring_since`: `time.time_ns()` when the attempt that won the lease began, where
@@ -151,7 +151,7 @@ class Leadership:
         attributes = {"procstore.lease.holder": self.keeper.holder, "procstore.lease.epoch": epoch}
         with self.telemetry.span("procstore.lease.acquire", start_ns=acquiring_since, **attributes):
             self.telemetry.lease_gained(epoch)
-        self.term = Term(self.settings, self._term_lease())
+        self.term = Term(await obeying_the_store(self.settings), self._term_lease())
         self.term.begin()
         self.is_leading = True
         self._leading_changed.set()
@@ -189,7 +189,7 @@ class Leadership:
             holding = self.keeper.is_holding
             await self._end("a runner was fenced" if holding else "the lease ran out before a write")
             if holding:
-                self._begin()
+                await self._begin()
             return
         if self.term is not None and (error := self.term.recovery_error()) is not None:
             # Leading without running anything helps nobody: give the lease up, so that
@@ -208,7 +208,7 @@ class Leadership:
             logger.warning("cannot look at the lease: %s", e)
             won = False
         if won:
-            self._begin(started)
+            await self._begin(started)
         else:
             await asyncio.sleep(interval)
 

@@ -45,7 +45,6 @@ from procstore.store.limits import lease_write_rate_warning
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
 from procstore.store.requests import checked_reason, who
-from procstore.store.settings import SettingsStore
 from procstore.store.signals import encoded_payload, send_signal
 from procstore.store.state_store import StateStore
 
@@ -296,8 +295,6 @@ class ProcedureManager:
         try:
             await state_store.check_access()
             await self._check_lease_support(state_store)
-            # What the store says to keep wins where it keeps more (see procstore.store.settings).
-            stored = await SettingsStore(state_store, self.parent_path).read()
         except BaseException:
             if self._given_store is None:
                 await state_store.close()
@@ -321,10 +318,9 @@ class ProcedureManager:
             self.gc_interval,
             self.metadata_ttl,
             self.request_poll_interval,
-            stored.history(self.history),
-            self.keep_failed or stored.keep_failed,
+            self.history,
+            self.keep_failed,
             _telemetry_for(self.telemetry),
-            stored.output_limit,
         )
         try:
             if self.lease is None:

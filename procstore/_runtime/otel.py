@@ -217,13 +217,12 @@ class OtelTelemetry(Telemetry):
         meter.create_observable_counter(
             "procstore.store.requests", [self._observe_store_requests], "{request}", "Store requests, by outcome"
         )
-        self._store_sampled = 0
         self._steps: dict[str, list[int]] = {}
         """Attempts at steps ended, by type (a one-item list: counted in place)."""
         meter.create_observable_counter(
             "procstore.steps", [self._observe_steps], "{attempt}", "Attempts at steps ended, by type"
         )
-        self._step_sampled = 0
+
         self.store_errors = meter.create_counter("procstore.store.errors", "{error}", "Store requests that failed")
         self.lease_held_now = meter.create_up_down_counter(
             "procstore.lease.held", "{lease}", "1 while this manager holds the lease"
@@ -442,17 +441,8 @@ class OtelTelemetry(Telemetry):
         if count is None:
             count = self._steps.setdefault(type_name, [0])
         count[0] += 1
-        sampled, self._step_sampled = self._step_sampled == 0, (self._step_sampled + 1) % self.settings.histogram_every
-        if sampled:  # the first, then one in `histogram_every`
+        if (count[0] - 1) % self.settings.histogram_every == 0:  # each type's first, then one in N
             self.step_duration.record(seconds, {"procstore.procedure.type": type_name})
-
-    def _sampled(self) -> bool:
-        """Whether this request's duration goes in the histogram: the first, then one in `histogram_every`."""
-        sampled, self._store_sampled = (
-            self._store_sampled == 0,
-            (self._store_sampled + 1) % self.settings.histogram_every,
-        )
-        return sampled
 
     async def store_call(self, operation: str, backend: str, call: Callable[[], Awaitable[T]]) -> T:
         counts = self._store_requests.get((operation, backend))
@@ -477,7 +467,7 @@ class OtelTelemetry(Telemetry):
             raise
         elapsed = time.perf_counter() - start
         counts[0] += 1
-        if self._sampled():
+        if (counts[0] - 1) % self.settings.histogram_every == 0:  # each kind's first, then one in N
             self.store_duration.record(elapsed, self._store_attributes(operation, backend)[0])
         if elapsed < self.settings.slow_store_request or not self._tracing():
             return result  # counted: an event per request would crowd out the rest

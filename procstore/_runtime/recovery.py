@@ -29,6 +29,7 @@ from procstore.store.history import HistoryRecord, Recorded, RunKey, iso, record
 from procstore.store.keys import KeysByProcedure, KeyType, procedure_dir
 from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
+from procstore.store.run_origin import run_origin
 from procstore.store.tree import descendants, stuck_chains
 
 if TYPE_CHECKING:
@@ -473,6 +474,7 @@ def _resume_root(
     meta = ctx.metas.register(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)
     meta.is_root = True
     meta.inherited = True
+    meta.started = run_origin(message)
     # A root past its step 0 (or rolling back) held its locks when its process died, and
     # its last step may be half done: it takes them again now, before any runner starts, so
     # that a procedure queued behind it cannot overtake it and run over that half-done step.
@@ -591,7 +593,9 @@ async def record_recovered(
     """
     now = iso(datetime.now(UTC)) or ""
     records = [
-        record_from_keys(pid, message, rolled_back=pid in loaded.rolled_back_ids, ended_at=now)
+        record_from_keys(
+            pid, message, rolled_back=pid in loaded.rolled_back_ids, ended_at=now, started=run_origin(message)
+        )
         for pid in ids
         if (message := loaded.finished_messages.get(pid)) is not None
     ]
@@ -616,5 +620,5 @@ async def record_kept(
         if now - ended > ctx.store.history.settings.retention:
             continue
         at = iso(datetime.fromtimestamp(ended, UTC)) or ""
-        records.append(record_from_keys(pid, message, rolled_back=True, ended_at=at))
+        records.append(record_from_keys(pid, message, rolled_back=True, ended_at=at, started=run_origin(message)))
     await ctx.store.history.put_many(records)

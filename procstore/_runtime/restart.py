@@ -102,8 +102,8 @@ async def restart(
             await delete_tree(ctx, meta, ids, ctx.metas.tree_metas(ids), meta.state, keep_root=True)
         for _ in range(3):
             try:
-                meta = await _restart(ctx, procedure_id, to_step, nudged=nudged)
-                meta.started = started
+                meta = await _restart(ctx, procedure_id, to_step, nudged=nudged, started=started)
+                meta.started = started or meta.started  # else what the copy says (a rewind's)
                 return meta
             except RestartedMeanwhile as e:
                 if not nudged:
@@ -133,7 +133,7 @@ def _unrecorded_descendant(ctx: ManagerContext, root: ProcedureMeta) -> Procedur
 
 
 async def _restart(
-    ctx: ManagerContext, procedure_id: ProcedureId, to_step: int | None, *, nudged: bool
+    ctx: ManagerContext, procedure_id: ProcedureId, to_step: int | None, *, nudged: bool, started: Action | None
 ) -> ProcedureMeta:
     plan = await plan_restart(ctx.store, procedure_id, to_step)
     stored = await check_restart(ctx.store, plan)
@@ -162,7 +162,9 @@ async def _restart(
     ctx.requests.forget(procedure_id)
     if plan.source is not None or not nudged:
         await ctx.store.requests.delete([procedure_id])
-    message = await apply_restart(ctx.store, plan, stored, retention=ctx.store.history.settings.retention)
+    message = await apply_restart(
+        ctx.store, plan, stored, retention=ctx.store.history.settings.retention, started=started
+    )
     if plan.source is not None and not plan.ended:
         # The copy starts a new run over one whose end is not stored (it ended here
         # unrecorded, or was stuck). Resumed as stored, without a copy, the same run goes on.

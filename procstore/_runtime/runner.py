@@ -1216,7 +1216,7 @@ async def record_tree(
         if meta is not None:
             state = root_state if meta is root else meta.state
             if meta.end_stored and state.is_ended():
-                records.append(_record(meta, state, ended, ctx.settings.output_limit))
+                records.append(_record(meta, state, ended, ctx.store.history.settings.output_limit))
         elif (type_name := ctx.recovered.committed.get(pid)) is not None:
             # A child that ended in an earlier term: the store kept only its last message, which
             # does not say whether it rolled back or had no rollback (`StoredStatus.FAILED`).
@@ -1247,7 +1247,7 @@ async def record_superseded(
     if old is not None and old.run == new_run.run - 1 and old.state.is_ended():
         state = old.state
         error = f"{state.error}; {how} before this end was stored" if state.error else how
-        record = _record(old, state.with_error_text(error), datetime.now(UTC), ctx.settings.output_limit)
+        record = _record(old, state.with_error_text(error), datetime.now(UTC), ctx.store.history.settings.output_limit)
     else:
         record = HistoryRecord(
             id=str(procedure_id),

@@ -23,6 +23,7 @@ is released (and a new term begun) only after it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -37,9 +38,10 @@ from procstore._runtime.telemetry import OFF, Telemetry, TracedStore, backend_of
 from procstore.errors import Fenced, ManagerStopped, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.guarded import GuardedStore
-from procstore.store.history import OUTPUT_LIMIT, History
+from procstore.store.history import History
 from procstore.store.local import LocalDirStore
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
+from procstore.store.settings import SettingsStore
 from procstore.store.state_store import StateStore
 
 logger = get_logger("procstore.manager")
@@ -82,8 +84,18 @@ class TermSettings:
     history: History = field(default_factory=History)
     keep_failed: bool = False
     telemetry: Telemetry = OFF
-    output_limit: int = OUTPUT_LIMIT
-    """Bytes of a done procedure's output (as JSON) its end record keeps."""
+
+
+async def obeying_the_store(settings: TermSettings) -> TermSettings:
+    """`settings` keeping at least what the store's own settings say (`procstore.store.settings`),
+    read as each term begins: a standby that takes over obeys what an operator wrote since
+    it started."""
+    stored = await SettingsStore(settings.state_store, settings.parent_path).read()
+    return dataclasses.replace(
+        settings,
+        keep_failed=settings.keep_failed or stored.keep_failed,
+        history=stored.history(settings.history),
+    )
 
 
 class Term:
@@ -301,7 +313,7 @@ class SingleTerm:
 
     async def start(self) -> None:
         """Begin the term and wait for its recovery."""
-        self.term = Term(self.settings)
+        self.term = Term(await obeying_the_store(self.settings))
         self.term.begin()
         await self.term.wait_recovered()
 

@@ -15,6 +15,7 @@ to a network must not let anyone who can reach it steer the control plane. So:
 
 from __future__ import annotations
 
+import collections
 import secrets
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -36,6 +37,13 @@ class Actions:
     def __init__(self, client: Client) -> None:
         self.client = client
         self.token = secrets.token_urlsafe(32)
+        self._said: collections.OrderedDict[str, dict[str, str]] = collections.OrderedDict()
+        """What the last actions did, by a random key the redirect names: a link cannot make
+        the page claim an action nobody took (the text is never in the URL)."""
+
+    def said(self, key: str | None) -> dict[str, str] | None:
+        """`{"done": ...}` or `{"refused": ...}` of the action `key` names, else None."""
+        return None if key is None else self._said.get(key)
 
     async def perform(self, request: Request) -> Response:
         """POST `/p/{id}/action`: check the token, then act through the Client; the answer
@@ -48,12 +56,15 @@ class Actions:
             return Response("refused: this form is not from this server (a missing or stale token)", 403)
         pid = request.path_params["procedure_id"]
         action, reason, to_step = form.get("action"), form.get("reason") or None, form.get("to_step")
-        back = f"../{pid}"
         try:
-            said = await self._act(pid, action, reason, to_step)
+            said = {"done": await self._act(pid, action, reason, to_step)}
         except (ProcedureError, ValueError, TypeError, InvalidProcedureId) as e:
-            return _back(back, refused=str(e))
-        return _back(back, done=said)
+            said = {"refused": str(e)}
+        key = secrets.token_urlsafe(12)
+        self._said[key] = said
+        while len(self._said) > SAID_KEPT:
+            self._said.popitem(last=False)
+        return RedirectResponse(f"../{pid}?{urlencode({'said': key})}", status_code=303)
 
     async def _act(self, pid: str, action: Any, reason: Any, to_step: Any) -> str:
         if action not in ACTIONS:
@@ -73,6 +84,9 @@ class Actions:
         return f"{action} stored: the manager running it acts on it within its request_poll_interval"
 
 
+SAID_KEPT = 100
+"""Answers of recent actions kept for the page their redirect leads to."""
+
 FORM_LIMIT = 16 * 1024
 """Bytes of a posted form read at the most: a reason, a step, the token."""
 
@@ -91,7 +105,3 @@ async def _form(request: Request) -> dict[str, str] | None:
         return {k: v[0] for k, v in parse_qs(body.decode(), keep_blank_values=True).items()}
     except UnicodeDecodeError:
         return None
-
-
-def _back(to: str, **said: str) -> Response:
-    return RedirectResponse(f"{to}?{urlencode(said)}", status_code=303)

@@ -35,11 +35,12 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from procstore._cli.lease import lease_state, read_lease
+from procstore._cli.history import record_json
 from procstore._cli.listing import row_json
 from procstore._cli.output import SHORT_ID, iso_time, table_time
 from procstore._cli.show import data_fields, field_changes, status_json
 from procstore._client.client import Client
+from procstore._client.leader import lease_state, read_lease
 from procstore._client.status import ProcedureStatus
 from procstore._runtime.lease import LEASE_KEY, LeaseRecord
 from procstore._text import bounded, valid_unicode
@@ -58,10 +59,12 @@ from procstore.store.inventory import (
     endings,
     read_history,
     read_inventory,
+    read_outcomes,
 )
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
+from procstore.store.words import STATUS_WORDS, StatusWord, status_word
 
 _TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
@@ -124,9 +127,11 @@ def create_app(
 
     async def procedure(request: Request) -> Response:
         pid = request.path_params["procedure_id"]
-        token = None if state["actions"] is None else state["actions"].token
-        read = lambda: _procedure(state["store"], pid, whole=False, client=state["client"], request=request)  # noqa: E731
-        return await _page(request, "procedure.html", read, refresh, "../", token=token)
+        actions = state["actions"]
+        token = None if actions is None else actions.token
+        said = None if actions is None else actions.said(request.query_params.get("said"))
+        read = lambda: _procedure(state["store"], pid, whole=False, client=state["client"])  # noqa: E731
+        return await _page(request, "procedure.html", read, refresh, "../", token=token, said=said)
 
     async def act(request: Request) -> Response:
         if state["actions"] is None:
@@ -193,10 +198,17 @@ async def static(request: Request) -> Response:
 
 
 async def _page(
-    request: Request, template: str, read: Any, refresh: float, root: str, token: str | None = None
+    request: Request,
+    template: str,
+    read: Any,
+    refresh: float,
+    root: str,
+    token: str | None = None,
+    said: dict[str, str] | None = None,
 ) -> Response:
     """`root`: the path from this page back to the app's root (its own links start there);
-    `token`: the actions' form token, for a page with actions."""
+    `token`: the actions' form token, for a page with actions; `said`: what the action that
+    led here did."""
     try:
         data = await read()
         status = 200
@@ -205,7 +217,7 @@ async def _page(
     except StoreError as e:
         data, status = {"error": f"the store cannot be read: {e}"}, 503
     render = _TEMPLATES.get_template(template).render
-    html = await asyncio.to_thread(render, data=data, refresh=refresh, root=root, token=token)
+    html = await asyncio.to_thread(render, data=data, refresh=refresh, root=root, token=token, said=said)
     return HTMLResponse(valid_unicode(html), status_code=status)
 
 
@@ -260,7 +272,8 @@ def _row(p: StoredProcedure, inventory: Inventory, ids: dict[ProcedureId, str], 
     row["age"] = table_time(p.modified, "relative", now)
     row["started"] = iso_time(p.first_written)
     end = p.modified if p.is_finished else now
-    row["duration"] = _duration(end - p.first_written) if p.first_written is not None and end else None
+    # max: the store's clock may run ahead of this one (a just-written key "in the future").
+    row["duration"] = _duration(max(0.0, end - p.first_written)) if p.first_written is not None and end else None
     row["hint"] = UNREADABLE_HINT if p.status is StoredStatus.UNREADABLE else None
     return row
 
@@ -287,11 +300,11 @@ class Filters(msgspec.Struct, frozen=True):
             asked.get("status") or None,
             asked.get("type") or None,
             (asked.get("q") or "").strip().lower()[:200] or None,
-            int(page) if page.isdigit() and 0 < int(page) < 10**6 else 1,
+            int(page) if page.isascii() and page.isdigit() and len(page) <= 6 and int(page) > 0 else 1,
         )
 
-    def admits(self, p: StoredProcedure) -> bool:
-        if self.status is not None and p.status.value != self.status:
+    def admits(self, p: StoredProcedure, word: StatusWord) -> bool:
+        if self.status is not None and word != self.status:
             return False
         if self.type is not None and p.type_name != self.type:
             return False
@@ -300,6 +313,7 @@ class Filters(msgspec.Struct, frozen=True):
 
 async def _overview(store: ProcedureStore, request: Request, *, whole: bool) -> dict[str, Any]:
     inventory = await read_inventory(store)
+    await read_outcomes(store, inventory)  # the words of `ls`: `rolled back`, `cancelled`
     now = time.time()
     lease = await _lease(store, now)
     shown = None if whole else OVERVIEW_SHOWN
@@ -315,11 +329,11 @@ def _overview_of(
     now: float,
     shown: int | None,
 ) -> dict[str, Any]:
-    counts = {s.value: 0 for s in StoredStatus}
+    counts = dict.fromkeys(STATUS_WORDS, 0)
     for p in inventory.procedures.values():
-        counts[p.status.value] += 1
+        counts[inventory.word(p)] += 1
     chosen = sorted(
-        (p for p in inventory.procedures.values() if filters.admits(p)),
+        (p for p in inventory.procedures.values() if filters.admits(p, inventory.word(p))),
         key=lambda p: (p.modified or 0.0, str(p.procedure_id)),
     )
     pages = max(1, -(-len(chosen) // shown)) if shown else 1
@@ -373,10 +387,9 @@ def _about_the_key(error: StoreError) -> bool:
     )
 
 
-async def _procedure(
-    store: ProcedureStore, text: str, *, whole: bool, client: Client, request: Request | None = None
-) -> dict[str, Any]:
+async def _procedure(store: ProcedureStore, text: str, *, whole: bool, client: Client) -> dict[str, Any]:
     inventory = await read_inventory(store)
+    await read_outcomes(store, inventory)
     matches = [pid for pid in inventory.procedures if str(pid).startswith(text.lower())] if len(text) >= 4 else []
     if not matches:
         return await _ended(store, text, {str(pid) for pid in inventory.procedures})
@@ -393,14 +406,13 @@ async def _procedure(
     page["output"] = None if record is None or record.run != status.run else record.output
     page["timeline"] = _timeline(page["steps"], status)
     page["actions"] = list(ACTIONS)
-    if request is not None:  # what the last action on this page did (after its redirect)
-        page["said"] = {k: request.query_params[k] for k in ("done", "refused") if k in request.query_params}
     return page
 
 
 def _duration(seconds: float | None) -> str | None:
     if seconds is None:
         return None
+    seconds = max(0.0, seconds)
     minutes, rest = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m{rest:02d}s" if hours else f"{minutes}m{rest:02d}s" if minutes else f"{seconds:.1f}s"
@@ -444,7 +456,7 @@ def _procedure_of(
             "problem": problem,
             "error": None,
             "fields": [],
-            "ended": None if ended is None else {"status": ended.value, "text": ENDINGS[ended]},
+            "ended": None if ended is None else {"status": status_word(ended), "text": ENDINGS[ended]},
         }
         if problem is not None:
             step["hint"] = UNREADABLE_HINT
@@ -479,7 +491,7 @@ HISTORY_SHOWN = 200
 
 
 def _history_row(record: HistoryRecord, short: dict[str, str], now: float) -> dict[str, Any]:
-    row: dict[str, Any] = msgspec.to_builtins(record)
+    row = record_json(record)  # as `procstore history -o json`: output nested, times in one form
     row["short"] = short.get(record.id, record.id)
     try:
         row["age"] = table_time(datetime.fromisoformat(record.ended_at).timestamp(), "relative", now)

@@ -20,6 +20,7 @@ and swept as before, but are no end records (their run is not known).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,12 @@ Outcome = Literal["done", "failed", "rolled back", "cancelled", "poisoned"]
 rollback, if it has one), where a `fail` request gives `failed` or `rolled back`."""
 
 
+OUTPUT_LIMIT = 64 * 1024
+"""The most bytes of JSON an end record keeps of a `Status.done(output=...)`: a larger
+output is not kept (`HistoryRecord.output_not_kept` says so), and the procedure is done
+all the same."""
+
+
 @dataclass(frozen=True, slots=True)
 class History:
     """How long the records of ended runs are kept: `ProcedureManager(history=History(...))`.
@@ -61,20 +68,17 @@ class History:
     Args:
         retention: seconds a record is kept after its procedure ended (7 days by default).
         max_records: the most records kept; the oldest go first beyond it.
+        output_limit: bytes of a done procedure's output (as JSON) its record keeps
+            (`OUTPUT_LIMIT` by default); a larger one is not kept, and the record says why.
     """
 
     retention: float = 7 * 24 * 3600.0
     max_records: int = 10_000
+    output_limit: int = OUTPUT_LIMIT
 
     def __post_init__(self) -> None:
-        if not self.retention > 0 or self.max_records < 1:
-            raise ValueError(f"History needs retention > 0 and max_records >= 1, not {self!r}")
-
-
-OUTPUT_LIMIT = 64 * 1024
-"""The most bytes of JSON an end record keeps of a `Status.done(output=...)`: a larger
-output is not kept (`HistoryRecord.output_not_kept` says so), and the procedure is done
-all the same."""
+        if not self.retention > 0 or self.max_records < 1 or self.output_limit < 0:
+            raise ValueError(f"History needs retention > 0, max_records >= 1 and output_limit >= 0, not {self!r}")
 
 
 class Action(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -137,14 +141,37 @@ def kept_output(output: object, limit: int = OUTPUT_LIMIT) -> tuple[str | None, 
         return None, f"not JSON-serialisable ({type(e).__name__}: {e})"
     if len(encoded) > limit:
         return None, f"{len(encoded)} bytes as JSON, above the {limit} bytes history keeps"
+    if b"null" in encoded and _has_non_finite(output):
+        return None, "it holds a NaN or an infinity, which JSON cannot (orjson writes null)"
     return encoded.decode(), None
 
 
+def _has_non_finite(value: object) -> bool:
+    """Whether a NaN or an infinity is in `value`, its dicts, lists and tuples (a loop: the
+    value was encoded, so it is nested at most orjson's 255 deep)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return True
+        if isinstance(item, dict):
+            stack += item.values()
+        elif isinstance(item, list | tuple):
+            stack += item
+    return False
+
+
 def record_from_keys(
-    procedure_id: ProcedureId, message: ProcedureMessage, *, rolled_back: bool, ended_at: str
+    procedure_id: ProcedureId,
+    message: ProcedureMessage,
+    *,
+    rolled_back: bool,
+    ended_at: str,
+    started: Action | None,
 ) -> HistoryRecord:
     """The end record of a finished run known only from its keys (`message`: its highest
-    message below the `.commit`): written by whoever deletes such a run (recovery, `procstore
+    message below the `.commit`; `started`: how the run started, as its messages say:
+    `procstore.store.run_origin`): written by whoever deletes such a run (recovery, `procstore
     gc` and `delete`), unless the manager that ran it wrote a fuller one first. The keys do
     not say whether it rolled back or had no rollback: either is `failed`."""
     return HistoryRecord(
@@ -156,6 +183,7 @@ def record_from_keys(
         ended_at=ended_at,
         steps=message.step,
         run=message.run,
+        started=started,
     )
 
 
@@ -163,7 +191,10 @@ _decoder = msgspec.json.Decoder(HistoryRecord)
 
 
 def iso(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.astimezone(UTC).isoformat(timespec="milliseconds")
+    """ISO 8601 in UTC with `Z`, as every time procstore writes, to the millisecond."""
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(slots=True)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from procstore.errors import OperationRefused, ProcedureError, ProcedureNotFound
 from procstore.ids import ProcedureId
 from procstore.store.folder import StoredStatus, decode_or_problem, latest_key
@@ -210,12 +212,14 @@ async def carry_out_rewind(store: ProcedureStore, prepared: PreparedRestart, rea
     pid = plan.procedure_id
     # The old request first: left in place, it would fail the rewound run at once.
     await store.requests.delete([pid])
+    asked = OperatorRequest.new("resume", reason, to_step=prepared.to_step)
     try:
-        copied = await apply_restart(store, plan, prepared.message)
+        # The copy keeps who, when and why itself: the nudge may be gone before a manager
+        # that runs the copy sees it (the next start runs the copy at its recovery).
+        copied = await apply_restart(store, plan, prepared.message, started=asked.action())
     except RestartedMeanwhile as e:
         raise OperationRefused(str(e)) from e
-    nudge = OperatorRequest.new("resume", reason, copied.step, to_step=prepared.to_step)
-    return await _nudge(store, pid, nudge, wrote_copy=True)
+    return await _nudge(store, pid, msgspec.structs.replace(asked, step=copied.step), wrote_copy=True)
 
 
 async def _nudge(store: ProcedureStore, pid: ProcedureId, nudge: OperatorRequest, wrote_copy: bool) -> Nudged:

@@ -95,12 +95,20 @@ class OperatorRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 def checked_reason(reason: object) -> str:
     """An operator's reason as stored: text, with None meaning "no reason given" (""). Any
-    other value raises `TypeError` before anything is written: every reader refuses a
-    request whose reason is not text, so it would be lost at the next start."""
+    other value raises `TypeError`, and text that is not valid Unicode (a lone surrogate,
+    which UTF-8 cannot store) `ValueError`, before anything is written: every reader
+    refuses a request whose reason is not text, so it would be lost at the next start."""
     if reason is None:
         return ""
     if not isinstance(reason, str):
         raise TypeError(f"the reason of an operator request must be a str (or None for none), not {reason!r}")
+    try:
+        reason.encode()
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"the reason of an operator request must be valid Unicode text: it has a lone surrogate "
+            f"{reason[e.start : e.end]!r} at character {e.start}, which the store's UTF-8 cannot hold"
+        ) from None
     return reason
 
 

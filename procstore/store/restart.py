@@ -25,16 +25,18 @@ written nothing (two copies of the same bytes both count as written: one run).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from procstore.errors import Fenced, LeaseExpired, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.folder import ProcedureKeys, StoredStatus, decode_or_problem
-from procstore.store.history import History, HistoryStore, iso, record_from_keys
+from procstore.store.history import Action, History, HistoryStore, iso, record_from_keys
 from procstore.store.keys import MAX_STEP, KeyType, ParsedKey, procedure_dir
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
+from procstore.store.run_origin import run_origin, with_run_origin
 
 
 class RestartedMeanwhile(ProcedureError):
@@ -122,11 +124,18 @@ async def check_restart(store: ProcedureStore, plan: RestartPlan) -> ProcedureMe
 
 
 async def apply_restart(
-    store: ProcedureStore, plan: RestartPlan, message: ProcedureMessage, *, retention: float = History().retention
+    store: ProcedureStore,
+    plan: RestartPlan,
+    message: ProcedureMessage,
+    *,
+    retention: float = History().retention,
+    started: Action | None = None,
 ) -> ProcedureMessage:
     """Write the copy the plan needs (if any) of `message` (from `check_restart`); return
-    the message to run from. Raises `RestartedMeanwhile` if someone else wrote `latest + 1`
-    first (and `LeaseExpired` from a manager's store that no longer leads).
+    the message to run from. `started`: who asked, when and why, kept in the copy (and so in
+    every key of the new run: `procstore.store.run_origin`). Raises `RestartedMeanwhile` if
+    someone else wrote `latest + 1` first (and `LeaseExpired` from a manager's store that no
+    longer leads).
     """
     store.keep_unknown_fields(plan.procedure_id, message)
     if plan.source is None:
@@ -150,8 +159,11 @@ async def apply_restart(
         ended = modified.get(str(plan.latest)) or now
         if now - ended <= retention:
             at = iso(datetime.fromtimestamp(ended, UTC)) or ""
-            record = record_from_keys(plan.procedure_id, last, rolled_back=True, ended_at=at)
+            record = record_from_keys(plan.procedure_id, last, rolled_back=True, ended_at=at, started=run_origin(last))
             await HistoryStore(store.store, store.parent_path).put_unrecorded([record])
+    if started is not None:
+        message = dataclasses.replace(message, extra=with_run_origin(message.extra, run, started))
+        store.keep_unknown_fields(plan.procedure_id, message)
     try:
         await store.store_procedure(plan.procedure_id, step, message.type_name, message.data, None, run)
     except LeaseExpired:

@@ -24,12 +24,18 @@ from datetime import UTC, datetime
 import msgspec
 
 from procstore._logs import get_logger
-from procstore.store.history import OUTPUT_LIMIT, History
+from procstore.errors import StoreError
+from procstore.store.history import History
 from procstore.store.message import UNDECODABLE
 from procstore.store.requests import who
 from procstore.store.state_store import StateStore
 
 logger = get_logger("procstore.store")
+
+MAX_RETENTION = 100 * 365 * 24 * 3600.0
+"""The longest history retention a store may ask for: later times overflow clocks' arithmetic."""
+MAX_COUNT = 10**9
+"""The most records, or bytes of output, a store may ask to keep."""
 
 SETTINGS_KEY = "settings.json"
 """The key under a store's root (after `parent_path`) that holds its `StoreSettings`."""
@@ -45,7 +51,8 @@ class StoreSettings(msgspec.Struct, frozen=True, kw_only=True):
     history_max_records: int | None = None
     """History records kept at least."""
     result_limit: int | None = None
-    """Bytes of a done procedure's output (as JSON) its end record keeps; `OUTPUT_LIMIT` if None."""
+    """Bytes of a done procedure's output (as JSON) its end record keeps; the manager's
+    `History.output_limit` (`OUTPUT_LIMIT` by default) if None."""
     written_at: str = ""
     """ISO 8601 in UTC: when an operator wrote these."""
     written_by: str = ""
@@ -53,22 +60,21 @@ class StoreSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         retention, records, limit = self.history_retention, self.history_max_records, self.result_limit
-        if retention is not None and not (math.isfinite(retention) and retention > 0):
-            raise ValueError(f"history_retention must be a number of seconds > 0, not {retention!r}")
+        if retention is not None and not (math.isfinite(retention) and 0 < retention <= MAX_RETENTION):
+            raise ValueError(
+                f"history_retention must be seconds in (0, {MAX_RETENTION:g}] (100 years), not {retention!r}"
+            )
         for name, value in (("history_max_records", records), ("result_limit", limit)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, not {value!r}")
+            if value is not None and not 1 <= value <= MAX_COUNT:
+                raise ValueError(f"{name} must be in [1, {MAX_COUNT}], not {value!r}")
 
     def history(self, own: History) -> History:
         """A manager's `History`, kept at least as long and as large as the store says."""
         return History(
             retention=max(own.retention, self.history_retention or 0.0),
             max_records=max(own.max_records, self.history_max_records or 0),
+            output_limit=own.output_limit if self.result_limit is None else self.result_limit,
         )
-
-    @property
-    def output_limit(self) -> int:
-        return self.result_limit if self.result_limit is not None else OUTPUT_LIMIT
 
 
 KEEP_EVERYTHING = StoreSettings(keep_failed=True, history_retention=10 * 365 * 24 * 3600.0, history_max_records=10**9)
@@ -88,12 +94,12 @@ class SettingsStore:
     async def read(self) -> StoreSettings:
         """The store's settings: the defaults if none are stored; `KEEP_EVERYTHING` (logged,
         naming the key) for a value that is not settings."""
-        raw = await self.store.get(self.key)
-        if raw is None:
-            return StoreSettings()
         try:
+            raw = await self.store.get(self.key)
+            if raw is None:
+                return StoreSettings()
             return _decoder.decode(raw)
-        except (*UNDECODABLE, ValueError) as e:
+        except (*UNDECODABLE, ValueError, StoreError) as e:  # a folder there, a value not settings
             logger.error(
                 "the store settings at %s cannot be read (%s): keeping every failed procedure and history record "
                 "until an operator writes them again (procstore settings URL ...)",

@@ -8,7 +8,7 @@ latest value cannot be decoded), `parent cycle` (a corrupt store).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from procstore.store.folder import StoredStatus
 
@@ -16,6 +16,9 @@ StatusWord = Literal[
     "unfinished", "rolling back", "done", "failed", "rolled back", "cancelled", "poisoned", "unreadable", "parent cycle"
 ]
 """A procedure's status (see above)."""
+
+STATUS_WORDS: tuple[StatusWord, ...] = get_args(StatusWord)
+"""Every status word, alive ones first (what the web view counts and filters by)."""
 
 ENDED_WORDS: frozenset[str] = frozenset({"done", "failed", "rolled back", "cancelled", "poisoned"})
 

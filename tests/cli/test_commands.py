@@ -183,7 +183,12 @@ def test_delete_removes_a_procedure_and_its_children(mixed: tuple[Place, MixedSt
     before = place.stored_keys()
     refused = place.run("delete", store.parent, "--yes")  # unfinished: a manager may run it
     assert refused.exit_code == ExitCode.REFUSED and "--force" in refused.stderr, refused.output
+    # A finished child of that unfinished parent: the parent reads its end when it goes on.
+    child = place.run("delete", store.committed_child, "--yes")
+    assert child.exit_code == ExitCode.REFUSED and "subprocedure of" in child.stderr, child.output
     assert place.stored_keys() == before
+    wrong_flag = place.run("delete", store.committed_child, "-o", "json")
+    assert wrong_flag.exit_code == ExitCode.USAGE and "prints no data" in wrong_flag.output
     result = place.run("delete", store.parent, "--yes", "--force")
     assert result.exit_code == 0, result.output
     tree = (store.parent, store.committed_child, store.running_child)

@@ -27,3 +27,28 @@ async def test_list_and_get_answer_every_procedure_of_a_hostile_store(tmp_path: 
                 await client.result(status.id)
         assert await client.history(limit=10_000) is not None
     await store.close()
+
+
+async def test_get_is_linear_in_a_procedures_keys(tmp_path: Path) -> None:
+    """A hostile writer's thousands of `.commit` keys in one folder: `get` reads the run's
+    start in one pass over them (it was commits x keys)."""
+    import time
+
+    from procstore.store.message import ProcedureMessage
+
+    async def timed(keys: int) -> float:
+        folder = tmp_path / str(keys) / "procedure" / "0193e7a2-0000-7000-8000-000000000001"
+        folder.mkdir(parents=True)
+        for i in range(keys - 1):
+            kind = "step" if i % 2 == 0 else "commit"
+            value = ProcedureMessage("t::T", "{}", None, i).encode() if kind == "step" else b""
+            (folder / f"{i:010d}.{kind}").write_bytes(value)
+        async with Client(str(tmp_path / str(keys))) as client:
+            start = time.perf_counter()
+            status = await client.get("0193e7a2-0000-7000-8000-000000000001")
+            took = time.perf_counter() - start
+        assert status.status == "unfinished"
+        return took
+
+    small, big = await timed(1_000), await timed(10_000)
+    assert big / small < 40, f"{small:.3f}s for 1,000 keys, {big:.3f}s for 10,000"

@@ -141,3 +141,40 @@ async def test_manager_resume_keeps_its_reason_in_the_new_runs_record(target: St
         assert older.started is not None and older.started.kind == "submit"
         with pytest.raises(TypeError):
             await manager.resume(pid, reason=42)  # type: ignore[arg-type]
+
+
+async def test_a_nan_or_infinite_output_is_not_kept_and_says_why(target: StoreTarget) -> None:
+    Answers.outputs["nan"] = {"x": float("nan")}
+    Answers.outputs["inf"] = [1.0, float("-inf")]
+    async with Client(target.url, target.storage_options) as client:
+        for which in ("nan", "inf"):
+            procedure, _ = await run_to_end(target, which)
+            with pytest.raises(ResultNotKept, match="NaN or an infinity"):
+                await client.result(procedure.id)
+            (record,) = await client.history(procedure_id=procedure.id)
+            assert record.output is None and record.output_not_kept is not None
+
+
+@pytest.mark.parametrize("stored", ["not json", "[" * 2000 + "]" * 2000])
+async def test_a_hand_written_output_that_is_not_json_is_not_kept(target: StoreTarget, stored: str) -> None:
+    import msgspec
+
+    from procstore.store.history import HistoryStore
+
+    procedure, _ = await run_to_end(target, "dict")
+    async with Client(target.url, target.storage_options) as client:
+        (record,) = await client.history(procedure_id=procedure.id)
+        history = HistoryStore(client._store.store)
+        written = msgspec.structs.replace(record, output=stored)
+        await history.store.put(history.key(record), msgspec.json.encode(written))
+        with pytest.raises(ResultNotKept, match="cannot be read as JSON"):
+            await client.result(procedure.id)
+
+
+async def test_record_times_are_iso_8601_utc_with_z(target: StoreTarget) -> None:
+    procedure, _ = await run_to_end(target, "none")
+    async with Client(target.url, target.storage_options) as client:
+        (record,) = await client.history(procedure_id=procedure.id)
+    assert record.started is not None
+    times = [record.started_at, record.ended_at, record.started.at]
+    assert all(t is not None and t.endswith("Z") and "+" not in t for t in times), times

@@ -45,7 +45,7 @@ async def test_a_failed_region_rolls_the_whole_table_back(tmp_path: Path) -> Non
     cluster = SimCluster(store, [1, 2, 3])
     original = cluster.datanodes[3].handle
 
-    async def refuse_create(kind: str, region: int, **args: object) -> dict[str, object]:
+    async def refuse_create(kind: str, region: int, **args: Any) -> dict[str, object]:
         if kind == "create":
             raise DatanodeError("disk full")
         return await original(kind, region, **args)

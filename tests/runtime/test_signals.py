@@ -397,6 +397,7 @@ def test_delivering_n_queued_signals_costs_about_n_reads() -> None:
             watcher = await manager.submit(procedure)
             await asyncio.gather(*(manager.signal(procedure.id, "go", i) for i in range(n)))
             got = await watcher.wait()
+            assert isinstance(got, list)
             assert sorted(g["go"] for g in got) == list(range(n))  # sent at once: in no set order
             assert store.reads <= 3 * n
 

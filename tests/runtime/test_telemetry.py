@@ -17,7 +17,16 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from procstore import Lease, ProcedureFailed, ProcedureId, ProcedureWithId, TelemetrySettings
+from procstore import (
+    Context,
+    Lease,
+    Procedure,
+    ProcedureFailed,
+    ProcedureId,
+    ProcedureWithId,
+    Status,
+    TelemetrySettings,
+)
 from procstore.store.history import HistoryStore
 from procstore.store.local import LocalDirStore
 from procstore.store.requests import OperatorRequest, RequestStore
@@ -680,3 +689,46 @@ async def test_a_run_whose_spans_fail_stays_out_of_the_callers_trace_and_keeps_i
     assert step_records() - before >= 9
     warned = [r for r in caplog.records if "a span could not be made" in r.getMessage()]
     assert len(warned) == 2
+
+
+async def test_each_type_and_store_request_kind_is_timed_from_its_first(tmp_path: Path) -> None:
+    """One sampling count per type: a rare type is timed however many steps others take."""
+
+    def timed(type_name: str) -> int:
+        wanted = {"procstore.procedure.type": type_name}.items()
+        return sum(p.count for p in points("procstore.step.duration") if wanted <= dict(p.attributes or {}).items())
+
+    class Rare(Procedure):
+        type_name = "telemetry::Rare"
+
+        async def execute(self, ctx: Context) -> Status:
+            return Status.done()
+
+        def dump(self) -> str:
+            return "{}"
+
+        @classmethod
+        def load(cls, data: str) -> Rare:
+            return cls()
+
+    async with manager_for(LocalDirStore(tmp_path), Rare) as manager:
+        await (await manager.submit(steps(World.new(), 13))).wait()
+        await (await manager.submit(ProcedureWithId.new(Rare()))).wait()
+    assert timed("telemetry::Rare") == 1
+
+
+async def test_activity_writes_are_not_reported_on_another_procedures_span(tmp_path: Path) -> None:
+    """The publisher writes every procedure's activity from one task of its own: its failed
+    writes are on no procedure's span, never on the first publisher's."""
+    name, go = blocker()
+    store = FaultyStore(LocalDirStore(tmp_path), faults=[Fault("error", key="*activity/*")])
+    async with manager_for(store, retry_delay=0.3, max_retry_delay=0.3, max_retry_times=100) as manager:
+        world = World.new()
+        first = steps(world, 3, retry_at=0, retries=1, name="a", block=name, block_at=1)
+        watcher = await manager.submit(first)
+        await asyncio.sleep(0.1)
+        await (await manager.submit(steps(world, 2, retry_at=0, retries=8, name="b"))).wait()
+        go.set()
+        await watcher.wait()
+    events = [e for s in spans_of(first.id) for e in s.events if e.name == "store request"]
+    assert not [e for e in events if "activity" in str((e.attributes or {}).get("exception.message"))], events

@@ -47,7 +47,7 @@ def test_a_commit_ends_the_message_below_its_step_not_one_beside_it() -> None:
     failed = [(0, KeyType.STEP), (1, KeyType.ROLLBACK), (2, KeyType.COMMIT), (2, KeyType.STEP)]
     assert ProcedureKeys.of(failed).status is StoredStatus.FAILED
     keys = [ParsedKey(_PREFIX, _IDS[0], step, kind) for step, kind in sorted(late, key=latest_first)]
-    assert endings([(key,) for key in keys]) == [None, None, StoredStatus.COMMITTED]
+    assert endings([(key, None, None, None) for key in keys]) == [None, None, StoredStatus.COMMITTED]
 
 
 @given(st.dictionaries(st.sampled_from(_IDS), _FOLDER, min_size=1), st.booleans())

@@ -3,6 +3,7 @@ whatever each manager is started with."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -71,3 +72,41 @@ def test_an_operator_writes_and_reads_the_settings_with_the_cli(tmp_path: Path) 
     assert json.loads(unset.stdout)["settings"]["keep_failed"] is True  # the rest stays
     bad = runner.invoke(cli, ["settings", str(tmp_path), "--result-limit", "0"])
     assert bad.exit_code != 0 and "result-limit" in bad.output
+
+
+async def test_a_folder_at_the_settings_key_keeps_everything_and_stops_nothing(tmp_path: Path) -> None:
+    (tmp_path / "settings.json").mkdir()
+    async with manager_for(LocalDirStore(tmp_path)) as manager:
+        assert await (await manager.submit(steps(World.new(), 1))).wait() == "steps done"
+    async with Client(tmp_path) as client:
+        assert await client.settings() == KEEP_EVERYTHING
+
+
+def test_a_retention_or_count_too_large_to_compute_with_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "procedure").mkdir()
+    runner = CliRunner()
+    for flags in (["--history-retention", "1000000w"], ["--history-max-records", str(10**30)]):
+        refused = runner.invoke(cli, ["settings", str(tmp_path), *flags])
+        assert refused.exit_code != 0 and "must be" in refused.output, refused.output
+    assert not (tmp_path / "settings.json").exists()
+
+
+async def test_a_standby_that_takes_over_obeys_settings_written_after_it_started(tmp_path: Path) -> None:
+    from procstore import Lease
+    from procstore.testing import kill_manager
+
+    first = manager_for(LocalDirStore(tmp_path), lease=Lease(ttl=1.0, holder="a"), keep_failed=False)
+    second = manager_for(LocalDirStore(tmp_path), lease=Lease(ttl=1.0, holder="b"), keep_failed=False)
+    await first.start()
+    await second.start()  # a standby
+    await SettingsStore(LocalDirStore(tmp_path)).write(StoreSettings(keep_failed=True))
+    await kill_manager(first)
+    await first.stop()
+    try:
+        await asyncio.wait_for(second.wait_until_leading(), 20)
+        failing = steps(World.new(), 3, fail_at=1)
+        with pytest.raises(ProcedureFailed):
+            await (await second.submit(failing)).wait()
+        assert await LocalDirStore(tmp_path).walk(f"procedure/{failing.id}/")
+    finally:
+        await second.stop()

@@ -63,15 +63,19 @@ def test_a_cancel_with_a_reason_goes_through_the_client_with_the_servers_token(m
             data={"action": "cancel", "reason": "wrong <b>region</b>", "token": token},
             follow_redirects=False,
         )
-        assert done.status_code == 303 and "done=" in done.headers["location"]
+        assert done.status_code == 303 and "said=" in done.headers["location"]
         pending = _pending(url, store.migration)
         assert pending is not None and pending.kind == "cancel" and pending.reason == "wrong <b>region</b>"  # type: ignore[attr-defined]
         shown = client.get(done.headers["location"].replace("../", "/p/")).text
-        assert "wrong &lt;b&gt;region&lt;/b&gt;" in shown and 'id="pending"' in shown
+        assert "wrong &lt;b&gt;region&lt;/b&gt;" in shown and 'id="pending"' in shown and "cancel stored" in shown
+        spoofed = client.get(f"/p/{store.migration}?said=made-up&done=rewind+stored").text
+        assert 'id="said"' not in spoofed  # a link cannot claim an action nobody took
         refused = client.post(
             f"/p/{store.migration}/action", data={"action": "resume", "token": token}, follow_redirects=False
         )
-        assert refused.status_code == 303 and "refused=" in refused.headers["location"]
+        assert refused.status_code == 303
+        said = client.get(refused.headers["location"].replace("../", "/p/")).text
+        assert "refused: " in said and "unfinished" in said
 
 
 def test_without_actions_there_is_no_form_and_a_post_is_refused(mixed: tuple[str, MixedStore]) -> None:
@@ -169,3 +173,17 @@ def test_an_operator_cancels_with_a_reason_in_a_browser(served: tuple[str, str, 
             browser.close()
     pending = _pending(url, store.migration)
     assert pending is not None and pending.reason == "the target datanode is being drained"  # type: ignore[attr-defined]
+
+
+def test_a_hostile_page_number_is_page_one(tmp_path: Path) -> None:
+    (tmp_path / "procedure").mkdir()
+    with TestClient(create_app(str(tmp_path))) as client:
+        for page in ("²", "9" * 5000, "-1", "0", "x", "1e9"):
+            assert client.get("/", params={"page": page}).status_code == 200, page
+            assert client.get("/api/procedures", params={"page": page}).status_code == 200, page
+
+
+def test_a_duration_is_never_negative() -> None:
+    from procstore._web.app import _duration
+
+    assert _duration(-5.0) == "0.0s" and _duration(3725.0) == "1h02m05s"

@@ -50,7 +50,7 @@ def test_the_list_the_counts_and_the_lease(mixed: tuple[str, MixedStore]) -> Non
         filtered = client.get("/", params={"status": "rolling back"}).text
         assert store.rolling_back in filtered and store.migration not in filtered
         data = client.get("/api/procedures").json()
-        assert data["counts"]["committed"] == 3 and len(data["procedures"]) == 10
+        assert data["counts"]["done"] == 3 and len(data["procedures"]) == 10
 
 
 def test_one_procedure_its_tree_and_its_decoded_steps(mixed: tuple[str, MixedStore]) -> None:
@@ -130,10 +130,10 @@ def test_stored_values_are_escaped(tmp_path: Path) -> None:
             assert evil not in text and "&lt;script&gt;" in text
 
 
-def test_a_failed_procedure_is_not_shown_as_rolled_back(tmp_path: Path) -> None:
+def test_a_failed_procedure_and_a_rolled_back_one_are_told_apart_by_their_end_records(tmp_path: Path) -> None:
     """Kept by keep_failed: one without rollback and one that rolled back are stored alike
-    (`.rollback`, then `.commit`); the web view calls both `failed`, and `procstore ls` says
-    what their end records say: `failed`, and `rolled back` for the one whose rollback ran."""
+    (`.rollback`, then `.commit`); the web view and `procstore ls` say what their end records
+    say: `failed`, and `rolled back` for the one whose rollback ran."""
     from procstore import ProcedureFailed, ProcedureWithId
     from tests.procedures import Undoable, World
     from tests.runtime.helpers import steps
@@ -157,9 +157,9 @@ def test_a_failed_procedure_is_not_shown_as_rolled_back(tmp_path: Path) -> None:
     ids = asyncio.run(fail_two())
     with TestClient(create_app(url)) as client:
         data = client.get("/api/procedures").json()
-        assert [p["status"] for p in data["procedures"]] == ["failed", "failed"]
-        assert data["counts"]["failed"] == 2 and "rolled back" not in data["counts"]
-        assert "2 failed" in client.get("/").text
+        assert [p["status"] for p in data["procedures"]] == ["failed", "rolled back"]
+        assert data["counts"]["failed"] == data["counts"]["rolled back"] == 1
+        assert "1 failed" in client.get("/").text and "1 rolled back" in client.get("/").text
         page = client.get(f"/p/{ids[0]}").text
         assert "failed-note" in page
         assert "failed: the procedure failed and ended" in page and "the procedure finished" not in page

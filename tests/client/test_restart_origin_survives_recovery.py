@@ -1,0 +1,65 @@
+"""Who resumed or rewound a procedure, when and why, reaches the new run's history record
+even when the run is started by a manager's recovery (none ran when the operator asked,
+or the leader died): the copy carries it, the nudge may be gone."""
+
+from __future__ import annotations
+
+import pytest
+
+from procstore import Client, ProcedureFailed
+from tests.runtime.test_operations import Flaky, failed_and_kept, manager_on
+from tests.support import StoreTarget, store_targets
+
+target = store_targets("local", "s3")
+
+
+async def test_a_rewind_stored_while_no_manager_runs_keeps_its_reason(target: StoreTarget) -> None:
+    async with manager_on(target.url, storage_options=target.storage_options, keep_failed=True) as manager:
+        pid, name = await failed_and_kept(manager)
+    Flaky.broken.discard(name)
+    async with Client(target.url, target.storage_options, poll_interval=0.05) as client:
+        await client.rewind(pid, 0, reason="bad input fixed")
+        async with manager_on(target.url, storage_options=target.storage_options, keep_failed=True):
+            assert await client.wait(pid, timeout=20) == name
+        newest, older = await client.history(procedure_id=pid)
+        assert (newest.run, newest.outcome) == (2, "done")
+        assert newest.started is not None, "recovery ran the copy: its origin must come from the copy"
+        assert (newest.started.kind, newest.started.reason, newest.started.to_step) == ("rewind", "bad input fixed", 0)
+        assert newest.started.at is not None and newest.started.by
+        assert older.started is not None and older.started.kind == "submit"
+
+
+async def test_a_later_rewind_to_an_earlier_runs_step_does_not_inherit_that_runs_origin(target: StoreTarget) -> None:
+    async with manager_on(target.url, storage_options=target.storage_options, keep_failed=True) as manager:
+        pid, _ = await failed_and_kept(manager)
+    async with Client(target.url, target.storage_options, poll_interval=0.05) as client:
+        await client.rewind(pid, 2, reason="first")
+        copy = (await client.get(pid)).step
+        assert copy is not None
+        async with manager_on(target.url, storage_options=target.storage_options, keep_failed=True):
+            with pytest.raises(ProcedureFailed):
+                await client.wait(pid, timeout=20)
+        await client.rewind(pid, copy, reason="second")  # the first rewind's copy: run 2's
+        async with manager_on(target.url, storage_options=target.storage_options, keep_failed=True):
+            with pytest.raises(ProcedureFailed):
+                await client.wait(pid, timeout=20)
+        runs = await client.history(procedure_id=pid)
+        assert [(r.run, r.started and r.started.reason) for r in runs] == [(3, "second"), (2, "first"), (1, "")]
+
+
+async def test_an_end_record_written_from_the_keys_says_how_the_run_started(target: StoreTarget) -> None:
+    """A manager killed between the run's `.commit` and its end record: the next start
+    writes the record from the keys, with the origin the run's messages carry."""
+    async with manager_on(target.url, storage_options=target.storage_options, keep_failed=True) as manager:
+        pid, _ = await failed_and_kept(manager)
+    async with Client(target.url, target.storage_options, poll_interval=0.05) as client:
+        await client.rewind(pid, 0, reason="once more")
+        async with manager_on(target.url, storage_options=target.storage_options, keep_failed=True) as manager:
+            with pytest.raises(ProcedureFailed):
+                await client.wait(pid, timeout=20)
+            await manager.store.store.batch_delete([manager.store.history.run_key(pid, 2)])  # as if never written
+        assert [r.run for r in await client.history(procedure_id=pid)] == [1]
+        async with manager_on(target.url, storage_options=target.storage_options, keep_failed=True):
+            newest, _ = await client.history(procedure_id=pid)
+        assert newest.run == 2 and newest.started is not None
+        assert (newest.started.kind, newest.started.reason) == ("rewind", "once more")
