@@ -170,16 +170,22 @@ def test_the_limit_holds_after_a_restart(real_store: StoreTarget) -> None:
     """Resumed ones were running: they keep their slots, and a new one waits for them."""
 
     async def main() -> None:
-        running = [migration(limit=2, seconds=0.5) for _ in range(2)]
+        # Long enough that a store slowed by a busy machine (S3 on moto) cannot end them
+        # before the late one is looked at; the look waits for the late one to be waiting.
+        running = [migration(limit=2, seconds=3.0) for _ in range(2)]
         async with manager_for(real_store, Migration) as first:
             for procedure in running:
                 await first.submit(procedure)
             await asyncio.sleep(0.1)
         async with manager_for(real_store, Migration) as second:
             late = await second.submit(migration(limit=2, name="late", seconds=0.1))
-            await asyncio.sleep(0.05)
-            info = {i.id: i for i in second.list_procedures()}
-            waiting = [i.waiting for i in info.values() if i.waiting and "slot" in i.waiting]
+            waiting: list[str | None] = []
+            for _ in range(100):
+                info = {i.id: i for i in second.list_procedures()}
+                waiting = [i.waiting for i in info.values() if i.waiting and "slot" in i.waiting]
+                if waiting or late.state().is_done():
+                    break
+                await asyncio.sleep(0.02)
             assert len(waiting) == 1
             await asyncio.wait_for(late.wait(), 10)
             for procedure in running:
