@@ -183,7 +183,7 @@ def test_the_limit_holds_after_a_restart(real_store: StoreTarget) -> None:
             for _ in range(100):
                 info = {i.id: i for i in second.list_procedures()}
                 waiting = [i.waiting for i in info.values() if i.waiting and "slot" in i.waiting]
-                if waiting or late.state().is_done():
+                if waiting or late.state.is_done():
                     break
                 await asyncio.sleep(0.02)
             assert len(waiting) == 1
