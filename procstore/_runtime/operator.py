@@ -520,16 +520,7 @@ async def request(
         raise ProcedureError(f"procedure {procedure_id} has already ended ({meta.state.kind.name}): nothing to {kind}")
     if meta is None:
         # Not run here: a kept FAILED root, a finished child, or one another manager runs.
-        keys = await store.procedure_keys(procedure_id)
-        if not keys:
-            raise ProcedureError(
-                f"procedure {procedure_id} is not in the store (finished and deleted, or never submitted)"
-            )
-        if (latest := latest_key(keys)).key_type is KeyType.COMMIT:
-            raise ProcedureError(
-                f"procedure {procedure_id} has already ended (its latest key is {latest.step}.commit): "
-                f"nothing to {kind}"
-            )
+        await store.check_unfinished(procedure_id, kind)
     wanted = OperatorRequest.new(kind, reason)
     if not await store.requests.put(procedure_id, wanted):
         existing = await store.requests.get(procedure_id)

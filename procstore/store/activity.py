@@ -24,7 +24,7 @@ import msgspec
 from procstore._logs import get_logger, procedure_fields
 from procstore.ids import ProcedureId
 from procstore.store.message import UNDECODABLE
-from procstore.store.state_store import StateStore, walk_readable
+from procstore.store.state_store import StateStore, ids_with_a_key
 
 logger = get_logger("procstore.store")
 
@@ -108,11 +108,7 @@ class ActivityStore:
         ]
 
     async def stored_ids(self) -> set[ProcedureId]:
-        ids = (
-            ProcedureId.parse_canonical(k[len(self.prefix) : -len(".json")])
-            for k in await walk_readable(self.store, self.prefix)
-        )
-        return {pid for pid in ids if pid is not None}
+        return await ids_with_a_key(self.store, self.prefix)
 
     async def delete(self, procedure_ids: Collection[ProcedureId]) -> None:
         if procedure_ids:

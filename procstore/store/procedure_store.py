@@ -17,7 +17,7 @@ from typing import Any
 from procstore._aio import gather_settled
 from procstore._bulk import collector_paused
 from procstore._logs import get_logger, procedure_fields
-from procstore.errors import Fenced, ListingIncomplete, StoreError
+from procstore.errors import Fenced, ListingIncomplete, ProcedureError, StoreError
 from procstore.ids import ProcedureId
 from procstore.store.activity import ActivityStore
 from procstore.store.folder import ProcedureKeys, decode_or_problem, latest_first, latest_key
@@ -270,6 +270,22 @@ class ProcedureStore:
         keys = await self.store.walk(procedure_dir(self.proc_path, procedure_id))
         parsed = [ParsedKey.parse(self.proc_path, k) for k in keys]
         return sorted((p for p in parsed if p is not None), key=lambda p: p.step)
+
+    async def check_unfinished(self, procedure_id: ProcedureId, doing: str) -> None:
+        """Raise `ProcedureError` (saying there is nothing to do `doing`) unless the store holds
+        the procedure and its latest key is not its end: what an operator's request and a
+        signal need of a procedure no manager here runs."""
+        keys = await self.procedure_keys(procedure_id)
+        if not keys:
+            raise ProcedureError(
+                f"procedure {procedure_id} is not in the store (finished and deleted, or never submitted): "
+                f"nothing to {doing}"
+            )
+        if (latest := latest_key(keys)).key_type is KeyType.COMMIT:
+            raise ProcedureError(
+                f"procedure {procedure_id} has already ended (its latest key is {latest.step}.commit): "
+                f"nothing to {doing}"
+            )
 
     async def delete_procedure(
         self,

@@ -40,7 +40,7 @@ from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.history import Action, iso
 from procstore.store.message import UNDECODABLE
-from procstore.store.state_store import StateStore, walk_readable
+from procstore.store.state_store import StateStore, ids_with_a_key, walk_readable
 
 logger = get_logger("procstore.store")
 
@@ -229,11 +229,7 @@ class RequestStore:
 
     async def stored_ids(self) -> set[ProcedureId]:
         """The procedures with a request key, readable or not (one listing, no reads)."""
-        ids = (
-            ProcedureId.parse_canonical(k[len(self.prefix) : -len(".json")])
-            for k in await walk_readable(self.store, self.prefix)
-        )
-        return {pid for pid in ids if pid is not None}
+        return await ids_with_a_key(self.store, self.prefix)
 
     async def delete_present(self, procedure_ids: Collection[ProcedureId]) -> None:
         """`delete` for those of `procedure_ids` that have a request (readable or not), found by

@@ -26,8 +26,6 @@ import orjson
 
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
-from procstore.store.folder import latest_key
-from procstore.store.keys import KeyType
 from procstore.store.message import UNDECODABLE
 from procstore.store.requests import REQUESTS_PATH, who
 from procstore.store.state_store import StateStore, walk_readable
@@ -134,15 +132,7 @@ async def send_signal(store: ProcedureStore, procedure_id: ProcedureId, name: st
     or payload that cannot be stored; nothing is written then.
     """
     encoded_payload(name, payload)
-    keys = await store.procedure_keys(procedure_id)
-    if not keys:
-        raise ProcedureError(
-            f"cannot signal procedure {procedure_id}: it is not in the store (finished and deleted, or never submitted)"
-        )
-    if (latest := latest_key(keys)).key_type is KeyType.COMMIT:
-        raise ProcedureError(
-            f"cannot signal procedure {procedure_id}: it has already ended (its latest key is {latest.step}.commit)"
-        )
+    await store.check_unfinished(procedure_id, "signal")
     return await store.signals.put(procedure_id, name, payload)
 
 

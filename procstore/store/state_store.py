@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from procstore._aio import gather_settled
 from procstore._logs import get_logger
 from procstore.errors import ListingIncomplete
+from procstore.ids import ProcedureId
 
 logger = get_logger("procstore.store")
 
@@ -175,3 +176,10 @@ async def walk_readable(store: StateStore, prefix: str) -> list[str]:
     if unlisted or warned:
         _unlisted_now[(store.url, prefix)] = set(unlisted)
     return keys
+
+
+async def ids_with_a_key(store: StateStore, prefix: str) -> set[ProcedureId]:
+    """The procedures with a key `{prefix}{id}.json` (one listing, no reads): the folders of
+    one small key per procedure (operator requests, activities)."""
+    ids = (ProcedureId.parse_canonical(k[len(prefix) : -len(".json")]) for k in await walk_readable(store, prefix))
+    return {pid for pid in ids if pid is not None}
