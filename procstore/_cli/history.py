@@ -34,6 +34,7 @@ from procstore._cli.output import (
     output_console,
     output_options,
     plural,
+    rows_options,
     short_ids,
     stored,
     table_time,
@@ -230,11 +231,7 @@ def record_lines(record: HistoryRecord) -> list[RenderableType]:
 )
 @click.option("--older-than", callback=lambda _c, _p, v: parse_age(v) if v else None, help="Ended longer ago (7d).")
 @click.option("--newer-than", callback=lambda _c, _p, v: parse_age(v) if v else None, help="Ended more recently.")
-@click.option("--sort", type=click.Choice(sorted(_SORT_KEYS)), default="time", show_default=True, help="Order rows by.")
-@click.option("--reverse", is_flag=True, help="Reverse the order.")
-@click.option("--limit", type=click.IntRange(min=0), default=None, help="At most this many rows (after sorting).")
-@click.option("--wide", is_flag=True, help="Full ids and every detail, however wide.")
-@click.option("--no-headers", is_flag=True, help="Table rows only: no header, no summary.")
+@rows_options(_SORT_KEYS)
 @time_option
 @output_options
 @run_command

@@ -80,6 +80,28 @@ def chosen_format(storage_options: tuple[str, ...], output: str | None, as_json:
     return next((f for f in FORMATS if f in asked), "table")
 
 
+def rows_options(sort_keys: Collection[str]) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """`--sort KEY`, `--reverse`, `--limit N`, `--wide` and `--no-headers`: how a command
+    that prints rows (`ls`, `history`) orders, cuts and lays them out."""
+
+    def add(fn: Callable[P, T]) -> Callable[P, T]:
+        for option in reversed(
+            [
+                click.option("--sort", type=click.Choice(sorted(sort_keys)), default="time", show_default=True,
+                             help="Order rows by."),
+                click.option("--reverse", is_flag=True, help="Reverse the order."),
+                click.option("--limit", type=click.IntRange(min=0), default=None,
+                             help="At most this many rows (after sorting)."),
+                click.option("--wide", is_flag=True, help="Full ids and every detail, however wide."),
+                click.option("--no-headers", is_flag=True, help="Table rows only: no header, no summary."),
+            ]
+        ):  # fmt: skip
+            fn = option(fn)
+        return fn
+
+    return add
+
+
 def time_option(fn: Callable[P, T]) -> Callable[P, T]:
     return click.option(
         "--time-format",
