@@ -14,6 +14,7 @@ from procstore._runtime.manager import ProcedureManager
 from procstore.procedure import ProcedureWithId
 from procstore.store.state_store import StateStore
 from procstore.testing.cluster_store import Process
+from procstore.testing.cluster_waits import WaitLog
 from procstore.testing.cluster_world import Job, Ledger, job_loader, new_job
 
 
@@ -46,6 +47,11 @@ class LedgerWorld:
     def __init__(self) -> None:
         self.ledger = Ledger()
         self.jobs: dict[str, dict[str, object]] = {}
+
+    @property
+    def waits(self) -> WaitLog:
+        """What its jobs saw after their durable waits (see `cluster_waits.RecordsWaits`)."""
+        return self.ledger.waits
 
     async def prepare(self, store: StateStore) -> None:
         self.ledger = Ledger()
