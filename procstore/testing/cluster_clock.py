@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from procstore._cli import maintenance
 from procstore._runtime import meta, recovery, runner
-from procstore.store import restart
+from procstore.store import restart, signals
 
 T = TypeVar("T")
 
@@ -69,6 +69,10 @@ class VirtualClocks:
                 # The durable timers' clock (`waits.wall_clock`) is the wall clock too.
                 self.loop.wall_time = self.wall  # type: ignore[attr-defined]
                 undo.callback(delattr, self.loop, "wall_time")
+                # A signal's key is later than the last one this process sent (a run before
+                # this one, whose clock was moved hours ahead, say): each run starts afresh.
+                undo.callback(setattr, signals, "_last_sent_ns", signals._last_sent_ns)
+                signals._last_sent_ns = 0
                 for module in DATETIME_READERS:
                     undo.callback(setattr, module, "datetime", module.datetime)
                     module.datetime = VirtualDatetime  # type: ignore[attr-defined]

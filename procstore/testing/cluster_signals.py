@@ -96,4 +96,4 @@ async def send(signal: SentSignal, *, manager: ProcedureManager | None, store: S
         said = f"{type(e).__name__}: {e}"
     # A key carries the real wall clock at the run's start, which no seed decides: left out.
     said = re.sub(rf"{SIGNALS_PATH}\S+", "its key", said)
-    signal.outcome, signal.result, signal.returned_at = outcome, said[:120], loop.time()
+    signal.returned(outcome, said[:120], loop.time())

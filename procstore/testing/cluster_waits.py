@@ -21,6 +21,7 @@ the two with what docs/guarantees.md ("Durable waits") promises:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
@@ -32,6 +33,8 @@ from procstore.testing.cluster_checks import OperatorAction
 from procstore.testing.cluster_store import LoggedOp
 
 SIGNALS_FOLDER = "requests/signals/"
+
+_ticks = itertools.count()
 
 Outcome = Literal["accepted", "refused", "unknown"]
 """How a send ended for its caller: returned, refused (`ProcedureError`, not a store's), or
@@ -57,6 +60,14 @@ class SentSignal:
     returned_at: float | None = None
     outcome: Outcome = "unknown"
     result: str = ""
+    issued_tick: int = field(default_factory=lambda: next(_ticks))
+    returned_tick: int | None = None
+    """When it was issued and returned, in the order things happened (two at one virtual
+    instant may have run in either order): a send that returned before another was issued
+    was sent before it."""
+
+    def returned(self, outcome: Outcome, result: str, at: float) -> None:
+        self.outcome, self.result, self.returned_at, self.returned_tick = outcome, result, at, next(_ticks)
 
     def line(self) -> str:
         return (
@@ -255,19 +266,19 @@ def _check_consumed(
                 or a.name != b.name
                 or a.outcome != "accepted"
                 or a.returned_at is None
-                or a.number >= b.number
-                or a.returned_at > b.issued_at
+                or a.returned_tick is None
+                or a.returned_tick > b.issued_tick
             ):
                 continue
             if a.number in position and position[a.number] > position[later]:
                 problems.append(
                     f"{pid}: consumed sig#{later} before sig#{a.number} of the same name {a.name!r}, "
-                    f"though sig#{a.number}'s send returned at {a.returned_at:.2f}, before sig#{later}'s "
-                    f"began at {b.issued_at:.2f} (consumed in order: {consumed})"
+                    f"though sig#{a.number}'s send returned (at {a.returned_at:.2f}) before sig#{later}'s "
+                    f"began (at {b.issued_at:.2f}; consumed in order: {consumed})"
                 )
             elif a.number not in position and a.number not in seen_by and not restarted:
                 problems.append(
                     f"{pid}: consumed sig#{later} but never sig#{a.number} of the same name {a.name!r}, "
-                    f"sent before it (returned at {a.returned_at:.2f}; sig#{later} sent at {b.issued_at:.2f})"
+                    f"whose send returned (at {a.returned_at:.2f}) before sig#{later}'s began (at {b.issued_at:.2f})"
                 )
     return problems

@@ -175,10 +175,12 @@ def _wait(d: dict[str, Any], plan: list[Any]) -> Status:
     return Status.wait_for_signal(name, timeout=timeout)
 
 
-def new_wait(rng: random.Random) -> list[Any]:
-    """A durable wait between two steps: a sleep of seconds to minutes (stored, mostly), a
-    sleep until a time (as seconds or an aware datetime), or a signal's wait (a timeout or not)."""
-    seconds = rng.choices([rng.uniform(0.5, 20), rng.uniform(20, 120), rng.uniform(120, 420)], [60, 30, 10])[0]
+def new_wait(rng: random.Random, *, long: bool) -> list[Any]:
+    """A durable wait between two steps: a sleep of seconds (or, if `long`, up to minutes;
+    stored, mostly), a sleep until a time (as seconds or an aware datetime), or a signal's
+    wait (a timeout or not)."""
+    weights = [60, 30, 10] if long else [1, 0, 0]
+    seconds = rng.choices([rng.uniform(0.5, 20), rng.uniform(20, 120), rng.uniform(120, 420)], weights)[0]
     kind = rng.choices(["sleep", "until", "signal"], [35, 15, 50])[0]
     if kind == "sleep":
         return ["sleep", round(seconds, 2), rng.random() < 0.85]
@@ -210,7 +212,10 @@ def new_job(rng: random.Random, name: str) -> dict[str, Any]:
         "locks": sorted(set(rng.sample(RESOURCES, rng.randint(0, 2)))),
         "work": round(rng.uniform(0.5, 8), 2),
     }
-    waits = {str(k): new_wait(rng) for k in range(1, int(data["steps"])) if rng.random() < 0.35}
+    # A sleeper keeps its locks: jobs that contend sleep seconds, so that a chain of them
+    # ends within the heal's deadline.
+    long = not data["locks"]
+    waits = {str(k): new_wait(rng, long=long) for k in range(1, int(data["steps"])) if rng.random() < 0.35}
     if waits:
         data["waits"] = waits
     return data
