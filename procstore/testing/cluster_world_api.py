@@ -15,11 +15,16 @@ from procstore.procedure import ProcedureWithId
 from procstore.store.state_store import StateStore
 from procstore.testing.cluster_store import Process
 from procstore.testing.cluster_waits import WaitLog
-from procstore.testing.cluster_world import Job, Ledger, job_loader, new_job
+from procstore.testing.cluster_world import SIGNAL_NAMES, Job, Ledger, job_loader, new_job
 
 
 class World(Protocol):
-    """The user's part of a cluster simulation."""
+    """The user's part of a cluster simulation.
+
+    Optional: `signal_names`, the names of the signals its procedures wait for, which the
+    schedule sends to procedures not waiting yet (to one that waits: the name it waits
+    for); and `waits`, a `cluster_waits.WaitLog` of what its procedures saw after their
+    durable waits, which the simulation then checks."""
 
     async def prepare(self, store: StateStore) -> None:
         """Build the world's initial state (in `store` if it lives there) before any manager starts."""
@@ -43,6 +48,8 @@ class World(Protocol):
 
 class LedgerWorld:
     """The simulation's own world: `Job`s acting on a `Ledger` (see `cluster_world`)."""
+
+    signal_names = SIGNAL_NAMES
 
     def __init__(self) -> None:
         self.ledger = Ledger()
