@@ -344,6 +344,14 @@ class OtelTelemetry(Telemetry):
         finally:
             _end_failed_attempt()  # its last attempt's span, if it failed for good
 
+    def trace_parent(self) -> Any:
+        return otel_context.get_current()
+
+    def under_trace_parent(self, parent: Any) -> None:
+        if parent is not None:
+            # Never detached: the context is the new run's alone, and ends with its task.
+            otel_context.attach(parent)
+
     def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Any:
         attempt_only = Attempt(self, procedure_id, type_name, step, attempt)
         if self.settings.step_spans == "every" and self._tracing():

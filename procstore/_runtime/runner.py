@@ -317,7 +317,8 @@ class Runner:
 
     __slots__ = (
         "_consuming", "_message_skips_a_step", "_parked", "_resume_children", "_signal_names", "_signals",
-        "_skip_signals", "_stored_data", "_wait", "ctx", "holds_locks", "meta", "procedure", "restarted", "step",
+        "_skip_signals", "_stored_data", "_submitted", "_trace_parent", "_wait", "ctx", "holds_locks", "meta",
+        "procedure", "restarted", "step",
     )  # fmt: skip
 
     def __init__(
@@ -363,9 +364,15 @@ class Runner:
         self._signal_names: dict[str, str] = {}
         """The names of the signals it read and did not take (of another name than its wait's;
         "" for an unreadable value): a later wait reads a signal again only if it may be the one."""
+        self._submitted = not resume_children
+        """Its first run here began at `submit()` (not a recovery's or a resume's)."""
+        self._trace_parent: object = None
+        """What its first run's span is a child of (or linked to): each run after a durable
+        wait is too, so that a wait never cuts a procedure tree into two traces."""
 
     def start(self) -> None:
-        self._spawn_run(submitted=not self._resume_children)
+        self._trace_parent = self.ctx.settings.telemetry.trace_parent()
+        self._spawn_run(submitted=self._submitted)
 
     def _spawn_run(self, *, submitted: bool) -> None:
         run = run_traced(self.ctx, self.meta, self, self._run, submitted=submitted)
@@ -784,7 +791,12 @@ class Runner:
         if self.ctx.term.running:
             # In a context of its own, not the waker's (a cancel's or a signal's caller, the
             # timer task): its spans and log fields are this procedure's alone.
-            contextvars.Context().run(self._spawn_run, submitted=False)
+            contextvars.Context().run(self._run_again)
+
+    def _run_again(self) -> None:
+        """Its next run after a durable wait, in the new context `_woken` made for it."""
+        self.ctx.settings.telemetry.under_trace_parent(self._trace_parent)
+        self._spawn_run(submitted=self._submitted)
 
     async def _commit_attempt(self, _attempt: int) -> None:
         await self.ctx.store.commit_procedure(self.meta.id, self.step)

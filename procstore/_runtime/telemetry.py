@@ -104,6 +104,14 @@ class Telemetry:
         """A run's span: `submitted` for a root's first run from `submit()` here."""
         return NOTHING
 
+    def trace_parent(self) -> Any:
+        """What a run started now runs under (the current span, say): kept by a procedure that
+        parks in a durable wait, whose next run starts in a context of its own."""
+        return None
+
+    def under_trace_parent(self, parent: Any) -> None:
+        """Make `parent` (from `trace_parent`) current in this context, one made for a new run."""
+
     def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Any:
         return NOTHING
 

@@ -732,3 +732,70 @@ async def test_activity_writes_are_not_reported_on_another_procedures_span(tmp_p
         await watcher.wait()
     events = [e for s in spans_of(first.id) for e in s.events if e.name == "store request"]
     assert not [e for e in events if "activity" in str((e.attributes or {}).get("exception.message"))], events
+
+
+class NapsOnce(Procedure):
+    """Sleeps durably (0.3 s), then ends: its runs are split by a park."""
+
+    type_name = "tests::telemetry::NapsOnce"
+
+    def __init__(self, data: str = "") -> None:
+        self.slept = data == "slept"
+
+    async def execute(self, ctx: Context) -> Status:
+        if self.slept:
+            return Status.done()
+        self.slept = True
+        return Status.sleep(0.3)  # long enough to park, not only to store its time
+
+    def dump(self) -> str:
+        return "slept" if self.slept else ""
+
+    @classmethod
+    def load(cls, data: str) -> NapsOnce:
+        return cls(data)
+
+
+class SpawnsNapper(Procedure):
+    """Waits for one `NapsOnce` child."""
+
+    type_name = "tests::telemetry::SpawnsNapper"
+
+    def __init__(self, data: str = "") -> None:
+        self.child = data or None
+
+    async def execute(self, ctx: Context) -> Status:
+        if self.child is not None:
+            return Status.done()
+        child = ProcedureWithId.new(NapsOnce())
+        self.child = str(child.id)
+        return Status.suspended([child])
+
+    def dump(self) -> str:
+        return self.child or ""
+
+    @classmethod
+    def load(cls, data: str) -> SpawnsNapper:
+        return cls(data)
+
+
+async def test_a_run_after_a_durable_wait_stays_in_its_procedures_trace(tmp_path: Path) -> None:
+    """Each run after a park began in an empty context: a child's second run was a trace of
+    its own, with no parent and no link, so a tree with a durable wait was two traces."""
+    tracer = trace.get_tracer("app")
+    async with manager_for(LocalDirStore(tmp_path), NapsOnce, SpawnsNapper) as manager:
+        with tracer.start_as_current_span("caller") as caller:
+            parent = SpawnsNapper()
+            root, napper = ProcedureWithId.new(parent), ProcedureWithId.new(NapsOnce())
+            watchers = [await manager.submit(root), await manager.submit(napper)]
+        for watcher in watchers:
+            await asyncio.wait_for(watcher.wait(), 10)
+    parent_run = next(s for s in spans_of(root.id) if s.name.startswith("procedure"))
+    child_runs = [s for s in spans_of(parent.child) if s.name.startswith("procedure")]
+    assert len(child_runs) == 2  # before and after its sleep
+    for run in child_runs:
+        assert run.context.trace_id == caller.get_span_context().trace_id
+        assert run.parent is not None and run.parent.span_id == parent_run.context.span_id
+    root_runs = [s for s in spans_of(napper.id) if s.name.startswith("procedure")]
+    assert len(root_runs) == 2  # a submitted root: each run a child of the caller's span
+    assert all(r.parent is not None and r.parent.span_id == caller.get_span_context().span_id for r in root_runs)
