@@ -20,7 +20,6 @@ and swept as before, but are no end records (their run is not known).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from procstore._aio import gather_settled
 from procstore._logs import get_logger
 from procstore.errors import ListingIncomplete
 from procstore.ids import ProcedureId
+from procstore.store.finite import has_non_finite
 from procstore.store.message import UNDECODABLE, ProcedureMessage
 from procstore.store.state_store import StateStore, walk_readable
 
@@ -141,24 +141,9 @@ def kept_output(output: object, limit: int = OUTPUT_LIMIT) -> tuple[str | None, 
         return None, f"not JSON-serialisable ({type(e).__name__}: {e})"
     if len(encoded) > limit:
         return None, f"{len(encoded)} bytes as JSON, above the {limit} bytes history keeps"
-    if b"null" in encoded and _has_non_finite(output):
+    if b"null" in encoded and has_non_finite(output):
         return None, "it holds a NaN or an infinity, which JSON cannot (orjson writes null)"
     return encoded.decode(), None
-
-
-def _has_non_finite(value: object) -> bool:
-    """Whether a NaN or an infinity is in `value`, its dicts, lists and tuples (a loop: the
-    value was encoded, so it is nested at most orjson's 255 deep)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            return True
-        if isinstance(item, dict):
-            stack += item.values()
-        elif isinstance(item, list | tuple):
-            stack += item
-    return False
 
 
 def record_from_keys(

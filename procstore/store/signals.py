@@ -28,6 +28,7 @@ import orjson
 
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
+from procstore.store.finite import has_non_finite
 from procstore.store.message import UNDECODABLE
 from procstore.store.requests import REQUESTS_PATH, who
 from procstore.store.state_store import StateStore, walk_readable
@@ -61,9 +62,12 @@ def encoded_payload(name: object, payload: object) -> bytes:
     if not isinstance(name, str) or not name:
         raise TypeError(f"a signal's name is non-empty text, not {name!r}")
     try:
-        return orjson.dumps(payload)
+        encoded = orjson.dumps(payload)
     except TypeError as e:
         raise TypeError(f"a signal's payload must be a JSON value: {e}") from None
+    if b"null" in encoded and has_non_finite(payload):
+        raise TypeError("a signal's payload must be a JSON value: it holds a NaN or an infinity, which JSON cannot")
+    return encoded
 
 
 _last_sent_ns = 0

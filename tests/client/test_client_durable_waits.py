@@ -127,3 +127,20 @@ async def test_a_signal_whose_answer_is_lost_is_a_store_error_not_a_refusal() ->
             assert await asyncio.wait_for(watcher.wait(), 10) == {"region": 7}
     finally:
         MemoryStore.forget(name)
+
+
+async def test_a_payload_holding_a_nan_or_an_infinity_is_refused_before_anything_is_written() -> None:
+    """orjson writes a NaN as null: the procedure received `{"ratio": None}` for `{"ratio": nan}`."""
+    store = MemoryStore(f"client-signal-nan-{uuid.uuid4().hex[:8]}")
+    async with ProcedureManager(store, request_poll_interval=0.05) as manager, Client(store) as client:
+        manager.register(AwaitsGo)
+        procedure = ProcedureWithId.new(AwaitsGo())
+        watcher = await manager.submit(procedure)
+        for payload in ({"ratio": float("nan")}, [1.0, [float("inf")]], float("-inf")):
+            with pytest.raises(TypeError, match="NaN or an infinity"):
+                await client.signal(procedure.id, "go", payload)
+            with pytest.raises(TypeError, match="NaN or an infinity"):
+                await manager.signal(procedure.id, "go", payload)
+        assert await store.walk(f"requests/signals/{procedure.id}/") == []
+        await client.signal(procedure.id, "go", {"ratio": 0.5, "text": "null"})
+        assert await asyncio.wait_for(watcher.wait(), 10) == {"ratio": 0.5, "text": "null"}
