@@ -146,6 +146,14 @@ def kept_output(output: object, limit: int = OUTPUT_LIMIT) -> tuple[str | None, 
     return encoded.decode(), None
 
 
+OUTPUT_FROM_KEYS = (
+    "its end record was written from its keys, which hold no output: the manager that ran it stopped "
+    "between its end and its record, or a procstore gc or delete recorded it first"
+)
+"""Why a done run's record written from its keys keeps no output: it had one, or None, and
+nothing tells which (a record saying `None` would answer for an output it never saw)."""
+
+
 def record_from_keys(
     procedure_id: ProcedureId,
     message: ProcedureMessage,
@@ -158,7 +166,8 @@ def record_from_keys(
     message below the `.commit`; `started`: how the run started, as its messages say:
     `procstore.store.run_origin`): written by whoever deletes such a run (recovery, `procstore
     gc` and `delete`), unless the manager that ran it wrote a fuller one first. The keys do
-    not say whether it rolled back or had no rollback: either is `failed`."""
+    not say whether it rolled back or had no rollback: either is `failed`; nor what a done
+    run's output was: `output_not_kept` says so."""
     return HistoryRecord(
         id=str(procedure_id),
         type_name=message.type_name,
@@ -169,6 +178,7 @@ def record_from_keys(
         steps=message.step,
         run=message.run,
         started=started,
+        output_not_kept=None if rolled_back else OUTPUT_FROM_KEYS,
     )
 
 

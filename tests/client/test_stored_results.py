@@ -4,6 +4,8 @@ served by `Client.result`; an output history cannot keep never fails the procedu
 from __future__ import annotations
 
 import asyncio
+import random
+import uuid
 from typing import ClassVar
 
 import pytest
@@ -14,11 +16,13 @@ from procstore import (
     InvalidProcedureId,
     Procedure,
     ProcedureFailed,
+    ProcedureManager,
     ProcedureWithId,
     ResultNotKept,
     Status,
 )
 from procstore.store.history import OUTPUT_LIMIT
+from procstore.testing import Armed, MemoryStore, Process, ProcessStore, kill_manager
 from tests.procedures import World
 from tests.runtime.helpers import steps
 from tests.runtime.test_operations import failed_and_kept, manager_on
@@ -178,3 +182,29 @@ async def test_record_times_are_iso_8601_utc_with_z(target: StoreTarget) -> None
     assert record.started is not None
     times = [record.started_at, record.ended_at, record.started.at]
     assert all(t is not None and t.endswith("Z") and "+" not in t for t in times), times
+
+
+@pytest.mark.parametrize("which", ["dict", "none"])
+async def test_a_record_written_from_keys_says_the_output_is_not_kept(which: str) -> None:
+    """A leader killed between a root's `.commit` and its end record: the next manager's
+    recovery writes the record from the keys, which hold no output. `Client.wait` answered
+    None, as if the procedure had returned None."""
+    inner = MemoryStore(f"record-from-keys-{uuid.uuid4().hex[:8]}")
+    leader = Process("leader", [], random.Random(0))
+    leader.armed.append(Armed("crash_before", 1, match="history/"))
+    first = ProcedureManager(ProcessStore(inner, leader))
+    first.register(Answers)
+    await first.start()
+    procedure = ProcedureWithId.new(Answers(which))
+    await first.submit(procedure)
+    for _ in range(500):
+        if leader.dead:
+            break
+        await asyncio.sleep(0.01)
+    assert leader.dead
+    await kill_manager(first)
+    async with manager_for(inner, Answers), Client(inner) as client:
+        with pytest.raises(ResultNotKept, match="written from its keys"):
+            await asyncio.wait_for(client.wait(procedure.id), 10)
+        (record,) = await client.history(procedure_id=procedure.id)
+        assert (record.outcome, record.output) == ("done", None)
