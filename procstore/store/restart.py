@@ -34,7 +34,7 @@ from procstore.ids import ProcedureId
 from procstore.store.folder import ProcedureKeys, StoredStatus, decode_or_problem
 from procstore.store.history import Action, History, HistoryStore, iso, record_from_keys
 from procstore.store.keys import MAX_STEP, KeyType, ParsedKey, procedure_dir
-from procstore.store.message import ProcedureMessage
+from procstore.store.message import ProcedureMessage, StepWait
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.run_origin import run_origin, with_run_origin
 
@@ -164,13 +164,28 @@ async def apply_restart(
     if started is not None:
         message = dataclasses.replace(message, extra=with_run_origin(message.extra, run, started))
         store.keep_unknown_fields(plan.procedure_id, message)
+    # The copy keeps the step's durable wait: the restarted run waits again for the signal
+    # (one stored and not consumed meanwhile is delivered), or until the stored time, as a
+    # run resumed after a crash does; and the signals the step consumed stay consumed.
+    wait = StepWait.of(message)
     try:
-        await store.store_procedure(plan.procedure_id, step, message.type_name, message.data, None, run)
+        await store.store_procedure(plan.procedure_id, step, message.type_name, message.data, None, run, wait)
     except LeaseExpired:
         raise
     except Fenced as e:
         raise RestartedMeanwhile(plan.procedure_id, e.key or store.key(plan.procedure_id, step, KeyType.STEP)) from e
-    return ProcedureMessage(message.type_name, message.data, None, step, None, run, extra=message.extra)
+    return ProcedureMessage(
+        message.type_name,
+        message.data,
+        None,
+        step,
+        None,
+        run,
+        wait.wake_at,
+        wait.signal,
+        wait.consumed,
+        extra=message.extra,
+    )
 
 
 async def _read(store: ProcedureStore, key: ParsedKey, procedure_id: ProcedureId) -> ProcedureMessage:

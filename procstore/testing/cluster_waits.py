@@ -15,8 +15,7 @@ the two with what docs/guarantees.md ("Durable waits") promises:
 - a wait ends by itself (a sleep, a timeout) no earlier than its wake-up time by the
   manager's clock, a wait with a timeout that ends unsignalled sees `ctx.signals` empty,
   and a signal stored before a wait began is delivered to it rather than let it time out;
-- a wait ends unsignalled before its time only when an operator resumed or rewound the
-  procedure (its copy carries no wait).
+- an operator's resume or rewind does not end a wait: its copy keeps the step's wait.
 """
 
 from __future__ import annotations
@@ -184,7 +183,7 @@ def check_waits(
             restarts.setdefault(action.procedure_id, []).append(action.issued_at)
     by_number = {s.number: s for s in sent}
     for woke in waits.woke:
-        problems += _check_woke(woke, restarts.get(woke.procedure_id, []), sent, seen_by)
+        problems += _check_woke(woke, sent, seen_by)
     for pid, consumed in sorted(waits.consumed.items()):
         problems += _check_consumed(pid, consumed, by_number, sent, seen_by, bool(restarts.get(pid)))
     return problems
@@ -203,11 +202,7 @@ def _step_writes(log: Iterable[LoggedOp]) -> dict[str, list[float]]:
     return found
 
 
-def _restarted_between(restarts: list[float], began: float, at: float) -> bool:
-    return any(began <= t <= at for t in restarts)
-
-
-def _check_woke(woke: Woke, restarts: list[float], sent: list[SentSignal], seen_by: dict[int, list[Woke]]) -> list[str]:
+def _check_woke(woke: Woke, sent: list[SentSignal], seen_by: dict[int, list[Woke]]) -> list[str]:
     pid = woke.procedure_id
     where = f"{pid}: the call of execute at {woke.at:.2f} after its {woke.kind} wait begun at {woke.began_at:.2f}"
     names = {name for name, _ in woke.seen}
@@ -217,8 +212,6 @@ def _check_woke(woke: Woke, restarts: list[float], sent: list[SentSignal], seen_
         return [f"{where} for {woke.name!r} saw signals of other names: {sorted(names)}"]
     if names:
         return []
-    if _restarted_between(restarts, woke.began_at, woke.at):
-        return []  # an operator's resume or rewind: its copy carries no wait, and the next step runs at once
     if woke.wake_at is None:
         return [f"{where} for {woke.name!r} (no timeout) ended with ctx.signals empty"]
     problems = []

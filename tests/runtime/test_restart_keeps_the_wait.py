@@ -1,0 +1,104 @@
+"""A resume's or rewind's copy of a step that ended in a durable wait keeps that wait: the
+restarted run waits again for the signal, or until the stored time, as a run resumed after a
+crash does. The copy dropped it: the restarted run was called at once with `ctx.signals`
+empty, as if its wait had timed out (a rewind to "wait for approval" skipped the approval)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from typing import ClassVar
+
+from procstore import Client, Context, Procedure, ProcedureId, ProcedureStatus, ProcedureWithId, Status
+from procstore.testing import MemoryStore
+from tests.support import manager_for
+
+
+class Approval(Procedure):
+    """Sleeps until `SLEEP_UNTIL` if asked, waits for the signal `approved`, then ends with
+    what the step after the wait saw; that step fails while `failing` holds its id."""
+
+    type_name = "tests::restart_wait::Approval"
+    failing: ClassVar[set[str]] = set()
+    SLEEP_UNTIL = time.time() + 3600
+
+    def __init__(self, data: str = "") -> None:
+        self.stage = data or "start"
+
+    async def execute(self, ctx: Context) -> Status:
+        if self.stage == "sleep":
+            self.stage = "start"
+            return Status.sleep_until(self.SLEEP_UNTIL)
+        if self.stage == "start":
+            self.stage = "waited"
+            return Status.wait_for_signal("approved")
+        if str(ctx.procedure_id) in self.failing:
+            self.failing.discard(str(ctx.procedure_id))
+            raise ValueError("the step after the wait fails")
+        return Status.done(dict(ctx.signals))
+
+    def dump(self) -> str:
+        return self.stage
+
+    @classmethod
+    def load(cls, data: str) -> Approval:
+        return cls(data)
+
+
+async def _status_when(client: Client, pid: ProcedureId, ok: Callable[[ProcedureStatus], bool]) -> ProcedureStatus:
+    for _ in range(1000):
+        status = await client.get(pid)
+        if ok(status):
+            return status
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"procedure {pid}: {status}")
+
+
+def _waits(run: int) -> Callable[[ProcedureStatus], bool]:
+    return lambda status: status.run == run and (status.waiting is not None or status.is_ended)
+
+
+def _ended(status: ProcedureStatus) -> bool:
+    return status.is_ended
+
+
+async def test_a_rewind_to_a_signal_wait_waits_again_and_a_resume_after_the_failed_step_too() -> None:
+    store = MemoryStore(f"restart-wait-{uuid.uuid4().hex[:8]}")
+    async with (
+        manager_for(store, Approval, keep_failed=True, request_poll_interval=0.05) as manager,
+        Client(store, poll_interval=0.05) as client,
+    ):
+        rewound, resumed = ProcedureWithId.new(Approval()), ProcedureWithId.new(Approval())
+        Approval.failing.add(str(resumed.id))
+        for procedure in (rewound, resumed):
+            await manager.submit(procedure)
+            await _status_when(client, procedure.id, _waits(1))
+        await client.fail(rewound.id, "ask again")
+        await client.signal(resumed.id, "approved", "first")  # read by the step that fails
+        for procedure in (rewound, resumed):
+            assert (await _status_when(client, procedure.id, _ended)).status == "failed"
+        await client.rewind(rewound.id, 1, "ask for approval again")  # step 1: the wait
+        await client.resume(resumed.id, "run the failed step again")
+        for procedure in (rewound, resumed):
+            status = await _status_when(client, procedure.id, _waits(2))
+            assert (status.status, status.waiting) == ("unfinished", "waiting for signal 'approved'"), status
+            await client.signal(procedure.id, "approved", "second")
+            assert await asyncio.wait_for(client.wait(procedure.id), 10) == {"approved": "second"}
+
+
+async def test_a_rewind_to_a_sleep_keeps_its_stored_wake_up_time() -> None:
+    store = MemoryStore(f"restart-sleep-{uuid.uuid4().hex[:8]}")
+    async with (
+        manager_for(store, Approval, keep_failed=True, request_poll_interval=0.05) as manager,
+        Client(store, poll_interval=0.05) as client,
+    ):
+        procedure = ProcedureWithId.new(Approval("sleep"))
+        await manager.submit(procedure)
+        slept = await _status_when(client, procedure.id, _waits(1))
+        await client.fail(procedure.id, "stop sleeping")
+        await _status_when(client, procedure.id, _ended)
+        await client.rewind(procedure.id, 1, "sleep again")
+        status = await _status_when(client, procedure.id, _waits(2))
+        assert status.waiting == slept.waiting and (slept.waiting or "").startswith("sleeping until"), status
