@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from procstore import Procedure, ProcedureManager
+from procstore import Procedure, ProcedureManager, ProcedureWithId
 from procstore.store import StateStore, open_state_store
+from procstore.testing import Armed, Process, ProcessStore, kill_manager
 from tests.procedures import register_all
 
 
@@ -87,3 +89,27 @@ def put_now(url: str, key: str, value: bytes, storage_options: dict[str, Any] | 
             await store.close()
 
     asyncio.run(write())
+
+
+async def killed_before_its_end_record(
+    store: StateStore, procedure: ProcedureWithId, *types: type[Procedure], then: Callable[[], Any] | None = None
+) -> None:
+    """Run `procedure` on a manager of `store` whose process dies right before it writes an end
+    record (between a root's `.commit` and its record): what a leader killed there leaves for
+    the next manager. `then`, if given, is awaited once the procedure runs (a cancel, say)."""
+    leader = Process("leader", [], random.Random(0))
+    leader.armed.append(Armed("crash_before", 1, match="history/"))
+    manager = ProcedureManager(ProcessStore(store, leader), request_poll_interval=0.05)
+    for procedure_type in types:
+        manager.register(procedure_type)
+    await manager.start()
+    await manager.submit(procedure)
+    if then is not None:
+        await asyncio.sleep(0.1)
+        await then()
+    for _ in range(500):
+        if leader.dead:
+            break
+        await asyncio.sleep(0.01)
+    await kill_manager(manager)
+    assert leader.dead, "the manager never reached an end record"

@@ -156,6 +156,12 @@ async def record_ends(store: ProcedureStore, procedures: list[StoredProcedure]) 
     record its manager wrote stands), as a manager's deletion does: without it, a late
     write could re-create and run it again (docs/guarantees.md, "Runs and end records")."""
     ended_at = iso(datetime.now(UTC)) or ""
+    ended = [
+        p for p in procedures if p.message is not None and p.status in (StoredStatus.COMMITTED, StoredStatus.FAILED)
+    ]
+    requested = await store.requests.that_ended(
+        {p.procedure_id: p.message.error for p in ended if p.message is not None and p.status is StoredStatus.FAILED}
+    )
     records = [
         record_from_keys(
             p.procedure_id,
@@ -163,9 +169,10 @@ async def record_ends(store: ProcedureStore, procedures: list[StoredProcedure]) 
             rolled_back=p.status is StoredStatus.FAILED,
             ended_at=ended_at,
             started=run_origin(p.message),
+            ended_by=requested.get(p.procedure_id),
         )
-        for p in procedures
-        if p.message is not None and p.status in (StoredStatus.COMMITTED, StoredStatus.FAILED)
+        for p in ended
+        if p.message is not None
     ]
     await HistoryStore(store.store, store.parent_path).put_unrecorded(records)
 

@@ -592,14 +592,33 @@ async def record_recovered(
     What the store keeps of them is their last message: no start time, no retry count.
     """
     now = iso(datetime.now(UTC)) or ""
+    unrecorded = _unrecorded(loaded, ids, recorded)
+    requested = await ctx.store.requests.that_ended(
+        {pid: m.error for pid, m in unrecorded.items() if pid in loaded.rolled_back_ids}
+    )
     records = [
         record_from_keys(
-            pid, message, rolled_back=pid in loaded.rolled_back_ids, ended_at=now, started=run_origin(message)
+            pid,
+            message,
+            rolled_back=pid in loaded.rolled_back_ids,
+            ended_at=now,
+            started=run_origin(message),
+            ended_by=requested.get(pid),
         )
-        for pid in ids
-        if (message := loaded.finished_messages.get(pid)) is not None
+        for pid, message in unrecorded.items()
     ]
     await ctx.store.history.put_unrecorded(records, recorded)
+
+
+def _unrecorded(
+    loaded: ProcedureMessages, ids: list[ProcedureId], recorded: Recorded
+) -> dict[ProcedureId, ProcedureMessage]:
+    """The last messages of the finished runs among `ids` whose end history does not hold."""
+    return {
+        pid: message
+        for pid in ids
+        if (message := loaded.finished_messages.get(pid)) is not None and not recorded.has(pid, message.run)
+    }
 
 
 async def record_kept(
@@ -611,14 +630,17 @@ async def record_kept(
     of coming back, as ending now, at every start."""
     now = time.time()
     records: list[HistoryRecord] = []
-    for pid in ids:
-        message = loaded.finished_messages.get(pid)
-        if message is None or recorded.has(pid, message.run):
-            continue
+    unrecorded = _unrecorded(loaded, ids, recorded)
+    requested = await ctx.store.requests.that_ended({pid: m.error for pid, m in unrecorded.items()})
+    for pid, message in unrecorded.items():
         modified = await ctx.store.store.walk_modified(procedure_dir(ctx.store.proc_path, pid))
         ended = max((t for t in modified.values() if t is not None), default=now)
         if now - ended > ctx.store.history.settings.retention:
             continue
         at = iso(datetime.fromtimestamp(ended, UTC)) or ""
-        records.append(record_from_keys(pid, message, rolled_back=True, ended_at=at, started=run_origin(message)))
+        records.append(
+            record_from_keys(
+                pid, message, rolled_back=True, ended_at=at, started=run_origin(message), ended_by=requested.get(pid)
+            )
+        )
     await ctx.store.history.put_many(records)

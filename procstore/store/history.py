@@ -161,24 +161,29 @@ def record_from_keys(
     rolled_back: bool,
     ended_at: str,
     started: Action | None,
+    ended_by: Action | None = None,
 ) -> HistoryRecord:
     """The end record of a finished run known only from its keys (`message`: its highest
     message below the `.commit`; `started`: how the run started, as its messages say:
     `procstore.store.run_origin`): written by whoever deletes such a run (recovery, `procstore
     gc` and `delete`), unless the manager that ran it wrote a fuller one first. The keys do
-    not say whether it rolled back or had no rollback: either is `failed`; nor what a done
-    run's output was: `output_not_kept` says so."""
+    not say whether it rolled back or had no rollback: either is `failed` (`cancelled` if
+    `ended_by`, the operator request that ended it, is a cancel); nor what a done run's
+    output was: `output_not_kept` says so."""
     return HistoryRecord(
         id=str(procedure_id),
         type_name=message.type_name,
         parent_id=None if message.parent_id is None else str(message.parent_id),
-        outcome="failed" if rolled_back else "done",
+        outcome=("cancelled" if ended_by is not None and ended_by.kind == "cancel" else "failed")
+        if rolled_back
+        else "done",
         error=message.error if rolled_back else None,
         ended_at=ended_at,
         steps=message.step,
         run=message.run,
         started=started,
         output_not_kept=None if rolled_back else OUTPUT_FROM_KEYS,
+        ended_by=ended_by if rolled_back else None,
     )
 
 

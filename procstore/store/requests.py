@@ -29,7 +29,7 @@ from __future__ import annotations
 import getpass
 import socket
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -221,6 +221,17 @@ class RequestStore:
             if pid is not None and isinstance(raw, bytes) and (request := decode_request(raw, key, pid)) is not None:
                 found[pid] = request
         return found
+
+    async def that_ended(self, errors: Mapping[ProcedureId, str | None]) -> dict[ProcedureId, Action]:
+        """The requests that ended runs known only from their keys (`errors`: each one's stored
+        error), as history keeps them. A request is deleted only after its procedure's keys,
+        so a run whose manager died before its end record still has it; one whose words are
+        not in the run's error did not end it (written after the end, say)."""
+        ended = {pid: error for pid, error in errors.items() if error}
+        if not ended:
+            return {}
+        stored = await self.list_all()
+        return {pid: r.action() for pid, r in stored.items() if pid in ended and r.describe() in (ended[pid] or "")}
 
     async def delete(self, procedure_ids: list[ProcedureId]) -> None:
         """Forget the requests of procedures whose keys are gone."""

@@ -4,11 +4,15 @@ or the leader died): the copy carries it, the nudge may be gone."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+
 import pytest
 
-from procstore import Client, ProcedureFailed
+from procstore import Client, Context, Procedure, ProcedureFailed, ProcedureWithId, Status
+from procstore.testing import MemoryStore
 from tests.runtime.test_operations import Flaky, failed_and_kept, manager_on
-from tests.support import StoreTarget, store_targets
+from tests.support import StoreTarget, killed_before_its_end_record, manager_for, store_targets
 
 target = store_targets("local", "s3")
 
@@ -63,3 +67,38 @@ async def test_an_end_record_written_from_the_keys_says_how_the_run_started(targ
             newest, _ = await client.history(procedure_id=pid)
         assert newest.run == 2 and newest.started is not None
         assert (newest.started.kind, newest.started.reason) == ("rewind", "once more")
+
+
+class Blocks(Procedure):
+    """A step that waits until an operator interrupts it."""
+
+    type_name = "tests::origin::Blocks"
+
+    async def execute(self, ctx: Context) -> Status:
+        await asyncio.sleep(3600)
+        return Status.done()
+
+    def dump(self) -> str:
+        return ""
+
+    @classmethod
+    def load(cls, data: str) -> Blocks:
+        return cls()
+
+
+@pytest.mark.parametrize("kind", ["cancel", "fail"])
+async def test_an_end_record_written_from_the_keys_says_which_request_ended_the_run(kind: str) -> None:
+    """The leader died between the `.commit` of a run an operator cancelled and its end record:
+    the record the next manager wrote from the keys said `failed`, with no `ended_by`, though
+    the request (who, when, why) is deleted only after the keys."""
+    store = MemoryStore(f"origin-ended-by-{uuid.uuid4().hex[:8]}")
+    procedure = ProcedureWithId.new(Blocks())
+    async with Client(store, poll_interval=0.05) as client:
+        request = client.cancel if kind == "cancel" else client.fail
+        await killed_before_its_end_record(store, procedure, Blocks, then=lambda: request(procedure.id, "INC-42"))
+        async with manager_for(store, Blocks):
+            with pytest.raises(ProcedureFailed, match="INC-42"):
+                await client.wait(procedure.id, timeout=10)
+        (record,) = await client.history(procedure_id=procedure.id)
+    assert record.outcome == ("cancelled" if kind == "cancel" else "failed")
+    assert record.ended_by is not None and (record.ended_by.kind, record.ended_by.reason) == (kind, "INC-42")

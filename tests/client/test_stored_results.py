@@ -4,7 +4,6 @@ served by `Client.result`; an output history cannot keep never fails the procedu
 from __future__ import annotations
 
 import asyncio
-import random
 import uuid
 from typing import ClassVar
 
@@ -16,17 +15,16 @@ from procstore import (
     InvalidProcedureId,
     Procedure,
     ProcedureFailed,
-    ProcedureManager,
     ProcedureWithId,
     ResultNotKept,
     Status,
 )
 from procstore.store.history import OUTPUT_LIMIT
-from procstore.testing import Armed, MemoryStore, Process, ProcessStore, kill_manager
+from procstore.testing import MemoryStore
 from tests.procedures import World
 from tests.runtime.helpers import steps
 from tests.runtime.test_operations import failed_and_kept, manager_on
-from tests.support import StoreTarget, manager_for, store_targets
+from tests.support import StoreTarget, killed_before_its_end_record, manager_for, store_targets
 
 target = store_targets("memory", "local", "s3")
 
@@ -190,19 +188,8 @@ async def test_a_record_written_from_keys_says_the_output_is_not_kept(which: str
     recovery writes the record from the keys, which hold no output. `Client.wait` answered
     None, as if the procedure had returned None."""
     inner = MemoryStore(f"record-from-keys-{uuid.uuid4().hex[:8]}")
-    leader = Process("leader", [], random.Random(0))
-    leader.armed.append(Armed("crash_before", 1, match="history/"))
-    first = ProcedureManager(ProcessStore(inner, leader))
-    first.register(Answers)
-    await first.start()
     procedure = ProcedureWithId.new(Answers(which))
-    await first.submit(procedure)
-    for _ in range(500):
-        if leader.dead:
-            break
-        await asyncio.sleep(0.01)
-    assert leader.dead
-    await kill_manager(first)
+    await killed_before_its_end_record(inner, procedure, Answers)
     async with manager_for(inner, Answers), Client(inner) as client:
         with pytest.raises(ResultNotKept, match="written from its keys"):
             await asyncio.wait_for(client.wait(procedure.id), 10)
