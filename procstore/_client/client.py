@@ -389,10 +389,12 @@ SUBPROCEDURE_OUTPUT_LATER = (
 
 
 def _record_coming(status: ProcedureStatus) -> bool:
-    """Whether an ended procedure's end record is about to be written: a root's is, right
-    after its `.commit` (its keys are still there); a subprocedure's waits for its root's
-    whole tree to end, so none is waited for."""
-    return status.step is not None and status.parent_id is None
+    """Whether `wait()` waits for an ended procedure's end record: a done root's (its output
+    is kept there), written right after its `.commit` (its keys are still there). A failed
+    one's answer, its error, is in its keys, and its record may never come while no manager
+    runs (one killed between the two leaves it to the next start); a subprocedure's waits
+    for its root's whole tree to end."""
+    return status.step is not None and status.parent_id is None and status.status == "done"
 
 
 def _result_of(pid: ProcedureId, status: ProcedureStatus, record: HistoryRecord | None) -> object:

@@ -102,3 +102,31 @@ async def test_an_end_record_written_from_the_keys_says_which_request_ended_the_
         (record,) = await client.history(procedure_id=procedure.id)
     assert record.outcome == ("cancelled" if kind == "cancel" else "failed")
     assert record.ended_by is not None and (record.ended_by.kind, record.ended_by.reason) == (kind, "INC-42")
+
+
+class Breaks(Procedure):
+    """Fails at its first step."""
+
+    type_name = "tests::origin::Breaks"
+
+    async def execute(self, ctx: Context) -> Status:
+        raise ValueError("broken for good")
+
+    def dump(self) -> str:
+        return ""
+
+    @classmethod
+    def load(cls, data: str) -> Breaks:
+        return cls()
+
+
+async def test_wait_answers_a_failure_whose_end_record_no_manager_writes() -> None:
+    """A root that failed, its leader killed before its end record, no manager running:
+    `get` said `failed` while `wait` waited (forever without a timeout) for that record."""
+    store = MemoryStore(f"origin-no-record-{uuid.uuid4().hex[:8]}")
+    procedure = ProcedureWithId.new(Breaks())
+    await killed_before_its_end_record(store, procedure, Breaks)
+    async with Client(store, poll_interval=0.05) as client:
+        assert (await client.get(procedure.id)).status == "failed"
+        with pytest.raises(ProcedureFailed, match="broken for good"):
+            await client.wait(procedure.id, timeout=5)
