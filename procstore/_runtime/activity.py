@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from procstore._logs import get_logger
 from procstore.errors import describe
 from procstore.ids import ProcedureId
-from procstore.store.activity import ERROR_TEXT_LIMIT, Activity, ActivityStore, Doing, Retry
+from procstore.store.activity import ERROR_TEXT_LIMIT, RETRIES_KEPT, Activity, ActivityStore, Doing, Retry
 
 if TYPE_CHECKING:
     from procstore._runtime.meta import ProcedureMeta
@@ -33,8 +33,6 @@ logger = get_logger("procstore.runtime")
 INTERVAL = 1.0
 """Seconds between two writes of the publisher: the most a procedure's activity lags."""
 
-RETRIES_KEPT = 10
-"""Retries of a run kept in its activity's timeline."""
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
 

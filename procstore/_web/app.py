@@ -50,6 +50,7 @@ from procstore._web.links import procedure_link
 from procstore.errors import StoreError
 from procstore.ids import ProcedureId
 from procstore.store import open_state_store
+from procstore.store.activity import RETRIES_KEPT
 from procstore.store.folder import StoredStatus
 from procstore.store.history import HistoryRecord, HistoryStore
 from procstore.store.inventory import (
@@ -429,7 +430,8 @@ def _timeline(steps: list[dict[str, Any]], status: ProcedureStatus) -> list[dict
     events = [{"at": s["written"] or "", "what": f"step {s['step']} {s['kind']} stored"} for s in steps]
     if status.activity is not None:
         events += [
-            {"at": r.at, "what": f"attempt {r.attempt} failed, retried: {r.error}"} for r in status.activity.retries
+            {"at": r.at, "what": f"attempt {r.attempt} failed, retried: {r.error}"}
+            for r in status.activity.retries[-RETRIES_KEPT:]
         ]
     return sorted(events, key=lambda e: e["at"])
 

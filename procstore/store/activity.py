@@ -31,6 +31,10 @@ logger = get_logger("procstore.store")
 ACTIVITY_PATH = "activity/"
 """The folder under a store's root that holds what running procedures are doing."""
 
+RETRIES_KEPT = 10
+"""Retries of a run kept in its activity's timeline (a view shows no more: anyone who can
+write the bucket can store a million)."""
+
 Doing = Literal["running", "backing off", "waiting on a lock", "waiting on children", "waiting to start", "waiting"]
 
 ERROR_TEXT_LIMIT = 2000

@@ -52,3 +52,17 @@ def test_the_overview_lists_a_bounded_number_and_says_how_many_more(tmp_path: Pa
         twin = client.get("/api/procedures").json()
     assert page.count('href="p/') <= OVERVIEW_SHOWN and "30 more not shown" in page
     assert len(twin["procedures"]) == total
+
+
+def test_a_procedures_timeline_shows_no_more_retries_than_a_manager_publishes(tmp_path: Path) -> None:
+    """An activity holding 100,000 retries (a manager publishes its last ten) made a page of
+    megabytes: one timeline row each."""
+    _put_step(tmp_path, PID, 0, "{}")
+    retries = [{"at": f"2026-01-01T00:00:{i % 60:02d}Z", "attempt": i, "error": "e" * 50} for i in range(100_000)]
+    activity = {"run": 1, "doing": "backing off", "since": "2026-01-01T00:00:00Z", "step": 0, "retries": retries}
+    (tmp_path / "activity").mkdir()
+    (tmp_path / "activity" / f"{PID}.json").write_text(json.dumps(activity))
+    with TestClient(create_app(str(tmp_path))) as client:
+        page = client.get(f"/p/{PID}")
+    assert page.status_code == 200 and page.text.count("failed, retried") == 10
+    assert len(page.content) < 100_000
