@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
 import click
-import orjson
 
 from procstore._cli.common import (
     CommandError,
@@ -21,12 +22,19 @@ from procstore.store.signals import send_signal
 
 
 def _payload(_ctx: click.Context, _param: click.Parameter, text: str | None) -> object:
+    # The standard library's parser, not orjson's: orjson reads an integer beyond 64 bits as
+    # a float (rounded, stored changed without a word); read exactly, such an integer is
+    # refused as the Python API refuses it, and so are NaN and Infinity, which JSON has not.
     if text is None:
         return None
     try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as e:
+        return json.loads(text, parse_constant=_not_json)
+    except (ValueError, RecursionError) as e:  # nested too deep for the parser: RecursionError
         raise click.BadParameter(f"not JSON ({e})") from None
+
+
+def _not_json(constant: str) -> object:
+    raise ValueError(f"{constant} is no JSON value")
 
 
 @click.command()

@@ -234,6 +234,21 @@ def test_procstore_signal_sends_one_from_the_command_line(tmp_path: Path) -> Non
     asyncio.run(main())
 
 
+@pytest.mark.parametrize(
+    "payload",
+    ['{"id": 123456789012345678901234567890}', "1e400", '{"a": NaN}', "[" * 5000 + "]" * 5000],
+)
+def test_procstore_signal_refuses_a_payload_it_would_store_changed(tmp_path: Path, payload: str) -> None:
+    """orjson read an integer beyond 64 bits as a float: the signal was stored (and
+    delivered) rounded, where the Python API refuses it. Nothing is written."""
+    folder = tmp_path / "procedure" / "11111111-1111-4111-8111-111111111111"
+    folder.mkdir(parents=True)
+    (folder / "0000000000.step").write_text(json.dumps({"type_name": "t", "data": "{}", "parent_id": None, "step": 0}))
+    sent = CliRunner().invoke(cli, ["signal", str(tmp_path), folder.name, "go", "--payload", payload])
+    assert sent.exit_code == 2, sent.output
+    assert not (tmp_path / SIGNALS_PATH).exists()
+
+
 def test_old_signals_of_procedures_the_store_no_longer_holds_are_deleted() -> None:
     async def main() -> None:
         url = "memory://signals-stale/"
