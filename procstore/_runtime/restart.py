@@ -160,10 +160,18 @@ async def _restart(
     # found) writes nothing: a request stored now came after that copy, and stands (the
     # runner reads it from the store before its first attempt).
     ctx.requests.forget(procedure_id)
+    stop_request = None
     if plan.source is not None or not nudged:
+        # Read first: the ended run's record, if written with the copy, names it.
+        stop_request = await ctx.store.requests.get(procedure_id) if plan.ended else None
         await ctx.store.requests.delete([procedure_id])
     message = await apply_restart(
-        ctx.store, plan, stored, retention=ctx.store.history.settings.retention, started=started
+        ctx.store,
+        plan,
+        stored,
+        retention=ctx.store.history.settings.retention,
+        started=started,
+        stop_request=stop_request,
     )
     if plan.source is not None and not plan.ended:
         # The copy starts a new run over one whose end is not stored (it ended here

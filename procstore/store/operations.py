@@ -210,13 +210,15 @@ async def carry_out_rewind(store: ProcedureStore, prepared: PreparedRestart, rea
     another operator restarted it first (nothing of this one written but the deletion)."""
     plan = prepared.plan
     pid = plan.procedure_id
-    # The old request first: left in place, it would fail the rewound run at once.
+    # The old request first: left in place, it would fail the rewound run at once. Read
+    # before: the ended run's record, if written with the copy, names it.
+    stop_request = await store.requests.get(pid)
     await store.requests.delete([pid])
     asked = OperatorRequest.new("resume", reason, to_step=prepared.to_step)
     try:
         # The copy keeps who, when and why itself: the nudge may be gone before a manager
         # that runs the copy sees it (the next start runs the copy at its recovery).
-        copied = await apply_restart(store, plan, prepared.message, started=asked.action())
+        copied = await apply_restart(store, plan, prepared.message, started=asked.action(), stop_request=stop_request)
     except RestartedMeanwhile as e:
         raise OperationRefused(str(e)) from e
     return await _nudge(store, pid, msgspec.structs.replace(asked, step=copied.step), wrote_copy=True)

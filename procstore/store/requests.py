@@ -231,7 +231,7 @@ class RequestStore:
         if not ended:
             return {}
         stored = await self.list_all()
-        return {pid: r.action() for pid, r in stored.items() if pid in ended and r.describe() in (ended[pid] or "")}
+        return {pid: action for pid, r in stored.items() if pid in ended and (action := ended_by(r, ended[pid]))}
 
     async def delete(self, procedure_ids: list[ProcedureId]) -> None:
         """Forget the requests of procedures whose keys are gone."""
@@ -249,6 +249,14 @@ class RequestStore:
         present = [key for key in await walk_readable(self.store, self.prefix) if key in wanted] if wanted else []
         if present:
             await self.store.batch_delete(present)
+
+
+def ended_by(request: OperatorRequest | None, error: str | None) -> Action | None:
+    """The request as history keeps it, if it ended the run whose stored error is `error`
+    (its words are in it); None for one that did not (written after the end, say)."""
+    if request is None or not error or request.describe() not in error:
+        return None
+    return request.action()
 
 
 def who() -> str:

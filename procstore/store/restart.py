@@ -36,6 +36,7 @@ from procstore.store.history import Action, History, HistoryStore, iso, record_f
 from procstore.store.keys import MAX_STEP, KeyType, ParsedKey, procedure_dir
 from procstore.store.message import ProcedureMessage, StepWait
 from procstore.store.procedure_store import ProcedureStore
+from procstore.store.requests import OperatorRequest, ended_by
 from procstore.store.run_origin import run_origin, with_run_origin
 
 
@@ -130,10 +131,13 @@ async def apply_restart(
     *,
     retention: float = History().retention,
     started: Action | None = None,
+    stop_request: OperatorRequest | None = None,
 ) -> ProcedureMessage:
     """Write the copy the plan needs (if any) of `message` (from `check_restart`); return
     the message to run from. `started`: who asked, when and why, kept in the copy (and so in
-    every key of the new run: `procstore.store.run_origin`). Raises `RestartedMeanwhile` if
+    every key of the new run: `procstore.store.run_origin`). `stop_request`: the cancel or
+    fail the store held for the procedure before the restart deleted it (the ended run's
+    record, if written here, names it when it ended the run). Raises `RestartedMeanwhile` if
     someone else wrote `latest + 1` first (and `LeaseExpired` from a manager's store that no
     longer leads).
     """
@@ -159,7 +163,14 @@ async def apply_restart(
         ended = modified.get(str(plan.latest)) or now
         if now - ended <= retention:
             at = iso(datetime.fromtimestamp(ended, UTC)) or ""
-            record = record_from_keys(plan.procedure_id, last, rolled_back=True, ended_at=at, started=run_origin(last))
+            record = record_from_keys(
+                plan.procedure_id,
+                last,
+                rolled_back=True,
+                ended_at=at,
+                started=run_origin(last),
+                ended_by=ended_by(stop_request, last.error),
+            )
             await HistoryStore(store.store, store.parent_path).put_unrecorded([record])
     if started is not None:
         message = dataclasses.replace(message, extra=with_run_origin(message.extra, run, started))

@@ -130,3 +130,16 @@ async def test_wait_answers_a_failure_whose_end_record_no_manager_writes() -> No
         assert (await client.get(procedure.id)).status == "failed"
         with pytest.raises(ProcedureFailed, match="broken for good"):
             await client.wait(procedure.id, timeout=5)
+
+
+async def test_a_rewind_of_a_cancelled_run_without_a_record_keeps_who_cancelled_it() -> None:
+    """The rewind deleted the cancel request, then wrote the ended run's record from its
+    keys (its leader died before writing it): `failed`, no `ended_by`."""
+    store = MemoryStore(f"origin-rewind-ended-by-{uuid.uuid4().hex[:8]}")
+    procedure = ProcedureWithId.new(Blocks())
+    async with Client(store, poll_interval=0.05) as client:
+        await killed_before_its_end_record(store, procedure, Blocks, then=lambda: client.cancel(procedure.id, "INC-43"))
+        await client.rewind(procedure.id, 0, "run it again")
+        (record,) = await client.history(procedure_id=procedure.id)
+    assert (record.run, record.outcome) == (1, "cancelled")
+    assert record.ended_by is not None and (record.ended_by.kind, record.ended_by.reason) == ("cancel", "INC-43")
