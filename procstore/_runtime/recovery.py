@@ -71,6 +71,31 @@ class StoredProcedures:
     def add_child(self, parent_id: ProcedureId, child_id: ProcedureId) -> None:
         self.children_of.setdefault(parent_id, []).append(child_id)
 
+    def keep_finished(
+        self, pid: ProcedureId, message: ProcedureMessage, *, rolled_back: bool, no_error: str = "rolled back"
+    ) -> None:
+        """A finished procedure (its message below its `.commit`) kept for its parent, or
+        for an operator (a failed root): the run and outcome a claim registers (`no_error`:
+        the error of a failure whose message says none)."""
+        self.committed[pid] = message.type_name
+        self.committed_runs[pid] = message.run
+        if rolled_back:
+            self.rolled_back[pid] = message.error or no_error
+
+    def keep_for_parent(self, pid: ProcedureId, message: ProcedureMessage, loaded: ProcedureMessages) -> None:
+        """A stored child (as `loaded` found it), kept for its parent to claim."""
+        assert message.parent_id is not None
+        if pid in loaded.finished_messages:
+            self.keep_finished(pid, message, rolled_back=pid in loaded.rolled_back_ids)
+        else:
+            self.messages[pid] = (message, pid in loaded.rollback_messages)
+        if pid not in self.children_of.get(message.parent_id, ()):
+            self.add_child(message.parent_id, pid)
+
+    def keep_unreadable(self, problem: LoadProblem) -> None:
+        if problem.procedure_id is not None:
+            self.unreadable[problem.procedure_id] = problem
+
     def descendants(self, procedure_id: ProcedureId) -> list[ProcedureId]:
         """Its descendants found in the store."""
         return descendants(procedure_id, lambda pid: self.children_of.get(pid, ()))
@@ -306,11 +331,7 @@ def _plan_finished(
         message = loaded.finished_messages.get(pid)
         parent = message.parent_id if message is not None else None
         if message is not None and parent is not None and parent in alive:
-            ctx.recovered.committed[pid] = message.type_name
-            ctx.recovered.committed_runs[pid] = message.run
-            if pid in loaded.rolled_back_ids:
-                ctx.recovered.rolled_back[pid] = message.error or "rolled back"
-            ctx.recovered.add_child(parent, pid)
+            ctx.recovered.keep_for_parent(pid, message, loaded)
         elif (
             message is not None
             and parent is None
@@ -318,9 +339,7 @@ def _plan_finished(
             and pid in loaded.rolled_back_ids
         ):
             # A failed root kept for an operator (`keep_failed`): known, so never adopted or swept.
-            ctx.recovered.committed[pid] = message.type_name
-            ctx.recovered.committed_runs[pid] = message.run
-            ctx.recovered.rolled_back[pid] = message.error or "failed"
+            ctx.recovered.keep_finished(pid, message, rolled_back=True, no_error="failed")
         else:
             to_delete.append(pid)
     return to_delete
