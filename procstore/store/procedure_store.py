@@ -608,14 +608,22 @@ def _deletion_stages(keys: Sequence[ParsedKey]) -> tuple[list[str], list[str]]:
     every `.step`, then the terminal keys from the lowest by the latest-step rule (a
     `.rollback` before the `.commit` above it or at its step): what is left reads as
     finished. Where the folder holds an earlier run's end too (more than one `.commit`), all
-    but the highest `.commit` and the key right below it go first: that key says how the
+    but the highest `.commit` and the message it ends go first: that message says how the
     last run ended, and an earlier run's `.rollback` left alone beside it would say rolled
-    back."""
+    back. A message beside the highest `.commit` that it does not end (a former leader's
+    late write, see `procstore.store.folder`) goes with the first stage too: left alone
+    with the commit, it would be read as the one it ends."""
     ordered = sorted(keys, key=lambda k: latest_first((k.step, k.key_type)))
     commits = [k for k in ordered if k.key_type is KeyType.COMMIT]
+    if not commits:
+        return [str(k) for k in ordered if k.key_type is KeyType.STEP], [
+            str(k) for k in ordered if k.key_type.is_terminal
+        ]
+    top = commits[-1]
+    ends = ProcedureKeys.of((k.step, k.key_type) for k in ordered).newest_message
+    last = [k for k in ordered if k is top or (k.step, k.key_type) == ends]
     if len(commits) > 1:
-        at = ordered.index(commits[-1])
-        last = ordered[max(at - 1, 0) : at + 1]
         return [str(k) for k in ordered if k not in last], [str(k) for k in last]
-    steps = [str(k) for k in ordered if k.key_type is KeyType.STEP]
-    return steps, [str(k) for k in ordered if k.key_type.is_terminal]
+    beside = [k for k in ordered if k.step == top.step and k not in last]
+    first = [k for k in ordered if k.key_type is KeyType.STEP or k in beside]
+    return [str(k) for k in first], [str(k) for k in ordered if k.key_type.is_terminal and k not in beside]
