@@ -560,7 +560,7 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
             if pid in seen_before:
                 about = {"procedure_id": str(pid), "type_name": message.type_name, "step": message.step}
                 logger.warning("adopting procedure %s, stored after this manager's recovery", pid, extra=about)
-                _adopt_children(ctx, pid, loaded)
+                _adopt_children(ctx, pid, loaded, message.run)
                 for runner in _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=[]):
                     runner.start()
     return unknown_now - seen_before
@@ -578,23 +578,27 @@ def _leftovers(loaded: ProcedureMessages, *, keep_failed: bool) -> list[Procedur
     return loaded.stray_ids + committed
 
 
-def _adopt_children(ctx: ManagerContext, root: ProcedureId, loaded: ProcedureMessages) -> None:
-    """Keep an adopted root's stored descendants for it to claim, as recovery does."""
-    stored: dict[ProcedureId, tuple[ProcedureMessage, bool]] = {}
+def _adopt_children(ctx: ManagerContext, root: ProcedureId, loaded: ProcedureMessages, run: int) -> None:
+    """Keep an adopted root's stored descendants of its run (`run`) for it to claim, as
+    recovery does: the unfinished ones to resume, the finished ones as ended (named again,
+    a finished child's stored steps would read as the root's own earlier writes, and it would
+    run again)."""
+    for pid, message in stored_tree(loaded, root).items():
+        if message.run == run and not ctx.is_known(pid):
+            ctx.recovered.keep_for_parent(pid, message, loaded)
+
+
+def stored_tree(loaded: ProcedureMessages, root: ProcedureId) -> dict[ProcedureId, ProcedureMessage]:
+    """The descendants of `root` that `loaded` holds, each with the message that names its
+    parent and run: its latest, or for a finished one the message its `.commit` ends."""
+    stored = {pid: m for pid, m in loaded.finished_messages.items() if m is not None}
+    stored.update(loaded.messages)
+    stored.update(loaded.rollback_messages)
     children: dict[ProcedureId, list[ProcedureId]] = {}
-    for messages, rolling_back in ((loaded.messages, False), (loaded.rollback_messages, True)):
-        for pid, message in messages.items():
-            if message.parent_id is not None:
-                stored[pid] = (message, rolling_back)
-                children.setdefault(message.parent_id, []).append(pid)
-
-    def unknown_children(pid: ProcedureId) -> list[ProcedureId]:
-        return [child for child in children.get(pid, ()) if not ctx.is_known(child)]
-
-    for pid in descendants(root, unknown_children):
-        message, rolling_back = stored[pid]
-        ctx.recovered.messages[pid] = (message, rolling_back)
-        ctx.recovered.add_child(message.parent_id or root, pid)
+    for pid, message in stored.items():
+        if message.parent_id is not None:
+            children.setdefault(message.parent_id, []).append(pid)
+    return {pid: stored[pid] for pid in descendants(root, lambda pid: children.get(pid, ()))}
 
 
 def _warn_deleting(ids: list[ProcedureId], why: str) -> None:

@@ -19,12 +19,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from procstore._runtime.recovery import record_recovered
+from procstore._runtime.recovery import record_recovered, stored_tree
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
-from procstore.store.message import ProcedureMessage
-from procstore.store.procedure_store import ProcedureMessages
-from procstore.store.tree import descendants
 
 if TYPE_CHECKING:
     from procstore._runtime.context import ManagerContext
@@ -36,25 +33,20 @@ async def take_stored_tree(ctx: ManagerContext, root_id: ProcedureId, run: int) 
     cannot be read or deleted (the run is then left to the next start, or to another restart)."""
     loaded = await ctx.store.load_messages()
     recorded = await ctx.store.history.recorded()
-    stored = _stored_messages(loaded)
-    children: dict[ProcedureId, list[ProcedureId]] = {}
-    for pid, message in stored.items():
-        if message.parent_id is not None:
-            children.setdefault(message.parent_id, []).append(pid)
-    found = descendants(root_id, lambda pid: children.get(pid, ()))
+    found = stored_tree(loaded, root_id)
     for pid in found:
         meta = ctx.metas.get(pid)
         if meta is not None and meta.state.is_ended():
             # Its ended run is known again from the store below (claimed as ended), as part
             # of the tree that runs now: this term's memory of it may expire meanwhile.
             ctx.forget(pid)
-    earlier = [pid for pid in found if stored[pid].run < run and pid in loaded.finished_messages]
-    for pid in found:
-        if stored[pid].run == run:
-            ctx.recovered.keep_for_parent(pid, stored[pid], loaded)
+    for pid, message in found.items():
+        if message.run == run:
+            ctx.recovered.keep_for_parent(pid, message, loaded)
     for problem in loaded.problems:
         if problem.procedure_id in found:
             ctx.recovered.keep_unreadable(problem)
+    earlier = [pid for pid, m in found.items() if m.run < run and pid in loaded.finished_messages]
     if earlier:
         try:
             await ctx.settings.policy.call(lambda _n: record_recovered(ctx, loaded, earlier, recorded))
@@ -64,12 +56,3 @@ async def take_stored_tree(ctx: ManagerContext, root_id: ProcedureId, run: int) 
                 f"procedure {root_id}: its run {run} is stored, but the subprocedures its earlier run left "
                 f"could not be deleted ({e}); the next start deletes them and runs it"
             ) from e
-
-
-def _stored_messages(loaded: ProcedureMessages) -> dict[ProcedureId, ProcedureMessage]:
-    """Each procedure's message that says its parent and run: its latest, or for a finished
-    one the message its `.commit` ends."""
-    out = {pid: m for pid, m in loaded.finished_messages.items() if m is not None}
-    out.update(loaded.messages)
-    out.update(loaded.rollback_messages)
-    return out

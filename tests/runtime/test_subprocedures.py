@@ -11,6 +11,7 @@ import pytest
 from procstore import (
     Context,
     EndNotRecorded,
+    Lease,
     LockConflict,
     ProcedureFailed,
     ProcedureId,
@@ -22,6 +23,7 @@ from procstore.store import ProcedureMessage, open_state_store
 from procstore.store.local import LocalDirStore
 from procstore.testing import Fault, FaultyStore, kill_manager
 from tests.procedures import Child, JsonProcedure, Parent, World
+from tests.runtime.helpers import eventually
 from tests.support import StoreTarget, manager_for
 
 
@@ -292,3 +294,25 @@ async def test_a_resume_after_the_trees_metadata_expired_claims_its_stored_child
     assert {world.counts[f"child/{n}/{s}"] for n in "ab" for s in (0, 1)} == {1}
     for child_id in procedure.procedure.data["children"].values():
         assert sum(child_id in key for key in records) == 1, records
+
+
+async def test_a_leader_adopting_such_a_root_once_forgotten_finds_its_ended_children(
+    memory_target: StoreTarget,
+) -> None:
+    """Under a lease, once the tree's metadata expired, the leader's look for procedures
+    stored after its recovery adopts the root (unknown, unfinished): its ended children are
+    kept for it as ended, never named again and run a second time."""
+    world = World.new()
+    procedure = ProcedureWithId.new(Parent.create(world, ["a", "b"]))
+    faulty = _refusing_the_end_of(procedure, memory_target)
+    lease = Lease(ttl=1.0, holder="cp-1", adopt_interval=0.05, late_write_grace=0)  # deleted at its end
+    async with manager_for(faulty, lease=lease, metadata_ttl=0.0) as manager:
+        with pytest.raises(EndNotRecorded):
+            await (await manager.submit(procedure)).wait()
+        faulty.plan.faults.clear()
+        manager.remove_outdated_metadata()
+        await eventually(lambda: manager.procedure_watcher(procedure.id) is not None)
+        adopted = manager.procedure_watcher(procedure.id)
+        assert adopted is not None and await adopted.wait() == "joined"
+        assert await manager.store.store.walk("procedure/") == []
+    assert {world.counts[f"child/{n}/{s}"] for n in "ab" for s in (0, 1)} == {1}
