@@ -59,7 +59,7 @@ from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.history import Action, HistoryRecord, iso, kept_output
-from procstore.store.keys import KeyType
+from procstore.store.keys import MAX_STEP, KeyType
 from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
 from procstore.store.requests import OperatorRequested
 from procstore.store.signals import Signal
@@ -563,6 +563,13 @@ class Runner:
 
     async def _execute_once(self, attempt: int) -> Status:
         self._check_lease()
+        if self.step + self._message_skips_a_step > MAX_STEP:
+            # Whatever the step returns could not be stored (a hand-written folder near the
+            # largest step): it would run again at every start. Failing writes nothing either.
+            raise ProcedureError(
+                f"procedure {self.meta.id}: its next state would be stored above step {MAX_STEP}, the largest a "
+                "key can carry, so its step is not run"
+            )
         self.ctx.activity.running(self.meta, self.step)
         await self.ctx.requests.raise_if_requested(self.meta.id)
         # Where a test's fault plan numbers attempts (a no-op on a production store).
