@@ -133,10 +133,10 @@ class Client:
             if record is None:
                 raise ProcedureNotFound(pid)
             return from_record(pid, record), record
-        run = stored.message.run if stored.message is not None else 1
         record = None
         if stored.is_finished:
-            record = await self._history.find_run(pid, run)
+            run = stored.message.run if stored.message is not None else None
+            record = (await self._history.read_ends([(pid, run)]))[0]
         request = await self._store.requests.get(pid) if not stored.is_finished else None
         activity = await self._activities.get(pid) if not stored.is_finished else None
         leaderless = not stored.is_finished and await no_manager_leads(self._store)
@@ -183,9 +183,9 @@ class Client:
         # ended procedures reads about 100.
         for at in range(0, len(ids), max(limit, _LIST_CHUNK)):
             chunk = ids[at : at + max(limit, _LIST_CHUNK)]
-            finished = [held[i] for i in chunk if i in held and held[i].is_finished and held[i].message is not None]
-            runs = await self._history.read_runs(
-                [(p.procedure_id, p.message.run if p.message else 1) for p in finished]
+            finished = [held[i] for i in chunk if i in held and held[i].is_finished]
+            runs = await self._history.read_ends(
+                [(p.procedure_id, p.message.run if p.message else None) for p in finished]
             )
             ends = {str(p.procedure_id): record for p, record in zip(finished, runs, strict=True)}
             gone = [i for i in chunk if i not in held]
