@@ -173,7 +173,7 @@ class ProcedureStore:
     def key(self, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
         return key_text(self.proc_path, procedure_id, step, key_type)
 
-    def key_to_write(self, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
+    def _key_to_write(self, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
         """`key`, for a write: `ProcedureError` (not retried: nothing is written) above
         `MAX_STEP`, where a key is no procedure's and every reader ignores it (a state stored
         there would be lost, and the step that made it would run again)."""
@@ -212,7 +212,7 @@ class ProcedureStore:
             wait.consumed,
             self.unknown_fields.get(procedure_id, b""),
         )
-        key = self.key_to_write(procedure_id, step, KeyType.STEP)
+        key = self._key_to_write(procedure_id, step, KeyType.STEP)
         return self._create_or_fence(procedure_id, key, message.encode())
 
     async def _create(self, key: str, value: bytes) -> bool:
@@ -259,12 +259,12 @@ class ProcedureStore:
     def commit_procedure(self, procedure_id: ProcedureId, step: int) -> Coroutine[Any, Any, None]:
         """Mark the procedure finished: an empty `{step}.commit` (create-only, as every step
         key). As `store_procedure`, the coroutine that writes it."""
-        return self._create_or_fence(procedure_id, self.key_to_write(procedure_id, step, KeyType.COMMIT), b"")
+        return self._create_or_fence(procedure_id, self._key_to_write(procedure_id, step, KeyType.COMMIT), b"")
 
     async def rollback_procedure(self, procedure_id: ProcedureId, message: ProcedureMessage) -> None:
         """Mark the procedure failed: `{message.step}.rollback` holding `message` (with `error`,
         and the procedure's unknown fields if `message` has none of its own)."""
-        key = self.key_to_write(procedure_id, message.step, KeyType.ROLLBACK)
+        key = self._key_to_write(procedure_id, message.step, KeyType.ROLLBACK)
         if not message.extra and (extra := self.unknown_fields.get(procedure_id)):
             message = dataclasses.replace(message, extra=extra)
         await self._create_or_fence(procedure_id, key, message.encode())
