@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from procstore._runtime.recovery import record_recovered, stored_tree
+from procstore._runtime.runner import record_known_ends
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 
@@ -34,12 +35,13 @@ async def take_stored_tree(ctx: ManagerContext, root_id: ProcedureId, run: int) 
     loaded = await ctx.store.load_messages()
     recorded = await ctx.store.history.recorded()
     found = stored_tree(loaded, root_id)
-    for pid in found:
-        meta = ctx.metas.get(pid)
-        if meta is not None and meta.state.is_ended():
-            # Its ended run is known again from the store below (claimed as ended), as part
-            # of the tree that runs now: this term's memory of it may expire meanwhile.
-            ctx.forget(pid)
+    known = [meta for pid in found if (meta := ctx.metas.get(pid)) is not None and meta.state.is_ended()]
+    # Their ended runs are known again from the store below (claimed as ended), as part of
+    # the tree that runs now: this term's memory of them may expire meanwhile. Their records
+    # first, from that memory, which the store's keys alone cannot give (a rollback, times).
+    await ctx.settings.policy.call(lambda _n: record_known_ends(ctx, known))
+    for meta in known:
+        ctx.forget(meta.id)
     for pid, message in found.items():
         if message.run == run:
             ctx.recovered.keep_for_parent(pid, message, loaded)

@@ -1242,6 +1242,15 @@ async def record_tree(
     await ctx.store.history.put_many(records)
 
 
+async def record_known_ends(ctx: ManagerContext, metas: Sequence[ProcedureMeta]) -> None:
+    """The end records of the runs in `metas` that ended here with their end stored, written
+    now from what this term knows of them (start, steps, retries, a rollback), before it
+    forgets them. Raises the store's error."""
+    ended, limit = datetime.now(UTC), ctx.store.history.settings.output_limit
+    records = [_record(m, m.state, ended, limit) for m in metas if m.end_stored and m.state.is_ended()]
+    await ctx.store.history.put_many(records)
+
+
 async def record_superseded(
     ctx: ManagerContext, procedure_id: ProcedureId, old: ProcedureMeta | None, new_run: ProcedureMessage, how: str
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from pathlib import Path
 
 import pytest
@@ -243,7 +244,13 @@ async def test_an_operator_restarts_a_root_whose_end_was_refused(
         restarted = await (manager.resume(procedure.id) if to_step is None else manager.rewind(procedure.id, to_step))
         assert await restarted.wait() == "joined"
         assert await manager.store.store.walk("procedure/") == []
+        # Each child run's record, written from what the manager knew of it (its start too).
+        records = [
+            json.loads(v or b"") for v in await manager.store.store.get_many(await manager.store.store.walk("history/"))
+        ]
     assert {world.counts[f"child/{n}/{s}"] for n in "ab" for s in (0, 1)} == {child_runs}
+    children = [r for r in records if r["parent_id"] == str(procedure.id)]
+    assert len(children) == 2 * child_runs and all(r["started_at"] for r in children), children
 
 
 @pytest.mark.parametrize(
