@@ -33,6 +33,7 @@ from procstore.errors import (
     ProcedureNotEnded,
     ProcedureNotFound,
     ResultNotKept,
+    StoreError,
 )
 from procstore.ids import ProcedureId
 from procstore.state import ProcedureState
@@ -337,7 +338,9 @@ class Client:
 
         Refused, nothing written: `OperationRefused` for a procedure that has ended,
         `ProcedureNotFound` for an id neither its keys nor history know, `TypeError` for a
-        name that is not non-empty text or a payload JSON cannot hold.
+        name that is not non-empty text or a payload JSON cannot hold. A store's error is
+        raised as `StoreError`: the signal may have been stored (an answer lost), so a
+        procedure may receive it; send again only if a second one does no harm.
         """
         pid = _id(procedure_id)
         encoded_payload(name, payload)
@@ -348,8 +351,8 @@ class Client:
             raise OperationRefused(f"procedure {pid} has ended ({record.outcome}): no signal can reach it")
         try:
             await send_signal(self._store, pid, name, payload)
-        except ProcedureNotFound:
-            raise
+        except (ProcedureNotFound, StoreError):
+            raise  # a store's error is no refusal: the signal may be stored (a lost answer)
         except ProcedureError as e:  # ended (or deleted) since the look above
             raise OperationRefused(str(e)) from None
 
