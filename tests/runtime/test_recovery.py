@@ -466,9 +466,9 @@ async def test_a_folder_near_the_largest_step_never_writes_above_it_nor_runs_a_s
         for step in (0, 2**32 - 2):
             message = ProcedureMessage("test::Steps", data, None, step).encode()
             await writer.store.store.put(writer.store.key(pid, step, KeyType.STEP), message)
-    lease = {"lease": Lease(ttl=1.0, holder="cp-1")} if leased else {}
+    lease = Lease(ttl=1.0, holder="cp-1") if leased else None
     for _ in range(2):
-        async with manager_for(memory_target, **lease) as manager:
+        async with manager_for(memory_target, lease=lease) as manager:
             if (watcher := manager.procedure_watcher(pid)) is not None:
                 with pytest.raises(EndNotRecorded, match="above step 4294967295"):
                     await watcher.wait()
