@@ -547,7 +547,7 @@ class Runner:
             is_retrying=attempt > 1,
             fencing_token=None if lease is None else lease.fencing_token,
             lease_check=None if lease is None else lease.check_writable,
-            crash_hook=self._crash_point,
+            crash_hook=self._crash_point if ctx.store.store.observes_crash_points else None,
             hold_interrupts=None if step is None else step.uninterruptible,
             signals=self._signals,
         )
@@ -565,8 +565,9 @@ class Runner:
         self._check_lease()
         self.ctx.activity.running(self.meta, self.step)
         await self.ctx.requests.raise_if_requested(self.meta.id)
-        # Where a test's fault plan numbers attempts (a no-op on a production store).
-        await self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
+        store = self.ctx.store.store
+        if store.observes_crash_points:  # where a test's fault plan numbers attempts
+            await store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
         with (
             self.ctx.requests.running_step(self.meta.id) as step,
             self.ctx.settings.telemetry.step_span(str(self.meta.id), self.meta.type_name, self.step, attempt),

@@ -230,6 +230,7 @@ class TracedStore(WrappingStore):
         super().__init__(inner)
         self.telemetry = telemetry
         self.backend = backend_of(inner.url)
+        self.observes_crash_points = inner.observes_crash_points  # `crash_point` below skips `around`
 
     def around(
         self, kind: str, key: str, call: Callable[[], Coroutine[Any, Any, T]], value: bytes | None = None

@@ -35,6 +35,8 @@ class WrappingStore(StateStore):
         self.supports_create_only = inner.supports_create_only
         self.supports_compare_and_swap = inner.supports_compare_and_swap
         self.round_trips = inner.round_trips
+        # A wrapper with its own `around` sees every crash point unless it says otherwise.
+        self.observes_crash_points = inner.observes_crash_points or type(self).around is not WrappingStore.around
 
     def around(
         self, kind: str, key: str, call: Callable[[], Coroutine[Any, Any, T]], value: bytes | None = None
