@@ -589,9 +589,19 @@ class Runner:
 
     async def _execute_step(self) -> None:
         try:
-            status = await self.ctx.settings.policy.call(
-                self._execute_once, on_retry=self._on_retry, wake=self.meta.requested
-            )
+            # The first attempt without `policy.call` (two coroutines fewer); the retries
+            # outside the `except`, so that their errors do not chain to the first one's.
+            policy, first = self.ctx.settings.policy, None
+            try:
+                status = await self._execute_once(1)
+            except Exception as e:
+                if not policy.retries(e):
+                    raise
+                first = e
+            if first is not None:
+                status = await policy.retry_after(
+                    self._execute_once, first, on_retry=self._on_retry, wake=self.meta.requested
+                )
         except Fenced:
             raise  # from `_check_lease()`: not the procedure's failure, the term's end
         except Exception as e:
@@ -654,8 +664,16 @@ class Runner:
     async def _with_store_retries(self, write: Callable[[], Awaitable[None]]) -> bool:
         """Run a store write with retries; on final failure fail the procedure and return False."""
         try:
-            attempt = self.ctx.requests.unless_requested(self.meta.id, lambda _n: write())
-            await self.ctx.settings.policy.call(attempt, on_retry=self._on_retry, wake=self.meta.requested)
+            policy, first = self.ctx.settings.policy, None  # as in `_execute_step`
+            try:
+                await write()  # the first attempt always goes: see `unless_requested`
+            except Exception as e:
+                if not policy.retries(e):
+                    raise
+                first = e
+            if first is not None:
+                attempt = self.ctx.requests.unless_requested(self.meta.id, lambda _n: write())
+                await policy.retry_after(attempt, first, on_retry=self._on_retry, wake=self.meta.requested)
         except Fenced:
             raise
         except Exception as e:
