@@ -262,16 +262,12 @@ class OperatorRequests:
         """Drop the request of an ended run (or one inherited by it): the id runs again, or its tree ended."""
         self._known.pop(procedure_id, None)
 
-    async def raise_if_requested(self, procedure_id: ProcedureId) -> None:
-        """Before every attempt: an operator's request (`cancel`, `fail`) ends the execution;
-        read from the store when not known here, so that one written since is seen in time."""
-        request = self._known.get(procedure_id)
-        if request is None:
-            request = await self.looks.get(procedure_id)
-            if request is not None:
-                self.note(procedure_id, request)
+    def noted(self, procedure_id: ProcedureId, request: OperatorRequest | None) -> OperatorRequest | None:
+        """`request`, what a look for the procedure's request found, noted (`note`) if any.
+        Before every attempt a runner takes the request known here, else looks (`looks.get`)."""
         if request is not None:
-            raise OperatorRequested(request)
+            self.note(procedure_id, request)
+        return request
 
     def running_step(self, procedure_id: ProcedureId) -> RunningStep:
         """`with requests.running_step(id) as step: await execute(...)`: a request noted from

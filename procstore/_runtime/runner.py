@@ -564,7 +564,14 @@ class Runner:
     async def _execute_once(self, attempt: int) -> Status:
         self._check_lease()
         self.ctx.activity.running(self.meta, self.step)
-        await self.ctx.requests.raise_if_requested(self.meta.id)
+        # An operator's request (`cancel`, `fail`) ends the execution: read from the store
+        # when not known here, so that one written since is seen in time.
+        requests, pid = self.ctx.requests, self.meta.id
+        request = requests.get(pid)
+        if request is None:
+            request = requests.noted(pid, await requests.looks.get(pid))
+        if request is not None:
+            raise OperatorRequested(request)
         store = self.ctx.store.store
         if store.observes_crash_points:  # where a test's fault plan numbers attempts
             await store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
@@ -646,7 +653,10 @@ class Runner:
                 return
             if not await self._with_store_retries(partial(self._persist, data, wait)):
                 return
-            await self._delete_consumed()
+            self.step += 1
+            self._stored_data = data
+            if self._consuming or self._skip_signals:
+                await self._delete_consumed()
         if status.is_done():
             await self._commit_or_fail(ProcedureState.done(status.output))
             return
@@ -703,12 +713,12 @@ class Runner:
             self.step += 1
         return self.step
 
-    async def _persist(self, data: str, wait: StepWait) -> None:
+    def _persist(self, data: str, wait: StepWait) -> Awaitable[None]:
+        """One attempt at a step's write. Not a coroutine (one frame fewer in the chain of
+        every write): the caller counts the step once the write is stored."""
         meta = self.meta
         step = self._message_step()
-        await self.ctx.store.store_procedure(meta.id, step, meta.type_name, data, meta.parent_id, meta.run, wait)
-        self.step += 1
-        self._stored_data = data
+        return self.ctx.store.store_procedure(meta.id, step, meta.type_name, data, meta.parent_id, meta.run, wait)
 
     # -- durable waits ---------------------------------------------------------------
 
@@ -726,7 +736,8 @@ class Runner:
 
     async def _delete_consumed(self) -> None:
         """The step that read `_consuming` is stored: delete those signals. A deletion that
-        fails is logged; the stored message names them, so they are never delivered again."""
+        fails is logged; the stored message names them, so they are never delivered again.
+        Awaited only when there are some: a step that consumed none starts no coroutine."""
         keys = self._skip_signals = self._consuming + self._skip_signals
         self._consuming = ()
         if not keys:
@@ -808,7 +819,8 @@ class Runner:
     async def _commit_attempt(self, _attempt: int) -> None:
         await self.ctx.store.commit_procedure(self.meta.id, self.step)
         self._committed()
-        await self._delete_consumed()
+        if self._consuming or self._skip_signals:
+            await self._delete_consumed()
 
     def _committed(self) -> None:
         self.meta.terminal_keys += ((self.step, KeyType.COMMIT),)

@@ -211,8 +211,9 @@ class ProcedureStore:
         return await self.store.put_if_absent(key, value) or await self.store.get(key) == value
 
     async def _create_or_fence(self, procedure_id: ProcedureId, key: str, value: bytes) -> None:
-        """`_create`, raising `Fenced` if another writer got there first."""
-        if not await self._create(key, value):
+        """`_create`, raising `Fenced` if another writer got there first. Its body written
+        out: every step's write awaits this, and `_create` would be one more coroutine."""
+        if not await self.store.put_if_absent(key, value) and await self.store.get(key) != value:
             raise Fenced(key, procedure_id)
 
     async def create_procedure(
