@@ -133,7 +133,8 @@ class Telemetry:
         return await call()
 
     def records_store_calls(self) -> bool:
-        """Whether `store_call` reports anything now (False: a store call may skip it)."""
+        """Whether `store_call` reports anything now (False: a store call may skip it, and
+        `step_span` is a no-op)."""
         return False
 
     def lease_gained(self, epoch: int | None) -> None:
