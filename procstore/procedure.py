@@ -221,7 +221,8 @@ class ContextProvider(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """Passed to `execute` and `rollback`."""
+    """Passed to `execute` and `rollback`. A run's first attempts at its steps share one (it
+    is immutable); a retry, or a step a signal woke, gets one of its own."""
 
     procedure_id: ProcedureId
     provider: ContextProvider

@@ -283,14 +283,15 @@ class OperatorRequests:
             self.note(procedure_id, request)
         return request
 
-    def running_step(self, procedure_id: ProcedureId) -> RunningStep:
-        """`with requests.running_step(id) as step: await execute(...)`: a request noted from
-        now on interrupts the step where it awaits (see `procstore._runtime.interrupt`);
-        one noted already raises `OperatorRequested` here."""
+    def running_step(self, procedure_id: ProcedureId, step: RunningStep | None = None) -> RunningStep:
+        """`with requests.running_step(id, last) as step: await execute(...)`: a request noted
+        from now on interrupts the step where it awaits (see `procstore._runtime.interrupt`);
+        one noted already raises `OperatorRequested` here. `step`: the runner's last
+        attempt's, begun again (one object per run)."""
         request = self._known.get(procedure_id)
         if request is not None:
             raise OperatorRequested(request)
-        return self._steps.running(procedure_id)
+        return self._steps.running(procedure_id, step)
 
     def note(self, procedure_id: ProcedureId, request: OperatorRequest) -> None:
         """Apply an operator request to a procedure and its unfinished descendants."""

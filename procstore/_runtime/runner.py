@@ -316,8 +316,9 @@ class Runner:
     """Runs one procedure in its own task until it ends or the manager stops."""
 
     __slots__ = (
-        "_consuming", "_message_skips_a_step", "_parked", "_resume_children", "_signal_names", "_signals",
-        "_skip_signals", "_stored_data", "_wait", "ctx", "holds_locks", "meta", "procedure", "restarted", "step",
+        "_attempt", "_consuming", "_first_context", "_message_skips_a_step", "_parked", "_resume_children",
+        "_signal_names", "_signals", "_skip_signals", "_stored_data", "_wait", "ctx", "holds_locks", "meta",
+        "procedure", "restarted", "step",
     )  # fmt: skip
 
     def __init__(
@@ -363,6 +364,11 @@ class Runner:
         self._signal_names: dict[str, str] = {}
         """The names of the signals it read and did not take (of another name than its wait's;
         "" for an unreadable value): a later wait reads a signal again only if it may be the one."""
+        self._attempt: RunningStep | None = None
+        """Its attempts at steps inside `execute()`: one object, begun again at each."""
+        self._first_context: Context | None = None
+        """The `Context` of every first attempt that no signal woke (the context an attempt
+        gets is the same for all of them in a term): made once per run, not per step."""
 
     def start(self) -> None:
         self._spawn_run(submitted=not self._resume_children)
@@ -552,6 +558,15 @@ class Runner:
             signals=self._signals,
         )
 
+    def _attempt_context(self, attempt: int, step: RunningStep) -> Context:
+        """`_context` for an attempt at a step: the run's one context for a first attempt that
+        no signal woke (`step` is the same object at every attempt of a run)."""
+        if attempt > 1 or self._signals:
+            return self._context(attempt, step)
+        if self._first_context is None:
+            self._first_context = self._context(attempt, step)
+        return self._first_context
+
     def _crash_point(self, name: str) -> Awaitable[None]:
         return self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/{name}")
 
@@ -576,11 +591,12 @@ class Runner:
         if store.observes_crash_points:  # where a test's fault plan numbers attempts
             await store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
         with (
-            self.ctx.requests.running_step(self.meta.id) as step,
-            self.ctx.settings.telemetry.step_span(str(self.meta.id), self.meta.type_name, self.step, attempt),
+            requests.running_step(pid, self._attempt) as step,
+            self.ctx.settings.telemetry.step_span(str(pid), self.meta.type_name, self.step, attempt),
             IN_EXECUTE,
         ):
-            status = await self.procedure.execute(self._context(attempt, step))
+            self._attempt = step
+            status = await self.procedure.execute(self._attempt_context(attempt, step))
         if not isinstance(status, Status):
             raise TypeError(f"execute() returned {status!r}, not a Status")
         return status
