@@ -1,7 +1,7 @@
 """A procedure's run, from its first write to its tree's deletion.
 
-- `store_and_run`: a submit's part inside its term: store the first step, start the runner.
-  Both happen in one task that the term owns (see `Term.run_in_term`): stop() waits for it,
+- `submit_and_run`: a submit's part inside its term: store the first step, answer the
+  caller, then run the procedure, all in one task that the term owns: stop() waits for it,
   and a caller that gives up meanwhile cannot leave a stored procedure unrun.
 - `Runner`: drives one procedure from its locks to its final state. The loop, by state:
   - RUNNING / RETRYING: call `execute` (retrying `RetryLater` and store errors with
@@ -24,12 +24,12 @@ import asyncio
 import contextvars
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from procstore._aio import gather_settled
 from procstore._logs import get_logger, procedure_fields
@@ -47,6 +47,7 @@ from procstore.errors import (
     LeaseExpired,
     LockConflict,
     LockCycle,
+    ManagerStopped,
     ProcedureError,
     ProcessKill,
     StoreError,
@@ -237,15 +238,83 @@ def failed_state(exc: BaseException, *, gave_up_after: int | None = None, prefix
 # -- submitting ----------------------------------------------------------------------
 
 
-async def store_and_run(
+def submit_and_run(
+    ctx: ManagerContext,
+    procedure: ProcedureWithId,
+    type_name: str,
+    lock_key: LockKey,
+    data: str,
+    on_stored: Callable[[], None],
+) -> asyncio.Future[ProcedureMeta | None]:
+    """Start a submitted procedure's one task, which the term owns: it stores the first step,
+    answers the future returned, then runs the procedure itself (one task per procedure, not
+    a task for the write and another for the run). `lock_key` and `data` were computed by
+    the caller. See `Submission` for the answers."""
+    submission = Submission(asyncio.get_running_loop().create_future(), on_stored)
+    run = submission.run(ctx, procedure, type_name, lock_key, data)
+    task = ctx.term.spawn(run, name=f"procstore:{type_name}:{procedure.id}")
+    task.add_done_callback(submission.task_ended)
+    return submission.answer
+
+
+class Submission:
+    """A submit's answer: the procedure's meta once its first step is stored (None for a
+    duplicate: the key holds another value), the write's error, or `ManagerStopped` if the
+    term ended the task first (the write may have landed). `on_stored` is called once, before
+    the answer, however the task ends. Awaiting the answer does not await the task: a caller
+    that gives up leaves it to finish, so a stored procedure never stays unrun, and stop()
+    waits for it (no write lands after it returned)."""
+
+    __slots__ = ("_on_stored", "answer")
+
+    def __init__(self, answer: asyncio.Future[ProcedureMeta | None], on_stored: Callable[[], None]) -> None:
+        self.answer = answer
+        self._on_stored: Callable[[], None] | None = on_stored
+
+    def settle(self, meta: ProcedureMeta | None, error: BaseException | None = None) -> None:
+        if self._on_stored is not None:
+            on_stored, self._on_stored = self._on_stored, None
+            on_stored()
+        if not self.answer.done():  # else its caller gave up (it was cancelled)
+            if error is not None:
+                self.answer.set_exception(error)
+            else:
+                self.answer.set_result(meta)
+
+    def task_ended(self, task: asyncio.Task[None]) -> None:
+        """Settle a submit whose task ended before its write's outcome was known (cancelled
+        before it began, say)."""
+        if self._on_stored is not None:
+            error = None if task.cancelled() else task.exception()
+            self.settle(None, error or ManagerStopped(what="submitting"))
+
+    async def run(
+        self, ctx: ManagerContext, procedure: ProcedureWithId, type_name: str, lock_key: LockKey, data: str
+    ) -> None:
+        try:
+            meta = await store_submitted_procedure(ctx, procedure, type_name, lock_key, data)
+        except asyncio.CancelledError:
+            self.settle(None, ManagerStopped(what="submitting"))  # only the term cancels this task
+            raise
+        except BaseException as e:
+            self.settle(None, e)
+            if isinstance(e, Exception):
+                return  # the caller's error: nothing was stored, or it may have landed
+            raise  # a process exit, a simulated crash: it ends the task as it would the process
+        self.settle(meta)
+        if meta is not None and not meta.abandoned:
+            await Runner(ctx, meta, procedure.procedure, 1, data).traced_run(submitted=True)
+
+
+async def store_submitted_procedure(
     ctx: ManagerContext,
     procedure: ProcedureWithId,
     type_name: str,
     lock_key: LockKey,
     data: str,
 ) -> ProcedureMeta | None:
-    """Store a submitted procedure's first step and start its runner; None for a duplicate
-    (the key holds another value). `lock_key` and `data` were computed by the caller."""
+    """Store a submitted procedure's first step and register it; None for a duplicate (the
+    key holds another value). Abandoned if the term ended as the write landed."""
     pid, proc = procedure.id, procedure.procedure
     if not await store_submitted(ctx, pid, type_name, data):
         return None
@@ -257,8 +326,6 @@ async def store_and_run(
         # start, or the leader's recovery or look for procedures stored after it) runs it.
         # Its watcher here raises `ManagerStopped`.
         meta.abandon()
-        return meta
-    Runner(ctx, meta, proc, 1, data).start()
     return meta
 
 
@@ -276,9 +343,13 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
     first = ctx.store.key(pid, 0, KeyType.STEP)
 
     async def create(attempt: int) -> bool:
-        created, ended = await gather_settled(
-            ctx.store.create_submitted(pid, type_name, data), ctx.store.history.has_ended(pid, 1)
-        )
+        if ctx.store.store.round_trips:  # one round trip for both, not two
+            created, ended = await gather_settled(
+                ctx.store.create_submitted(pid, type_name, data), ctx.store.history.has_ended(pid, 1)
+            )
+        else:  # nothing to overlap: no task and future for each
+            created = await ctx.store.create_submitted(pid, type_name, data)
+            ended = await ctx.store.history.has_ended(pid, 1)
         if ended:
             if created:  # by this attempt: nobody else's key (a kept procedure's, say) goes
                 await ctx.store.store.batch_delete([first])
@@ -373,9 +444,15 @@ class Runner:
     def start(self) -> None:
         self._spawn_run(submitted=not self._resume_children)
 
+    def traced_run(self, *, submitted: bool) -> Coroutine[Any, Any, None]:
+        """Its run inside its procedure's span: awaited by its own task (`submitted`: a run
+        that `submit()` started here)."""
+        return run_traced(self.ctx, self.meta, self, self._run, submitted=submitted)
+
     def _spawn_run(self, *, submitted: bool) -> None:
-        run = run_traced(self.ctx, self.meta, self, self._run, submitted=submitted)
-        self.ctx.term.spawn(run, name=f"procstore:{self.meta.type_name}:{self.meta.id}")
+        self.ctx.term.spawn(
+            self.traced_run(submitted=submitted), name=f"procstore:{self.meta.type_name}:{self.meta.id}"
+        )
 
     async def _run(self) -> None:
         held: list[StringKey] = []
