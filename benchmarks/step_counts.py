@@ -7,7 +7,8 @@ same bytes, one after the other), on one store, interleaved, and prints per writ
 - counts (deterministic, the same on a busy machine as on a quiet one), from
   `sys.setprofile` over one procedure: coroutines started and resumed, plain Python calls,
   tasks and futures created, and the collector's passes;
-- the event loop thread's CPU time (`time.thread_time()`), best and median of `runs`:
+- the event loop thread's CPU time (`time.thread_time()`), best and median of `runs`
+  (`--at-once N`: N procedures at a time against N raw put loops at a time):
   a local store's file work runs in its own threads and is left out, as it is of the raw
   loop's figure.
 
@@ -82,7 +83,7 @@ class Counts:
             self.counts[f"gc passes (gen {info['generation']})"] += 1
 
 
-async def counted(timing: Callable[[], Awaitable[None]], per: int, detail: bool = False) -> dict[str, Any]:
+async def counted(timing: Callable[[], Awaitable[Any]], per: int, detail: bool = False) -> dict[str, Any]:
     """Events per unit (`per` of them) of one run of `timing`; with `detail`, by name too."""
     counts = Counts()
     gc.callbacks.append(counts.gc_pass)
@@ -99,25 +100,32 @@ async def counted(timing: Callable[[], Awaitable[None]], per: int, detail: bool 
     return result
 
 
-async def loop_cpu(timing: Callable[[], Awaitable[None]]) -> float:
+async def loop_cpu(timing: Callable[[], Awaitable[Any]]) -> float:
     """The calling thread's CPU seconds over one run of `timing`."""
     started = time.thread_time()
     await timing()
     return time.thread_time() - started
 
 
-async def measure(target: Target, steps: int, runs: int, telemetry: bool, detail: bool) -> dict[str, Any]:
-    writes = steps + 1  # the submitted state, steps - 1 persisted steps, the commit
+async def measure(
+    target: Target, steps: int, runs: int, telemetry: bool, detail: bool, at_once: int = 1
+) -> dict[str, Any]:
+    """Per write, over `at_once` procedures at a time (and as many raw put loops)."""
+    writes = (steps + 1) * at_once  # each: the submitted state, steps - 1 persisted steps, the commit
     async with manager(target.url(), target, telemetry=telemetry) as m:
         store = m.store.store
-        procedure = one_procedure(m, steps)
+        one = one_procedure(m, steps)
 
         async def settled() -> None:
             await raw_cleanup(store)()
             await trash_emptied(store)
 
-        def raw() -> Awaitable[None]:
-            return raw_writes(store, writes)
+        def procedure() -> Awaitable[Any]:
+            return one() if at_once == 1 else asyncio.gather(*(one() for _ in range(at_once)))
+
+        def raw() -> Awaitable[Any]:
+            loops = [raw_writes(store, steps + 1) for _ in range(at_once)]
+            return loops[0] if at_once == 1 else asyncio.gather(*loops)
 
         for warm_up in (procedure, raw):  # imports, caches, the store's threads and folders
             await warm_up()
@@ -138,6 +146,7 @@ async def measure(target: Target, steps: int, runs: int, telemetry: bool, detail
     return {
         "store": target.kind,
         "steps": steps,
+        "at once": at_once,
         "counts per write": counts,
         "loop CPU per write (us)": summary,
         "ratio": ratio,
@@ -149,12 +158,13 @@ async def measure(target: Target, steps: int, runs: int, telemetry: bool, detail
 @click.option("--steps", default=100, show_default=True)
 @click.option("--runs", default=5, show_default=True, help="CPU runs of each, interleaved.")
 @click.option("--telemetry/--no-telemetry", default=True, show_default=True, help="As the benchmarks' managers.")
+@click.option("--at-once", default=1, show_default=True, help="Procedures (and raw put loops) run concurrently.")
 @click.option("--detail", is_flag=True, help="Also by name (those at least once per two writes).")
-def main(kind: str, steps: int, runs: int, telemetry: bool, detail: bool) -> None:
+def main(kind: str, steps: int, runs: int, telemetry: bool, at_once: int, detail: bool) -> None:
     """Counts and loop CPU per write of a lone procedure against the raw put loop (one JSON line)."""
     with tempfile.TemporaryDirectory(prefix="procstore-step-counts-") as tmp:
         target = Target(kind, "memory://" if kind == "memory" else f"{tmp}/")
-        result = asyncio.run(measure(target, steps, runs, telemetry, detail))
+        result = asyncio.run(measure(target, steps, runs, telemetry, detail, at_once))
     print(json.dumps(result))
 
 

@@ -21,12 +21,14 @@ import click
 @click.argument("new")
 @click.option("--store", type=click.Choice(["memory", "local"]), default="memory")
 @click.option("--steps", default=100, show_default=True)
+@click.option("--at-once", default=1, show_default=True, help="Procedures at a time.")
 @click.option("--processes", default=3, show_default=True, help="Processes of each, alternating.")
 @click.option("--runs", default=5, show_default=True, help="Interleaved runs in each process.")
-def main(old: str, new: str, store: str, steps: int, processes: int, runs: int) -> None:
+def main(old: str, new: str, store: str, steps: int, at_once: int, processes: int, runs: int) -> None:
     """Alternate the two checkouts' `benchmarks.step_counts` and summarise."""
     results: dict[str, list[dict[str, object]]] = {old: [], new: []}
     command = [sys.executable, "-m", "benchmarks.step_counts", "--store", store, "--steps", str(steps)]
+    command += ["--at-once", str(at_once)]
     for _ in range(processes):
         for where in (old, new):
             out = subprocess.run([*command, "--runs", str(runs)], cwd=where, capture_output=True, text=True, check=True)
@@ -36,7 +38,7 @@ def main(old: str, new: str, store: str, steps: int, processes: int, runs: int) 
                for name in ("procedure", "raw put loop")}  # fmt: skip
         ratios = [r["ratio"]["median"] for r in runs_of]  # type: ignore[index]
         counts = runs_of[0]["counts per write"]["procedure"]  # type: ignore[index]
-        print(f"{where} ({store}, {steps} steps): counts per write {json.dumps(counts)}")
+        print(f"{where} ({store}, {steps} steps, {at_once} at once): counts per write {json.dumps(counts)}")
         for name, xs in cpu.items():
             print(f"  {name}: loop CPU per write best {min(xs):.1f} us, median {statistics.median(xs):.1f} us")
         best = min(cpu["procedure"]) / min(cpu["raw put loop"])
