@@ -24,11 +24,11 @@ import asyncio
 import contextvars
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from procstore._aio import gather_settled
@@ -57,7 +57,7 @@ from procstore.errors import (
 from procstore.flow import Concurrency, RateLimit
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
-from procstore.procedure import Context, Procedure, ProcedureWithId, Status
+from procstore.procedure import Context, Procedure, ProcedureWithId, Status, StatusKind
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.history import Action, HistoryRecord, iso, kept_output
 from procstore.store.keys import KeyType
@@ -74,6 +74,10 @@ logger = get_logger("procstore.runtime")
 T = TypeVar("T")
 
 _RUNNING_KINDS = (ProcedureStateKind.RUNNING, ProcedureStateKind.RETRYING)
+
+NO_SIGNALS: Mapping[str, object] = MappingProxyType({})
+"""`ctx.signals` of a step no signal woke: one for all, read-only (a run's first attempts
+share their context)."""
 
 
 # -- outcomes of user code -----------------------------------------------------------
@@ -632,7 +636,7 @@ class Runner:
             lease_check=None if lease is None else lease.check_writable,
             crash_hook=self._crash_point if ctx.store.store.observes_crash_points else None,
             hold_interrupts=None if step is None else step.uninterruptible,
-            signals=self._signals,
+            signals=MappingProxyType(self._signals) if self._signals else NO_SIGNALS,
         )
 
     def _attempt_context(self, attempt: int, step: RunningStep) -> Context:
@@ -707,8 +711,10 @@ class Runner:
         except Exception as e:
             await self._fail(e)
             return
+        # The kind compared here, not asked of `status` at each turn: a step makes no call for it.
+        kind = status.kind
         children: dict[ProcedureId, Child] = {}
-        if status.is_suspended():
+        if kind is StatusKind.SUSPENDED:
             try:
                 # Everything user code computes for a child, once and before any write: its
                 # bytes are the same for every retry, and an error fails the parent cleanly.
@@ -732,10 +738,11 @@ class Runner:
             # each other in one tick must see each other's, or neither would see a cycle.
             for child_id in children:
                 self.meta.add_child(child_id)
-        self._signals = {}  # delivered to this step, consumed with what it stores next
-        wait = self._wait_of(status)
-        if status.need_persist:
-            if status.is_executing() and self.ctx.store.store.round_trips:
+        if self._signals:
+            self._signals = {}  # delivered to this step, consumed with what it stores next
+        wait = self._wait_of(status) if kind is StatusKind.WAITING or self._consuming or self._skip_signals else NO_WAIT
+        if status.persist and kind is not StatusKind.DONE:
+            if kind is StatusKind.EXECUTING and self.ctx.store.store.round_trips:
                 self.ctx.requests.looks.look_ahead(self.meta.id)  # the next attempt's, during the write
             # Dumped once: every retry of the write sends these same bytes, so a retry that
             # finds its own earlier write (answer lost) recognises it, whatever dump() does.
@@ -750,16 +757,16 @@ class Runner:
             self._stored_data = data
             if self._consuming or self._skip_signals:
                 await self._delete_consumed()
-        if status.is_done():
+        if kind is StatusKind.DONE:
             await self._commit_or_fail(ProcedureState.done(status.output))
             return
         if self.meta.state.kind is not ProcedureStateKind.RUNNING:
             self.meta.set_state(ProcedureState.running())
-        if status.is_waiting():
+        if kind is StatusKind.WAITING:
             self._wait = wait
             await self._waits_on()
             return
-        if status.is_suspended():
+        if kind is StatusKind.SUSPENDED:
             submit = partial(self._submit_children, status.subprocedures, children)
             if await self._with_store_retries(submit):
                 await self._wait_children()

@@ -199,7 +199,7 @@ class ProcedureStore:
             wait.wake_at,
             wait.signal,
             wait.consumed,
-            self.unknown_fields.get(procedure_id, b""),
+            self.unknown_fields.get(procedure_id, b"") if self.unknown_fields else b"",
         )
         return self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.STEP), message.encode())
 

@@ -3,6 +3,7 @@ its own for a retry (`is_retrying`)."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 from procstore import Context, Procedure, ProcedureWithId, RetryLater, Status
@@ -41,3 +42,31 @@ async def test_every_first_attempt_of_a_run_shares_one_context_and_a_retry_gets_
     assert (no, no_again, yes, no_more) == (False, False, True, False)
     assert first is second is third
     assert retry is not first
+
+
+class TriesToChangeItsSignals(Procedure):
+    """Two steps, each trying to add to `ctx.signals`."""
+
+    type_name = "tests::TriesToChangeItsSignals"
+
+    def __init__(self, data: str) -> None:
+        self.label, step = data.split(":")
+        self.step = int(step)
+
+    def dump(self) -> str:
+        return f"{self.label}:{self.step}"
+
+    async def execute(self, ctx: Context) -> Status:
+        attempts = SEEN.setdefault(self.label, [])
+        attempts.append((ctx, bool(ctx.signals)))
+        with contextlib.suppress(TypeError):
+            ctx.signals["x"] = 1  # type: ignore[index]
+        self.step += 1
+        return Status.done() if self.step == 2 else Status.executing()
+
+
+async def test_the_signals_of_a_shared_context_are_read_only_and_stay_empty() -> None:
+    label = uuid.uuid4().hex
+    async with manager_for(f"memory://{label}/", TriesToChangeItsSignals) as manager:
+        await (await manager.submit(ProcedureWithId.new(TriesToChangeItsSignals(f"{label}:0")))).wait()
+    assert [had_signals for _, had_signals in SEEN[label]] == [False, False]
