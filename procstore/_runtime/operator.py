@@ -91,11 +91,9 @@ class RequestLooks:
         self._ahead: dict[ProcedureId, asyncio.Future[OperatorRequest | None]] = {}
         """Looks asked for by `look_ahead`, for the next `get` of their procedure."""
         self._this_turn = 0
-        """Looks batched in the current turn of the event loop (0: none counted yet)."""
+        """Looks asked for in the current turn of the event loop (0: none counted yet)."""
         self._last_turn = 0
-        """Looks batched in the last turn that had any."""
-        self._reading = 0
-        """Looks read by their caller (`_read`) and not answered yet."""
+        """Looks asked for in the last turn that had any."""
 
     def get(self, procedure_id: ProcedureId) -> Awaitable[OperatorRequest | None]:
         """The procedure's request, from a look begun after this call or, if there is one,
@@ -107,31 +105,19 @@ class RequestLooks:
         if answer is not None:
             return answer
         if not self._crowded():
-            self._reading += 1  # here, not in `_read`: looks asked for together see each other
-            return self._read(procedure_id)
+            return self._requests.get(procedure_id)
         return self._ask(procedure_id)
 
     def _crowded(self) -> bool:
-        """Whether looks are batched now: a batch is under way, another look is being read,
-        or this turn of the loop or the last one that batched looks batched several. Only
-        batched looks are counted by turn: a lone look (one procedure stepping) costs no
-        callback at the end of its turn."""
-        if self._look is None and self._reading == 0 and self._this_turn == 0 and self._last_turn <= 1:
-            return False
+        """Count this look in its turn of the loop; whether looks are batched now: a batch is
+        under way, or the last turn with looks had several."""
         if self._this_turn == 0:
             asyncio.get_running_loop().call_soon(self._turn_ended)
         self._this_turn += 1
-        return True
+        return self._look is not None or self._last_turn > 1 or self._this_turn > 1
 
     def _turn_ended(self) -> None:
         self._last_turn, self._this_turn = self._this_turn, 0
-
-    async def _read(self, procedure_id: ProcedureId) -> OperatorRequest | None:
-        """A look read by its caller, in its task (awaited at once: `get` counted it)."""
-        try:
-            return await self._requests.get(procedure_id)
-        finally:
-            self._reading -= 1
 
     def look_ahead(self, procedure_id: ProcedureId) -> None:
         """Begin the look the procedure's next `get` will answer from, now.

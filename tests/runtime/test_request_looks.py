@@ -369,25 +369,3 @@ async def test_a_look_is_made_under_no_procedure(tmp_path: Path) -> None:
         watchers = [await manager.submit(twice()) for _ in range(3)]
         await asyncio.gather(*(w.wait() for w in watchers))
     assert store.under and all(under in (None, whose) for whose, under in store.under)
-
-
-async def test_a_lone_look_schedules_no_callback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One procedure stepping looks once a turn: no callback to count its turn (a handle and
-    a turn of the loop's machinery per step); a crowd of looks is still batched."""
-    store = Listings(tmp_path)
-    looks = RequestLooks(RequestStore(store), spawn)
-    loop = asyncio.get_running_loop()
-    scheduled: list[object] = []
-    call_soon = loop.call_soon
-
-    def counted(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
-        scheduled.append(callback)
-        return call_soon(callback, *args, **kwargs)
-
-    monkeypatch.setattr(loop, "call_soon", counted)
-    for _ in range(3):
-        assert await looks.get(ProcedureId.random()) is None
-        await asyncio.sleep(0)
-    assert [getattr(c, "__name__", c) for c in scheduled if "turn" in getattr(c, "__name__", "")] == []
-    await asyncio.gather(*(looks.get(ProcedureId.random()) for _ in range(5)))
-    assert store.walks == 1  # the four asked for while the first was read: one listing
