@@ -100,11 +100,11 @@ async def counted(timing: Callable[[], Awaitable[Any]], per: int, detail: bool =
     return result
 
 
-async def loop_cpu(timing: Callable[[], Awaitable[Any]]) -> float:
-    """The calling thread's CPU seconds over one run of `timing`."""
-    started = time.thread_time()
+async def loop_cpu(timing: Callable[[], Awaitable[Any]]) -> tuple[float, float]:
+    """The calling thread's CPU seconds over one run of `timing`, and the run's wall seconds."""
+    started, wall = time.thread_time(), time.perf_counter()
     await timing()
-    return time.thread_time() - started
+    return time.thread_time() - started, time.perf_counter() - wall
 
 
 async def measure(
@@ -135,9 +135,12 @@ async def measure(
         counts["raw put loop"] = await counted(raw, writes)
         await settled()
         cpu: dict[str, list[float]] = {"procedure": [], "raw put loop": []}
+        rates: dict[str, list[float]] = {"procedure": [], "raw put loop": []}
         for _ in range(runs):  # interleaved
             for name, timing in (("procedure", procedure), ("raw put loop", raw)):
-                cpu[name].append(1e6 * await loop_cpu(timing) / writes)
+                thread, wall = await loop_cpu(timing)
+                cpu[name].append(1e6 * thread / writes)
+                rates[name].append(at_once / wall)
                 await settled()
     figures = {name: {"best": min(xs), "median": statistics.median(xs)} for name, xs in cpu.items()}
     summary = {name: {**{k: round(v, 2) for k, v in figures[name].items()}, "runs": [round(x, 2) for x in xs]}
@@ -150,6 +153,7 @@ async def measure(
         "counts per write": counts,
         "loop CPU per write (us)": summary,
         "ratio": ratio,
+        "procedures (or raw put loops) per second": {name: [round(x, 1) for x in xs] for name, xs in rates.items()},
     }
 
 

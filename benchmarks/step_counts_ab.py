@@ -45,6 +45,8 @@ def main(old: str, new: str, store: str, steps: int, at_once: int, processes: in
         median = statistics.median(cpu["procedure"]) / statistics.median(cpu["raw put loop"])
         each = ", ".join(f"{x:.2f}" for x in ratios)
         print(f"  ratio (each process's median run): {each}; best to best {best:.2f}, median to median {median:.2f}")
+        rate = [x for r in runs_of for x in r["procedures (or raw put loops) per second"]["procedure"]]  # type: ignore[index]
+        print(f"  procedures per second: best {max(rate):.1f}, median {statistics.median(rate):.1f}")
 
 
 if __name__ == "__main__":
