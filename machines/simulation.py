@@ -31,6 +31,7 @@ from procstore_machines.region_migration import (
     new_migration,
     region_id,
 )
+from procstore_machines.region_migration.cluster import REGION_OPENED
 
 TABLE = 1024
 NODES = [1, 2, 3]
@@ -39,6 +40,10 @@ VERSIONS = {"v1": {"index.html": b"one"}, "v2": {"index.html": b"two", "b.css": 
 
 class MachinesWorld:
     """A `procstore.testing.World` of the example machines."""
+
+    signal_names = (REGION_OPENED,)
+    """What the simulation's schedule sends besides what a procedure waits for: the
+    datanode's answer, perhaps before a migration waits for it, or after."""
 
     def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="procstore-sim-"))

@@ -33,6 +33,7 @@ from procstore.errors import (
     ProcedureNotEnded,
     ProcedureNotFound,
     ResultNotKept,
+    StoreError,
 )
 from procstore.ids import ProcedureId
 from procstore.state import ProcedureState
@@ -133,10 +134,10 @@ class Client:
             if record is None:
                 raise ProcedureNotFound(pid)
             return from_record(pid, record), record
-        run = stored.message.run if stored.message is not None else 1
         record = None
         if stored.is_finished:
-            record = await self._history.find_run(pid, run)
+            run = stored.message.run if stored.message is not None else None
+            record = (await self._history.read_ends([(pid, run)]))[0]
         request = await self._store.requests.get(pid) if not stored.is_finished else None
         activity = await self._activities.get(pid) if not stored.is_finished else None
         leaderless = not stored.is_finished and await no_manager_leads(self._store)
@@ -183,9 +184,9 @@ class Client:
         # ended procedures reads about 100.
         for at in range(0, len(ids), max(limit, _LIST_CHUNK)):
             chunk = ids[at : at + max(limit, _LIST_CHUNK)]
-            finished = [held[i] for i in chunk if i in held and held[i].is_finished and held[i].message is not None]
-            runs = await self._history.read_runs(
-                [(p.procedure_id, p.message.run if p.message else 1) for p in finished]
+            finished = [held[i] for i in chunk if i in held and held[i].is_finished]
+            runs = await self._history.read_ends(
+                [(p.procedure_id, p.message.run if p.message else None) for p in finished]
             )
             ends = {str(p.procedure_id): record for p, record in zip(finished, runs, strict=True)}
             gone = [i for i in chunk if i not in held]
@@ -337,7 +338,9 @@ class Client:
 
         Refused, nothing written: `OperationRefused` for a procedure that has ended,
         `ProcedureNotFound` for an id neither its keys nor history know, `TypeError` for a
-        name that is not non-empty text or a payload JSON cannot hold.
+        name that is not non-empty text or a payload JSON cannot hold. A store's error is
+        raised as `StoreError`: the signal may have been stored (an answer lost), so a
+        procedure may receive it; send again only if a second one does no harm.
         """
         pid = _id(procedure_id)
         encoded_payload(name, payload)
@@ -348,8 +351,8 @@ class Client:
             raise OperationRefused(f"procedure {pid} has ended ({record.outcome}): no signal can reach it")
         try:
             await send_signal(self._store, pid, name, payload)
-        except ProcedureNotFound:
-            raise
+        except (ProcedureNotFound, StoreError):
+            raise  # a store's error is no refusal: the signal may be stored (a lost answer)
         except ProcedureError as e:  # ended (or deleted) since the look above
             raise OperationRefused(str(e)) from None
 

@@ -146,7 +146,9 @@ def from_keys(
     """A procedure the store holds keys of; `record`: the end record of its latest run, if
     written (an ended one's outcome and times come from it); `modified`: its keys' times."""
     message = p.message
-    run = message.run if message is not None else 1
+    # A finished folder whose messages are gone (its deletion under way) says no run: the
+    # record, its newest, does.
+    run = message.run if message is not None else record.run if record is not None and p.is_finished else 1
     status = status_word(p.status)
     if record is not None and record.run == run and p.is_finished:
         status = record.outcome

@@ -43,7 +43,7 @@ from procstore._client.client import Client
 from procstore._client.leader import lease_state, read_lease
 from procstore._client.status import ProcedureStatus
 from procstore._runtime.lease import LEASE_KEY, LeaseRecord
-from procstore._text import bounded, valid_unicode
+from procstore._text import bounded, terminal_text, valid_unicode
 from procstore._web.actions import ACTIONS, Actions
 from procstore._web.headers import SecurityHeaders
 from procstore._web.links import procedure_link
@@ -72,8 +72,14 @@ _TEMPLATES = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
     # Every value a page shows is cut to `TEXT_LIMIT` characters: a stored value may be huge
-    # (the JSON twin of each page has them whole).
-    finalize=lambda value: bounded(value) if isinstance(value, str) and not isinstance(value, Markup) else value,
+    # (the JSON twin of each page has them whole). Its control characters and bidirectional
+    # overrides are shown escaped, as the terminal shows them: U+202E would show the rest of
+    # a line reversed, so a stored error could pass for another.
+    finalize=lambda value: (
+        bounded(terminal_text(value, keep_newlines=True))
+        if isinstance(value, str) and not isinstance(value, Markup)
+        else value
+    ),
 )
 _TEMPLATES.filters["procedure_link"] = procedure_link
 _TEMPLATES.globals["tree_shown"] = 200  # ancestors and descendants a page lists (a chain may be thousands)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from markupsafe import Markup, escape
 
+from procstore._text import terminal_text
 from procstore.ids import ProcedureId
 
 
@@ -23,7 +24,8 @@ def procedure_link(text: object, label: object, root: str, css_class: str = "") 
     """An `<a>` to the page of procedure `text` showing `label`, or `label` alone (escaped)
     when `text` is not a procedure id."""
     path = procedure_path(text)
-    if path is None:
-        return escape(label)
+    if path is None:  # shown as the terminal shows stored text: controls escaped
+        return escape(terminal_text(label) if isinstance(label, str) else label)
     classes = Markup(' class="{}"').format(css_class) if css_class else Markup("")
-    return Markup('<a{} href="{}{}">{}</a>').format(classes, root, path, label)
+    shown = terminal_text(label) if isinstance(label, str) else label
+    return Markup('<a{} href="{}{}">{}</a>').format(classes, root, path, shown)

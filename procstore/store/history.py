@@ -337,6 +337,19 @@ class HistoryStore:
         """The end record of each (procedure, run), None where there is none (one read each)."""
         return await self._decode_many([self.run_key(pid, run) for pid, run in runs])
 
+    async def read_ends(self, runs: Sequence[tuple[ProcedureId | str, int | None]]) -> list[HistoryRecord | None]:
+        """`read_runs`, where a run of None is the procedure's newest recorded one: a
+        finished folder with no message left (its deletion under way, at its last
+        `.commit`) does not say which run ended, and one that ran again ended last."""
+        known = [(i, (pid, run)) for i, (pid, run) in enumerate(runs) if run is not None]
+        out: list[HistoryRecord | None] = [None] * len(runs)
+        for (i, _), record in zip(known, await self.read_runs([r for _, r in known]), strict=True):
+            out[i] = record
+        for i, (pid, run) in enumerate(runs):
+            if run is None:
+                out[i] = await self.find_newest_run(pid)
+        return out
+
     async def read_each(self, keys: Sequence[str]) -> list[HistoryRecord | None]:
         """The record under each key, in order: None for a key deleted since or a value
         that is not a record (logged)."""

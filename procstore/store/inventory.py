@@ -209,9 +209,9 @@ async def read_outcomes(store: ProcedureStore, inventory: Inventory) -> None:
     for pid, request in (await store.requests.list_all()).items():
         if (p := inventory.procedures.get(pid)) is not None and not p.is_finished:
             inventory.pending[pid] = request.kind
-    finished = [p for p in inventory.procedures.values() if p.is_finished and p.message is not None]
+    finished = [p for p in inventory.procedures.values() if p.is_finished]
     history = HistoryStore(store.store, store.parent_path)
-    records = await history.read_runs([(p.procedure_id, p.message.run if p.message else 1) for p in finished])
+    records = await history.read_ends([(p.procedure_id, p.message.run if p.message else None) for p in finished])
     for p, record in zip(finished, records, strict=True):
         if record is not None:
             inventory.outcomes[p.procedure_id] = record.outcome

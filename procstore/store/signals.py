@@ -7,8 +7,10 @@ so that GreptimeDB's loader never sees it:
         {"name":"region-opened","payload":{...},"sent_at":1700000000.5,"sent_by":"ops@host"}
 
 Keys sort in the order signals were sent (by the sender's clock, to the nanosecond; the
-random token tells apart two sent in the same nanosecond), and a procedure receives the
-signals of a name in that order. A signal is consumed with the step that read it: that
+random token tells apart two sent in the same nanosecond by two processes), and a procedure
+receives the signals of a name in that order. One process's keys are strictly increasing
+(`_sent_ns`): two signals it sends one after the other keep that order even when its clock
+reads the same twice (a coarse clock) or steps back (an NTP step). A signal is consumed with the step that read it: that
 step's stored message names its key (`ProcedureMessage.consumed`), and the key is deleted
 only once that message is stored (see `procstore._runtime.waits`).
 """
@@ -64,6 +66,17 @@ def encoded_payload(name: object, payload: object) -> bytes:
         raise TypeError(f"a signal's payload must be a JSON value: {e}") from None
 
 
+_last_sent_ns = 0
+"""The time this process's latest signal carries (see `_sent_ns`)."""
+
+
+def _sent_ns() -> int:
+    """The sender's clock for a new signal's key, later than every earlier one of this process."""
+    global _last_sent_ns
+    _last_sent_ns = max(time.time_ns(), _last_sent_ns + 1)
+    return _last_sent_ns
+
+
 class SignalStore:
     """Reads and writes signals under `{parent_path}requests/signals/` of a `StateStore`."""
 
@@ -78,7 +91,7 @@ class SignalStore:
         """Store a signal, create-only; returns its key. Raises `TypeError` for a name that is
         not non-empty text or a payload JSON cannot hold, before anything is written."""
         raw = encoded_payload(name, payload)
-        sent = time.time_ns()
+        sent = _sent_ns()
         key = f"{self.folder(procedure_id)}{sent:020d}-{secrets.token_hex(4)}.json"
         value = msgspec.json.encode(
             _StoredSignal(name=name, payload=msgspec.Raw(raw), sent_at=sent / 1e9, sent_by=who())

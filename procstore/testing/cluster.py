@@ -9,11 +9,14 @@ Each run, on a `SimulatedLoop` (virtual time: no real sleeps) and one in-memory 
   and resumed (a zombie whose in-flight writes land late), store faults (errors, answers
   lost after the write landed, slow writes, writes that land after their caller gave up,
   write outages), operator requests through the public API and the CLI's code (cancel,
-  fail, resume, rewind, delete, gc), expiry of finished metadata, and the wall clock
-  moved forward;
-- then every process is healed (resumed, faults off, the dead restarted) and the cluster
-  is given a virtual deadline to finish everything;
-- and the invariants are checked (see `cluster_checks`), with the world's own.
+  fail, resume, rewind, delete, gc), signals (see `cluster_signals`) to waiting, unfinished,
+  ended and unknown procedures, expiry of finished metadata, the wall clock moved forward,
+  and lulls of minutes, so that a run covers its procedures' long durable sleeps;
+- then every process is healed (resumed, faults off, the dead restarted), each procedure
+  still waiting for a signal is sent one, and the cluster is given a virtual deadline to
+  finish everything;
+- and the invariants are checked (see `cluster_checks`, and `cluster_waits` for durable
+  waits and signals), with the world's own.
 
 The same seed replays the same run. A failing run's `report()` names the seed, the
 schedule (actions and the store's changes, in order) and the command that replays it.
@@ -42,12 +45,15 @@ from procstore.store.history import HISTORY_PATH, History
 from procstore.store.inventory import status_of_keys
 from procstore.store.keys import PROC_PATH, ParsedKey
 from procstore.store.memory import MemoryStore
-from procstore.store.requests import REQUESTS_PATH
+from procstore.store.requests import REQUESTS_PATH, RESUME_PATH
+from procstore.store.signals import SIGNALS_PATH
 from procstore.testing.cluster_checks import Model, OperatorAction, check_requests, check_runs, runs_from_log
 from procstore.testing.cluster_clock import VirtualClocks
 from procstore.testing.cluster_history import records_by_procedure
 from procstore.testing.cluster_operator import run_cli
+from procstore.testing.cluster_signals import PATHS, choose_target, send, waiting_for
 from procstore.testing.cluster_store import Armed, Effect, LoggedOp, Process, ProcessStore
+from procstore.testing.cluster_waits import RecordsWaits, SentSignal, Target, check_waits
 from procstore.testing.cluster_world_api import LedgerWorld, World
 from procstore.testing.kill import kill_manager
 from procstore.testing.simulation import derived_seed, run_simulated
@@ -132,6 +138,9 @@ class _Run:
     model: Model = field(default_factory=Model)
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     names: int = 0
+    sent: list[SentSignal] = field(default_factory=list)
+    healed: set[tuple[str, str]] = field(default_factory=set)
+    """The (procedure, latest key) the heal has seen to: no wait, or a signal sent to it."""
 
     def note(self, text: str) -> None:
         self.actions.append(f"{asyncio.get_running_loop().time():9.2f}  {text}")
@@ -155,7 +164,7 @@ class ClusterSimulation:
         world: Callable[[], World] = LedgerWorld,
         *,
         actions: int = 24,
-        deadline: float = 900.0,
+        deadline: float = 1200.0,
         replay: str = "python -m procstore.testing.simulate --world ledger --seed {seed}",
     ) -> None:
         self.world = world
@@ -207,9 +216,10 @@ class ClusterSimulation:
             run.slots.append(slot)
             await slot.manager.start()
         run.note(f"{len(run.slots)} managers, keep_failed={run.keep_failed}, metadata_ttl={run.metadata_ttl:.0f}s")
+        lull = 0.0
         for _ in range(self.actions):
-            await asyncio.sleep(run.rng.expovariate(1 / 4.0))
-            self._act(run)
+            await asyncio.sleep(run.rng.expovariate(1 / 4.0) + lull)
+            lull = self._act(run)
         await self._heal(run)
         problems = await self._check(run)
         for slot in run.slots:
@@ -269,14 +279,22 @@ class ClusterSimulation:
 
     # -- the schedule --------------------------------------------------------------------
 
-    def _act(self, run: _Run) -> None:
+    def _act(self, run: _Run) -> float:
+        """Start one action drawn from the seed; returns the virtual seconds of a lull it
+        draws (the schedule then waits that much longer before the next)."""
         rng = run.rng
         slot = rng.choice(run.slots)
         choice = rng.choices(
-            ["submit", "arm", "pause", "crash", "outage", "operator", "expire", "clock"],
-            [30, 22, 8, 6, 6, 22, 3, 3],
+            ["submit", "arm", "pause", "crash", "outage", "operator", "expire", "clock", "signal", "lull"],
+            [30, 22, 8, 6, 6, 22, 3, 3, 14, 2],
         )[0]
-        if choice == "submit":
+        if choice == "lull":
+            seconds = rng.uniform(30, 300)
+            run.note(f"a lull of {seconds:.0f}s")
+            return seconds
+        if choice == "signal":
+            run.spawn(self._signal(run), "sim:signal")
+        elif choice == "submit":
             run.spawn(self._submit(run, rng.randint(1, 3)), "sim:submit")
         elif choice == "arm":
             self._arm(run, slot)
@@ -301,6 +319,7 @@ class ClusterSimulation:
             seconds = rng.uniform(60, 3600)
             run.clocks.move_wall_forward(seconds)
             run.note(f"wall clock moved forward {seconds:.0f}s")
+        return 0.0
 
     def _arm(self, run: _Run, slot: _Slot) -> None:
         rng = run.rng
@@ -359,6 +378,75 @@ class ClusterSimulation:
             if isinstance(result, BaseException):
                 run.note(f"{slot.process.name}: submit {p.id} raised {type(result).__name__}")
 
+    # -- signals -------------------------------------------------------------------------
+
+    async def _signal(self, run: _Run, pid: str | None = None) -> None:
+        """Send 1-3 signals in a row (each once the one before returned) to one procedure
+        (`pid`, or one drawn: see `choose_target`), through one path, from one process."""
+        rng = run.rng
+        looked_at = asyncio.get_running_loop().time()
+        stored = await _stored(run.store)
+        names = tuple(getattr(run.world, "signal_names", ())) or ("go",)
+        target: Target
+        if pid is None:
+            target, pid, name = await choose_target(rng, run.store, stored, names)
+        else:
+            keys = stored.get(pid)
+            waited = None if keys is None else await waiting_for(run.store, keys)
+            if keys is None:
+                target = "unknown"
+            elif latest_key(keys).key_type.value == "commit":
+                target = "ended"
+            else:
+                target = "waiting" if waited is not None else "unfinished"
+            name = waited or rng.choice(names)
+        via = rng.choice(PATHS)
+        slot = self._leader(run) if rng.random() < 0.7 else rng.choice(run.slots)
+        slot = slot or rng.choice(run.slots)
+        process = Process("sig", run.log, random.Random(rng.getrandbits(32)))
+        if via != "manager" and rng.random() < 0.3:
+            # The sender's own store faults: an error, a lost answer, a slow or late write.
+            effect: Effect = rng.choice(["error", "lost", "slow", "late"])
+            process.armed.append(Armed(effect, 1, rng.uniform(0.5, 10), SIGNALS_PATH))
+            run.note(f"sig: {effect} armed at its first signal's write")
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            await self._send(run, target, pid, name, via, slot, ProcessStore(run.store, process), looked_at)
+
+    async def _send(
+        self,
+        run: _Run,
+        target: Target,
+        pid: str,
+        name: str,
+        via: str,
+        slot: _Slot,
+        store: ProcessStore,
+        looked_at: float | None = None,
+    ) -> SentSignal:
+        now = asyncio.get_running_loop().time()
+        signal = SentSignal(len(run.sent) + 1, pid, name, via, target, now, now if looked_at is None else looked_at)
+        run.sent.append(signal)
+        await send(signal, manager=slot.manager, store=store, payload={"sig": signal.number})
+        run.actions.append(signal.line())
+        return signal
+
+    async def _signal_the_waiting(self, run: _Run, stored: dict[str, list[ParsedKey]]) -> None:
+        """Heal: send each procedure whose latest step waits for a signal one of that name
+        (once per step), so that a wait without a timeout ends too."""
+        slot = self._leader(run)
+        if slot is None:
+            return
+        for pid, keys in sorted(stored.items()):
+            latest = latest_key(keys)
+            if latest.key_type.value == "commit" or (pid, str(latest)) in run.healed:
+                continue
+            name = await waiting_for(run.store, keys)
+            if name is not None:
+                view = ProcessStore(run.store, slot.process)
+                if (await self._send(run, "heal", pid, name, "manager", slot, view)).outcome != "accepted":
+                    continue  # sent again at the next look
+            run.healed.add((pid, str(latest)))
+
     # -- operators -----------------------------------------------------------------------
 
     async def _operate(self, run: _Run) -> None:
@@ -378,6 +466,8 @@ class ClusterSimulation:
         run.model.operator.append(action)
         if kind == "delete":
             run.model.deleted.add(pid)
+        if rng.random() < 0.3:  # a signal to the same procedure, meanwhile
+            run.spawn(self._signal(run, pid), "sim:signal")
         reason = f"op#{number}"
         try:
             # A rewind goes back to a step in the middle, mostly: the first is rarely the point.
@@ -402,9 +492,9 @@ class ClusterSimulation:
             if action.kind in ("cancel", "fail"):
                 arguments |= {"reason": reason, "yes": True}
             elif action.kind == "resume":
-                arguments |= {"force": False}
+                arguments |= {"force": False, "reason": None}
             elif action.kind == "rewind":
-                arguments |= {"to_step": step, "force": False, "yes": True}
+                arguments |= {"to_step": step, "force": False, "reason": None, "yes": True}
             elif action.kind == "delete":
                 arguments |= {"yes": True, "force": False}
             else:
@@ -441,7 +531,9 @@ class ClusterSimulation:
                 slot.process.write_outage_until = 0.0
                 if slot.process.dead or not slot.manager.is_running:
                     await self._restart(run, slot)
-            if not await _busy(run.store, run.model) and all(t.done() for t in run.tasks):
+            stored = await _stored(run.store)
+            await self._signal_the_waiting(run, stored)
+            if not await _busy(run.store, run.model, stored) and all(t.done() for t in run.tasks):
                 # Quiet: wait out the deletions and records a takeover postpones, then look again.
                 await asyncio.sleep(Lease(ttl=TTL).late_write_grace + 2 * TTL)
                 if not await _busy(run.store, run.model):
@@ -457,7 +549,7 @@ class ClusterSimulation:
         procedures = runs_from_log(run.log, run.model.roots)
         history = await records_by_procedure(run.store)
         stored = await _stored(run.store)
-        left = [k for k in await run.store.walk(REQUESTS_PATH) if _requested_id(k) not in stored]
+        left = [k for k in await _requests(run.store) if _requested_id(k) not in stored]
         problems = check_runs(procedures, history, stored, run.model)
         problems += check_requests(procedures, history, run.model, left)
         outcomes = {
@@ -465,6 +557,8 @@ class ClusterSimulation:
             for pid, proc in procedures.items()
             if pid in run.model.roots and len(proc.runs) == 1 and proc.runs[0].outcome is not None
         }
+        waits = run.world.waits if isinstance(run.world, RecordsWaits) else None
+        problems += check_waits(run.sent, run.log, waits, run.model.operator)
         problems += await run.world.check(run.store, outcomes)
         return problems
 
@@ -489,18 +583,24 @@ async def _stored(store: MemoryStore) -> dict[str, list[ParsedKey]]:
     return found
 
 
+async def _requests(store: MemoryStore) -> list[str]:
+    """The operator requests `store` holds: not its signals, which a procedure that ended
+    without reading them leaves until the request poll deletes them (ten minutes later)."""
+    return [k for k in await store.walk(REQUESTS_PATH) if not k.startswith(SIGNALS_PATH)]
+
+
 def _requested_id(key: str) -> str:
     """The procedure id a request's key names (`requests/ID.json`, `requests/resume/ID.json`)."""
     return key.rsplit("/", 1)[-1].removesuffix(".json")
 
 
-async def _busy(store: MemoryStore, model: Model) -> bool:
+async def _busy(store: MemoryStore, model: Model, stored: dict[str, list[ParsedKey]] | None = None) -> bool:
     """Whether some procedure is unfinished, or some request waits, or a finished folder
     that is no failed root kept for an operator (`keep_failed`, as `check_runs` reads it)
     waits for a manager's clean-up (a late `.commit` alone, say: the leader deletes it once
     it has forgotten the procedure, or at its next start; or an inherited tree's keys, kept
     through the late-write grace by a leader paused meanwhile)."""
-    stored = await _stored(store)
+    stored = await _stored(store) if stored is None else stored
     if any(latest_key(keys).key_type.value != "commit" for keys in stored.values()):
         return True
 
@@ -511,4 +611,6 @@ async def _busy(store: MemoryStore, model: Model) -> bool:
         return True
     # Any request: one whose procedure is gone is deleted by the leader's watch once it is
     # `STALE_REQUEST_AGE` old (it may be a cancel written just before its submit landed).
-    return bool(await store.walk(REQUESTS_PATH))
+    # But a cancel's or fail's request beside the failed root it ended, kept for an
+    # operator: it stays until that root is resumed or deleted, and no work waits on it.
+    return any(k.startswith(RESUME_PATH) or _requested_id(k) not in stored for k in await _requests(store))

@@ -45,6 +45,9 @@ class Run:
     written: set[tuple[int, str]] = field(default_factory=set)
     """The keys (step, type) it wrote: a deletion of a key of the same name that lands
     before the run writes it takes an earlier run's key, not this one's."""
+    ended_late: bool = False
+    """Its `.commit` landed late: its writer had been told the write failed, and may record
+    the run's failure right above it (see `_late`)."""
 
 
 @dataclass
@@ -223,6 +226,7 @@ def _created(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp, number:
         run.ended_at = op.at
         run.top_step = max(run.top_step, parsed.step)
         run.outcome = "failed" if parsed.step - 1 in run.rollbacks else "done"
+        run.ended_late = op.note == " (late)"
         proc.ended_numbers.add(run.number)
     else:
         _late(proc, pid, parsed, op, run)
@@ -230,7 +234,16 @@ def _created(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp, number:
 
 def _late(proc: Procedure, pid: str, parsed: ParsedKey, op: LoggedOp, ended: Run) -> None:
     """A key of a run that has ended: a late write of one it wrote is harmless (it must be
-    gone by the end); a key above every one it wrote means something ran it again."""
+    gone by the end); a key above every one it wrote means something ran it again, but for
+    the failure its writer records right above a `.commit` it was told had failed, which
+    landed late before that: the run goes on, and its next `.commit` ends it, failed."""
+    if ended.ended_late and parsed.key_type is KeyType.ROLLBACK and parsed.step == ended.top_step + 1:
+        ended.ended_at, ended.outcome, ended.ended_late = None, None, False
+        ended.top_step = parsed.step
+        ended.rollbacks.add(parsed.step)
+        ended.written.add((parsed.step, parsed.key_type.value))
+        proc.ended_numbers.discard(ended.number)
+        return
     if parsed.step > ended.top_step:
         proc.problems.append(
             f"{pid}: {parsed.step}.{parsed.key_type.value} of run {ended.number} landed at {op.at:.2f} by "

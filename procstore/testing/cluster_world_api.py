@@ -14,11 +14,17 @@ from procstore._runtime.manager import ProcedureManager
 from procstore.procedure import ProcedureWithId
 from procstore.store.state_store import StateStore
 from procstore.testing.cluster_store import Process
-from procstore.testing.cluster_world import Job, Ledger, job_loader, new_job
+from procstore.testing.cluster_waits import WaitLog
+from procstore.testing.cluster_world import SIGNAL_NAMES, Job, Ledger, job_loader, new_job
 
 
 class World(Protocol):
-    """The user's part of a cluster simulation."""
+    """The user's part of a cluster simulation.
+
+    Optional: `signal_names`, the names of the signals its procedures wait for, which the
+    schedule sends to procedures not waiting yet (to one that waits: the name it waits
+    for); and `waits`, a `cluster_waits.WaitLog` of what its procedures saw after their
+    durable waits, which the simulation then checks."""
 
     async def prepare(self, store: StateStore) -> None:
         """Build the world's initial state (in `store` if it lives there) before any manager starts."""
@@ -43,9 +49,16 @@ class World(Protocol):
 class LedgerWorld:
     """The simulation's own world: `Job`s acting on a `Ledger` (see `cluster_world`)."""
 
+    signal_names = SIGNAL_NAMES
+
     def __init__(self) -> None:
         self.ledger = Ledger()
         self.jobs: dict[str, dict[str, object]] = {}
+
+    @property
+    def waits(self) -> WaitLog:
+        """What its jobs saw after their durable waits (see `cluster_waits.RecordsWaits`)."""
+        return self.ledger.waits
 
     async def prepare(self, store: StateStore) -> None:
         self.ledger = Ledger()

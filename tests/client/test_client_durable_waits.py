@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import random
+import uuid
 
 import pytest
 
@@ -12,10 +14,13 @@ from procstore import (
     OperationRefused,
     Procedure,
     ProcedureId,
+    ProcedureManager,
     ProcedureNotFound,
     ProcedureWithId,
     Status,
+    StoreError,
 )
+from procstore.testing import Armed, MemoryStore, Process, ProcessStore
 from tests.support import StoreTarget, manager_for, store_targets
 
 target = store_targets("memory", "local")
@@ -101,3 +106,24 @@ async def test_a_client_signals_a_waiting_procedure_and_is_refused_for_an_ended_
             await client.signal(ProcedureId.random(), "go")
         with pytest.raises(TypeError):
             await client.signal(procedure.id, "go", object())
+
+
+async def test_a_signal_whose_answer_is_lost_is_a_store_error_not_a_refusal() -> None:
+    """Found by the cluster simulation: the write landed, its answer was lost, and the
+    client said `OperationRefused` (nothing written) for a signal the procedure received."""
+    name = f"client-signal-lost-{uuid.uuid4().hex[:8]}"
+    store = MemoryStore(name)
+    try:
+        async with ProcedureManager(store, request_poll_interval=0.05) as manager:
+            manager.register(AwaitsGo)
+            procedure = ProcedureWithId.new(AwaitsGo())
+            watcher = await manager.submit(procedure)
+            sender = Process("sender", [], random.Random(0))
+            sender.armed.append(Armed("lost", 1, match="requests/signals/"))
+            async with Client(ProcessStore(store, sender)) as client:
+                with pytest.raises(StoreError) as raised:
+                    await client.signal(procedure.id, "go", {"region": 7})
+            assert not isinstance(raised.value, OperationRefused)
+            assert await asyncio.wait_for(watcher.wait(), 10) == {"region": 7}
+    finally:
+        MemoryStore.forget(name)

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import pytest
 
-from procstore import EndNotRecorded, ProcedureFailed, ProcedureWithId
+from procstore import Client, EndNotRecorded, ProcedureFailed, ProcedureWithId
 from procstore.store import StateStore, open_state_store
 from procstore.store.wrapping import WrappingStore
 from procstore.testing import Fault, FaultyStore
@@ -53,6 +53,23 @@ async def test_a_procedure_this_term_wrote_ends_without_listing_its_folder(targe
         assert [k for k in store.listed if "procedure/" in k] == []  # no LIST at the end
         assert await store.walk("procedure/") == []  # and nothing left behind
     await store.inner.close()
+
+
+async def test_when_wait_returns_the_trees_records_are_stored_and_its_keys_gone(target: StoreTarget) -> None:
+    # docs/guarantees.md, "Finishing": `wait()` of a root returns after the end records and
+    # the deletion, so a read right after it answers (here from a client of its own).
+    world = World.new()
+    async with manager_for(target) as manager, Client(target.url, target.storage_options) as client:
+        tree = ProcedureWithId.new(Parent.create(world, ["a", "b"]))
+        await (await manager.submit(tree)).wait()
+        store = open_state_store(target.url, target.storage_options)
+        try:
+            assert await store.walk("procedure/") == []
+        finally:
+            await store.close()
+        records = await client.history()
+        assert sorted(r.outcome for r in records) == ["done"] * 3
+        assert (await client.get(tree.id)).status == "done"
 
 
 async def test_a_write_with_an_unknown_outcome_makes_the_end_list_the_folder(local_target: StoreTarget) -> None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import json
+import time
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -90,6 +92,26 @@ def test_signals_sent_before_the_wait_are_kept_and_delivered_in_order() -> None:
                 await manager.signal(procedure.id, "go", n)
             assert await watcher.wait() == [{"go": 0}, {"go": 1}, {"go": 2}]
             assert await stored_signals(manager, procedure.id) == []
+
+    run_simulated(main())
+
+
+def test_signals_sent_one_after_another_are_delivered_in_that_order_when_the_clock_steps_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the cluster simulation, whose clock reads the same for back-to-back sends: a
+    signal's key carries its sender's clock, and a clock that read the same (a coarse one) or
+    went back (an NTP step) ordered a later signal before an earlier one of the same sender."""
+    stepping_back = itertools.count(time.time_ns(), -1000)
+    monkeypatch.setattr(time, "time_ns", lambda: next(stepping_back))
+
+    async def main() -> None:
+        async with manager_for("memory://signals-clock-back/", Waiter) as manager:
+            procedure = waiter(sleep=60, waits=3)
+            watcher = await manager.submit(procedure)
+            for n in range(3):
+                await manager.signal(procedure.id, "go", n)
+            assert await watcher.wait() == [{"go": 0}, {"go": 1}, {"go": 2}]
 
     run_simulated(main())
 

@@ -88,6 +88,21 @@ def test_a_key_name_that_is_not_utf8_is_shown_escaped(hostile: tuple[str, Hostil
         assert "procedure/bad\\xff.txt" in api.json()["other_keys"]
 
 
+def test_control_characters_and_bidi_overrides_in_stored_text_are_shown_escaped(
+    hostile: tuple[str, HostileStore],
+) -> None:
+    # As the terminal shows them: U+202E would show the rest of a line reversed.
+    url, written = hostile
+    raw = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+    with TestClient(create_app(url)) as client:
+        for path in _pages(written):
+            page = client.get(path)
+            assert page.status_code == 200, path
+            assert raw.search(page.text) is None, (path, raw.search(page.text))
+        pages = " ".join(client.get(path).text for path in _pages(written))
+    assert "\\u202eright-to-left override" in pages and "\\x1b]0;pwned" in pages
+
+
 def test_a_large_value_makes_a_bounded_page(hostile: tuple[str, HostileStore]) -> None:
     url, written = hostile
     with TestClient(create_app(url)) as client:

@@ -1,0 +1,61 @@
+"""A procedure read while its deletion is under way: the last key to go, its `.commit`,
+says no run. A failed root kept by `keep_failed`, resumed, done and being deleted, read
+then as its first run's failure: `Client.wait` returned the end of the run before (a flaky
+CLI test showed it). The newest end record says which run ended."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from click.testing import CliRunner
+
+from procstore import Client
+from procstore._cli.app import cli
+from procstore.store import StateStore, WrappingStore, open_state_store
+from tests.runtime.test_operations import Flaky, failed_and_kept, manager_on
+from tests.support import StoreTarget, store_targets
+
+T = TypeVar("T")
+
+target = store_targets("memory", "local", "s3")
+
+
+class HeldBeforeTheLastCommit(WrappingStore):
+    """Holds the deletion of a lone `.commit` (a deletion's last key) until `release` is set."""
+
+    def __init__(self, inner: StateStore) -> None:
+        super().__init__(inner)
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def around(
+        self, kind: str, key: str, call: Callable[[], Coroutine[Any, Any, T]], value: bytes | None = None
+    ) -> T:
+        if kind == "batch_delete" and "," not in key and key.endswith(".commit") and "/procedure/" in f"/{key}":
+            self.holding.set()
+            await self.release.wait()
+        return await call()
+
+
+async def test_a_resumed_run_read_at_its_last_commit_is_that_runs_end(target: StoreTarget) -> None:
+    store = HeldBeforeTheLastCommit(open_state_store(target.url, target.storage_options))
+    async with manager_on(store, keep_failed=True) as manager:
+        pid, name = await failed_and_kept(manager)
+        Flaky.broken.discard(name)
+        resumed = await manager.resume(pid)
+        await asyncio.wait_for(store.holding.wait(), 20)
+        async with Client(target.url, target.storage_options, poll_interval=0.05) as client:
+            status = await client.get(pid)
+            assert (status.status, status.run) == ("done", 2)
+            assert await client.wait(pid, timeout=20) == name
+            listed = await asyncio.to_thread(CliRunner().invoke, cli, ["ls", target.url, *_options(target), "--json"])
+            assert listed.exit_code == 0, listed.output
+            assert '"done"' in listed.output and '"failed"' not in listed.output, listed.output
+        store.release.set()
+        assert await resumed.wait() == name
+
+
+def _options(target: StoreTarget) -> list[str]:
+    return [arg for key, value in target.storage_options.items() for arg in ("-s", f"{key}={value}")]
