@@ -233,6 +233,9 @@ class TracedStore(WrappingStore):
         self.backend = backend_of(inner.url)
         self.observes_crash_points = inner.observes_crash_points  # `crash_point` below skips `around`
 
+    def passes(self, kind: str) -> bool:
+        return not self.telemetry.records_store_calls()  # nothing would record it (no SDK)
+
     def around(
         self, kind: str, key: str, call: Callable[[], Coroutine[Any, Any, T]], value: bytes | None = None
     ) -> Coroutine[Any, Any, T]:

@@ -1,6 +1,7 @@
-"""Who a step's crash points reach: a store that observes them (a wrapper with its own
-`around`, `FaultyStore`) sees every one; on one that does not (every backend) a step makes
-no call for them at all."""
+"""What a store and its wrappers are asked: a step's crash points reach a store that
+observes them (a wrapper with its own `around`, `FaultyStore`) and, on one that does not
+(every backend), cost no call at all; an operation a wrapper passes goes to the store it
+wraps without its `around`."""
 
 from __future__ import annotations
 
@@ -89,3 +90,26 @@ def test_a_backend_that_overrides_crash_point_observes_them_unless_it_says_other
     assert not open_state_store(f"memory://{uuid.uuid4().hex}/").observes_crash_points
     store: Any = CountingCrashPoints(Observing("y"))
     assert store.observes_crash_points
+
+
+class PassesReads(WrappingStore):
+    """A wrapper with nothing to do for reads: says so, and counts what reaches `around`."""
+
+    def __init__(self, inner: StateStore) -> None:
+        super().__init__(inner)
+        self.kinds: Counter[str] = Counter()
+
+    def passes(self, kind: str) -> bool:
+        return kind == "get"
+
+    async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
+        self.kinds[kind] += 1
+        return await call()
+
+
+async def test_a_wrapper_that_passes_an_operation_is_not_asked_around_it() -> None:
+    store = PassesReads(open_state_store(f"memory://{uuid.uuid4().hex}/"))
+    await store.put("a", b"1")
+    assert await store.get("a") == b"1"
+    assert await store.get("missing") is None
+    assert store.kinds == Counter({"put": 1})
