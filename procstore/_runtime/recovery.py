@@ -71,6 +71,31 @@ class StoredProcedures:
     def add_child(self, parent_id: ProcedureId, child_id: ProcedureId) -> None:
         self.children_of.setdefault(parent_id, []).append(child_id)
 
+    def keep_finished(
+        self, pid: ProcedureId, message: ProcedureMessage, *, rolled_back: bool, no_error: str = "rolled back"
+    ) -> None:
+        """A finished procedure (its message below its `.commit`) kept for its parent, or
+        for an operator (a failed root): the run and outcome a claim registers (`no_error`:
+        the error of a failure whose message says none)."""
+        self.committed[pid] = message.type_name
+        self.committed_runs[pid] = message.run
+        if rolled_back:
+            self.rolled_back[pid] = message.error or no_error
+
+    def keep_for_parent(self, pid: ProcedureId, message: ProcedureMessage, loaded: ProcedureMessages) -> None:
+        """A stored child (as `loaded` found it), kept for its parent to claim."""
+        assert message.parent_id is not None
+        if pid in loaded.finished_messages:
+            self.keep_finished(pid, message, rolled_back=pid in loaded.rolled_back_ids)
+        else:
+            self.messages[pid] = (message, pid in loaded.rollback_messages)
+        if pid not in self.children_of.get(message.parent_id, ()):
+            self.add_child(message.parent_id, pid)
+
+    def keep_unreadable(self, problem: LoadProblem) -> None:
+        if problem.procedure_id is not None:
+            self.unreadable[problem.procedure_id] = problem
+
     def descendants(self, procedure_id: ProcedureId) -> list[ProcedureId]:
         """Its descendants found in the store."""
         return descendants(procedure_id, lambda pid: self.children_of.get(pid, ()))
@@ -306,11 +331,7 @@ def _plan_finished(
         message = loaded.finished_messages.get(pid)
         parent = message.parent_id if message is not None else None
         if message is not None and parent is not None and parent in alive:
-            ctx.recovered.committed[pid] = message.type_name
-            ctx.recovered.committed_runs[pid] = message.run
-            if pid in loaded.rolled_back_ids:
-                ctx.recovered.rolled_back[pid] = message.error or "rolled back"
-            ctx.recovered.add_child(parent, pid)
+            ctx.recovered.keep_for_parent(pid, message, loaded)
         elif (
             message is not None
             and parent is None
@@ -318,9 +339,7 @@ def _plan_finished(
             and pid in loaded.rolled_back_ids
         ):
             # A failed root kept for an operator (`keep_failed`): known, so never adopted or swept.
-            ctx.recovered.committed[pid] = message.type_name
-            ctx.recovered.committed_runs[pid] = message.run
-            ctx.recovered.rolled_back[pid] = message.error or "failed"
+            ctx.recovered.keep_finished(pid, message, rolled_back=True, no_error="failed")
         else:
             to_delete.append(pid)
     return to_delete
@@ -541,7 +560,7 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
             if pid in seen_before:
                 about = {"procedure_id": str(pid), "type_name": message.type_name, "step": message.step}
                 logger.warning("adopting procedure %s, stored after this manager's recovery", pid, extra=about)
-                _adopt_children(ctx, pid, loaded)
+                _adopt_children(ctx, pid, loaded, message.run)
                 for runner in _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=[]):
                     runner.start()
     return unknown_now - seen_before
@@ -559,23 +578,27 @@ def _leftovers(loaded: ProcedureMessages, *, keep_failed: bool) -> list[Procedur
     return loaded.stray_ids + committed
 
 
-def _adopt_children(ctx: ManagerContext, root: ProcedureId, loaded: ProcedureMessages) -> None:
-    """Keep an adopted root's stored descendants for it to claim, as recovery does."""
-    stored: dict[ProcedureId, tuple[ProcedureMessage, bool]] = {}
+def _adopt_children(ctx: ManagerContext, root: ProcedureId, loaded: ProcedureMessages, run: int) -> None:
+    """Keep an adopted root's stored descendants of its run (`run`) for it to claim, as
+    recovery does: the unfinished ones to resume, the finished ones as ended (named again,
+    a finished child's stored steps would read as the root's own earlier writes, and it would
+    run again)."""
+    for pid, message in stored_tree(loaded, root).items():
+        if message.run == run and not ctx.is_known(pid):
+            ctx.recovered.keep_for_parent(pid, message, loaded)
+
+
+def stored_tree(loaded: ProcedureMessages, root: ProcedureId) -> dict[ProcedureId, ProcedureMessage]:
+    """The descendants of `root` that `loaded` holds, each with the message that names its
+    parent and run: its latest, or for a finished one the message its `.commit` ends."""
+    stored = {pid: m for pid, m in loaded.finished_messages.items() if m is not None}
+    stored.update(loaded.messages)
+    stored.update(loaded.rollback_messages)
     children: dict[ProcedureId, list[ProcedureId]] = {}
-    for messages, rolling_back in ((loaded.messages, False), (loaded.rollback_messages, True)):
-        for pid, message in messages.items():
-            if message.parent_id is not None:
-                stored[pid] = (message, rolling_back)
-                children.setdefault(message.parent_id, []).append(pid)
-
-    def unknown_children(pid: ProcedureId) -> list[ProcedureId]:
-        return [child for child in children.get(pid, ()) if not ctx.is_known(child)]
-
-    for pid in descendants(root, unknown_children):
-        message, rolling_back = stored[pid]
-        ctx.recovered.messages[pid] = (message, rolling_back)
-        ctx.recovered.add_child(message.parent_id or root, pid)
+    for pid, message in stored.items():
+        if message.parent_id is not None:
+            children.setdefault(message.parent_id, []).append(pid)
+    return {pid: stored[pid] for pid in descendants(root, lambda pid: children.get(pid, ()))}
 
 
 def _warn_deleting(ids: list[ProcedureId], why: str) -> None:

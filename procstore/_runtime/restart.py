@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from procstore._logs import get_logger, procedure_fields
 from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.recovery import resume_root
-from procstore._runtime.runner import delete_tree, record_superseded
+from procstore._runtime.restart_tree import take_stored_tree
+from procstore._runtime.runner import record_superseded
 from procstore.errors import LoadFailed, ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.history import Action
@@ -94,15 +95,12 @@ async def restart(
     if procedure_id in ctx.metas.restarting:
         raise ProcedureError(f"procedure {procedure_id} is being restarted already")
     with ctx.metas.restarting_now(procedure_id):
-        if meta is not None and _children_still_stored(ctx, meta):
-            # Its children go now, or the new run could not create them anew (their ids
-            # hold the ended run's keys), nor would its end delete them (a resumed run
-            # knows them ended, and names none).
-            ids = ctx.metas.tree_ids(meta.id)
-            await delete_tree(ctx, meta, ids, ctx.metas.tree_metas(ids), meta.state, keep_root=True)
+        tree_stored = meta is None or _children_still_stored(ctx, meta)
         for _ in range(3):
             try:
-                meta = await _restart(ctx, procedure_id, to_step, nudged=nudged, started=started)
+                meta = await _restart(
+                    ctx, procedure_id, to_step, nudged=nudged, started=started, tree_stored=tree_stored
+                )
                 meta.started = started or meta.started  # else what the copy says (a rewind's)
                 return meta
             except RestartedMeanwhile as e:
@@ -117,9 +115,10 @@ async def restart(
 
 
 def _children_still_stored(ctx: ManagerContext, root: ProcedureMeta) -> bool:
-    """Whether the ended run's tree still holds its children's keys: its deletion waits out
-    the grace after a takeover, or it has none, since the root's end is not stored (the
-    next start would have resumed it with them)."""
+    """Whether the ended run's tree may still hold its children's keys: its deletion waits
+    out the grace after a takeover, or it has none, since the root's end is not stored (the
+    next start would have resumed it with them). A root this term does not know (its
+    metadata expired, or another process ran it) may hold them too."""
     return (root.inherited and ctx.keeps_inherited_keys()) or (
         not root.end_stored and bool(ctx.metas.descendants(root.id))
     )
@@ -133,7 +132,13 @@ def _unrecorded_descendant(ctx: ManagerContext, root: ProcedureMeta) -> Procedur
 
 
 async def _restart(
-    ctx: ManagerContext, procedure_id: ProcedureId, to_step: int | None, *, nudged: bool, started: Action | None
+    ctx: ManagerContext,
+    procedure_id: ProcedureId,
+    to_step: int | None,
+    *,
+    nudged: bool,
+    started: Action | None,
+    tree_stored: bool,
 ) -> ProcedureMeta:
     plan = await plan_restart(ctx.store, procedure_id, to_step)
     stored = await check_restart(ctx.store, plan)
@@ -170,6 +175,9 @@ async def _restart(
         # unrecorded, or was stuck). Resumed as stored, without a copy, the same run goes on.
         how = "resumed" if to_step is None else f"rewound to step {to_step}"
         await record_superseded(ctx, procedure_id, ctx.metas.get(procedure_id), message, how)
+    if tree_stored:
+        # After the copy: a crash before it leaves the ended run and its children as they were.
+        await take_stored_tree(ctx, procedure_id, message.run)
     if runs_here(ctx, procedure_id):  # defence: nothing may have started it meanwhile
         raise ProcedureError(f"procedure {procedure_id} was started meanwhile: it runs here already")
     # A copy a nudge finds written is a `procstore rewind`'s (`procstore resume` writes none).

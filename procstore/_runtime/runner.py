@@ -60,7 +60,7 @@ from procstore.lock_key import LockKey, StringKey
 from procstore.procedure import Context, Procedure, ProcedureWithId, Status, StatusKind
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.history import Action, HistoryRecord, iso, kept_output
-from procstore.store.keys import KeyType
+from procstore.store.keys import MAX_STEP, KeyType
 from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
 from procstore.store.requests import OperatorRequested
 from procstore.store.signals import Signal
@@ -659,6 +659,13 @@ class Runner:
 
     async def _execute_once(self, attempt: int) -> Status:
         self._check_lease()
+        if self.step + self._message_skips_a_step > MAX_STEP:
+            # Whatever the step returns could not be stored (a hand-written folder near the
+            # largest step): it would run again at every start. Failing writes nothing either.
+            raise ProcedureError(
+                f"procedure {self.meta.id}: its next state would be stored above step {MAX_STEP}, the largest a "
+                "key can carry, so its step is not run"
+            )
         self.ctx.activity.running(self.meta, self.step)
         # An operator's request (`cancel`, `fail`) ends the execution: read from the store
         # when not known here, so that one written since is seen in time.
@@ -1363,6 +1370,15 @@ async def record_tree(
                     run=ctx.recovered.committed_runs.get(pid, 1),
                 )
             )
+    await ctx.store.history.put_many(records)
+
+
+async def record_known_ends(ctx: ManagerContext, metas: Sequence[ProcedureMeta]) -> None:
+    """The end records of the runs in `metas` that ended here with their end stored, written
+    now from what this term knows of them (start, steps, retries, a rollback), before it
+    forgets them. Raises the store's error."""
+    ended, limit = datetime.now(UTC), ctx.store.history.settings.output_limit
+    records = [_record(m, m.state, ended, limit) for m in metas if m.end_stored and m.state.is_ended()]
     await ctx.store.history.put_many(records)
 
 

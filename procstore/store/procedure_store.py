@@ -173,6 +173,17 @@ class ProcedureStore:
     def key(self, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
         return key_text(self.proc_path, procedure_id, step, key_type)
 
+    def _key_to_write(self, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
+        """`key`, for a write: `ProcedureError` (not retried: nothing is written) above
+        `MAX_STEP`, where a key is no procedure's and every reader ignores it (a state stored
+        there would be lost, and the step that made it would run again)."""
+        if step > MAX_STEP:
+            raise ProcedureError(
+                f"procedure {procedure_id}: step {step} is above the largest a key can carry ({MAX_STEP}): "
+                "its next key cannot be written"
+            )
+        return self.key(procedure_id, step, key_type)
+
     def store_procedure(
         self,
         procedure_id: ProcedureId,
@@ -201,7 +212,8 @@ class ProcedureStore:
             wait.consumed,
             self.unknown_fields.get(procedure_id, b"") if self.unknown_fields else b"",
         )
-        return self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.STEP), message.encode())
+        key = self._key_to_write(procedure_id, step, KeyType.STEP)
+        return self._create_or_fence(procedure_id, key, message.encode())
 
     async def _create(self, key: str, value: bytes) -> bool:
         """Create `key`, never overwriting it; False if it holds another writer's bytes.
@@ -248,12 +260,12 @@ class ProcedureStore:
     def commit_procedure(self, procedure_id: ProcedureId, step: int) -> Coroutine[Any, Any, None]:
         """Mark the procedure finished: an empty `{step}.commit` (create-only, as every step
         key). As `store_procedure`, the coroutine that writes it."""
-        return self._create_or_fence(procedure_id, self.key(procedure_id, step, KeyType.COMMIT), b"")
+        return self._create_or_fence(procedure_id, self._key_to_write(procedure_id, step, KeyType.COMMIT), b"")
 
     async def rollback_procedure(self, procedure_id: ProcedureId, message: ProcedureMessage) -> None:
         """Mark the procedure failed: `{message.step}.rollback` holding `message` (with `error`,
         and the procedure's unknown fields if `message` has none of its own)."""
-        key = self.key(procedure_id, message.step, KeyType.ROLLBACK)
+        key = self._key_to_write(procedure_id, message.step, KeyType.ROLLBACK)
         if not message.extra and (extra := self.unknown_fields.get(procedure_id)):
             message = dataclasses.replace(message, extra=extra)
         await self._create_or_fence(procedure_id, key, message.encode())
@@ -609,14 +621,22 @@ def _deletion_stages(keys: Sequence[ParsedKey]) -> tuple[list[str], list[str]]:
     every `.step`, then the terminal keys from the lowest by the latest-step rule (a
     `.rollback` before the `.commit` above it or at its step): what is left reads as
     finished. Where the folder holds an earlier run's end too (more than one `.commit`), all
-    but the highest `.commit` and the key right below it go first: that key says how the
+    but the highest `.commit` and the message it ends go first: that message says how the
     last run ended, and an earlier run's `.rollback` left alone beside it would say rolled
-    back."""
+    back. A message beside the highest `.commit` that it does not end (a former leader's
+    late write, see `procstore.store.folder`) goes with the first stage too: left alone
+    with the commit, it would be read as the one it ends."""
     ordered = sorted(keys, key=lambda k: latest_first((k.step, k.key_type)))
     commits = [k for k in ordered if k.key_type is KeyType.COMMIT]
+    if not commits:
+        return [str(k) for k in ordered if k.key_type is KeyType.STEP], [
+            str(k) for k in ordered if k.key_type.is_terminal
+        ]
+    top = commits[-1]
+    ends = ProcedureKeys.of((k.step, k.key_type) for k in ordered).newest_message
+    last = [k for k in ordered if k is top or (k.step, k.key_type) == ends]
     if len(commits) > 1:
-        at = ordered.index(commits[-1])
-        last = ordered[max(at - 1, 0) : at + 1]
         return [str(k) for k in ordered if k not in last], [str(k) for k in last]
-    steps = [str(k) for k in ordered if k.key_type is KeyType.STEP]
-    return steps, [str(k) for k in ordered if k.key_type.is_terminal]
+    beside = [k for k in ordered if k.step == top.step and k not in last]
+    first = [k for k in ordered if k.key_type is KeyType.STEP or k in beside]
+    return [str(k) for k in first], [str(k) for k in ordered if k.key_type.is_terminal and k not in beside]

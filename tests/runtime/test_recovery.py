@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from procstore import Lease, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId
+from procstore.store.keys import KeyType
 from procstore.store.local import LocalDirStore
 from procstore.store.requests import OperatorRequest
 from procstore.testing import FaultyStore
@@ -444,3 +445,33 @@ async def test_a_finished_procedure_recovery_deletes_goes_through_a_store_error(
     async with manager_for(store, keep_failed=False):
         pass
     assert not (tmp_path / "procedure" / pid).exists()
+
+
+@pytest.mark.parametrize("leased", [False, True], ids=["no-lease", "lease"])
+async def test_a_folder_near_the_largest_step_never_writes_above_it_nor_runs_a_step_twice(
+    memory_target: StoreTarget, leased: bool
+) -> None:
+    """A hand-written folder whose latest step is 2^32 - 2: its next states would go above
+    the largest step a key can carry (under a lease, the first one skips a step), where
+    every reader ignores them. No such key is written: a step whose outcome could not be
+    stored is not run, the procedure stops unrecorded with an error saying so, and over two
+    starts no step runs twice."""
+    from procstore import EndNotRecorded
+    from procstore.store import ProcedureMessage
+
+    world = World.new()
+    pid = ProcedureId.random()
+    data = json.dumps({"world": world.name, "steps": 4, "at": 1})
+    async with manager_for(memory_target) as writer:
+        for step in (0, 2**32 - 2):
+            message = ProcedureMessage("test::Steps", data, None, step).encode()
+            await writer.store.store.put(writer.store.key(pid, step, KeyType.STEP), message)
+    lease = Lease(ttl=1.0, holder="cp-1") if leased else None
+    for _ in range(2):
+        async with manager_for(memory_target, lease=lease) as manager:
+            if (watcher := manager.procedure_watcher(pid)) is not None:
+                with pytest.raises(EndNotRecorded, match="above step 4294967295"):
+                    await watcher.wait()
+            left = await manager.store.store.walk("procedure/")
+        assert all(int(key.rsplit("/", 1)[1].split(".")[0]) <= 2**32 - 1 for key in left), left
+    assert all(count == 1 for count in world.counts.values()), world.counts

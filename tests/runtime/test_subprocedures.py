@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from procstore import (
     Context,
     EndNotRecorded,
+    Lease,
     LockConflict,
     ProcedureFailed,
     ProcedureId,
@@ -19,8 +22,9 @@ from procstore import (
 )
 from procstore.store import ProcedureMessage, open_state_store
 from procstore.store.local import LocalDirStore
-from procstore.testing import Fault, FaultyStore
+from procstore.testing import Fault, FaultyStore, kill_manager
 from tests.procedures import Child, JsonProcedure, Parent, World
+from tests.runtime.helpers import eventually
 from tests.support import StoreTarget, manager_for
 
 
@@ -240,4 +244,83 @@ async def test_an_operator_restarts_a_root_whose_end_was_refused(
         restarted = await (manager.resume(procedure.id) if to_step is None else manager.rewind(procedure.id, to_step))
         assert await restarted.wait() == "joined"
         assert await manager.store.store.walk("procedure/") == []
+        # Each child run's record, written from what the manager knew of it (its start too).
+        values = await manager.store.store.get_many(await manager.store.store.walk("history/"))
+        records = [json.loads(v) for v in values if isinstance(v, bytes)]
     assert {world.counts[f"child/{n}/{s}"] for n in "ab" for s in (0, 1)} == {child_runs}
+    children = [r for r in records if r["parent_id"] == str(procedure.id)]
+    assert len(children) == 2 * child_runs and all(r["started_at"] for r in children), children
+
+
+@pytest.mark.parametrize(
+    ("to_step", "crash_at"), [(None, "*"), (1, "0000000003.step")], ids=["resume-then-crash", "crash-at-rewinds-copy"]
+)
+async def test_a_crash_during_an_operators_restart_of_such_a_root_runs_no_child_twice(
+    memory_target: StoreTarget, to_step: int | None, crash_at: str
+) -> None:
+    """The manager dies during the restart: a resume's root before its next write, a
+    rewind at its copy. Its children's keys are still stored at the next start, which
+    finds them ended (the resume's run, or the old run the rewind never replaced): no child
+    runs twice, and every key goes at the tree's end."""
+    world = World.new()
+    procedure = ProcedureWithId.new(Parent.create(world, ["a", "b"]))
+    faulty = _refusing_the_end_of(procedure, memory_target)
+    manager = manager_for(faulty)
+    async with manager:
+        with pytest.raises(EndNotRecorded):
+            await (await manager.submit(procedure)).wait()
+        faulty.plan.faults[:] = [Fault("crash", key=f"procedure/{procedure.id}/{crash_at}")]
+        with contextlib.suppress(BaseException):
+            await (manager.resume(procedure.id) if to_step is None else manager.rewind(procedure.id, to_step))
+        await faulty.plan.crashed.wait()
+        await kill_manager(manager)
+    async with manager_for(memory_target) as again:
+        resumed = again.procedure_watcher(procedure.id)
+        assert resumed is not None and await resumed.wait() == "joined"
+        assert await again.store.store.walk("procedure/") == []
+    assert {world.counts[f"child/{n}/{s}"] for n in "ab" for s in (0, 1)} == {1}
+
+
+async def test_a_resume_after_the_trees_metadata_expired_claims_its_stored_children(
+    memory_target: StoreTarget,
+) -> None:
+    """Resumed once `metadata_ttl` has passed, the root is unknown here, its children too:
+    they are read from the store as ended, never run again, and go with the tree."""
+    world = World.new()
+    procedure = ProcedureWithId.new(Parent.create(world, ["a", "b"]))
+    faulty = _refusing_the_end_of(procedure, memory_target)
+    async with manager_for(faulty, metadata_ttl=0.0) as manager:
+        with pytest.raises(EndNotRecorded):
+            await (await manager.submit(procedure)).wait()
+        faulty.plan.faults.clear()
+        assert manager.remove_outdated_metadata() == 3
+        assert await (await manager.resume(procedure.id)).wait() == "joined"
+        assert await manager.store.store.walk("procedure/") == []
+        records = await manager.store.store.walk("history/")
+    assert {world.counts[f"child/{n}/{s}"] for n in "ab" for s in (0, 1)} == {1}
+    parent = procedure.procedure
+    assert isinstance(parent, Parent)
+    for child_id in parent.data["children"].values():
+        assert sum(child_id in key for key in records) == 1, records
+
+
+async def test_a_leader_adopting_such_a_root_once_forgotten_finds_its_ended_children(
+    memory_target: StoreTarget,
+) -> None:
+    """Under a lease, once the tree's metadata expired, the leader's look for procedures
+    stored after its recovery adopts the root (unknown, unfinished): its ended children are
+    kept for it as ended, never named again and run a second time."""
+    world = World.new()
+    procedure = ProcedureWithId.new(Parent.create(world, ["a", "b"]))
+    faulty = _refusing_the_end_of(procedure, memory_target)
+    lease = Lease(ttl=1.0, holder="cp-1", adopt_interval=0.05, late_write_grace=0)  # deleted at its end
+    async with manager_for(faulty, lease=lease, metadata_ttl=0.0) as manager:
+        with pytest.raises(EndNotRecorded):
+            await (await manager.submit(procedure)).wait()
+        faulty.plan.faults.clear()
+        manager.remove_outdated_metadata()
+        await eventually(lambda: manager.procedure_watcher(procedure.id) is not None)
+        adopted = manager.procedure_watcher(procedure.id)
+        assert adopted is not None and await adopted.wait() == "joined"
+        assert await manager.store.store.walk("procedure/") == []
+    assert {world.counts[f"child/{n}/{s}"] for n in "ab" for s in (0, 1)} == {1}

@@ -223,6 +223,42 @@ async def test_a_deletion_cut_short_leaves_a_rewound_procedure_read_as_its_last_
     assert pid not in loaded.rolled_back_ids, left
 
 
+@pytest.mark.parametrize("runs", [1, 2])
+@pytest.mark.parametrize("failing", [0, 1, 2])
+async def test_a_deletion_cut_short_never_reads_a_late_rollback_beside_the_commit_as_the_end(
+    failing: int, runs: int
+) -> None:
+    """A run committed at step c, and a former leader's `.rollback` landed late beside the
+    `.commit` (`c.rollback`): the commit ends the message below it, so the run is done. A
+    deletion that stops at any stage must leave it read as done: left alone with the
+    commit, the late `.rollback` would read as its end (and a failed root is kept for an
+    operator with `keep_failed`). With `runs=2` the folder holds a rolled-back earlier run.
+    In memory: a local directory moves a folder of many keys to its trash at once."""
+    from procstore.testing import Fault, InjectedFailure, MemoryStore
+
+    recorder = FaultyStore(MemoryStore(f"deletion-{ProcedureId.random()}"))
+    store = ProcedureStore(recorder, "data/")
+    pid = ProcedureId.random()
+    await store.store_procedure(pid, 0, "T", "d", None)
+    step = 1
+    if runs == 2:
+        await store.rollback_procedure(pid, ProcedureMessage("T", "d", None, 1, "boom"))
+        await store.commit_procedure(pid, 2)
+        message = ProcedureMessage("T", "d", None, 3, run=2).encode()
+        await store.store.put_if_absent(store.key(pid, 3, KeyType.STEP), message)
+        step = 4
+    await store.commit_procedure(pid, step)
+    await store.rollback_procedure(pid, ProcedureMessage("T", "d", None, step, "late", run=runs))
+    assert pid not in (await store.load_messages()).rolled_back_ids
+    recorder.plan.faults.append(Fault("error", kinds=frozenset({"delete", "batch_delete"}), nth=failing))
+    with pytest.raises(InjectedFailure):
+        await store.delete_procedure(pid)
+    left = sorted(k.rsplit("/", 1)[1] for k in await store.store.walk(f"data/procedure/{pid}/"))
+    loaded = await store.load_messages()
+    assert not left or pid in loaded.finished_ids, left
+    assert pid not in loaded.rolled_back_ids, left
+
+
 async def test_a_rollback_and_a_commit_at_one_step_are_deleted_rollback_first(tmp_path: Path) -> None:
     """The `.commit` ranks over the `.rollback` at one step (`procstore.store.folder`), so it
     goes last: a crash between the two leaves the procedure finished, never rolling back."""
@@ -234,7 +270,7 @@ async def test_a_rollback_and_a_commit_at_one_step_are_deleted_rollback_first(tm
     recorder.ops.clear()
     await store.delete_procedure(pid)
     folder = f"data/procedure/{pid}/"
-    deleted = [op.key for op in recorder.ops if op.kind in ("batch_delete", "delete")]
+    deleted = [key for op in recorder.ops if op.kind in ("batch_delete", "delete") for key in op.key.split(",")]
     assert deleted.index(f"{folder}0000000001.rollback") < deleted.index(f"{folder}0000000001.commit")
 
 

@@ -85,7 +85,7 @@ def test_the_wait_checks_report_what_the_guarantees_forbid() -> None:
 def test_cli_commands_running_at_once_keep_their_own_store_and_output() -> None:
     """Two operators' commands at once (a signal's, a cancel's): each opens its own store
     and prints to its own buffer, and both leave the CLI's opener and stdout as they were."""
-    opener, stdout = cli_common.open_state_store, sys.stdout
+    opener, stdout = cli_common.open_state_store, sys.stdout  # type: ignore[attr-defined]
 
     async def main() -> tuple[str, str]:
         names = [f"cli-at-once-{uuid.uuid4().hex[:8]}" for _ in range(2)]
@@ -105,4 +105,4 @@ def test_cli_commands_running_at_once_keep_their_own_store_and_output() -> None:
 
     first, second = run_simulated(main())
     assert first and second
-    assert cli_common.open_state_store is opener and sys.stdout is stdout
+    assert cli_common.open_state_store is opener and sys.stdout is stdout  # type: ignore[attr-defined]
