@@ -35,8 +35,12 @@ async def gather_settled(*awaitables: Awaitable[T]) -> list[T]:
     """Like `asyncio.gather`, but when one fails, wait for all the others before raising.
 
     Plain `gather` raises at the first failure and leaves its siblings running, so their
-    writes could land after the caller has given up (or the manager has stopped).
+    writes could land after the caller has given up (or the manager has stopped). One
+    awaitable alone is awaited in the caller's task, with no task and future made for it
+    (a finished procedure's one history record, say).
     """
+    if len(awaitables) == 1:
+        return [await awaitables[0]]
     results = await asyncio.gather(*awaitables, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):

@@ -221,7 +221,8 @@ class ContextProvider(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """Passed to `execute` and `rollback`."""
+    """Passed to `execute` and `rollback`. A run's first attempts at its steps share one (it
+    is immutable); a retry, or a step a signal woke, gets one of its own."""
 
     procedure_id: ProcedureId
     provider: ContextProvider
@@ -239,8 +240,8 @@ class Context:
     crash_hook: Callable[[str], Awaitable[None]] | None = field(default=None, repr=False, compare=False)
     """What `crash_point` calls (the manager's store); None outside a manager."""
     signals: Mapping[str, object] = field(default_factory=dict)
-    """The signal this call was woken by, `{name: payload}`, after `Status.wait_for_signal`;
-    empty otherwise (and after the wait's timeout). It is consumed with this step: once the
+    """The signal this call was woken by, `{name: payload}` (read-only), after
+    `Status.wait_for_signal`; empty otherwise (and after the wait's timeout). It is consumed with this step: once the
     state this call returns is stored (or the procedure ends) it is never delivered again; a
     crash before that delivers it again to the repeated step."""
     hold_interrupts: Callable[[], AbstractContextManager[None]] | None = field(default=None, repr=False, compare=False)

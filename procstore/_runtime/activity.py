@@ -84,8 +84,9 @@ class ActivityPublisher:
             self._publish(meta, "waiting", step, reason=reason)
 
     def running(self, meta: ProcedureMeta, step: int) -> None:
-        """It runs a step again: said only if something else was said of it (a dict look)."""
-        if meta.id in self._shown or meta.id in self._pending:
+        """It runs a step again: said only if something else was said of it (a look in two
+        sets, skipped while both are empty: every step asks)."""
+        if (self._shown or self._pending) and (meta.id in self._shown or meta.id in self._pending):
             self._publish(meta, "running", step)
 
     def ended(self, meta: ProcedureMeta) -> None:

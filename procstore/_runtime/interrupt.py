@@ -26,16 +26,23 @@ _WHY = "procstore: the step is interrupted by an operator's request"
 
 
 class RunningStep:
-    """One attempt at a step inside `execute()`: `with steps.running(id, known) as step:`.
+    """An attempt at a step inside `execute()`: `with steps.running(id, step) as step:`. One
+    object serves every attempt of a runner (its `Context` holds `uninterruptible`), begun
+    afresh by `RunningSteps.running` at each.
 
     Invariants: `task` is the runner's task, inside the `with` from enter to exit; it is
-    cancelled at most once by the interrupt (`interrupted`), and never while `held > 0`."""
+    cancelled at most once per attempt by the interrupt (`interrupted`), and never while
+    `held > 0`."""
 
     __slots__ = ("_steps", "ended", "held", "interrupted", "procedure_id", "request", "task")
 
     def __init__(self, steps: RunningSteps, procedure_id: ProcedureId, task: asyncio.Task[object]) -> None:
         self._steps = steps
         self.procedure_id = procedure_id
+        self.begin(task)
+
+    def begin(self, task: asyncio.Task[object]) -> None:
+        """A new attempt, in `task`: nothing held, nothing interrupted yet."""
         self.task = task
         self.held = 0
         """Depth of `ctx.uninterruptible()` blocks the step is in."""
@@ -90,10 +97,15 @@ class RunningSteps:
     def __init__(self) -> None:
         self._running: dict[ProcedureId, RunningStep] = {}
 
-    def running(self, procedure_id: ProcedureId) -> RunningStep:
+    def running(self, procedure_id: ProcedureId, step: RunningStep | None = None) -> RunningStep:
+        """The attempt beginning now in the current task: `step` (the runner's last one) begun
+        again, or a new one."""
         task = asyncio.current_task()
         assert task is not None
-        step = RunningStep(self, procedure_id, task)
+        if step is None:
+            step = RunningStep(self, procedure_id, task)
+        else:
+            step.begin(task)
         self._running[procedure_id] = step
         return step
 

@@ -18,7 +18,7 @@ from procstore._runtime.lifecycle import Lifecycle
 from procstore._runtime.operator import request as request_stop
 from procstore._runtime.restart import restart
 from procstore._runtime.retry import RetryBudget, RetryPolicy
-from procstore._runtime.runner import checked_lock_key, dumped, store_and_run, type_name_of
+from procstore._runtime.runner import checked_lock_key, dumped, submit_and_run, type_name_of
 from procstore._runtime.telemetry import OFF, Telemetry, TelemetrySettings, get_telemetry
 from procstore._runtime.term import SingleTerm, Term, TermSettings, await_term_task
 from procstore._runtime.watcher import Watcher
@@ -564,13 +564,13 @@ class ProcedureManager:
         lock_key = checked_lock_key(proc)
         data = dumped(proc)
         ctx.metas.submit_begins(pid)
-        # The write and the runner's start are one task of the term: stop() cancels it and
-        # waits for it, so it can never land after stop() returned; and a caller that gives
-        # up (a timeout) cannot leave a stored procedure that nothing runs. (No lambdas: their
+        # The write and the run are one task of the term: stop() cancels it and waits for
+        # it, so the write can never land after stop() returned; and a caller that gives up
+        # (a timeout) cannot leave a stored procedure that nothing runs. (No lambdas: their
         # cells would live in this frame, one of thousands waiting for their writes.)
-        stored = store_and_run(ctx, procedure, type_name, lock_key, data)
+        stored = submit_and_run(ctx, procedure, type_name, lock_key, data, partial(ctx.metas.submit_ended, pid))
         try:
-            meta = await ctx.term.run_in_term(stored, what="submitting", on_done=partial(ctx.metas.submit_ended, pid))
+            meta = await stored
         except ManagerStopped as e:
             raise StoreError(
                 f"submitting procedure {pid}: the manager stopped leading or was stopped while the write was under "

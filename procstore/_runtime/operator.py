@@ -94,6 +94,8 @@ class RequestLooks:
         """Looks asked for in the current turn of the event loop (0: none counted yet)."""
         self._last_turn = 0
         """Looks asked for in the last turn that had any."""
+        self._last_asker: ProcedureId | None = None
+        """The procedure whose look was the last one asked for."""
 
     def get(self, procedure_id: ProcedureId) -> Awaitable[OperatorRequest | None]:
         """The procedure's request, from a look begun after this call or, if there is one,
@@ -101,16 +103,25 @@ class RequestLooks:
 
         Not a coroutine itself (one frame fewer in every attempt's chain): the look is
         chosen at the call, and the answer is the awaitable returned."""
-        answer = self._ahead.pop(procedure_id, None)
-        if answer is not None:
-            return answer
-        if not self._crowded():
+        if self._ahead:
+            answer = self._ahead.pop(procedure_id, None)
+            if answer is not None:
+                return answer
+        if not self._crowded(procedure_id):
             return self._requests.get(procedure_id)
         return self._ask(procedure_id)
 
-    def _crowded(self) -> bool:
+    def _crowded(self, procedure_id: ProcedureId) -> bool:
         """Count this look in its turn of the loop; whether looks are batched now: a batch is
-        under way, or the last turn with looks had several."""
+        under way, or the last turn with looks had several.
+
+        A procedure looking again with nobody else looking since, no look counted in this
+        turn and none batched, is alone: its look is read at once and not counted (a turn's
+        count costs a callback at the turn's end, a tenth of a lone step on memory). Several
+        procedures looking take turns as askers, so theirs are counted."""
+        if procedure_id is self._last_asker and self._this_turn == 0 and self._last_turn <= 1 and self._look is None:
+            return False
+        self._last_asker = procedure_id
         if self._this_turn == 0:
             asyncio.get_running_loop().call_soon(self._turn_ended)
         self._this_turn += 1
@@ -262,25 +273,22 @@ class OperatorRequests:
         """Drop the request of an ended run (or one inherited by it): the id runs again, or its tree ended."""
         self._known.pop(procedure_id, None)
 
-    async def raise_if_requested(self, procedure_id: ProcedureId) -> None:
-        """Before every attempt: an operator's request (`cancel`, `fail`) ends the execution;
-        read from the store when not known here, so that one written since is seen in time."""
-        request = self._known.get(procedure_id)
-        if request is None:
-            request = await self.looks.get(procedure_id)
-            if request is not None:
-                self.note(procedure_id, request)
+    def noted(self, procedure_id: ProcedureId, request: OperatorRequest | None) -> OperatorRequest | None:
+        """`request`, what a look for the procedure's request found, noted (`note`) if any.
+        Before every attempt a runner takes the request known here, else looks (`looks.get`)."""
         if request is not None:
-            raise OperatorRequested(request)
+            self.note(procedure_id, request)
+        return request
 
-    def running_step(self, procedure_id: ProcedureId) -> RunningStep:
-        """`with requests.running_step(id) as step: await execute(...)`: a request noted from
-        now on interrupts the step where it awaits (see `procstore._runtime.interrupt`);
-        one noted already raises `OperatorRequested` here."""
+    def running_step(self, procedure_id: ProcedureId, step: RunningStep | None = None) -> RunningStep:
+        """`with requests.running_step(id, last) as step: await execute(...)`: a request noted
+        from now on interrupts the step where it awaits (see `procstore._runtime.interrupt`);
+        one noted already raises `OperatorRequested` here. `step`: the runner's last
+        attempt's, begun again (one object per run)."""
         request = self._known.get(procedure_id)
         if request is not None:
             raise OperatorRequested(request)
-        return self._steps.running(procedure_id)
+        return self._steps.running(procedure_id, step)
 
     def note(self, procedure_id: ProcedureId, request: OperatorRequest) -> None:
         """Apply an operator request to a procedure and its unfinished descendants."""

@@ -100,6 +100,25 @@ class Attempt:
             _spans_failed(e)
 
 
+class _Unrecorded:
+    """An attempt at a step while nothing records (no SDK yet): nothing to do at its start;
+    a meter provider set during it counts it in `procstore.steps` (untimed: it was not).
+    One per type, shared by its attempts."""
+
+    __slots__ = ("_telemetry", "_type_name")
+
+    def __init__(self, telemetry: OtelTelemetry, type_name: str) -> None:
+        self._telemetry = telemetry
+        self._type_name = type_name
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> None:
+        if self._telemetry.metering():
+            self._telemetry.step_ended(self._type_name, None)
+
+
 def _step_attributes(procedure_id: str, type_name: str, step: int, attempt: int) -> dict[str, Any]:
     return {
         "procstore.procedure.id": procedure_id,
@@ -236,6 +255,8 @@ class OtelTelemetry(Telemetry):
         self._metered = False
         self._provider_in_environment = _PROVIDER_FROM_ENVIRONMENT in os.environ
         self._unloadable: str | None = None
+        self._unrecorded: dict[str, _Unrecorded] = {}
+        """The attempt of each type while nothing records (`step_span`)."""
         """A provider's name in the environment that the API failed to load (warned once)."""
         self.recovery_problems = meter.create_counter(
             "procstore.recovery.problems", "{procedure}", "Procedures a recovery could not load"
@@ -248,6 +269,7 @@ class OtelTelemetry(Telemetry):
             return self
         made = copy.copy(self)  # the same instruments, and what is known of the providers
         made.settings = settings
+        made._unrecorded = {}
         return made
 
     def _tracing(self) -> bool:
@@ -294,7 +316,15 @@ class OtelTelemetry(Telemetry):
         return self._metered
 
     def records_store_calls(self) -> bool:
-        return self._metered or self._traced or self.metering() or self._tracing()
+        if self._metered or self._traced:
+            return True
+        if (
+            getattr(_metrics_api, "_METER_PROVIDER", _UNKNOWN) is None
+            and getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None
+            and not self._provider_in_environment
+        ):
+            return False  # no SDK yet, the common case asked at every request: one call, not four
+        return self.metering() or self._tracing()
 
     def procedure_span(self, procedure_id: str, type_name: str, *, root: bool, submitted: bool, **attrs: Any) -> Any:
         own_trace = root and not (submitted and self.settings.root_spans == "child")
@@ -353,6 +383,13 @@ class OtelTelemetry(Telemetry):
             otel_context.attach(parent)
 
     def step_span(self, procedure_id: str, type_name: str, step: int, attempt: int) -> Any:
+        if not self.records_store_calls():
+            # Nothing would see the attempt (no SDK): no span, no timing, no object made. No
+            # attempt's span can be held either (`_end_failed_attempt`): only a tracer makes one.
+            unrecorded = self._unrecorded.get(type_name)
+            if unrecorded is None:
+                unrecorded = self._unrecorded[type_name] = _Unrecorded(self, type_name)
+            return unrecorded
         attempt_only = Attempt(self, procedure_id, type_name, step, attempt)
         if self.settings.step_spans == "every" and self._tracing():
             return _Guarded(self._step_span(procedure_id, type_name, step, attempt), attempt_only)
@@ -443,13 +480,13 @@ class OtelTelemetry(Telemetry):
         for type_name, count in list(self._steps.items()):
             yield Observation(count[0], {"procstore.procedure.type": type_name})
 
-    def step_ended(self, type_name: str, seconds: float) -> None:
-        """An attempt at a step ended: counted, and one in `histogram_every` timed."""
+    def step_ended(self, type_name: str, seconds: float | None) -> None:
+        """An attempt at a step ended: counted, and one in `histogram_every` timed (None: untimed)."""
         count = self._steps.get(type_name)
         if count is None:
             count = self._steps.setdefault(type_name, [0])
         count[0] += 1
-        if (count[0] - 1) % self.settings.histogram_every == 0:  # each type's first, then one in N
+        if seconds is not None and (count[0] - 1) % self.settings.histogram_every == 0:  # the first, then 1 in N
             self.step_duration.record(seconds, {"procstore.procedure.type": type_name})
 
     async def store_call(self, operation: str, backend: str, call: Callable[[], Awaitable[T]]) -> T:

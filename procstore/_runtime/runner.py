@@ -1,7 +1,7 @@
 """A procedure's run, from its first write to its tree's deletion.
 
-- `store_and_run`: a submit's part inside its term: store the first step, start the runner.
-  Both happen in one task that the term owns (see `Term.run_in_term`): stop() waits for it,
+- `submit_and_run`: a submit's part inside its term: store the first step, answer the
+  caller, then run the procedure, all in one task that the term owns: stop() waits for it,
   and a caller that gives up meanwhile cannot leave a stored procedure unrun.
 - `Runner`: drives one procedure from its locks to its final state. The loop, by state:
   - RUNNING / RETRYING: call `execute` (retrying `RetryLater` and store errors with
@@ -24,12 +24,12 @@ import asyncio
 import contextvars
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
-from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from procstore._aio import gather_settled
 from procstore._logs import get_logger, procedure_fields
@@ -47,6 +47,7 @@ from procstore.errors import (
     LeaseExpired,
     LockConflict,
     LockCycle,
+    ManagerStopped,
     ProcedureError,
     ProcessKill,
     StoreError,
@@ -56,7 +57,7 @@ from procstore.errors import (
 from procstore.flow import Concurrency, RateLimit
 from procstore.ids import ProcedureId
 from procstore.lock_key import LockKey, StringKey
-from procstore.procedure import Context, Procedure, ProcedureWithId, Status
+from procstore.procedure import Context, Procedure, ProcedureWithId, Status, StatusKind
 from procstore.state import ProcedureState, ProcedureStateKind
 from procstore.store.history import Action, HistoryRecord, iso, kept_output
 from procstore.store.keys import MAX_STEP, KeyType
@@ -73,6 +74,10 @@ logger = get_logger("procstore.runtime")
 T = TypeVar("T")
 
 _RUNNING_KINDS = (ProcedureStateKind.RUNNING, ProcedureStateKind.RETRYING)
+
+NO_SIGNALS: Mapping[str, object] = MappingProxyType({})
+"""`ctx.signals` of a step no signal woke: one for all, read-only (a run's first attempts
+share their context)."""
 
 
 # -- outcomes of user code -----------------------------------------------------------
@@ -237,15 +242,83 @@ def failed_state(exc: BaseException, *, gave_up_after: int | None = None, prefix
 # -- submitting ----------------------------------------------------------------------
 
 
-async def store_and_run(
+def submit_and_run(
+    ctx: ManagerContext,
+    procedure: ProcedureWithId,
+    type_name: str,
+    lock_key: LockKey,
+    data: str,
+    on_stored: Callable[[], None],
+) -> asyncio.Future[ProcedureMeta | None]:
+    """Start a submitted procedure's one task, which the term owns: it stores the first step,
+    answers the future returned, then runs the procedure itself (one task per procedure, not
+    a task for the write and another for the run). `lock_key` and `data` were computed by
+    the caller. See `Submission` for the answers."""
+    submission = Submission(asyncio.get_running_loop().create_future(), on_stored)
+    run = submission.run(ctx, procedure, type_name, lock_key, data)
+    task = ctx.term.spawn(run, name=f"procstore:{type_name}:{procedure.id}")
+    task.add_done_callback(submission.task_ended)
+    return submission.answer
+
+
+class Submission:
+    """A submit's answer: the procedure's meta once its first step is stored (None for a
+    duplicate: the key holds another value), the write's error, or `ManagerStopped` if the
+    term ended the task first (the write may have landed). `on_stored` is called once, before
+    the answer, however the task ends. Awaiting the answer does not await the task: a caller
+    that gives up leaves it to finish, so a stored procedure never stays unrun, and stop()
+    waits for it (no write lands after it returned)."""
+
+    __slots__ = ("_on_stored", "answer")
+
+    def __init__(self, answer: asyncio.Future[ProcedureMeta | None], on_stored: Callable[[], None]) -> None:
+        self.answer = answer
+        self._on_stored: Callable[[], None] | None = on_stored
+
+    def settle(self, meta: ProcedureMeta | None, error: BaseException | None = None) -> None:
+        if self._on_stored is not None:
+            on_stored, self._on_stored = self._on_stored, None
+            on_stored()
+        if not self.answer.done():  # else its caller gave up (it was cancelled)
+            if error is not None:
+                self.answer.set_exception(error)
+            else:
+                self.answer.set_result(meta)
+
+    def task_ended(self, task: asyncio.Task[None]) -> None:
+        """Settle a submit whose task ended before its write's outcome was known (cancelled
+        before it began, say)."""
+        if self._on_stored is not None:
+            error = None if task.cancelled() else task.exception()
+            self.settle(None, error or ManagerStopped(what="submitting"))
+
+    async def run(
+        self, ctx: ManagerContext, procedure: ProcedureWithId, type_name: str, lock_key: LockKey, data: str
+    ) -> None:
+        try:
+            meta = await store_submitted_procedure(ctx, procedure, type_name, lock_key, data)
+        except asyncio.CancelledError:
+            self.settle(None, ManagerStopped(what="submitting"))  # only the term cancels this task
+            raise
+        except BaseException as e:
+            self.settle(None, e)
+            if isinstance(e, Exception):
+                return  # the caller's error: nothing was stored, or it may have landed
+            raise  # a process exit, a simulated crash: it ends the task as it would the process
+        self.settle(meta)
+        if meta is not None and not meta.abandoned:
+            await Runner(ctx, meta, procedure.procedure, 1, data).traced_run(submitted=True)
+
+
+async def store_submitted_procedure(
     ctx: ManagerContext,
     procedure: ProcedureWithId,
     type_name: str,
     lock_key: LockKey,
     data: str,
 ) -> ProcedureMeta | None:
-    """Store a submitted procedure's first step and start its runner; None for a duplicate
-    (the key holds another value). `lock_key` and `data` were computed by the caller."""
+    """Store a submitted procedure's first step and register it; None for a duplicate (the
+    key holds another value). Abandoned if the term ended as the write landed."""
     pid, proc = procedure.id, procedure.procedure
     if not await store_submitted(ctx, pid, type_name, data):
         return None
@@ -257,8 +330,6 @@ async def store_and_run(
         # start, or the leader's recovery or look for procedures stored after it) runs it.
         # Its watcher here raises `ManagerStopped`.
         meta.abandon()
-        return meta
-    Runner(ctx, meta, proc, 1, data).start()
     return meta
 
 
@@ -276,9 +347,13 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
     first = ctx.store.key(pid, 0, KeyType.STEP)
 
     async def create(attempt: int) -> bool:
-        created, ended = await gather_settled(
-            ctx.store.create_submitted(pid, type_name, data), ctx.store.history.has_ended(pid, 1)
-        )
+        if ctx.store.store.round_trips:  # one round trip for both, not two
+            created, ended = await gather_settled(
+                ctx.store.create_submitted(pid, type_name, data), ctx.store.history.has_ended(pid, 1)
+            )
+        else:  # nothing to overlap: no task and future for each
+            created = await ctx.store.create_submitted(pid, type_name, data)
+            ended = await ctx.store.history.has_ended(pid, 1)
         if ended:
             if created:  # by this attempt: nobody else's key (a kept procedure's, say) goes
                 await ctx.store.store.batch_delete([first])
@@ -316,8 +391,9 @@ class Runner:
     """Runs one procedure in its own task until it ends or the manager stops."""
 
     __slots__ = (
-        "_consuming", "_message_skips_a_step", "_parked", "_resume_children", "_signal_names", "_signals",
-        "_skip_signals", "_stored_data", "_submitted", "_trace_parent", "_wait", "ctx", "holds_locks", "meta",
+        "_attempt", "_consuming", "_first_context", "_message_skips_a_step", "_parked", "_resume_children",
+        "_signal_names", "_signals", "_skip_signals", "_stored_data", "_submitted", "_trace_parent", "_wait", "ctx",
+        "holds_locks", "meta",
         "procedure", "restarted", "step",
     )  # fmt: skip
 
@@ -369,14 +445,26 @@ class Runner:
         self._trace_parent: object = None
         """What its first run's span is a child of (or linked to): each run after a durable
         wait is too, so that a wait never cuts a procedure tree into two traces."""
+        self._attempt: RunningStep | None = None
+        """Its attempts at steps inside `execute()`: one object, begun again at each."""
+        self._first_context: Context | None = None
+        """The `Context` of every first attempt that no signal woke (the context an attempt
+        gets is the same for all of them in a term): made once per run, not per step."""
 
     def start(self) -> None:
-        self._trace_parent = self.ctx.settings.telemetry.trace_parent()
         self._spawn_run(submitted=self._submitted)
 
+    def traced_run(self, *, submitted: bool) -> Coroutine[Any, Any, None]:
+        """Its run inside its procedure's span: awaited by its own task (`submitted`: a run
+        that `submit()` started here). What the span is a child of is kept for each run
+        after a durable wait (`_run_again`), which starts in a context of its own."""
+        self._trace_parent = self.ctx.settings.telemetry.trace_parent()
+        return run_traced(self.ctx, self.meta, self, self._run, submitted=submitted)
+
     def _spawn_run(self, *, submitted: bool) -> None:
-        run = run_traced(self.ctx, self.meta, self, self._run, submitted=submitted)
-        self.ctx.term.spawn(run, name=f"procstore:{self.meta.type_name}:{self.meta.id}")
+        self.ctx.term.spawn(
+            self.traced_run(submitted=submitted), name=f"procstore:{self.meta.type_name}:{self.meta.id}"
+        )
 
     async def _run(self) -> None:
         held: list[StringKey] = []
@@ -554,10 +642,19 @@ class Runner:
             is_retrying=attempt > 1,
             fencing_token=None if lease is None else lease.fencing_token,
             lease_check=None if lease is None else lease.check_writable,
-            crash_hook=self._crash_point,
+            crash_hook=self._crash_point if ctx.store.store.observes_crash_points else None,
             hold_interrupts=None if step is None else step.uninterruptible,
-            signals=self._signals,
+            signals=MappingProxyType(self._signals) if self._signals else NO_SIGNALS,
         )
+
+    def _attempt_context(self, attempt: int, step: RunningStep) -> Context:
+        """`_context` for an attempt at a step: the run's one context for a first attempt that
+        no signal woke (`step` is the same object at every attempt of a run)."""
+        if attempt > 1 or self._signals:
+            return self._context(attempt, step)
+        if self._first_context is None:
+            self._first_context = self._context(attempt, step)
+        return self._first_context
 
     def _crash_point(self, name: str) -> Awaitable[None]:
         return self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/{name}")
@@ -578,15 +675,24 @@ class Runner:
                 "key can carry, so its step is not run"
             )
         self.ctx.activity.running(self.meta, self.step)
-        await self.ctx.requests.raise_if_requested(self.meta.id)
-        # Where a test's fault plan numbers attempts (a no-op on a production store).
-        await self.ctx.store.store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
+        # An operator's request (`cancel`, `fail`) ends the execution: read from the store
+        # when not known here, so that one written since is seen in time.
+        requests, pid = self.ctx.requests, self.meta.id
+        request = requests.get(pid)
+        if request is None:
+            request = requests.noted(pid, await requests.looks.get(pid))
+        if request is not None:
+            raise OperatorRequested(request)
+        store = self.ctx.store.store
+        if store.observes_crash_points:  # where a test's fault plan numbers attempts
+            await store.crash_point(f"{self.meta.id}/{self.step}/#attempt")
         with (
-            self.ctx.requests.running_step(self.meta.id) as step,
-            self.ctx.settings.telemetry.step_span(str(self.meta.id), self.meta.type_name, self.step, attempt),
+            requests.running_step(pid, self._attempt) as step,
+            self.ctx.settings.telemetry.step_span(str(pid), self.meta.type_name, self.step, attempt),
             IN_EXECUTE,
         ):
-            status = await self.procedure.execute(self._context(attempt, step))
+            self._attempt = step
+            status = await self.procedure.execute(self._attempt_context(attempt, step))
         if not isinstance(status, Status):
             raise TypeError(f"execute() returned {status!r}, not a Status")
         return status
@@ -602,16 +708,28 @@ class Runner:
 
     async def _execute_step(self) -> None:
         try:
-            status = await self.ctx.settings.policy.call(
-                self._execute_once, on_retry=self._on_retry, wake=self.meta.requested
-            )
+            # The first attempt without `policy.call` (two coroutines fewer); the retries
+            # outside the `except`, so that their errors do not chain to the first one's.
+            policy, first = self.ctx.settings.policy, None
+            try:
+                status = await self._execute_once(1)
+            except Exception as e:
+                if not policy.retries(e):
+                    raise
+                first = e
+            if first is not None:
+                status = await policy.retry_after(
+                    self._execute_once, first, on_retry=self._on_retry, wake=self.meta.requested
+                )
         except Fenced:
             raise  # from `_check_lease()`: not the procedure's failure, the term's end
         except Exception as e:
             await self._fail(e)
             return
+        # The kind compared here, not asked of `status` at each turn: a step makes no call for it.
+        kind = status.kind
         children: dict[ProcedureId, Child] = {}
-        if status.is_suspended():
+        if kind is StatusKind.SUSPENDED:
             try:
                 # Everything user code computes for a child, once and before any write: its
                 # bytes are the same for every retry, and an error fails the parent cleanly.
@@ -635,10 +753,11 @@ class Runner:
             # each other in one tick must see each other's, or neither would see a cycle.
             for child_id in children:
                 self.meta.add_child(child_id)
-        self._signals = {}  # delivered to this step, consumed with what it stores next
-        wait = self._wait_of(status)
-        if status.need_persist:
-            if status.is_executing() and self.ctx.store.store.round_trips:
+        if self._signals:
+            self._signals = {}  # delivered to this step, consumed with what it stores next
+        wait = self._wait_of(status) if kind is StatusKind.WAITING or self._consuming or self._skip_signals else NO_WAIT
+        if status.persist and kind is not StatusKind.DONE:
+            if kind is StatusKind.EXECUTING and self.ctx.store.store.round_trips:
                 self.ctx.requests.looks.look_ahead(self.meta.id)  # the next attempt's, during the write
             # Dumped once: every retry of the write sends these same bytes, so a retry that
             # finds its own earlier write (answer lost) recognises it, whatever dump() does.
@@ -649,17 +768,20 @@ class Runner:
                 return
             if not await self._with_store_retries(partial(self._persist, data, wait)):
                 return
-            await self._delete_consumed()
-        if status.is_done():
+            self.step += 1
+            self._stored_data = data
+            if self._consuming or self._skip_signals:
+                await self._delete_consumed()
+        if kind is StatusKind.DONE:
             await self._commit_or_fail(ProcedureState.done(status.output))
             return
         if self.meta.state.kind is not ProcedureStateKind.RUNNING:
             self.meta.set_state(ProcedureState.running())
-        if status.is_waiting():
+        if kind is StatusKind.WAITING:
             self._wait = wait
             await self._waits_on()
             return
-        if status.is_suspended():
+        if kind is StatusKind.SUSPENDED:
             submit = partial(self._submit_children, status.subprocedures, children)
             if await self._with_store_retries(submit):
                 await self._wait_children()
@@ -667,8 +789,16 @@ class Runner:
     async def _with_store_retries(self, write: Callable[[], Awaitable[None]]) -> bool:
         """Run a store write with retries; on final failure fail the procedure and return False."""
         try:
-            attempt = self.ctx.requests.unless_requested(self.meta.id, lambda _n: write())
-            await self.ctx.settings.policy.call(attempt, on_retry=self._on_retry, wake=self.meta.requested)
+            policy, first = self.ctx.settings.policy, None  # as in `_execute_step`
+            try:
+                await write()  # the first attempt always goes: see `unless_requested`
+            except Exception as e:
+                if not policy.retries(e):
+                    raise
+                first = e
+            if first is not None:
+                attempt = self.ctx.requests.unless_requested(self.meta.id, lambda _n: write())
+                await policy.retry_after(attempt, first, on_retry=self._on_retry, wake=self.meta.requested)
         except Fenced:
             raise
         except Exception as e:
@@ -698,12 +828,12 @@ class Runner:
             self.step += 1
         return self.step
 
-    async def _persist(self, data: str, wait: StepWait) -> None:
+    def _persist(self, data: str, wait: StepWait) -> Awaitable[None]:
+        """One attempt at a step's write. Not a coroutine (one frame fewer in the chain of
+        every write): the caller counts the step once the write is stored."""
         meta = self.meta
         step = self._message_step()
-        await self.ctx.store.store_procedure(meta.id, step, meta.type_name, data, meta.parent_id, meta.run, wait)
-        self.step += 1
-        self._stored_data = data
+        return self.ctx.store.store_procedure(meta.id, step, meta.type_name, data, meta.parent_id, meta.run, wait)
 
     # -- durable waits ---------------------------------------------------------------
 
@@ -721,7 +851,8 @@ class Runner:
 
     async def _delete_consumed(self) -> None:
         """The step that read `_consuming` is stored: delete those signals. A deletion that
-        fails is logged; the stored message names them, so they are never delivered again."""
+        fails is logged; the stored message names them, so they are never delivered again.
+        Awaited only when there are some: a step that consumed none starts no coroutine."""
         keys = self._skip_signals = self._consuming + self._skip_signals
         self._consuming = ()
         if not keys:
@@ -808,7 +939,8 @@ class Runner:
     async def _commit_attempt(self, _attempt: int) -> None:
         await self.ctx.store.commit_procedure(self.meta.id, self.step)
         self._committed()
-        await self._delete_consumed()
+        if self._consuming or self._skip_signals:
+            await self._delete_consumed()
 
     def _committed(self) -> None:
         self.meta.terminal_keys += ((self.step, KeyType.COMMIT),)

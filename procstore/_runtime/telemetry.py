@@ -141,7 +141,8 @@ class Telemetry:
         return await call()
 
     def records_store_calls(self) -> bool:
-        """Whether `store_call` reports anything now (False: a store call may skip it)."""
+        """Whether `store_call` reports anything now (False: a store call may skip it, and
+        `step_span` is a no-op)."""
         return False
 
     def lease_gained(self, epoch: int | None) -> None:
@@ -238,6 +239,10 @@ class TracedStore(WrappingStore):
         super().__init__(inner)
         self.telemetry = telemetry
         self.backend = backend_of(inner.url)
+        self.observes_crash_points = inner.observes_crash_points  # `crash_point` below skips `around`
+
+    def passes(self, kind: str) -> bool:
+        return not self.telemetry.records_store_calls()  # nothing would record it (no SDK)
 
     def around(
         self, kind: str, key: str, call: Callable[[], Coroutine[Any, Any, T]], value: bytes | None = None

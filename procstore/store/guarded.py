@@ -44,6 +44,10 @@ class GuardedStore(WrappingStore):
     def __init__(self, inner: StateStore, guard: Guard) -> None:
         super().__init__(inner)
         self.guard = guard
+        self.observes_crash_points = inner.observes_crash_points  # its `around` lets them through
+
+    def passes(self, kind: str) -> bool:
+        return kind not in MUTATING_KINDS  # reads are never refused
 
     async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
         if kind not in MUTATING_KINDS:

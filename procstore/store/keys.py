@@ -167,10 +167,9 @@ _UNSEEN: StepAndType | None = (-1, KeyType.STEP)
 def key_text(prefix: str, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
     """The key `ParsedKey(prefix, procedure_id, step, key_type)` stands for, without making
     one (recovery formats a key per procedure)."""
-    return f"{prefix}{procedure_id}/{step:010d}{_SUFFIXES[key_type]}"
-
-
-_SUFFIXES = {kt: f".{kt.value}" for kt in KeyType}
+    # The member's value read as a plain attribute: an enum's hash (a dict of suffixes) and
+    # `.value` are Python calls, and every step's write formats a key.
+    return f"{prefix}{procedure_id}/{step:010d}.{key_type._value_}"
 
 
 def parse_key_name(name: str) -> StepAndType | None:

@@ -210,7 +210,7 @@ class ProcedureStore:
             wait.wake_at,
             wait.signal,
             wait.consumed,
-            self.unknown_fields.get(procedure_id, b""),
+            self.unknown_fields.get(procedure_id, b"") if self.unknown_fields else b"",
         )
         key = self._key_to_write(procedure_id, step, KeyType.STEP)
         return self._create_or_fence(procedure_id, key, message.encode())
@@ -223,8 +223,9 @@ class ProcedureStore:
         return await self.store.put_if_absent(key, value) or await self.store.get(key) == value
 
     async def _create_or_fence(self, procedure_id: ProcedureId, key: str, value: bytes) -> None:
-        """`_create`, raising `Fenced` if another writer got there first."""
-        if not await self._create(key, value):
+        """`_create`, raising `Fenced` if another writer got there first. Its body written
+        out: every step's write awaits this, and `_create` would be one more coroutine."""
+        if not await self.store.put_if_absent(key, value) and await self.store.get(key) != value:
             raise Fenced(key, procedure_id)
 
     async def create_procedure(

@@ -43,6 +43,18 @@ class StateStore(abc.ABC):
     """Whether every call is a network round trip (S3, GCS): a runner then looks for its
     operator request while its step's write is under way, not after it."""
 
+    observes_crash_points: bool = False
+    """Whether `crash_point` may do anything here. Where it does not (every backend, and
+    the wrappers procstore adds for telemetry and the lease), a runner skips the call and
+    its key: a step's crash points then cost nothing. True for a class that overrides
+    `crash_point` (unless it says otherwise), and for a `WrappingStore` whose `around` is
+    its own (`FaultyStore`, say) or whose inner store observes them."""
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "crash_point" in cls.__dict__ and "observes_crash_points" not in cls.__dict__:
+            cls.observes_crash_points = True
+
     @abc.abstractmethod
     async def put(self, key: str, value: bytes) -> None:
         """Write `value` under `key`, replacing any old value, atomically and durably."""

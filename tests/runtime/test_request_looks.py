@@ -369,3 +369,32 @@ async def test_a_look_is_made_under_no_procedure(tmp_path: Path) -> None:
         watchers = [await manager.submit(twice()) for _ in range(3)]
         await asyncio.gather(*(w.wait() for w in watchers))
     assert store.under and all(under in (None, whose) for whose, under in store.under)
+
+
+async def test_a_procedure_looking_alone_counts_no_turn_after_its_first_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One procedure stepping alone: its looks are its own reads, and after the first no
+    callback counts their turns (a tenth of a step on memory); others looking are counted
+    again, and a crowd is batched."""
+    store = Listings(tmp_path)
+    looks = RequestLooks(RequestStore(store), spawn)
+    loop = asyncio.get_running_loop()
+    counted: list[object] = []
+    call_soon = loop.call_soon
+
+    def noting(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
+        if getattr(callback, "__name__", "") == "_turn_ended":
+            counted.append(callback)
+        return call_soon(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon", noting)
+    alone = ProcedureId.random()
+    for _ in range(5):
+        assert await looks.get(alone) is None
+        await asyncio.sleep(0)
+    assert len(counted) == 1
+    assert (store.walks, store.gets) == (0, 5)
+    await crowded(looks, store)
+    await asyncio.gather(*(looks.get(ProcedureId.random()) for _ in range(5)))
+    assert store.walks == 1

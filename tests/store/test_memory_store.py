@@ -104,3 +104,19 @@ async def test_a_path_in_a_memory_url_is_a_folder_of_its_store() -> None:
     assert await folder.walk("procedure/") == ["procedure/x"]
     await whole.batch_delete(["tenant/procedure/x"])
     assert await folder.get("procedure/x") is None
+
+
+def test_a_missing_key_is_answered_without_yielding_and_a_present_one_after_one_yield() -> None:
+    """As a local directory's `stat`: a runner's look for its operator request (a missing key,
+    nearly always) costs no turn of the event loop; every other operation yields once."""
+    store = MemoryStore(f"yield-{uuid.uuid4().hex}")
+    missing = store.get("absent")
+    with pytest.raises(StopIteration) as answered:
+        missing.send(None)
+    assert answered.value.value is None
+    asyncio.run(store.put("present", b"x"))
+    present = store.get("present")
+    assert present.send(None) is None  # the yield
+    with pytest.raises(StopIteration) as read:
+        present.send(None)
+    assert read.value.value == b"x"
