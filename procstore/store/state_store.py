@@ -48,7 +48,8 @@ class StateStore(abc.ABC):
     the wrappers procstore adds for telemetry and the lease), a runner skips the call and
     its key: a step's crash points then cost nothing. True for a class that overrides
     `crash_point` (unless it says otherwise), and for a `WrappingStore` whose `around` is
-    its own (`FaultyStore`, say) or whose inner store observes them."""
+    its own (`FaultyStore`, say), that overrides `crash_point`, or whose inner store observes
+    them."""
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)

@@ -35,8 +35,14 @@ class WrappingStore(StateStore):
         self.supports_create_only = inner.supports_create_only
         self.supports_compare_and_swap = inner.supports_compare_and_swap
         self.round_trips = inner.round_trips
-        # A wrapper with its own `around` sees every crash point unless it says otherwise.
-        self.observes_crash_points = inner.observes_crash_points or type(self).around is not WrappingStore.around
+        # A wrapper with its own `around` or `crash_point` sees every crash point unless it
+        # says otherwise (this attribute hides the class's, so both are asked here).
+        kind = type(self)
+        self.observes_crash_points = (
+            inner.observes_crash_points
+            or kind.around is not WrappingStore.around
+            or kind.crash_point is not WrappingStore.crash_point
+        )
 
     def around(
         self, kind: str, key: str, call: Callable[[], Coroutine[Any, Any, T]], value: bytes | None = None

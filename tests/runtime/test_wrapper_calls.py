@@ -92,6 +92,25 @@ def test_a_backend_that_overrides_crash_point_observes_them_unless_it_says_other
     assert store.observes_crash_points
 
 
+class OverridesCrashPoint(WrappingStore):
+    """A wrapper that observes crash points by overriding `crash_point` itself, not `around`."""
+
+    def __init__(self, inner: StateStore) -> None:
+        super().__init__(inner)
+        self.crash_points: list[str] = []
+
+    async def crash_point(self, key: str) -> None:
+        self.crash_points.append(key)
+
+
+async def test_a_wrapper_that_overrides_crash_point_sees_every_crash_point() -> None:
+    store = OverridesCrashPoint(open_state_store(f"memory://{uuid.uuid4().hex}/"))
+    assert store.observes_crash_points
+    await run_marks_its_steps(store)
+    names = [key.split("/", 1)[1] for key in store.crash_points]
+    assert names == ["1/#attempt", "1/in-step-0", "2/#attempt", "2/in-step-1"]
+
+
 class PassesReads(WrappingStore):
     """A wrapper with nothing to do for reads: says so, and counts what reaches `around`."""
 
