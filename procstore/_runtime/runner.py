@@ -772,10 +772,11 @@ class Runner:
             self._stored_data = data
             if self._consuming or self._skip_signals:
                 await self._delete_consumed()
-        elif kind is StatusKind.EXECUTING:
+        elif kind is not StatusKind.DONE:
             # Nothing stored, so nothing awaited may have yielded (the look for a request
-            # reads a missing key at once on memory:// and local): a run of such steps
-            # would hold the event loop, and no lease renewal nor cancel could run.
+            # reads a missing key at once on memory:// and local; a sleep already over
+            # does not park): a run of such steps would hold the event loop, and no lease
+            # renewal nor cancel could run.
             await asyncio.sleep(0)
         if kind is StatusKind.DONE:
             await self._commit_or_fail(ProcedureState.done(status.output))

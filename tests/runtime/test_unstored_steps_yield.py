@@ -13,7 +13,7 @@ from tests.support import manager_for
 
 
 class SpinsWithoutStoring(Procedure):
-    """Many steps that never await and store nothing."""
+    """Many steps that never await and store nothing, every other one a sleep already over."""
 
     type_name = "tests::SpinsWithoutStoring"
 
@@ -25,7 +25,10 @@ class SpinsWithoutStoring(Procedure):
 
     async def execute(self, ctx: Context) -> Status:
         self.step += 1
-        return Status.done() if self.step >= 20_000 else Status.executing(persist=False)
+        if self.step >= 20_000:
+            return Status.done()
+        # A sleep already over goes on at once, as a step that stores nothing does.
+        return Status.sleep(0, persist=False) if self.step % 2 else Status.executing(persist=False)
 
 
 async def test_steps_that_store_nothing_let_other_tasks_run_between_them() -> None:
