@@ -34,15 +34,18 @@ class RunningStep:
     cancelled at most once per attempt by the interrupt (`interrupted`), and never while
     `held > 0`."""
 
-    __slots__ = ("_steps", "ended", "held", "interrupted", "procedure_id", "request", "task")
+    __slots__ = ("_steps", "attempts", "ended", "held", "interrupted", "procedure_id", "request", "task")
 
     def __init__(self, steps: RunningSteps, procedure_id: ProcedureId, task: asyncio.Task[object]) -> None:
         self._steps = steps
         self.procedure_id = procedure_id
+        self.attempts = 0
+        """Attempts begun: a block counts in the attempt it began in, and only there."""
         self.begin(task)
 
     def begin(self, task: asyncio.Task[object]) -> None:
         """A new attempt, in `task`: nothing held, nothing interrupted yet."""
+        self.attempts += 1
         self.task = task
         self.held = 0
         """Depth of `ctx.uninterruptible()` blocks the step is in."""
@@ -62,17 +65,23 @@ class RunningStep:
 
     @contextmanager
     def uninterruptible(self) -> Iterator[None]:
+        attempt = self.attempts
         self.held += 1
         try:
             yield
         finally:
-            self.held -= 1
-            if self.held == 0 and self.request is not None:
-                # Not `task.cancel()` now, from inside the task: a step that returns with no
-                # await after the block would carry that cancel into procstore's own awaits
-                # (3.11's `uncancel()` does not take back a cancel not yet delivered). Once the
-                # task yields, it is at an await of the step, or the step has ended.
-                asyncio.get_running_loop().call_soon(self.interrupt, self.request)
+            # A block that outlived its attempt (in a task the step started) leaves the
+            # count of a later attempt alone: lowered, it would let that attempt's own
+            # block be cut.
+            if attempt == self.attempts:
+                self.held -= 1
+                if self.held == 0 and self.request is not None:
+                    # Not `task.cancel()` now, from inside the task: a step that returns with
+                    # no await after the block would carry that cancel into procstore's own
+                    # awaits (3.11's `uncancel()` does not take back a cancel not yet
+                    # delivered). Once the task yields, it is at an await of the step, or the
+                    # step has ended.
+                    asyncio.get_running_loop().call_soon(self.interrupt, self.request)
 
     def __enter__(self) -> RunningStep:
         return self
