@@ -22,12 +22,13 @@ import msgspec
 from procstore.errors import OperationRefused, ProcedureError, ProcedureNotFound
 from procstore.ids import ProcedureId
 from procstore.store.folder import StoredStatus, decode_or_problem, latest_key
-from procstore.store.history import HistoryRecord, HistoryStore
+from procstore.store.history import History, HistoryRecord, HistoryStore
 from procstore.store.inventory import status_of_keys
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import OperatorRequest, RequestKind
 from procstore.store.restart import RestartedMeanwhile, RestartPlan, apply_restart, check_restart, plan_restart
+from procstore.store.settings import SettingsStore
 from procstore.store.words import status_word
 
 
@@ -215,10 +216,14 @@ async def carry_out_rewind(store: ProcedureStore, prepared: PreparedRestart, rea
     stop_request = await store.requests.get(pid)
     await store.requests.delete([pid])
     asked = OperatorRequest.new("resume", reason, to_step=prepared.to_step)
+    # An ended run's record the copy may write is kept as long as the store's settings say.
+    retention = (await SettingsStore(store.store, store.parent_path).read()).history(History()).retention
     try:
         # The copy keeps who, when and why itself: the nudge may be gone before a manager
         # that runs the copy sees it (the next start runs the copy at its recovery).
-        copied = await apply_restart(store, plan, prepared.message, started=asked.action(), stop_request=stop_request)
+        copied = await apply_restart(
+            store, plan, prepared.message, retention=retention, started=asked.action(), stop_request=stop_request
+        )
     except RestartedMeanwhile as e:
         raise OperationRefused(str(e)) from e
     return await _nudge(store, pid, msgspec.structs.replace(asked, step=copied.step), wrote_copy=True)

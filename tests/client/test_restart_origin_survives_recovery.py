@@ -5,11 +5,16 @@ or the leader died): the copy carries it, the nudge may be gone."""
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from procstore import Client, Context, Procedure, ProcedureFailed, ProcedureWithId, Status
+from procstore.store import open_state_store
+from procstore.store.settings import SettingsStore, StoreSettings
 from procstore.testing import MemoryStore
 from tests.runtime.test_operations import Flaky, failed_and_kept, manager_on
 from tests.support import StoreTarget, killed_before_its_end_record, manager_for, store_targets
@@ -143,3 +148,20 @@ async def test_a_rewind_of_a_cancelled_run_without_a_record_keeps_who_cancelled_
         (record,) = await client.history(procedure_id=procedure.id)
     assert (record.run, record.outcome) == (1, "cancelled")
     assert record.ended_by is not None and (record.ended_by.kind, record.ended_by.reason) == ("cancel", "INC-43")
+
+
+async def test_a_rewind_writes_an_old_ended_runs_record_while_the_stores_settings_keep_it(tmp_path: Path) -> None:
+    """The copy writes the ended run's missing record unless history would have swept it:
+    by the store's retention (here 30 days), not the default 7."""
+    store = open_state_store(str(tmp_path))
+    procedure = ProcedureWithId.new(Breaks())
+    await killed_before_its_end_record(store, procedure, Breaks)
+    (commit,) = (tmp_path / "procedure" / str(procedure.id)).glob("*.commit")
+    ten_days_ago = time.time() - 10 * 24 * 3600
+    os.utime(commit, (ten_days_ago, ten_days_ago))
+    async with Client(str(tmp_path), poll_interval=0.05) as client:
+        await SettingsStore(store).write(StoreSettings(history_retention=30 * 24 * 3600.0))
+        await client.rewind(procedure.id, 0, "run it again")
+        (record,) = await client.history(procedure_id=procedure.id)
+    await store.close()
+    assert (record.run, record.outcome) == (1, "failed")
