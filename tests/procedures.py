@@ -206,6 +206,18 @@ class Parked(JsonProcedure):
 ALL = (Steps, Undoable, Child, Parent, Parked)
 
 
+class LabelledSteps(Procedure):
+    """A procedure whose data is `label:step`: the label (a fresh one per test) keys what the
+    test records of it, the step counts its calls of `execute`. Subclasses say what a step does."""
+
+    def __init__(self, data: str) -> None:
+        self.label, step = data.split(":")
+        self.step = int(step)
+
+    def dump(self) -> str:
+        return f"{self.label}:{self.step}"
+
+
 def register_all(manager: ProcedureManager) -> ProcedureManager:
     for cls in ALL:
         manager.register(cls)

@@ -6,24 +6,18 @@ from __future__ import annotations
 import contextlib
 import uuid
 
-from procstore import Context, Procedure, ProcedureWithId, RetryLater, Status
+from procstore import Context, ProcedureWithId, RetryLater, Status
+from tests.procedures import LabelledSteps
 from tests.support import manager_for
 
 SEEN: dict[str, list[tuple[Context, bool]]] = {}
 """Each run's attempts, by its procedure's label: (the context, kept alive; `is_retrying`)."""
 
 
-class RecordsItsContexts(Procedure):
+class RecordsItsContexts(LabelledSteps):
     """Three steps; the second raises `RetryLater` once."""
 
     type_name = "tests::RecordsItsContexts"
-
-    def __init__(self, data: str) -> None:
-        self.label, step = data.split(":")
-        self.step = int(step)
-
-    def dump(self) -> str:
-        return f"{self.label}:{self.step}"
 
     async def execute(self, ctx: Context) -> Status:
         attempts = SEEN.setdefault(self.label, [])
@@ -44,17 +38,10 @@ async def test_every_first_attempt_of_a_run_shares_one_context_and_a_retry_gets_
     assert retry is not first
 
 
-class TriesToChangeItsSignals(Procedure):
+class TriesToChangeItsSignals(LabelledSteps):
     """Two steps, each trying to add to `ctx.signals`."""
 
     type_name = "tests::TriesToChangeItsSignals"
-
-    def __init__(self, data: str) -> None:
-        self.label, step = data.split(":")
-        self.step = int(step)
-
-    def dump(self) -> str:
-        return f"{self.label}:{self.step}"
 
     async def execute(self, ctx: Context) -> Status:
         attempts = SEEN.setdefault(self.label, [])

@@ -8,8 +8,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from procstore import Context, Procedure, ProcedureWithId, Status
+from procstore import Context, ProcedureWithId, Status
 from procstore.store import StateStore, WrappingStore, open_state_store
+from tests.procedures import LabelledSteps
 from tests.support import manager_for
 
 T = TypeVar("T")
@@ -18,15 +19,8 @@ TASKS: dict[str, list[asyncio.Task[Any] | None]] = {}
 """The task of each write and step of a procedure, by its label."""
 
 
-class InItsTask(Procedure):
+class InItsTask(LabelledSteps):
     type_name = "tests::InItsTask"
-
-    def __init__(self, data: str) -> None:
-        self.label, step = data.split(":")
-        self.step = int(step)
-
-    def dump(self) -> str:
-        return f"{self.label}:{self.step}"
 
     async def execute(self, ctx: Context) -> Status:
         TASKS.setdefault(self.label, []).append(asyncio.current_task())

@@ -33,6 +33,7 @@ from procstore.store.requests import OperatorRequest, RequestStore
 from procstore.testing import Fault, FaultyStore, kill_manager
 from tests.procedures import Parent, Undoable, World
 from tests.runtime.helpers import blocker, steps
+from tests.runtime.test_timers import Sleeper
 from tests.support import manager_for
 
 SPANS = InMemorySpanExporter()
@@ -734,30 +735,8 @@ async def test_activity_writes_are_not_reported_on_another_procedures_span(tmp_p
     assert not [e for e in events if "activity" in str((e.attributes or {}).get("exception.message"))], events
 
 
-class NapsOnce(Procedure):
-    """Sleeps durably (0.3 s), then ends: its runs are split by a park."""
-
-    type_name = "tests::telemetry::NapsOnce"
-
-    def __init__(self, data: str = "") -> None:
-        self.slept = data == "slept"
-
-    async def execute(self, ctx: Context) -> Status:
-        if self.slept:
-            return Status.done()
-        self.slept = True
-        return Status.sleep(0.3)  # long enough to park, not only to store its time
-
-    def dump(self) -> str:
-        return "slept" if self.slept else ""
-
-    @classmethod
-    def load(cls, data: str) -> NapsOnce:
-        return cls(data)
-
-
 class SpawnsNapper(Procedure):
-    """Waits for one `NapsOnce` child."""
+    """Waits for one child that sleeps durably (0.3 s: long enough to park, not only to store its time)."""
 
     type_name = "tests::telemetry::SpawnsNapper"
 
@@ -767,7 +746,7 @@ class SpawnsNapper(Procedure):
     async def execute(self, ctx: Context) -> Status:
         if self.child is not None:
             return Status.done()
-        child = ProcedureWithId.new(NapsOnce())
+        child = ProcedureWithId.new(Sleeper({"seconds": 0.3}))
         self.child = str(child.id)
         return Status.suspended([child])
 
@@ -783,10 +762,10 @@ async def test_a_run_after_a_durable_wait_stays_in_its_procedures_trace(tmp_path
     """Each run after a park began in an empty context: a child's second run was a trace of
     its own, with no parent and no link, so a tree with a durable wait was two traces."""
     tracer = trace.get_tracer("app")
-    async with manager_for(LocalDirStore(tmp_path), NapsOnce, SpawnsNapper) as manager:
+    async with manager_for(LocalDirStore(tmp_path), Sleeper, SpawnsNapper) as manager:
         with tracer.start_as_current_span("caller") as caller:
             parent = SpawnsNapper()
-            root, napper = ProcedureWithId.new(parent), ProcedureWithId.new(NapsOnce())
+            root, napper = ProcedureWithId.new(parent), ProcedureWithId.new(Sleeper({"seconds": 0.3}))
             watchers = [await manager.submit(root), await manager.submit(napper)]
         for watcher in watchers:
             await asyncio.wait_for(watcher.wait(), 10)

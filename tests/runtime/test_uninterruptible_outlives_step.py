@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from procstore import Context, Procedure, ProcedureWithId, Status
+from procstore import Context, ProcedureWithId, Status
+from tests.procedures import LabelledSteps
 from tests.runtime.helpers import eventually, wait_for_state
 from tests.support import manager_for
 
@@ -15,18 +16,11 @@ SEEN: dict[str, list[str]] = {}
 """What each procedure did, by its label."""
 
 
-class BlockOutlivesItsStep(Procedure):
+class BlockOutlivesItsStep(LabelledSteps):
     """Step 0 starts a task holding `ctx.uninterruptible()` for 50 ms and returns; step 1
     holds a block of its own for 300 ms."""
 
     type_name = "tests::BlockOutlivesItsStep"
-
-    def __init__(self, data: str) -> None:
-        self.label, step = data.split(":")
-        self.step = int(step)
-
-    def dump(self) -> str:
-        return f"{self.label}:{self.step}"
 
     async def execute(self, ctx: Context) -> Status:
         seen = SEEN.setdefault(self.label, [])
