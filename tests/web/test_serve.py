@@ -96,6 +96,8 @@ def test_the_history_of_ended_procedures_and_their_pages(tmp_path: Path) -> None
         async with manager_for(LocalDirStore(tmp_path), history=True) as manager:
             parent = ProcedureWithId.new(Parent.create(world, ["a"]))
             await (await manager.submit(parent)).wait()
+            # History orders ends to the millisecond: the failing one's must come after.
+            await asyncio.sleep(0.02)
             failing = steps(world, 3, fail_at=1, name="<b>boom</b>")
             with pytest.raises(ProcedureFailed):
                 await (await manager.submit(failing)).wait()
