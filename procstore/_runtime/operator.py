@@ -509,7 +509,7 @@ def _stale(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorReques
         return ""
     # A nudge written by an older release carries no step: compared by the clocks, as it was.
     meta = ctx.metas.get(procedure_id)
-    if meta is not None and meta.end_time is not None and nudge.requested_at < meta.end_time.timestamp():
+    if meta is not None and meta.record.end_time is not None and nudge.requested_at < meta.record.end_time.timestamp():
         return "it was written before the procedure ended here"
     return ""
 
