@@ -36,13 +36,13 @@ from typing import Any
 
 import click
 
+from procstore._client.inventory import status_of_keys
 from procstore._runtime.lease import Lease
 from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ProcedureError, ProcedureFailed
 from procstore.ids import ProcedureId
 from procstore.store.folder import StoredStatus, latest_key
 from procstore.store.history import HISTORY_PATH, History
-from procstore.store.inventory import status_of_keys
 from procstore.store.keys import PROC_PATH, ParsedKey
 from procstore.store.memory import MemoryStore
 from procstore.store.requests import REQUESTS_PATH, RESUME_PATH
