@@ -11,8 +11,8 @@ release may ship (most removals break a documented guarantee; the table says whi
 - `--what step` (telemetry on, no SDK: as `benchmarks.step_counts`): loop CPU per write
   (`time.thread_time()` of the event loop's thread / (steps + 1)) and its ratio to the raw put
   loop (the same number of puts of the same bytes through the manager's store). The `floor`
-  row is what any durable step framework must do per write: dump the state, encode a
-  message, build a key, await one `put_if_absent`.
+  row is what any durable step framework must do per write: run the step, dump the state,
+  encode a message, build a key, await one `put_if_absent`.
 - `--what telemetry` (the OpenTelemetry SDK configured as `benchmarks.observability` does):
   the same, its ratio to a manager with `telemetry=False` in the same runs. The `SDK no-op`
   row keeps every procstore hook but hands them a tracer and instruments that record
@@ -39,7 +39,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import click
 from opentelemetry import metrics, trace
@@ -49,7 +49,7 @@ from benchmarks.procedures import new_loop
 from benchmarks.step_counts import counted
 from benchmarks.stores import Target, innermost
 from benchmarks.suites import MESSAGE, RAW, manager, one_procedure, raw_cleanup, raw_writes
-from procstore import ProcedureManager
+from procstore import Context, ProcedureManager
 from procstore._runtime import otel, runner
 from procstore._runtime.activity import ActivityPublisher
 from procstore._runtime.meta import ProcedureMeta
@@ -217,12 +217,15 @@ TELEMETRY_LAYERS = [
 
 
 def floor_writes(store: StateStore, steps: int) -> Timing:
-    """What any durable step framework does per write: dump the state, encode a message, build
-    a key and await one create-only put (under `raw/`, which the cleanup deletes)."""
+    """What any durable step framework does per write: run the step (`execute()`, after the
+    submitted state's write), dump the state, encode a message, build a key and await one
+    create-only put (under `raw/`, which the cleanup deletes)."""
 
     async def writes() -> None:
         loop, pid = new_loop(steps), ProcedureId.random()
         for step in range(steps + 1):
+            if step:
+                await loop.execute(cast(Context, None))  # a `Loop` never reads its context
             message = ProcedureMessage(loop.type_name, loop.dump(), None, step, None, 1).encode()
             if not await store.put_if_absent(key_text(RAW, pid, step, KeyType.STEP), message):
                 raise Fenced(str(step), pid)
@@ -265,7 +268,9 @@ async def measure(what: str, target: Target, steps: int, runs: int, procedures: 
         last: list[tuple[str, Timing, list[Patch]]]
         if what == "step":
             timings = [("raw put loop", repeated(lambda: raw_writes(store, steps + 1)), [])]
-            last = [("floor: dump, encode, key, one put_if_absent", repeated(floor_writes(store, steps)), [])]
+            last = [
+                ("floor: execute(), dump, encode, key, one put_if_absent", repeated(floor_writes(store, steps)), [])
+            ]
         else:
             off = await managers.enter_async_context(manager(target.url(), target, telemetry=False))
             timings = [("telemetry off", repeated(one_procedure(off, steps)), [])]
