@@ -343,11 +343,16 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
     submit created for such an id is deleted again, a key that held these bytes already (a
     kept procedure's) never.
     """
-    retried = False
+    retried = stored = False
     first = ctx.store.key(pid, 0, KeyType.STEP)
+    looks = ctx.requests.looks
 
     async def create(attempt: int) -> bool:
-        if ctx.store.store.round_trips:  # one round trip for both, not two
+        if ctx.store.store.round_trips:  # one round trip for the three, not three
+            # The first attempt's look for an operator request goes with the create, as a
+            # step's look goes with its write (`RequestLooks.look_ahead`): a request for the
+            # id can only be stored once this key is, so it moves no boundary of the promise.
+            looks.look_ahead(pid)
             created, ended = await gather_settled(
                 ctx.store.create_submitted(pid, type_name, data), ctx.store.history.has_ended(pid, 1)
             )
@@ -365,6 +370,7 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
     def on_retry(exc: BaseException, retry: int, delay: float) -> None:
         nonlocal retried
         retried = True
+        looks.forget(pid)  # as old as the attempt that failed: the next one looks again
         about = procedure_fields(pid, type_name, 0)  # key 0: the submitted state
         logger.info("procedure %s: submit retry %d in %.3fs after %s", pid, retry, delay, describe(exc), extra=about)
 
@@ -372,7 +378,8 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
     # procedure then runs at once, and fails before its first step as the request asks.
     try:
         with ctx.requests.submit_wake(pid) as wake:
-            return await ctx.settings.policy.call(create, on_retry=on_retry, wake=wake)
+            stored = await ctx.settings.policy.call(create, on_retry=on_retry, wake=wake)
+            return stored
     except LeaseExpired as e:
         if not retried:
             raise  # refused before anything was sent: nothing is stored
@@ -382,6 +389,9 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
             "Submit it again on the leader: DuplicateProcedure then means it is stored and runs there",
             key=e.key,
         ) from e
+    finally:
+        if not stored:
+            looks.forget(pid)  # no run of this submit takes it
 
 
 # -- running -------------------------------------------------------------------------
@@ -537,6 +547,7 @@ class Runner:
         def report(why: str | None) -> None:
             if why is not None and why != self.meta.record.waiting:
                 self.ctx.activity.waiting_to_start(self.meta, self.step, why)
+                self.ctx.requests.looks.forget(self.meta.id)  # a look ahead would be as old as the wait
             self.meta.record.waiting = why
 
         flow = self.ctx.waits.flow
@@ -585,6 +596,7 @@ class Runner:
         `ends_on_request`. Otherwise the request waits, said once in the log."""
         locks = self.ctx.locks
         if locks.would_block(key):
+            self.ctx.requests.looks.forget(self.meta.id)  # a look ahead would be as old as the wait
             held_by = sorted(str(h) for h in locks.holders_of(key))
             self.ctx.activity.waiting_on_lock(self.meta, self.step, key.key, held_by)
         if await locks.acquire(self.meta.id, key, self.meta.requested()):

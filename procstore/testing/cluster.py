@@ -233,8 +233,13 @@ class ClusterSimulation:
 
     def _new_manager(self, run: _Run, index: int, generation: int) -> tuple[ProcedureManager, Process]:
         name = f"m{index}" + (f".{generation}" if generation else "")
-        process = Process(name, run.log, random.Random(run.rng.getrandbits(32)))
+        seed = run.rng.getrandbits(32)
+        process = Process(name, run.log, random.Random(seed))
         store = ProcessStore(run.store, process)
+        # Half the managers send what the rules let overlap at once, as on S3 and GCS (a
+        # step's look for a request with its write, a submit's with its create); drawn
+        # from the seed's bits, so that no other draw of the schedule moves.
+        store.round_trips = bool(seed & 1)
         manager = ProcedureManager(
             store,
             lease=Lease(ttl=TTL, holder=name),
