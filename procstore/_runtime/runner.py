@@ -356,6 +356,10 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
             created, ended = await gather_settled(
                 ctx.store.create_submitted(pid, type_name, data), ctx.store.history.has_ended(pid, 1)
             )
+            if created is None:
+                # The key was stored before this attempt (a submit whose answer was lost): a
+                # request may have been stored while it ran, after the look began.
+                looks.forget(pid)
         else:  # nothing to overlap: no task and future for each
             created = await ctx.store.create_submitted(pid, type_name, data)
             ended = await ctx.store.history.has_ended(pid, 1)
