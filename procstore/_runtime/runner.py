@@ -547,6 +547,10 @@ class Runner:
         if not admission.limited:
             return True
         started = self._has_started()
+        if admission.rate is not None and not started:
+            # Its start is stored before its first attempt (a round trip, and the type's recent
+            # starts read first once a term): a look ahead would be as old as those.
+            self.ctx.requests.looks.forget(self.meta.id)
 
         def report(why: str | None) -> None:
             if why is not None and why != self.meta.record.waiting:

@@ -18,6 +18,7 @@ from procstore import (
     ProcedureFailed,
     ProcedureManager,
     ProcedureWithId,
+    RateLimit,
     Status,
     StoreError,
     StringKey,
@@ -162,5 +163,43 @@ async def test_a_request_stored_while_a_resubmit_finds_its_first_key_stops_its_f
         store.go.set()
         watcher = await asyncio.wait_for(resubmit, 5)
         with pytest.raises(ProcedureFailed, match="while it was submitted again"):
+            await asyncio.wait_for(watcher.wait(), 10)
+    assert Locked.RAN == []
+
+
+class SlowStarts(RoundTrips):
+    """Writing a type's recent starts (`flow/starts/`) waits for `go`; `writing` says it began."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing, self.go = asyncio.Event(), asyncio.Event()
+
+    async def put(self, key: str, value: bytes) -> None:
+        if "flow/starts/" in key:
+            self.writing.set()
+            await asyncio.wait_for(self.go.wait(), 5)
+        await super().put(key, value)
+
+
+class RateLimited(Locked):
+    type_name = "submit_look::RateLimited"
+    rate_limit = RateLimit(100, 60)
+
+
+async def test_a_request_stored_while_a_rate_limited_procedure_stores_its_start_stops_its_first_step() -> None:
+    """A rate-limited procedure stores its start (a round trip) after its create and before
+    its first attempt: a cancel stored by another process meanwhile, after its first key
+    was, fails it before its first step (the look sent with the create is older)."""
+    store = SlowStarts()
+    Locked.RAN, Locked.GO = [], None
+    manager = ProcedureManager(store, request_poll_interval=60)
+    manager.register(RateLimited)
+    async with manager:
+        procedure = ProcedureWithId.new(RateLimited("limited", by="none"))
+        watcher = await manager.submit(procedure)
+        await asyncio.wait_for(store.writing.wait(), 5)
+        await RequestStore(store).put(procedure.id, OperatorRequest.new("cancel", "while its start was stored"))
+        store.go.set()
+        with pytest.raises(ProcedureFailed, match="while its start was stored"):
             await asyncio.wait_for(watcher.wait(), 10)
     assert Locked.RAN == []
