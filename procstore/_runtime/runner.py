@@ -883,6 +883,9 @@ class Runner:
         self._consuming = ()
         if not keys:
             return
+        # Deleted after the step's write and before the next attempt: a look ahead sent with
+        # the write would be older than a request stored while they go.
+        self.ctx.requests.looks.forget(self.meta.id)
         try:
             await self.ctx.settings.policy.call(lambda _n: self.ctx.store.signals.delete(keys))
         except Exception as e:
