@@ -356,6 +356,10 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
             created, ended = await gather_settled(
                 ctx.store.create_submitted(pid, type_name, data), ctx.store.history.has_ended(pid, 1)
             )
+            if created is None:
+                # The key was stored before this attempt (a submit whose answer was lost): a
+                # request may have been stored while it ran, after the look began.
+                looks.forget(pid)
         else:  # nothing to overlap: no task and future for each
             created = await ctx.store.create_submitted(pid, type_name, data)
             ended = await ctx.store.history.has_ended(pid, 1)
@@ -543,6 +547,10 @@ class Runner:
         if not admission.limited:
             return True
         started = self._has_started()
+        if admission.rate is not None and not started:
+            # Its start is stored before its first attempt (a round trip, and the type's recent
+            # starts read first once a term): a look ahead would be as old as those.
+            self.ctx.requests.looks.forget(self.meta.id)
 
         def report(why: str | None) -> None:
             if why is not None and why != self.meta.record.waiting:
@@ -875,6 +883,9 @@ class Runner:
         self._consuming = ()
         if not keys:
             return
+        # Deleted after the step's write and before the next attempt: a look ahead sent with
+        # the write would be older than a request stored while they go.
+        self.ctx.requests.looks.forget(self.meta.id)
         try:
             await self.ctx.settings.policy.call(lambda _n: self.ctx.store.signals.delete(keys))
         except Exception as e:

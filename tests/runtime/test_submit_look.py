@@ -18,7 +18,9 @@ from procstore import (
     ProcedureFailed,
     ProcedureManager,
     ProcedureWithId,
+    RateLimit,
     Status,
+    StoreError,
     StringKey,
 )
 from procstore.store.memory import MemoryStore
@@ -116,3 +118,88 @@ async def test_a_request_stored_while_a_submitted_procedure_waits_to_start_stops
         with pytest.raises(ProcedureFailed, match=f"while it waited for its {by}"):
             await asyncio.wait_for(waiter.wait(), 10)
     assert ("waiter", 0) not in Locked.RAN
+
+
+class LostAnswers(RoundTrips):
+    """Step 0's create lands and loses its answer while `lose` is set; while `hold` is set,
+    it waits for `go` (`creating` says it began)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lose = self.hold = False
+        self.creating, self.go = asyncio.Event(), asyncio.Event()
+
+    async def put_if_absent(self, key: str, value: bytes) -> bool:
+        if not key.endswith("/0000000000.step"):
+            return await super().put_if_absent(key, value)
+        if self.hold:
+            self.creating.set()
+            await asyncio.wait_for(self.go.wait(), 5)
+        created = await super().put_if_absent(key, value)
+        if self.lose:
+            raise StoreError("the answer was lost", key=key)
+        return created
+
+
+async def test_a_request_stored_while_a_resubmit_finds_its_first_key_stops_its_first_step() -> None:
+    """A submit whose create landed with its answer lost is submitted again; a cancel stored
+    by another process while that create runs (the key was stored already, so the cancel
+    could be) fails the procedure before its first step: the look sent with a create that
+    found the key is as old as the create, and is made again."""
+    store = LostAnswers()
+    Locked.RAN, Locked.GO = [], None
+    manager = ProcedureManager(store, request_poll_interval=60, max_retry_times=0)
+    manager.register(Locked)
+    async with manager:
+        procedure = ProcedureWithId.new(Locked("resubmitted", by="none"))
+        store.lose = True
+        with pytest.raises(StoreError):
+            await manager.submit(procedure)
+        store.lose, store.hold = False, True
+        resubmit = asyncio.ensure_future(manager.submit(procedure))
+        await asyncio.wait_for(store.creating.wait(), 5)
+        await asyncio.sleep(0.01)  # the look sent with it has answered: no request yet
+        await RequestStore(store).put(procedure.id, OperatorRequest.new("cancel", "while it was submitted again"))
+        store.go.set()
+        watcher = await asyncio.wait_for(resubmit, 5)
+        with pytest.raises(ProcedureFailed, match="while it was submitted again"):
+            await asyncio.wait_for(watcher.wait(), 10)
+    assert Locked.RAN == []
+
+
+class SlowStarts(RoundTrips):
+    """Writing a type's recent starts (`flow/starts/`) waits for `go`; `writing` says it began."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing, self.go = asyncio.Event(), asyncio.Event()
+
+    async def put(self, key: str, value: bytes) -> None:
+        if "flow/starts/" in key:
+            self.writing.set()
+            await asyncio.wait_for(self.go.wait(), 5)
+        await super().put(key, value)
+
+
+class RateLimited(Locked):
+    type_name = "submit_look::RateLimited"
+    rate_limit = RateLimit(100, 60)
+
+
+async def test_a_request_stored_while_a_rate_limited_procedure_stores_its_start_stops_its_first_step() -> None:
+    """A rate-limited procedure stores its start (a round trip) after its create and before
+    its first attempt: a cancel stored by another process meanwhile, after its first key
+    was, fails it before its first step (the look sent with the create is older)."""
+    store = SlowStarts()
+    Locked.RAN, Locked.GO = [], None
+    manager = ProcedureManager(store, request_poll_interval=60)
+    manager.register(RateLimited)
+    async with manager:
+        procedure = ProcedureWithId.new(RateLimited("limited", by="none"))
+        watcher = await manager.submit(procedure)
+        await asyncio.wait_for(store.writing.wait(), 5)
+        await RequestStore(store).put(procedure.id, OperatorRequest.new("cancel", "while its start was stored"))
+        store.go.set()
+        with pytest.raises(ProcedureFailed, match="while its start was stored"):
+            await asyncio.wait_for(watcher.wait(), 10)
+    assert Locked.RAN == []
