@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -410,7 +410,7 @@ class SlowSignalDeletes(MemoryStore):
         super().__init__(f"signal-deletes-{uuid.uuid4().hex}")
         self.deleting, self.go = asyncio.Event(), asyncio.Event()
 
-    async def batch_delete(self, keys: list[str]) -> None:
+    async def batch_delete(self, keys: Sequence[str]) -> None:
         if any("/signals/" in f"/{key}" for key in keys):
             self.deleting.set()
             await asyncio.wait_for(self.go.wait(), 5)
