@@ -76,8 +76,9 @@ class Lease:
         late_write_grace: seconds after winning the lease during which a procedure resumed
             from the store keeps its keys when it finishes (they are deleted afterwards). A
             former leader that was paused with a write already sent can deliver it when it
-            resumes; while the keys are there, that write cannot re-create one. Defaults to
-            five TTLs.
+            resumes; while the keys are there, that write cannot re-create one. Also how
+            long a folder whose deletion failed waits before it is created again (a request
+            that failed may still land). Defaults to five TTLs.
         adopt_interval: seconds between a leader's looks for procedures stored after its
             recovery (by a submit that lost the lease while writing, or a late write); each
             look lists the store. Defaults to three TTLs.

@@ -66,6 +66,8 @@ class TermLease:
     `WrittenKeys.inherited`): a paused former leader's late write could re-create them."""
     adopt_interval: float
     """Seconds between looks for procedures stored after recovery."""
+    late_write_grace: float
+    """Seconds within which a write sent may still land (`Lease.late_write_grace`)."""
     holder: str = ""
     """This manager's name in the lease."""
 
@@ -114,7 +116,11 @@ class Term:
         if lease is not None:
             state_store = GuardedStore(state_store, lease.check_writable)
         store = ProcedureStore(
-            state_store, settings.parent_path, skip_strays=lease is not None, history=settings.history
+            state_store,
+            settings.parent_path,
+            skip_strays=lease is not None,
+            history=settings.history,
+            **({} if lease is None else {"late_write_grace": lease.late_write_grace}),
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self.running = False

@@ -20,6 +20,7 @@ from procstore._logs import get_logger, procedure_fields
 from procstore.errors import Fenced, ListingIncomplete, ProcedureError, StoreError
 from procstore.ids import ProcedureId
 from procstore.store.activity import ActivityStore
+from procstore.store.deletes_in_doubt import DEFAULT_LATE_WRITE_GRACE, DeletesInDoubt
 from procstore.store.folder import ProcedureKeys, decode_or_problem, latest_first, latest_key
 from procstore.store.history import History, HistoryStore
 from procstore.store.keys import (
@@ -136,7 +137,13 @@ class ProcedureStore:
     """Reads and writes procedures under `{parent_path}procedure/` of a `StateStore`."""
 
     def __init__(
-        self, store: StateStore, parent_path: str = "", *, skip_strays: bool = False, history: History | None = None
+        self,
+        store: StateStore,
+        parent_path: str = "",
+        *,
+        skip_strays: bool = False,
+        history: History | None = None,
+        late_write_grace: float = DEFAULT_LATE_WRITE_GRACE,
     ) -> None:
         if parent_path and not parent_path.endswith("/"):
             parent_path += "/"
@@ -160,6 +167,8 @@ class ProcedureStore:
         step 0 (`ProcedureMessages.stray_ids`) and deletes empty latest keys (torn creates).
         Only managers sharing a store by lease leave those; a single manager reports them as
         usual (a store written by hand, say)."""
+        self.deletes_in_doubt = DeletesInDoubt(late_write_grace)
+        """Folders not to create again yet: a request of their deletion may still land."""
         self.unknown_fields: dict[ProcedureId, bytes] = {}
         """The message fields procstore does not know (`ProcedureMessage.extra`) of each
         procedure read that has any, written back on every message written for it after:
@@ -244,6 +253,7 @@ class ProcedureStore:
         """
         self.unknown_fields.pop(procedure_id, None)  # an earlier procedure's of the same id
         value = ProcedureMessage(type_name, data, parent_id, 0, None, run).encode()
+        await self.deletes_in_doubt.settled(procedure_id)
         return await self._create(self.key(procedure_id, 0, KeyType.STEP), value)
 
     async def create_submitted(self, procedure_id: ProcedureId, type_name: str, data: str) -> bool | None:
@@ -338,7 +348,11 @@ class ProcedureStore:
                 return
             keys = [parsed for key in listed if (parsed := self._parsed_or_warned(procedure_id, key)) is not None]
         self.unknown_fields.pop(procedure_id, None)
-        await self.store.delete_in_order(*_deletion_stages(keys), folder)
+        try:
+            await self.store.delete_in_order(*_deletion_stages(keys), folder)
+        except BaseException:
+            self.deletes_in_doubt.note(procedure_id)
+            raise
 
     def _parsed_or_warned(self, procedure_id: ProcedureId, key: str) -> ParsedKey | None:
         parsed = ParsedKey.parse(self.proc_path, key)

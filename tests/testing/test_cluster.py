@@ -42,6 +42,7 @@ FIXED_FINDINGS = {
         *[68, 536, 894, 954, 1030, 1031, 1065, 1350, 1839, 1967, 2249, 3063, 3409, 3555],
         *[14188, 31084, 52723, 53863],
         *[4, 5, 60, 19, 95, 326, 192, 600609, 601827, 601995],
+        6000266,
     ],
     "machines": [283, 626, 5613, 6152, 6584, 36408, 80963, 5100407],
 }
@@ -70,7 +71,9 @@ before commit c9c5e1d (those seeds now draw other runs): a burst's later signals
 a target's state read before the first one's send blocked (192), a failure recorded right
 above a `.commit` that landed late read as a finished run coming back (600609), two sends
 at one virtual instant taken as ordered (601827), a chain of lock holders each sleeping
-minutes outlasting the heal's deadline (601995). A false report of the heal (machines
+minutes outlasting the heal's deadline (601995). A deletion's failed request landing after the
+child it deleted was created again by its parent's next run, taking the new run's `0.step`
+(6000266). A false report of the heal (machines
 5100407): a kept failed root whose end record the store refused past its retries is recorded
 by the next start, as documented, and the heal took the cluster for settled before its
 restart. Since half the managers send what the rules let overlap at once (as on S3), the
