@@ -250,34 +250,49 @@ def _runs_that_ended(loaded: ProcedureMessages, ended: set[RunKey]) -> list[Proc
     run's, so a child at its step 0 whose parent is gone and whose parent's run (the
     child's run number) has an end record is a leftover too.
     """
-    live = {*loaded.messages, *loaded.rollback_messages, *loaded.unreadable_ids}
-    # A parent's current run: a child of an earlier run of it belongs to a tree that ended.
-    runs = {pid: m.run for messages in (loaded.messages, loaded.rollback_messages) for pid, m in messages.items()}
     out: list[ProcedureId] = []
-    for messages in (loaded.messages, loaded.rollback_messages):
-        for pid, message in messages.items():
-            parent = message.parent_id
-            if (str(pid), message.run) in ended or (
-                message.step == 0 and parent is not None and parent not in live and (str(parent), message.run) in ended
-            ):
-                out.append(pid)
+    if ended:  # with no end record (a store whose history is empty), no run has ended
+        live = {*loaded.messages, *loaded.rollback_messages, *loaded.unreadable_ids}
+        for messages in (loaded.messages, loaded.rollback_messages):
+            for pid, message in messages.items():
+                parent = message.parent_id
+                if (str(pid), message.run) in ended or (
+                    message.step == 0
+                    and parent is not None
+                    and parent not in live
+                    and (str(parent), message.run) in ended
+                ):
+                    out.append(pid)
     # A finished child of an earlier run of its parent is that ended tree's: the parent's
     # new run must not take its outcome for its own.
-    for pid in loaded.finished_ids:
-        finished = loaded.finished_messages.get(pid)
-        if finished is not None and finished.parent_id is not None and runs.get(finished.parent_id, 0) > finished.run:
-            out.append(pid)
+    finished_children = [
+        (pid, finished)
+        for pid in loaded.finished_ids
+        if (finished := loaded.finished_messages.get(pid)) is not None and finished.parent_id is not None
+    ]
+    if finished_children:
+        runs = _current_runs(loaded)
+        out += [pid for pid, finished in finished_children if runs.get(finished.parent_id, 0) > finished.run]
     return out
+
+
+def _current_runs(loaded: ProcedureMessages) -> dict[ProcedureId | None, int]:
+    """Each unfinished procedure's current run: a child of an earlier run of its parent
+    belongs to a tree that ended."""
+    return {pid: m.run for messages in (loaded.messages, loaded.rollback_messages) for pid, m in messages.items()}
 
 
 def _children_of_ended_runs(loaded: ProcedureMessages) -> dict[ProcedureId, str]:
     """Unfinished children whose parent runs a later run than theirs: nothing will claim them
     (kept and reported, as any subprocedure nothing will resume)."""
-    runs = {pid: m.run for messages in (loaded.messages, loaded.rollback_messages) for pid, m in messages.items()}
+    children = [(pid, m) for pid, m in loaded.messages.items() if m.parent_id is not None]
+    if not children:
+        return {}
+    runs = _current_runs(loaded)
     return {
         pid: f"a subprocedure of run {m.run} of {m.parent_id}, which runs run {runs[m.parent_id]} now"
-        for pid, m in loaded.messages.items()
-        if m.parent_id is not None and runs.get(m.parent_id, 0) > m.run
+        for pid, m in children
+        if runs.get(m.parent_id, 0) > m.run
     }
 
 

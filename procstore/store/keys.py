@@ -236,17 +236,24 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
     """
     cut = len(prefix) + _ID_LENGTH + 1  # `{prefix}{id}/`: a folder
     digits_end = cut + _STEP_DIGITS
-    shape = re.compile(rf"{re.escape(prefix)}{CANONICAL_ID_PATTERN}/[0-9]{{{_STEP_DIGITS}}}\.(?:step|commit|rollback)")
-    if not all(map(shape.fullmatch, keys)) or any(map(operator.ge, keys, keys[1:])):
+    if any(map(operator.ge, keys, keys[1:])):
         return None
-    if any(key[cut:digits_end] > _MAX_STEP_TEXT for key in keys):
-        return None  # a key above `MAX_STEP` is no procedure's: `group` sets it apart
-    last_at = {key[:cut]: i for i, key in enumerate(keys)}  # each folder's run ends there
-    trusted = ProcedureId._from_checked_text
+    # Each folder's run ends at `last_at[folder]`. A key is of the one shape exactly when its
+    # first `cut` characters are a folder's and the rest a key name's: the folders are
+    # checked once each, and the names once each distinct one (`0000000001.step` and a few
+    # others recur in every folder), instead of a pattern matched against every key.
+    last_at = dict(zip(map(operator.itemgetter(slice(cut)), keys), range(len(keys)), strict=True))
+    folder_shape = re.compile(rf"{re.escape(prefix)}{CANONICAL_ID_PATTERN}/")
+    if not all(map(folder_shape.fullmatch, last_at)):
+        return None
+    for name in set(map(operator.itemgetter(slice(cut, None)), keys)):
+        if _KEY_NAME.fullmatch(name) is None or name[:_STEP_DIGITS] > _MAX_STEP_TEXT:
+            return None  # a key above `MAX_STEP` is no procedure's: `group` sets it apart
+    ids = ProcedureId._from_checked_texts(list(map(operator.itemgetter(slice(cut - 1 - _ID_LENGTH, cut - 1)), last_at)))
     types = _SUFFIX_TYPES
     out: list[FolderLatest] = []
     first = 0  # where the folder's run begins
-    for folder, end in last_at.items():
+    for procedure_id, end in zip(ids, last_at.values(), strict=True):
         top = keys[end][:digits_end]
         at = end  # at most two keys back: a commit and a rollback at the top step
         while at > first and keys[at - 1].startswith(top):
@@ -260,7 +267,6 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
         low = 0
         if lowest and not keys[first].startswith(_STEP_ZERO, cut):
             low = int(keys[first][cut:digits_end])
-        procedure_id = trusted(folder[cut - 1 - _ID_LENGTH : cut - 1])
         out.append((procedure_id, (int(key[cut:digits_end]), key_type), key, below, below_key, low))
         first = end + 1
     return out
@@ -290,5 +296,7 @@ def _highest_message_before(keys: Sequence[str], at: int, first: int, digits_end
     return None
 
 
+_KEY_NAME = re.compile(rf"[0-9]{{{_STEP_DIGITS}}}\.(?:{'|'.join(_KEY_TYPES)})")
+"""The last part of a key as `key_text` writes it, ten digits (`latest_in_sorted`)."""
 _STEP_ZERO = "0" * _STEP_DIGITS
 _SUFFIX_TYPES = {f".{kt.value}": kt for kt in KeyType}

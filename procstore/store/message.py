@@ -42,6 +42,8 @@ class StepWait:
 
     @classmethod
     def of(cls, message: ProcedureMessage) -> StepWait:
+        if message.wake_at is None and message.signal is None and not message.consumed:
+            return NO_WAIT  # most messages: recovery asks this of every one it resumes
         return cls(message.wake_at, message.signal, message.consumed)
 
     @property

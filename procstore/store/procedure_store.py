@@ -421,8 +421,7 @@ class ProcedureStore:
                 return await self.load_messages()
             latest_of.update((to_read[i][0], to_read[i][1:]) for i in torn)
         with collector_paused():
-            read = dict(zip((pid for pid, _, _ in to_read), values, strict=True))
-            result = self._classify(latest_of, below_commit, read)
+            result = self._classify(latest_of, below_commit, values)
         result.stray_ids = _set_strays_apart(result, stray)
         result.problems.extend(unlisted)
         return result
@@ -532,22 +531,35 @@ class ProcedureStore:
         self,
         latest_of: dict[ProcedureId, StepAndType],
         below_commit: dict[ProcedureId, StepAndType],
-        read: dict[ProcedureId, bytes | Exception | None],
+        values: list[bytes | Exception | None],
     ) -> ProcedureMessages:
+        """Sort the procedures by their latest keys; `values` are the keys read
+        (`_latest_keys`'s `to_read`), in the order of `latest_of` (a `.commit` with no message
+        below it was not read)."""
         result = ProcedureMessages()
+        read = iter(values)
+        unknown_fields = self.unknown_fields
         for pid, (step, key_type) in latest_of.items():
             if key_type is KeyType.COMMIT:
-                self._classify_finished(pid, below_commit.get(pid), read.get(pid), result)
+                below = below_commit.get(pid)
+                self._classify_finished(pid, below, None if below is None else next(read), result)
                 continue
+            raw = next(read)
             if step == MAX_STEP:  # a key above it is no procedure's (`ParsedKey.parse`)
                 # Resuming writes at step + 1, which no message could hold: every write of
                 # the procedure would fail. A problem now, not a failure at every start.
                 reason = f"its step number {step} is the largest a procedure can write: it could write no other"
                 self._report((pid, step, key_type), reason, result.problems)
                 continue
-            message = self._decode((pid, step, key_type), read[pid], result.problems)
-            if message is None:
-                continue
+            # `_decode` written out for a value that decodes (recovery reads thousands); any
+            # other goes through it, for its report.
+            message = decode_or_problem(raw, step) if raw is not None else None
+            if type(message) is not ProcedureMessage:
+                message = self._decode((pid, step, key_type), raw, result.problems)
+                if message is None:
+                    continue
+            elif message.extra:
+                unknown_fields[pid] = message.extra  # `keep_unknown_fields`
             if key_type is KeyType.STEP:
                 result.messages[pid] = message
             else:

@@ -1,0 +1,45 @@
+"""`python -m benchmarks.recovery_ab OLD_CHECKOUT NEW_CHECKOUT DIR`: an A/B of recovery's load
+against the raw list-and-read (`benchmarks.recovery_profile`) between two checkouts, their
+processes alternating (old, new, old, new...) on one store in DIR, so that the machine's
+other work hits both alike. Copy `recovery_profile.py` into the old checkout's `benchmarks/`
+first if it lacks it. Prints, for each, the ratio best to best and median to median over
+every run, and each process's own.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+import click
+
+
+@click.command()
+@click.argument("old")
+@click.argument("new")
+@click.argument("folder")
+@click.option("-n", "count", default=10_000, show_default=True, help="Procedures in the store.")
+@click.option("--processes", default=3, show_default=True, help="Processes of each, alternating.")
+@click.option("--runs", default=5, show_default=True, help="Interleaved runs in each process.")
+def main(old: str, new: str, folder: str, count: int, processes: int, runs: int) -> None:
+    """Alternate the two checkouts' `benchmarks.recovery_profile` and summarise."""
+    results: dict[str, list[dict[str, list[float]]]] = {old: [], new: []}
+    command = [sys.executable, "-m", "benchmarks.recovery_profile", folder, "-n", str(count), "--runs", str(runs)]
+    for _ in range(processes):
+        for where in (old, new):
+            out = subprocess.run(command, cwd=where, capture_output=True, text=True, check=True)
+            results[where].append(json.loads(out.stdout.splitlines()[-1]))
+    for where, runs_of in results.items():
+        load = [x for r in runs_of for x in r["load"]]
+        raw = [x for r in runs_of for x in r["raw"]]
+        each = ", ".join(f"{min(r['load']) / min(r['raw']):.2f}" for r in runs_of)
+        print(f"{where}: load best {min(load):.3f} s, median {statistics.median(load):.3f} s; "
+              f"raw best {min(raw):.3f} s, median {statistics.median(raw):.3f} s")  # fmt: skip
+        best, median = min(load) / min(raw), statistics.median(load) / statistics.median(raw)
+        print(f"  ratio best to best {best:.2f}, median to median {median:.2f} (each process's best: {each})")
+
+
+if __name__ == "__main__":
+    main()
