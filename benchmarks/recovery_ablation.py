@@ -1,0 +1,166 @@
+"""`python -m benchmarks.recovery_ablation DIR`: what each part of recovery's load costs, as
+the ratio to the raw list-and-read that the load reaches without it.
+
+Measurement only: each part is replaced, for the timed load alone, by a stand-in that hands
+over what the part would have computed, made beforehand (the latest keys, the decoded
+messages), or by nothing where nothing after it needs its result (the runners, the plan of
+a store that holds roots only). The store is `benchmarks.recovery_profile`'s (filled by it
+on the first run); each load is timed interleaved with the raw list-and-read and with every
+other variant, and the last row removes every part at once: the floor of a loader that
+lists, reads and starts a manager, with procstore's layers on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import statistics
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from unittest.mock import patch
+
+import click
+
+from benchmarks.crashed_manager import GATE
+from benchmarks.harness import timed
+from benchmarks.procedures import GATES
+from benchmarks.recovery_profile import filled
+from benchmarks.stores import Target
+from benchmarks.suites import manager
+from procstore.store import open_state_store
+from procstore.store.folder import decode_or_problem
+from procstore.store.procedure_store import ProcedureStore
+
+Patch = Callable[[], contextlib.AbstractContextManager[Any]]
+
+
+class _IdleRunner:
+    """A runner that is never started: what `_start_resumed` asks of one, doing nothing."""
+
+    __slots__ = ("holds_locks", "meta")
+
+    def __init__(self, _ctx: object, meta: object, *_args: object, holds_locks: bool = False, **_kw: object) -> None:
+        self.meta = meta
+        self.holds_locks = holds_locks
+
+    def take_slot_if_started(self) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+
+async def precomputed(url: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Stand-ins for `ProcedureStore._latest_keys` and `decode_or_problem`: the answers for
+    this store, computed now (a dictionary lookup per value stays)."""
+    store = ProcedureStore(open_state_store(url))
+    keys, _ = await store.list_keys()
+    latest = store._latest_keys(keys)
+    values = await store._read_all(latest[2])
+    await store.store.close()
+    read = zip(values, latest[1], strict=True)
+    decoded = {v: decode_or_problem(v, key[1]) for v, key in read if isinstance(v, bytes)}
+
+    def latest_keys(_self: ProcedureStore, _keys: list[str]) -> Any:
+        return dict(latest[0]), list(latest[1]), list(latest[2]), list(latest[3]), dict(latest[4])
+
+    def decode(raw: Any, _step: int | None = None) -> Any:
+        return decoded[raw]
+
+    return latest_keys, decode
+
+
+@contextlib.contextmanager
+def collector_off() -> Iterator[None]:
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def parts(latest_keys: Callable[..., Any], decode: Callable[..., Any]) -> dict[str, list[Patch]]:
+    """Each part's stand-ins, by the part's name."""
+    recovery = "procstore._runtime.recovery"
+
+    def roots(_ctx: object, messages: dict[Any, Any], *_a: object, **_k: object) -> list[Any]:
+        return list(messages.items())  # every procedure is a root here: the plan's answer
+
+    return {
+        "the listing's reading (latest keys)": [lambda: patch.object(ProcedureStore, "_latest_keys", latest_keys)],
+        "decoding the values": [lambda: patch("procstore.store.procedure_store.decode_or_problem", decode)],
+        "the plan (strays, ended runs, parent chains, roots)": [
+            lambda: patch(f"{recovery}._runs_that_ended", lambda *_a: []),
+            lambda: patch(f"{recovery}._stranded", lambda *_a: {}),
+            lambda: patch(f"{recovery}._children_of_ended_runs", lambda *_a: {}),
+            lambda: patch(f"{recovery}._plan_unfinished", roots),
+        ],
+        "runners (made, slots, started)": [lambda: patch(f"{recovery}.Runner", _IdleRunner)],
+        "the garbage collector": [collector_off],
+    }
+
+
+async def measure(url: str, n: int, runs: int) -> dict[str, list[float]]:
+    """Every run's seconds of the raw list-and-read (`raw`) and of each variant's load."""
+    latest_keys, decode = await precomputed(url)
+    every = parts(latest_keys, decode)
+    variants: dict[str, tuple[list[Patch], bool]] = {"as it is": ([], True)}  # stand-ins, telemetry
+    variants.update((f"without {name}", (stand_ins, True)) for name, stand_ins in every.items())
+    variants["without all of these"] = ([p for stand_ins in every.values() for p in stand_ins], True)
+    variants["without telemetry (telemetry=False)"] = ([], False)
+    target = Target("local", url)
+    raw_store = open_state_store(url)
+    GATES[GATE] = asyncio.Event()  # closed: loaded procedures wait, writing nothing
+
+    async def raw() -> None:
+        latest = {key.rpartition("/")[0]: key for key in await raw_store.walk("procedure/")}
+        await raw_store.get_many(list(latest.values()))
+
+    def load(name: str, stand_ins: list[Patch], telemetry: bool) -> Callable[[], Awaitable[None]]:
+        async def timing() -> None:
+            m = manager(url, target, telemetry=telemetry)
+            with contextlib.ExitStack() as stack:
+                for stand_in in stand_ins:
+                    stack.enter_context(stand_in())
+                seconds = await timed(m.start)
+            samples[name].append(seconds)
+            if len(m.list_procedures()) != n:
+                raise AssertionError(f"{name}: loaded {len(m.list_procedures())} procedures, not {n}")
+            await m.stop()
+            gc.collect()  # untimed: what a variant left is not the next one's to collect
+
+        return timing
+
+    samples: dict[str, list[float]] = {name: [] for name in ["raw", *variants]}
+    for _ in range(runs):
+        samples["raw"].append(await timed(raw))
+        for name, (stand_ins, telemetry) in variants.items():
+            await load(name, stand_ins, telemetry)()
+    await raw_store.close()
+    return samples
+
+
+@click.command()
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.option("-n", "count", default=10_000, show_default=True, help="Procedures in the store.")
+@click.option("--runs", default=5, show_default=True, help="Interleaved runs of each variant.")
+def main(folder: Path, count: int, runs: int) -> None:
+    """Print each variant's load and its ratio to the raw list-and-read (best, median)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    url = f"{folder.resolve()}/"
+    asyncio.run(filled(url, count))
+    results = asyncio.run(measure(url, count, runs))
+    raw = results["raw"]
+    print(f"raw list + read: best {min(raw):.3f} s, median {statistics.median(raw):.3f} s ({runs} runs)")
+    for name, times in results.items():
+        if name == "raw":
+            continue
+        best, median = min(times) / min(raw), statistics.median(times) / statistics.median(raw)
+        print(f"{name:60s} best {min(times):.3f} s, median {statistics.median(times):.3f} s: "
+              f"ratio {best:.2f} / {median:.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
