@@ -25,15 +25,19 @@ import click
 
 from benchmarks.crashed_manager import GATE
 from benchmarks.harness import timed
-from benchmarks.procedures import GATES
+from benchmarks.procedures import GATES, Loop
 from benchmarks.recovery_profile import filled
 from benchmarks.stores import Target
 from benchmarks.suites import manager
+from procstore import ProcedureId
+from procstore._runtime.context import ManagerContext
+from procstore.lock_key import NO_KEYS
 from procstore.store import open_state_store
 from procstore.store.folder import decode_or_problem
 from procstore.store.procedure_store import ProcedureStore
 
 Patch = Callable[[], contextlib.AbstractContextManager[Any]]
+"""A stand-in for a part: entered around a timed load."""
 
 
 class _IdleRunner:
@@ -52,24 +56,35 @@ class _IdleRunner:
         pass
 
 
-async def precomputed(url: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+async def precomputed(url: str) -> tuple[Callable[..., Any], Callable[..., Any], dict[ProcedureId, str]]:
     """Stand-ins for `ProcedureStore._latest_keys` and `decode_or_problem`: the answers for
-    this store, computed now (a dictionary lookup per value stays)."""
+    this store, computed now (a dictionary lookup per value stays); and each procedure's
+    latest data."""
     store = ProcedureStore(open_state_store(url))
     keys, _ = await store.list_keys()
     latest = store._latest_keys(keys)
     values = await store._read_all(latest[2])
     await store.store.close()
-    read = zip(values, latest[1], strict=True)
-    decoded = {v: decode_or_problem(v, key[1]) for v, key in read if isinstance(v, bytes)}
+    messages = [decode_or_problem(v, key[1]) for v, key in zip(values, latest[1], strict=True)]
+    decoded: dict[tuple[bytes, int | None], Any] = {
+        (v, key[1]): m for v, key, m in zip(values, latest[1], messages, strict=True) if isinstance(v, bytes)
+    }
+    latest_data = {key[0]: m.data for key, m in zip(latest[1], messages, strict=True) if not isinstance(m, str)}
 
     def latest_keys(_self: ProcedureStore, _keys: list[str]) -> Any:
         return dict(latest[0]), list(latest[1]), list(latest[2]), list(latest[3]), dict(latest[4])
 
-    def decode(raw: Any, _step: int | None = None) -> Any:
-        return decoded[raw]
+    def decode(raw: Any, step: int | None = None) -> Any:
+        return decoded[raw, step]
 
-    return latest_keys, decode
+    return latest_keys, decode, latest_data
+
+
+_START_ALONE = "start() alone (no recovery at all)"
+
+
+async def _recovers_nothing(_ctx: object) -> list[Any]:
+    return []
 
 
 @contextlib.contextmanager
@@ -81,7 +96,18 @@ def collector_off() -> Iterator[None]:
         gc.enable()
 
 
-def parts(latest_keys: Callable[..., Any], decode: Callable[..., Any]) -> dict[str, list[Patch]]:
+@contextlib.contextmanager
+def loaded_beforehand(latest_data: dict[ProcedureId, str]) -> Iterator[None]:
+    """`ManagerContext.load_with_lock_key` answered by procedures loaded before the timing
+    (each procedure's own, as its runner would get it), with no lock keys (a `Loop` has none)."""
+    made = {pid: (Loop.load(data), NO_KEYS) for pid, data in latest_data.items()}
+    with patch.object(ManagerContext, "load_with_lock_key", lambda _ctx, pid, *_a: made[pid]):
+        yield
+
+
+def parts(
+    latest_keys: Callable[..., Any], decode: Callable[..., Any], latest_data: dict[ProcedureId, str]
+) -> dict[str, list[Patch]]:
     """Each part's stand-ins, by the part's name."""
     recovery = "procstore._runtime.recovery"
 
@@ -97,6 +123,7 @@ def parts(latest_keys: Callable[..., Any], decode: Callable[..., Any]) -> dict[s
             lambda: patch(f"{recovery}._children_of_ended_runs", lambda *_a: {}),
             lambda: patch(f"{recovery}._plan_unfinished", roots),
         ],
+        "loading the procedures (loader, lock_key())": [lambda: loaded_beforehand(latest_data)],
         "runners (made, slots, started)": [lambda: patch(f"{recovery}.Runner", _IdleRunner)],
         "the garbage collector": [collector_off],
     }
@@ -104,12 +131,14 @@ def parts(latest_keys: Callable[..., Any], decode: Callable[..., Any]) -> dict[s
 
 async def measure(url: str, n: int, runs: int) -> dict[str, list[float]]:
     """Every run's seconds of the raw list-and-read (`raw`) and of each variant's load."""
-    latest_keys, decode = await precomputed(url)
-    every = parts(latest_keys, decode)
+    latest_keys, decode, latest_data = await precomputed(url)
+    every = parts(latest_keys, decode, latest_data)
     variants: dict[str, tuple[list[Patch], bool]] = {"as it is": ([], True)}  # stand-ins, telemetry
     variants.update((f"without {name}", (stand_ins, True)) for name, stand_ins in every.items())
     variants["without all of these"] = ([p for stand_ins in every.values() for p in stand_ins], True)
     variants["without telemetry (telemetry=False)"] = ([], False)
+    nothing_to_recover: list[Patch] = [lambda: patch("procstore._runtime.term.recover", _recovers_nothing)]
+    variants[_START_ALONE] = (nothing_to_recover, True)
     target = Target("local", url)
     raw_store = open_state_store(url)
     GATES[GATE] = asyncio.Event()  # closed: loaded procedures wait, writing nothing
@@ -126,7 +155,7 @@ async def measure(url: str, n: int, runs: int) -> dict[str, list[float]]:
                     stack.enter_context(stand_in())
                 seconds = await timed(m.start)
             samples[name].append(seconds)
-            if len(m.list_procedures()) != n:
+            if name != _START_ALONE and len(m.list_procedures()) != n:
                 raise AssertionError(f"{name}: loaded {len(m.list_procedures())} procedures, not {n}")
             await m.stop()
             gc.collect()  # untimed: what a variant left is not the next one's to collect

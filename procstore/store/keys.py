@@ -246,28 +246,29 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
     folder_shape = re.compile(rf"{re.escape(prefix)}{CANONICAL_ID_PATTERN}/")
     if not all(map(folder_shape.fullmatch, last_at)):
         return None
+    named: dict[str, StepAndType] = {}  # each distinct name's step and type, one tuple shared by its keys
     for name in set(map(operator.itemgetter(slice(cut, None)), keys)):
         if _KEY_NAME.fullmatch(name) is None or name[:_STEP_DIGITS] > _MAX_STEP_TEXT:
             return None  # a key above `MAX_STEP` is no procedure's: `group` sets it apart
+        named[name] = (int(name[:_STEP_DIGITS]), _SUFFIX_TYPES[name[_STEP_DIGITS:]])
     ids = ProcedureId._from_checked_texts(list(map(operator.itemgetter(slice(cut - 1 - _ID_LENGTH, cut - 1)), last_at)))
-    types = _SUFFIX_TYPES
     out: list[FolderLatest] = []
     first = 0  # where the folder's run begins
     for procedure_id, end in zip(ids, last_at.values(), strict=True):
-        top = keys[end][:digits_end]
+        key = keys[end]
+        top = key[:digits_end]
         at = end  # at most two keys back: a commit and a rollback at the top step
         while at > first and keys[at - 1].startswith(top):
             at -= 1
-        key = keys[at]
-        key_type = types[key[digits_end:]]
+        if at != end:
+            key = keys[at]
+        latest = named[key[cut:]]
         below: StepAndType | None = None
         below_key = None
-        if key_type is KeyType.COMMIT and (below_key := _highest_below_commit(keys, at, first, digits_end)):
-            below = (int(below_key[cut:digits_end]), types[below_key[digits_end:]])
-        low = 0
-        if lowest and not keys[first].startswith(_STEP_ZERO, cut):
-            low = int(keys[first][cut:digits_end])
-        out.append((procedure_id, (int(key[cut:digits_end]), key_type), key, below, below_key, low))
+        if latest[1] is KeyType.COMMIT and (below_key := _highest_below_commit(keys, at, first, digits_end)):
+            below = named[below_key[cut:]]
+        low = named[keys[first][cut:]][0] if lowest else 0
+        out.append((procedure_id, latest, key, below, below_key, low))
         first = end + 1
     return out
 
@@ -298,5 +299,4 @@ def _highest_message_before(keys: Sequence[str], at: int, first: int, digits_end
 
 _KEY_NAME = re.compile(rf"[0-9]{{{_STEP_DIGITS}}}\.(?:{'|'.join(_KEY_TYPES)})")
 """The last part of a key as `key_text` writes it, ten digits (`latest_in_sorted`)."""
-_STEP_ZERO = "0" * _STEP_DIGITS
 _SUFFIX_TYPES = {f".{kt.value}": kt for kt in KeyType}
