@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -224,12 +224,9 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
             await _delete_signals(ctx, ended)
     await _forget_requests(ctx, requested, loaded, to_delete)
 
-    runners: list[Runner] = []
     with collector_paused():
-        for pid, message in rolling_back_roots:
-            runners += _resume_root(ctx, pid, message, rolling_back=True, problems=problems)
-        for pid, message in running_roots:
-            runners += _resume_root(ctx, pid, message, rolling_back=False, problems=problems)
+        runners = _resume_roots(ctx, rolling_back_roots, rolling_back=True, problems=problems)
+        runners += _resume_roots(ctx, running_roots, rolling_back=False, problems=problems)
     _start_resumed(ctx, runners)
     logger.info(
         "recovered %d rolling back and %d unfinished procedures; %d could not be loaded",
@@ -439,7 +436,7 @@ def resume_root(
     """Run a stored root that an operator resumed or rewound in this term, as recovery does
     (but it waits for its concurrency slot: it held none); returns why it could not be loaded."""
     problems: list[LoadProblem] = []
-    for runner in _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=problems, restarted=True):
+    for runner in _resume_roots(ctx, [(pid, message)], rolling_back=rolling_back, problems=problems, restarted=True):
         runner.start()
     return problems
 
@@ -453,7 +450,7 @@ def _start_resumed(ctx: ManagerContext, runners: list[Runner]) -> None:
     others a batch per turn of the event loop.
 
     A resumed root with lock keys takes them now if they are free (those that held them
-    when their process died took theirs first, in `_resume_root`), so that nothing submitted
+    when their process died took theirs first, in `_resume_roots`), so that nothing submitted
     after `start()` overtakes it; one that must wait starts at once and queues, in
     recovery's order, as every resumed root used to. The others are known (listed,
     watchable, their locks held) before their runners start, so nothing depends on when
@@ -486,40 +483,44 @@ async def _start_gradually(runners: list[Runner]) -> None:
         await asyncio.sleep(0)
 
 
-def _resume_root(
+def _resume_roots(
     ctx: ManagerContext,
-    pid: ProcedureId,
-    message: ProcedureMessage,
+    roots: Iterable[tuple[ProcedureId, ProcedureMessage]],
     *,
     rolling_back: bool,
     problems: list[LoadProblem],
     restarted: bool = False,
 ) -> list[Runner]:
-    """The runner that resumes a stored root, not started; none if it cannot be loaded."""
+    """The runners that resume stored roots, not started; none for a root that cannot be
+    loaded (its problem is added to `problems`). One call for a recovery's thousands."""
     key_type = KeyType.ROLLBACK if rolling_back else KeyType.STEP
-    try:
-        procedure, lock_key = ctx.load_with_lock_key(pid, message, key_type)
-    except LoadFailed as e:
-        logger.error("skipping %s", e.problem, extra=e.problem.log_fields())
-        problems.append(e.problem)
-        ctx.recovered.unreadable[pid] = e.problem
-        return []
-    state = resumed_state(message, rolling_back=rolling_back)
-    meta = ctx.metas.register(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)
-    meta.is_root = True
-    meta.inherited = True
-    meta.started = run_origin(message)
-    # A root past its step 0 (or rolling back) held its locks when its process died, and
-    # its last step may be half done: it takes them again now, before any runner starts, so
-    # that a procedure queued behind it cannot overtake it and run over that half-done step.
-    holds = (message.step > 0 or rolling_back) and ctx.locks.take_all_now(pid, lock_key.keys_to_lock())
-    wait = NO_WAIT if rolling_back else StepWait.of(message)
-    return [
-        Runner(
-            ctx, meta, procedure, message.step + 1, message.data,
-            resume_children=True, holds_locks=holds, wait=wait, restarted=restarted,
-        )
-    ]  # fmt: skip
+    load, register, take_all_now = ctx.load_with_lock_key, ctx.metas.register, ctx.locks.take_all_now
+    runners: list[Runner] = []
+    for pid, message in roots:
+        try:
+            procedure, lock_key = load(pid, message, key_type)
+        except LoadFailed as e:
+            logger.error("skipping %s", e.problem, extra=e.problem.log_fields())
+            problems.append(e.problem)
+            ctx.recovered.unreadable[pid] = e.problem
+            continue
+        state = resumed_state(message, rolling_back=rolling_back)
+        meta = register(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)
+        meta.is_root = True
+        meta.inherited = True
+        meta.started = run_origin(message)
+        # A root past its step 0 (or rolling back) held its locks when its process died, and
+        # its last step may be half done: it takes them again now, before any runner starts, so
+        # that a procedure queued behind it cannot overtake it and run over that half-done step.
+        holds = (message.step > 0 or rolling_back) and take_all_now(pid, lock_key.keys_to_lock())
+        wait = NO_WAIT if rolling_back else StepWait.of(message)
+        runners.append(
+            Runner(
+                ctx, meta, procedure, message.step + 1, message.data,
+                resume_children=True, holds_locks=holds, wait=wait, restarted=restarted,
+            )
+        )  # fmt: skip
+    return runners
 
 
 async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy: set[ProcedureId]) -> set[ProcedureId]:
@@ -576,7 +577,7 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
                 about = {"procedure_id": str(pid), "type_name": message.type_name, "step": message.step}
                 logger.warning("adopting procedure %s, stored after this manager's recovery", pid, extra=about)
                 _adopt_children(ctx, pid, loaded, message.run)
-                for runner in _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=[]):
+                for runner in _resume_roots(ctx, [(pid, message)], rolling_back=rolling_back, problems=[]):
                     runner.start()
     return unknown_now - seen_before
 
