@@ -39,6 +39,8 @@ def main(old: str, new: str, folder: str, count: int, processes: int, runs: int)
               f"raw best {min(raw):.3f} s, median {statistics.median(raw):.3f} s")  # fmt: skip
         best, median = min(load) / min(raw), statistics.median(load) / statistics.median(raw)
         print(f"  ratio best to best {best:.2f}, median to median {median:.2f} (each process's best: {each})")
+        cpu = [x for r in runs_of for x in r["load loop CPU"]]
+        print(f"  the load's event loop CPU: best {min(cpu):.3f} s, median {statistics.median(cpu):.3f} s")
 
 
 if __name__ == "__main__":

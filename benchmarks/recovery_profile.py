@@ -5,9 +5,11 @@ The first run fills `DIR` (a local directory) as `benchmarks.recovery` does: a c
 stops N procedures before their third step and is killed. Every run after reuses it: a load
 writes nothing while the gate is closed, so the store stays as the kill left it. Then the
 load (`start()` of a new manager, as the benchmark times it) and the raw list-and-read are
-timed, interleaved, and the last line printed is JSON: every run's seconds of each, and the
-ratio best to best and median to median. With `--profile FILE`, one more load runs under
-cProfile (untimed) and its statistics go to FILE (and its top functions to stderr).
+timed, interleaved, and the last line printed is JSON: every run's seconds of each, the
+event loop thread's CPU seconds in each load (`time.thread_time()`: what other work on the
+machine moves least), and the ratio best to best and median to median. With `--profile
+FILE`, one more load runs under cProfile (untimed) and its statistics go to FILE (and its
+top functions to stderr).
 `python -m benchmarks.recovery_ab OLD NEW DIR` alternates two checkouts' runs of this.
 """
 
@@ -19,6 +21,7 @@ import json
 import pstats
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -58,9 +61,13 @@ async def measure(url: str, n: int, runs: int, profile: str | None) -> dict[str,
     GATES[GATE] = asyncio.Event()  # closed: loaded procedures wait, writing nothing
     started: list[ProcedureManager] = []
 
+    loop_cpu: list[float] = []
+
     async def load() -> None:
         m = manager(url, target)
+        cpu = time.thread_time()
         await m.start()
+        loop_cpu.append(time.thread_time() - cpu)
         started.append(m)
 
     async def check_and_stop() -> None:
@@ -83,6 +90,7 @@ async def measure(url: str, n: int, runs: int, profile: str | None) -> dict[str,
     return {
         "load": load_times,
         "raw": raw_times,
+        "load loop CPU": loop_cpu[:runs],
         "ratio": {
             "best": min(load_times) / min(raw_times),
             "median": statistics.median(load_times) / statistics.median(raw_times),
