@@ -366,6 +366,8 @@ def _stranded(loaded: ProcedureMessages, alive: set[ProcedureId]) -> dict[Proced
     state). A rolling-back child whose parent is gone is not stranded: it is resumed as a
     root, since finishing a rollback needs no parent.
     """
+    if not _names_a_parent(loaded.messages) and not _names_a_parent(loaded.rollback_messages):
+        return {}  # roots alone: every chain ends where it begins
     parent_of = {pid: m.parent_id for pid, m in loaded.messages.items()}
     parent_of.update((pid, m.parent_id) for pid, m in loaded.rollback_messages.items())
 
@@ -398,6 +400,11 @@ def _cycle_reason(cycle: list[ProcedureId]) -> str:
     return f"its parent links form a cycle of {len(cycle)} procedures through {cycle[0]} (logged once, whole)"
 
 
+def _names_a_parent(messages: dict[ProcedureId, ProcedureMessage]) -> bool:
+    """Whether any of `messages` is a subprocedure's."""
+    return any(m.parent_id is not None for m in messages.values())
+
+
 def _plan_unfinished(
     ctx: ManagerContext,
     messages: dict[ProcedureId, ProcedureMessage],
@@ -409,6 +416,8 @@ def _plan_unfinished(
 ) -> list[tuple[ProcedureId, ProcedureMessage]]:
     """Split into roots to resume now and children to keep for their parents; report the
     stranded ones (their keys are kept)."""
+    if not stranded and not _names_a_parent(messages):
+        return list(messages.items())  # roots alone, none stranded
     roots: list[tuple[ProcedureId, ProcedureMessage]] = []
     for pid, message in messages.items():
         parent = message.parent_id
@@ -495,6 +504,7 @@ def _resume_roots(
     loaded (its problem is added to `problems`). One call for a recovery's thousands."""
     key_type = KeyType.ROLLBACK if rolling_back else KeyType.STEP
     load, register, take_all_now = ctx.load_with_lock_key, ctx.metas.register, ctx.locks.take_all_now
+    running = ProcedureState.running()  # `resumed_state` of every root that resumes running
     runners: list[Runner] = []
     for pid, message in roots:
         try:
@@ -504,7 +514,7 @@ def _resume_roots(
             problems.append(e.problem)
             ctx.recovered.unreadable[pid] = e.problem
             continue
-        state = resumed_state(message, rolling_back=rolling_back)
+        state = resumed_state(message, rolling_back=True) if rolling_back else running
         meta = register(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)
         meta.is_root = True
         meta.inherited = True

@@ -258,7 +258,7 @@ def _message_of(known: _KnownFieldsOnly) -> ProcedureMessage:
     _set_step(message, known.step)
     _set_error(message, known.error)
     _set_run(message, known.run)
-    _set_wake_at(message, _wake_at_read(known.wake_at))
+    _set_wake_at(message, None if known.wake_at is None else _wake_at_read(known.wake_at))
     _set_signal(message, known.signal)
     _set_consumed(message, known.consumed)
     _set_extra(message, b"")
