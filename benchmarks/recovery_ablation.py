@@ -34,7 +34,7 @@ from procstore._runtime.context import ManagerContext
 from procstore.lock_key import NO_KEYS
 from procstore.store import open_state_store
 from procstore.store.folder import decode_or_problem
-from procstore.store.procedure_store import ProcedureStore
+from procstore.store.procedure_store import ProcedureStore, _keys_read
 
 Patch = Callable[[], contextlib.AbstractContextManager[Any]]
 """A stand-in for a part: entered around a timed load."""
@@ -63,16 +63,17 @@ async def precomputed(url: str) -> tuple[Callable[..., Any], Callable[..., Any],
     store = ProcedureStore(open_state_store(url))
     keys, _ = await store.list_keys()
     latest = store._latest_keys(keys)
-    values = await store._read_all(latest[2])
+    values = await store._read_all(latest[1])
     await store.store.close()
-    messages = [decode_or_problem(v, key[1]) for v, key in zip(values, latest[1], strict=True)]
+    read = _keys_read(latest[0], latest[3])
+    messages = [decode_or_problem(v, key[1]) for v, key in zip(values, read, strict=True)]
     decoded: dict[tuple[bytes, int | None], Any] = {
-        (v, key[1]): m for v, key, m in zip(values, latest[1], messages, strict=True) if isinstance(v, bytes)
+        (v, key[1]): m for v, key, m in zip(values, read, messages, strict=True) if isinstance(v, bytes)
     }
-    latest_data = {key[0]: m.data for key, m in zip(latest[1], messages, strict=True) if not isinstance(m, str)}
+    latest_data = {key[0]: m.data for key, m in zip(read, messages, strict=True) if not isinstance(m, str)}
 
     def latest_keys(_self: ProcedureStore, _keys: list[str]) -> Any:
-        return dict(latest[0]), list(latest[1]), list(latest[2]), list(latest[3]), dict(latest[4])
+        return dict(latest[0]), list(latest[1]), list(latest[2]), dict(latest[3])
 
     def decode(raw: Any, step: int | None = None) -> Any:
         return decoded[raw, step]

@@ -518,11 +518,12 @@ def _resume_roots(
         meta = register(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)
         meta.is_root = True
         meta.inherited = True
-        meta.started = run_origin(message)
+        meta.started = run_origin(message) if message.extra else None  # the origin is an unknown field
         # A root past its step 0 (or rolling back) held its locks when its process died, and
         # its last step may be half done: it takes them again now, before any runner starts, so
         # that a procedure queued behind it cannot overtake it and run over that half-done step.
-        holds = (message.step > 0 or rolling_back) and take_all_now(pid, lock_key.keys_to_lock())
+        keys = lock_key.keys_to_lock()
+        holds = (message.step > 0 or rolling_back) and (not keys or take_all_now(pid, keys))
         wait = NO_WAIT if rolling_back else StepWait.of(message)
         runners.append(
             Runner(

@@ -407,9 +407,10 @@ class ProcedureStore:
         """Scan every procedure and classify it by its highest key (the latest-step rule)."""
         keys, unlisted = await self.list_keys()
         with collector_paused():
-            latest_of, to_read, texts, stray, below_commit = self._latest_keys(keys)
+            latest_of, texts, stray, below_commit = self._latest_keys(keys)
         values = await self._read_all(texts)
         if self.skip_strays:
+            to_read = _keys_read(latest_of, below_commit)
             # Only a latest key is stepped over; a message below a `.commit` is read for its
             # parent alone, and an empty one there is an unreadable value like any other.
             torn = [
@@ -479,35 +480,30 @@ class ProcedureStore:
 
     def _latest_keys(
         self, keys: list[str]
-    ) -> tuple[
-        dict[ProcedureId, StepAndType], list[_Key], list[str], list[ProcedureId], dict[ProcedureId, StepAndType]
-    ]:
-        """Each procedure's latest key, the keys to read (the latest, or for a committed
-        procedure its last `.step`: its parent and type) with their texts, the stray
-        procedures, and of the keys read those below a `.commit`.
+    ) -> tuple[dict[ProcedureId, StepAndType], list[str], list[ProcedureId], dict[ProcedureId, StepAndType]]:
+        """Each procedure's latest key, the texts of the keys to read (`_keys_read`: the
+        latest, or for a committed procedure its last `.step`: its parent and type), the
+        stray procedures, and of the keys read those below a `.commit`.
 
         Steps are numbered from 0 without gaps and only a finished procedure loses keys, so an
         unfinished one always has a key at step 0 (GreptimeDB's too)."""
-        to_read: list[_Key] = []
         texts: list[str] = []
         latest_of: dict[ProcedureId, StepAndType] = {}
         stray: list[ProcedureId] = []
         below_commit: dict[ProcedureId, StepAndType] = {}
+        skip_strays = self.skip_strays
         for pid, latest, latest_text, below, below_key, lowest in self._each_latest(keys):
-            step, key_type = latest
-            if self.skip_strays and key_type is not KeyType.COMMIT and step > 0 and lowest > 0:
-                stray.append(pid)  # read all the same: its run decides (`_set_strays_apart`)
             latest_of[pid] = latest
-            if key_type is not KeyType.COMMIT:
-                to_read.append((pid, step, key_type))
+            if latest[1] is not KeyType.COMMIT:
                 texts.append(latest_text)
+                if skip_strays and latest[0] > 0 and lowest > 0:
+                    stray.append(pid)  # read all the same: its run decides (`_set_strays_apart`)
             elif below is not None:
                 # A finished procedure's parent, type and outcome are in its highest message
                 # below the commit: a `.step` (it succeeded) or a `.rollback` (it rolled back).
-                to_read.append((pid, *below))
                 texts.append(below_key or self.key(pid, *below))
                 below_commit[pid] = below
-        return latest_of, to_read, texts, stray, below_commit
+        return latest_of, texts, stray, below_commit
 
     def _each_latest(self, keys: list[str]) -> list[FolderLatest]:
         """Per procedure: its latest key and that key's text, the highest key below a latest
@@ -534,8 +530,8 @@ class ProcedureStore:
         values: list[bytes | Exception | None],
     ) -> ProcedureMessages:
         """Sort the procedures by their latest keys; `values` are the keys read
-        (`_latest_keys`'s `to_read`), in the order of `latest_of` (a `.commit` with no message
-        below it was not read)."""
+        (`_keys_read`), in the order of `latest_of` (a `.commit` with no message below it was
+        not read)."""
         result = ProcedureMessages()
         read = iter(values)
         unknown_fields = self.unknown_fields
@@ -620,6 +616,16 @@ class ProcedureStore:
 
 _Key = tuple[ProcedureId, int, KeyType]
 """A key while loading, as its parts: formatted (`ProcedureStore.key`) only to be read or reported."""
+
+
+def _keys_read(latest_of: dict[ProcedureId, StepAndType], below_commit: dict[ProcedureId, StepAndType]) -> list[_Key]:
+    """The keys `load_messages` reads, in the order of `_latest_keys`'s texts: each latest key,
+    but for a latest `.commit` the message below it (none if it has none)."""
+    return [
+        (pid, *latest) if latest[1] is not KeyType.COMMIT else (pid, *below_commit[pid])
+        for pid, latest in latest_of.items()
+        if latest[1] is not KeyType.COMMIT or pid in below_commit
+    ]
 
 
 def _run_of(value: bytes | Exception | None) -> int | None:
