@@ -11,6 +11,7 @@ import operator
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 from procstore.ids import CANONICAL_ID_PATTERN, ProcedureId
 
@@ -252,6 +253,21 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
             return None  # a key above `MAX_STEP` is no procedure's: `group` sets it apart
         named[name] = (int(name[:_STEP_DIGITS]), _SUFFIX_TYPES[name[_STEP_DIGITS:]])
     ids = ProcedureId._from_checked_texts(list(map(operator.itemgetter(slice(cut - 1 - _ID_LENGTH, cut - 1)), last_at)))
+    ends = list(last_at.values())
+    tops = list(map(keys.__getitem__, ends))  # each folder's last key
+    before_tops = map(["", *keys].__getitem__, ends)  # the key listed before each (or "")
+    if not any(map(str.endswith, tops, repeat(".commit"))) and not any(
+        map(str.startswith, before_tops, map(operator.itemgetter(slice(digits_end)), tops))
+    ):
+        # Recovery's usual listing, read with no Python call per folder: each folder's last
+        # key is alone at its step (so it is the latest), and none is a `.commit`.
+        name_of = operator.itemgetter(slice(cut, None))
+        latests = map(named.__getitem__, map(name_of, tops))
+        if not lowest:
+            return list(zip(ids, latests, tops, repeat(None), repeat(None), repeat(0)))
+        firsts = map(keys.__getitem__, [0, *map(operator.add, ends[:-1], repeat(1))])
+        lows = map(operator.itemgetter(0), map(named.__getitem__, map(name_of, firsts)))
+        return list(zip(ids, latests, tops, repeat(None), repeat(None), lows))
     out: list[FolderLatest] = []
     first = 0  # where the folder's run begins
     for procedure_id, end in zip(ids, last_at.values(), strict=True):
