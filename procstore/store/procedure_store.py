@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from procstore._aio import gather_settled
@@ -487,12 +488,16 @@ class ProcedureStore:
 
         Steps are numbered from 0 without gaps and only a finished procedure loses keys, so an
         unfinished one always has a key at step 0 (GreptimeDB's too)."""
+        folders = self._each_latest(keys)
+        skip_strays = self.skip_strays
+        if not skip_strays and KeyType.COMMIT not in map(_KEY_TYPE, map(_LATEST, folders)):
+            # Nothing finished, no strays looked for: each latest key is read as listed.
+            return dict(map(_ID_AND_LATEST, folders)), list(map(_LATEST_TEXT, folders)), [], {}
         texts: list[str] = []
         latest_of: dict[ProcedureId, StepAndType] = {}
         stray: list[ProcedureId] = []
         below_commit: dict[ProcedureId, StepAndType] = {}
-        skip_strays = self.skip_strays
-        for pid, latest, latest_text, below, below_key, lowest in self._each_latest(keys):
+        for pid, latest, latest_text, below, below_key, lowest in folders:
             latest_of[pid] = latest
             if latest[1] is not KeyType.COMMIT:
                 texts.append(latest_text)
@@ -613,6 +618,9 @@ class ProcedureStore:
         logger.error("skipping %s", problem, extra=problem.log_fields())
         problems.append(problem)
 
+
+_LATEST, _LATEST_TEXT, _ID_AND_LATEST, _KEY_TYPE = itemgetter(1), itemgetter(2), itemgetter(0, 1), itemgetter(1)
+"""Parts of a `FolderLatest` (and a `StepAndType`'s key type), taken by C calls."""
 
 _Key = tuple[ProcedureId, int, KeyType]
 """A key while loading, as its parts: formatted (`ProcedureStore.key`) only to be read or reported."""
