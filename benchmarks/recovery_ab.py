@@ -1,9 +1,9 @@
-"""`python -m benchmarks.recovery_ab OLD_CHECKOUT NEW_CHECKOUT DIR`: an A/B of recovery's load
-against the raw list-and-read (`benchmarks.recovery_profile`) between two checkouts, their
-processes alternating (old, new, old, new...) on one store in DIR, so that the machine's
-other work hits both alike. Copy `recovery_profile.py` into the old checkout's `benchmarks/`
-first if it lacks it. Prints, for each, the ratio best to best and median to median over
-every run, and each process's own.
+"""`python -m benchmarks.recovery_ab DIR OLD_CHECKOUT NEW_CHECKOUT...`: an A/B of recovery's
+load against the raw list-and-read (`benchmarks.recovery_profile`) between checkouts (two,
+or a series of commits), their processes alternating (old, new, old, new...) on one store in
+DIR, so that the machine's other work hits all alike. Copy `recovery_profile.py` into a
+checkout's `benchmarks/` first if it lacks it. Prints, for each, the ratio best to best and
+median to median over every run, each process's own, and the load's event loop CPU.
 """
 
 from __future__ import annotations
@@ -17,18 +17,17 @@ import click
 
 
 @click.command()
-@click.argument("old")
-@click.argument("new")
 @click.argument("folder")
+@click.argument("checkouts", nargs=-1, required=True)
 @click.option("-n", "count", default=10_000, show_default=True, help="Procedures in the store.")
 @click.option("--processes", default=3, show_default=True, help="Processes of each, alternating.")
 @click.option("--runs", default=5, show_default=True, help="Interleaved runs in each process.")
-def main(old: str, new: str, folder: str, count: int, processes: int, runs: int) -> None:
-    """Alternate the two checkouts' `benchmarks.recovery_profile` and summarise."""
-    results: dict[str, list[dict[str, list[float]]]] = {old: [], new: []}
+def main(folder: str, checkouts: tuple[str, ...], count: int, processes: int, runs: int) -> None:
+    """Alternate the checkouts' `benchmarks.recovery_profile` and summarise."""
+    results: dict[str, list[dict[str, list[float]]]] = {where: [] for where in checkouts}
     command = [sys.executable, "-m", "benchmarks.recovery_profile", folder, "-n", str(count), "--runs", str(runs)]
     for _ in range(processes):
-        for where in (old, new):
+        for where in checkouts:
             out = subprocess.run(command, cwd=where, capture_output=True, text=True, check=True)
             results[where].append(json.loads(out.stdout.splitlines()[-1]))
     for where, runs_of in results.items():
