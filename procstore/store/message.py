@@ -137,16 +137,10 @@ class ProcedureMessage:
         (`$.step`, for a field)."""
         if not raw:
             raise MessageDecodeError("the value is empty (a truncated or torn write?)")
-        try:
-            # One pass for a value of known fields only (recovery decodes thousands); any value
-            # it refuses (a field it does not know, a step out of range) is decoded again
-            # below, for its unknown fields or the error saying why.
-            direct = _direct_decoder.decode(raw)
-        except (msgspec.ValidationError, *UNDECODABLE):
-            pass
-        else:
-            if 0 <= direct.step <= _U32_MAX and 1 <= direct.run <= _U32_MAX and cls is ProcedureMessage:
-                return _message_of(direct)
+        if cls is ProcedureMessage and (direct := decoded_directly(raw)) is not None:
+            return direct
+        # Any value the direct pass refuses (a field it does not know, a step out of range) is
+        # decoded again, for its unknown fields or the error saying why.
         try:
             stored = _decoder.decode(raw)
         except msgspec.ValidationError as e:
@@ -246,6 +240,19 @@ _KNOWN_FIELDS = frozenset(_KnownFieldsOnly.__struct_fields__)
     vars(ProcedureMessage)[name].__set__
     for name in ("type_name", "data", "parent_id", "step", "error", "run", "wake_at", "signal", "consumed", "extra")
 )
+
+
+def decoded_directly(raw: bytes) -> ProcedureMessage | None:
+    """The message a value of known fields only holds, in one pass (recovery decodes
+    thousands); None for any other value, which `ProcedureMessage.decode` reads (or says why
+    it cannot)."""
+    try:
+        known = _direct_decoder.decode(raw)
+    except (msgspec.ValidationError, *UNDECODABLE):
+        return None
+    if 0 <= known.step <= _U32_MAX and 1 <= known.run <= _U32_MAX:
+        return _message_of(known)
+    return None
 
 
 def _message_of(known: _KnownFieldsOnly) -> ProcedureMessage:

@@ -36,7 +36,7 @@ from procstore.store.keys import (
     procedure_dir,
     procedure_of_dir,
 )
-from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
+from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait, decoded_directly
 from procstore.store.rate_starts import RateStartsStore
 from procstore.store.requests import RESUME_PATH, RequestStore
 from procstore.store.signals import SignalStore
@@ -539,7 +539,6 @@ class ProcedureStore:
         not read)."""
         result = ProcedureMessages()
         read = iter(values)
-        unknown_fields = self.unknown_fields
         for pid, (step, key_type) in latest_of.items():
             if key_type is KeyType.COMMIT:
                 below = below_commit.get(pid)
@@ -552,15 +551,14 @@ class ProcedureStore:
                 reason = f"its step number {step} is the largest a procedure can write: it could write no other"
                 self._report((pid, step, key_type), reason, result.problems)
                 continue
-            # `_decode` written out for a value that decodes (recovery reads thousands); any
-            # other goes through it, for its report.
-            message = decode_or_problem(raw, step) if raw is not None else None
-            if type(message) is not ProcedureMessage:
+            # A value of known fields only (no unknown fields to keep), at its key's step,
+            # decoded in one call (recovery reads thousands); any other goes through
+            # `_decode`, which keeps its unknown fields or reports it.
+            message = decoded_directly(raw) if type(raw) is bytes else None
+            if message is None or message.step != step:
                 message = self._decode((pid, step, key_type), raw, result.problems)
                 if message is None:
                     continue
-            elif message.extra:
-                unknown_fields[pid] = message.extra  # `keep_unknown_fields`
             if key_type is KeyType.STEP:
                 result.messages[pid] = message
             else:
