@@ -58,9 +58,9 @@ class _IdleRunner:
 
 
 async def precomputed(url: str) -> tuple[Callable[..., Any], Callable[..., Any], dict[ProcedureId, str]]:
-    """Stand-ins for `ProcedureStore._latest_keys` and `decode_or_problem`: the answers for
-    this store, computed now (a dictionary lookup per value stays); and each procedure's
-    latest data."""
+    """Stand-ins for `ProcedureStore._latest_keys` and `decoded_directly` (the load's decoding
+    of a value): the answers for this store, computed now (a dictionary lookup per value
+    stays); and each procedure's latest data."""
     store = ProcedureStore(open_state_store(url))
     keys, _ = await store.list_keys()
     latest = store._latest_keys(keys)
@@ -68,16 +68,14 @@ async def precomputed(url: str) -> tuple[Callable[..., Any], Callable[..., Any],
     await store.store.close()
     read = _keys_read(latest[0], latest[3])
     messages = [decode_or_problem(v, key[1]) for v, key in zip(values, read, strict=True)]
-    decoded: dict[tuple[bytes, int | None], Any] = {
-        (v, key[1]): m for v, key, m in zip(values, read, messages, strict=True) if isinstance(v, bytes)
-    }
+    decoded: dict[bytes, Any] = {v: m for v, m in zip(values, messages, strict=True) if isinstance(v, bytes)}
     latest_data = {key[0]: m.data for key, m in zip(read, messages, strict=True) if not isinstance(m, str)}
 
     def latest_keys(_self: ProcedureStore, _keys: list[str]) -> Any:
         return dict(latest[0]), list(latest[1]), list(latest[2]), dict(latest[3])
 
-    def decode(raw: Any, step: int | None = None) -> Any:
-        return decoded[raw, step]
+    def decode(raw: bytes) -> Any:
+        return decoded[raw]
 
     return latest_keys, decode, latest_data
 
@@ -118,7 +116,7 @@ def parts(
 
     return {
         "the listing's reading (latest keys)": [lambda: patch.object(ProcedureStore, "_latest_keys", latest_keys)],
-        "decoding the values": [lambda: patch("procstore.store.procedure_store.decode_or_problem", decode)],
+        "decoding the values": [lambda: patch("procstore.store.procedure_store.decoded_directly", decode)],
         "the plan (strays, ended runs, parent chains, roots)": [
             lambda: patch(f"{recovery}._runs_that_ended", lambda *_a: []),
             lambda: patch(f"{recovery}._stranded", lambda *_a: {}),
