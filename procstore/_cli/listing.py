@@ -43,12 +43,12 @@ from procstore._cli.output import (
     table_time,
     time_option,
 )
+from procstore._client.inventory import Inventory, StoredProcedure, read_inventory, read_outcomes
+from procstore._client.words import StatusWord, status_word
 from procstore.ids import ProcedureId
 from procstore.store.folder import StoredStatus
-from procstore.store.inventory import Inventory, StoredProcedure, read_inventory, read_outcomes
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.state_store import walk_readable
-from procstore.store.words import StatusWord, status_word
 
 STATUS_STYLE = {
     StoredStatus.UNFINISHED: "yellow",

@@ -29,12 +29,12 @@ from procstore._cli.common import (
 )
 from procstore._cli.listing import OUR_FOLDERS, load_inventory, procedures_table, row_json
 from procstore._cli.output import chosen_format, emit, error_console, output_console, output_options, plain, plural
+from procstore._client.inventory import StoredProcedure
+from procstore._client.operations import stoppable, write_stop_request
 from procstore._text import terminal_text
 from procstore.store.folder import StoredStatus
 from procstore.store.history import HistoryStore, iso, record_from_keys
-from procstore.store.inventory import StoredProcedure
 from procstore.store.local import TEMP_PREFIX, Leftovers, LocalDirStore
-from procstore.store.operations import stoppable, write_stop_request
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import RequestKind
 from procstore.store.run_origin import run_origin

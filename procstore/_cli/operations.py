@@ -1,7 +1,7 @@
 """`procstore resume` and `procstore rewind`: run a failed or stuck procedure again.
 
 Both act through the store, so they work while managers run, under a lease too: the
-checks and writes are `procstore.store.operations` (shared with `procstore.Client`); a
+checks and writes are `procstore._client.operations` (shared with `procstore.Client`); a
 nudge (`requests/resume/ID.json`) tells the leader to load the procedure again within a
 poll interval; with no manager running, the next one to start does.
 """
@@ -21,14 +21,14 @@ from procstore._cli.common import (
 )
 from procstore._cli.maintenance import _confirm
 from procstore._cli.output import output_console, plural, stored
-from procstore.ids import ProcedureId
-from procstore.store.operations import (
+from procstore._client.operations import (
     Nudged,
     carry_out_resume,
     carry_out_rewind,
     prepare_resume,
     prepare_rewind,
 )
+from procstore.ids import ProcedureId
 from procstore.store.procedure_store import ProcedureStore
 
 

@@ -27,14 +27,14 @@ from procstore._cli.history import action_text, ended_record, record_json, recor
 from procstore._cli.listing import STATUS_STYLE
 from procstore._cli.output import chosen_format, emit, iso_time, nested, output_options, plural, stored
 from procstore._client.client import Client
+from procstore._client.inventory import ENDINGS, endings, read_history
 from procstore._client.status import ProcedureStatus, from_record
+from procstore._client.words import status_word
 from procstore._text import bounded
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.folder import StoredStatus
-from procstore.store.inventory import ENDINGS, endings, read_history
 from procstore.store.message import ProcedureMessage, StepWait
-from procstore.store.words import status_word
 
 FIELDS_SHOWN = 200
 """Fields of one step's data `show` and the web page list; `-o json` has the whole value."""

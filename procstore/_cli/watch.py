@@ -26,7 +26,7 @@ from procstore._cli.output import (
     plural,
     time_option,
 )
-from procstore.store.inventory import Inventory, read_inventory, read_outcomes
+from procstore._client.inventory import Inventory, read_inventory, read_outcomes
 
 
 def _changes(seen: dict[str, dict[str, Any]], inventory: Inventory, now: float) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ reads or waits for the lease, so it works beside managers under a lease (from a 
 process, a web handler, a script), on a store no manager runs on, and while the leader
 changes. What it asks (cancel, fail, resume, rewind) is carried out by the manager that
 runs the procedure, within its `request_poll_interval`; the checks and writes are those of
-the CLI (`procstore.store.operations`).
+the CLI (`procstore._client.operations`).
 
 Its methods come in two groups: reading (`get`, `list`, `result`, `wait`, `history`), and
 steering, each a request stored for the manager running the procedure to carry out
@@ -23,8 +23,19 @@ from typing import Any, Self, get_args
 
 import orjson
 
+from procstore._client.inventory import read_inventory, read_procedure
 from procstore._client.leader import no_manager_leads
+from procstore._client.operations import (
+    AlreadyRequested,
+    carry_out_resume,
+    carry_out_rewind,
+    prepare_resume,
+    prepare_rewind,
+    stoppable,
+    write_stop_request,
+)
 from procstore._client.status import ProcedureStatus, from_keys, from_record, pending_of
+from procstore._client.words import STATUS_WORDS, StatusWord
 from procstore.errors import (
     InvalidProcedureId,
     OperationRefused,
@@ -39,23 +50,12 @@ from procstore.ids import ProcedureId
 from procstore.state import ProcedureState
 from procstore.store.activity import ActivityStore
 from procstore.store.history import HistoryRecord, HistoryStore, Outcome
-from procstore.store.inventory import read_inventory, read_procedure
 from procstore.store.open import open_state_store
-from procstore.store.operations import (
-    AlreadyRequested,
-    carry_out_resume,
-    carry_out_rewind,
-    prepare_resume,
-    prepare_rewind,
-    stoppable,
-    write_stop_request,
-)
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import RequestKind, checked_reason
 from procstore.store.settings import SettingsStore, StoreSettings
 from procstore.store.signals import encoded_payload, send_signal
 from procstore.store.state_store import StateStore
-from procstore.store.words import STATUS_WORDS, StatusWord
 
 Statuses = list[ProcedureStatus]
 Records = list[HistoryRecord]

@@ -11,13 +11,13 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from procstore._client.inventory import StoredProcedure
+from procstore._client.words import ENDED_WORDS, StatusWord, status_word
 from procstore.ids import ProcedureId
 from procstore.store.activity import Activity
 from procstore.store.history import Action, HistoryRecord
-from procstore.store.inventory import StoredProcedure
 from procstore.store.keys import KeyType
 from procstore.store.requests import OperatorRequest
-from procstore.store.words import ENDED_WORDS, StatusWord, status_word
 
 
 @dataclass(frozen=True, slots=True)

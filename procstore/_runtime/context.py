@@ -69,8 +69,8 @@ class ManagerContext:
     def _ended(self, meta: ProcedureMeta) -> None:
         self.requests.looks.forget(meta.id)
         self.activity.ended(meta)
-        started = meta.start_time
-        seconds = None if started is None or meta.end_time is None else (meta.end_time - started).total_seconds()
+        started, ended = meta.record.start_time, meta.record.end_time
+        seconds = None if started is None or ended is None else (ended - started).total_seconds()
         self.settings.telemetry.ended(meta.type_name, meta.outcome(), seconds)
 
     # -- ContextProvider -------------------------------------------------------------
@@ -97,7 +97,7 @@ class ManagerContext:
 
     def keeps_inherited_keys(self) -> bool:
         """Whether an inherited tree's keys must stay for now: a paused former leader's late
-        write could re-create a key deleted now (see `ProcedureMeta.inherited`)."""
+        write could re-create a key deleted now (see `WrittenKeys.inherited`)."""
         return self.lease is not None and time.monotonic() < self.lease.keep_inherited_until
 
     def forget(self, procedure_id: ProcedureId) -> None:

@@ -1,4 +1,6 @@
-"""`ProcedureMeta`: what the manager keeps in memory about one procedure."""
+"""`ProcedureMeta`: what the manager keeps in memory about one procedure, in three parts:
+the state its waiters watch (`WatchedState`), what its run did (`RunRecord`) and what its
+runner knows of its stored keys (`WrittenKeys`)."""
 
 from __future__ import annotations
 
@@ -14,19 +16,101 @@ from procstore.store.history import Action, Outcome
 from procstore.store.keys import KeyType, ParsedKey
 
 
-class ProcedureMeta:
-    """A procedure's identity, current state and children, with change notification.
+class RunRecord:
+    """What this run did and does, for its history record, its metrics and `ProcedureInfo`."""
 
-    Each state change sets the current `asyncio.Event` and replaces it, so a waiter that
-    took the event before the change is always woken (no lost wake-ups).
+    __slots__ = (
+        "cancelled", "end_time", "ended_at", "ended_by", "retries", "rolled_back", "start_time", "started", "steps",
+        "waiting",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.started: Action | None = None
+        """How this run started: a submit here, or an operator's resume or rewind (None:
+        taken over from the store, its start not seen)."""
+        self.start_time: datetime | None = None
+        self.steps = 0
+        """The highest step number it stored, as of its end."""
+        self.retries = 0
+        """Retries of its steps and rollback in this process."""
+        self.waiting: str | None = None
+        """Why it waits, if it does: flow control, a durable timer or a signal (`ProcedureInfo.waiting`)."""
+        self.ended_by: Action | None = None
+        """The operator request (cancel, fail) that ended it."""
+        self.cancelled = False
+        """It failed because an operator cancelled it or an ancestor (not a `fail` request)."""
+        self.rolled_back = False
+        """Its rollback ran to the end (its FAILED state is a rolled-back one)."""
+        self.end_time: datetime | None = None
+        self.ended_at: float | None = None
+        """`time.monotonic()` when it ended, for the metadata TTL."""
+
+
+class WrittenKeys:
+    """What this run's runner knows of its keys in the store: it decides how, when and
+    whether the tree's deletion removes them."""
+
+    __slots__ = ("end_stored", "every", "inherited", "keep", "terminal")
+
+    def __init__(self) -> None:
+        self.every = False
+        """Set for a procedure this term created (a submit, a child): every key it has is one
+        its runner wrote and saw land, so its end deletes them without listing the folder.
+        Cleared by any write whose outcome is unknown."""
+        self.terminal: tuple[tuple[int, KeyType], ...] = ()
+        """The `.rollback` and `.commit` keys its runner wrote, by step."""
+        self.end_stored = False
+        """Its run's `.commit` is stored: the run has ended for good, and only then is its end
+        record written (an end not stored, such as a rollback to run again at the next
+        start, must never be taken for one)."""
+        self.keep = False
+        """Its stored keys must survive the tree's deletion (rollback failed, unreadable)."""
+        self.inherited = False
+        """Resumed from the store at start (not submitted to this manager): a former leader
+        may still have a write of it in flight, so its keys are deleted after a grace period."""
+
+    def known(self, prefix: str, procedure_id: ProcedureId) -> list[ParsedKey] | None:
+        """Every key it has, if this term wrote them all (see `every`): the steps below its
+        first terminal key, and the terminal keys."""
+        if not (self.every and self.terminal):
+            return None
+        first_end = min(step for step, _ in self.terminal)
+        steps = [ParsedKey(prefix, procedure_id, step, KeyType.STEP) for step in range(first_end)]
+        return steps + [ParsedKey(prefix, procedure_id, step, kind) for step, kind in self.terminal]
+
+
+class WatchedState:
+    """A procedure's state, the events its waiters sleep on and the callback told of its end.
+
+    Each state change sets the current `changed` event and replaces it, so a waiter that
+    took the event before the change is always woken (no lost wake-ups). Events are made on
+    first wait: most procedures are never watched, and recovery builds thousands at once.
     """
 
-    # Slots: one is kept per procedure, for as long as it runs and for the metadata TTL.
+    __slots__ = ("abandoned", "changed", "ended", "on_end", "requested", "state")
+
+    def __init__(self, state: ProcedureState, on_end: Callable[[ProcedureMeta], None] | None) -> None:
+        self.state = state
+        self.on_end = on_end
+        """The registry's: called once, when the state becomes final."""
+        self.abandoned = False
+        """Set by `stop()`: no more state changes will come from this process."""
+        self.changed: asyncio.Event | None = None
+        self.ended: asyncio.Event | None = None
+        self.requested: asyncio.Event | None = None
+
+    def notify(self) -> None:
+        changed, self.changed = self.changed, None
+        if changed is not None:
+            changed.set()
+
+
+class ProcedureMeta:
+    """A procedure's identity, current state and children, with change notification."""
+
+    # One is kept per procedure, for as long as it runs and for the metadata TTL.
     __slots__ = (
-        "_changed", "_ended", "_on_end", "_requested", "_state", "abandoned", "cancelled", "children", "end_stored",
-        "end_time", "ended_at", "ended_by", "id", "inherited", "is_root", "keep_keys", "lock_key", "parent_id",
-        "retries", "rolled_back", "run", "start_time", "started", "steps", "terminal_keys", "type_name", "waiting",
-        "wrote_every_key",
+        "_watched", "children", "id", "is_root", "keys", "lock_key", "parent_id", "record", "run", "type_name",
     )  # fmt: skip
 
     def __init__(
@@ -51,130 +135,89 @@ class ProcedureMeta:
         """Whether it ends its own tree (a root, or an orphan resumed as one)."""
         self.children: Sequence[ProcedureId] = ()
         """Its subprocedures, in the order they were added: a list once it has one (most
-        procedures have none, and recovery makes thousands of these at once)."""
-        self.start_time: datetime | None = None
-        self.end_time: datetime | None = None
-        self.ended_at: float | None = None
-        """`time.monotonic()` when it ended, for the metadata TTL."""
-        self.abandoned = False
-        """Set by `stop()`: no more state changes will come from this process."""
-        self.inherited = False
-        """Resumed from the store at start (not submitted to this manager): a former leader
-        may still have a write of it in flight, so its keys are deleted after a grace period."""
-        self.keep_keys = False
-        """Its stored keys must survive the tree's deletion (rollback failed, unreadable)."""
-        self.rolled_back = False
-        """Its rollback ran to the end (its FAILED state is a rolled-back one)."""
-        self.cancelled = False
-        """It failed because an operator cancelled it or an ancestor (not a `fail` request)."""
-        self.started: Action | None = None
-        """How this run started, for its history record: a submit here, or an operator's
-        resume or rewind (None: taken over from the store, its start not seen)."""
-        self.ended_by: Action | None = None
-        """The operator request (cancel, fail) that ended it, for its history record."""
-        self.steps = 0
-        """The highest step number it stored, as of its end (for its history record)."""
-        self.retries = 0
-        """Retries of its steps and rollback in this process (for its history record)."""
-        self.wrote_every_key = False
-        """Set for a procedure this term created (a submit, a child): every key it has is one
-        its runner wrote and saw land, so its end deletes them without listing the folder.
-        Cleared by any write whose outcome is unknown."""
-        self.terminal_keys: tuple[tuple[int, KeyType], ...] = ()
-        """The `.rollback` and `.commit` keys its runner wrote, by step."""
-        self.waiting: str | None = None
-        """Why it waits, if it does: flow control, a durable timer or a signal (`ProcedureInfo.waiting`)."""
-        self.end_stored = False
-        """Its run's `.commit` is stored: the run has ended for good, and only then is its end
-        record written (an end not stored, such as a rollback to run again at the next
-        start, must never be taken for one)."""
-
-        self._state = state
-        # Events are made on first wait: most procedures are never watched, and recovery
-        # builds thousands of these at once.
-        self._changed: asyncio.Event | None = None
-        self._requested: asyncio.Event | None = None
-        self._ended: asyncio.Event | None = None
-        self._on_end = on_end
+        procedures have none)."""
+        self.record = RunRecord()
+        self.keys = WrittenKeys()
+        self._watched = WatchedState(state, on_end)
         if state.is_ended():
             self._mark_ended()
 
     def outcome(self, state: ProcedureState | None = None) -> Outcome:
         """How it ended (its state, or `state`): the metrics' and history's outcome."""
-        state = self._state if state is None else state
+        state = self._watched.state if state is None else state
         if state.kind is ProcedureStateKind.DONE:
             return "done"
         if state.kind is ProcedureStateKind.POISONED:
             return "poisoned"
-        if self.cancelled:
+        if self.record.cancelled:
             return "cancelled"
-        return "rolled back" if self.rolled_back else "failed"
+        return "rolled back" if self.record.rolled_back else "failed"
 
     def known_keys(self, prefix: str) -> list[ParsedKey] | None:
-        """Every key it has, if this term wrote them all (see `wrote_every_key`): the steps
-        below its first terminal key, and the terminal keys."""
-        if not (self.wrote_every_key and self.terminal_keys):
-            return None
-        first_end = min(step for step, _ in self.terminal_keys)
-        steps = [ParsedKey(prefix, self.id, step, KeyType.STEP) for step in range(first_end)]
-        return steps + [ParsedKey(prefix, self.id, step, kind) for step, kind in self.terminal_keys]
+        """Every key it has, if this term wrote them all (`WrittenKeys.known`)."""
+        return self.keys.known(prefix, self.id)
 
     @property
     def state(self) -> ProcedureState:
-        return self._state
+        return self._watched.state
+
+    @property
+    def abandoned(self) -> bool:
+        """`stop()` ran: no more state changes will come from this process."""
+        return self._watched.abandoned
 
     def set_state(self, state: ProcedureState) -> None:
-        if self._state.is_ended():
+        watched = self._watched
+        if watched.state.is_ended():
             return  # final states are final; a late writer must not resurrect it
-        self._state = state
+        watched.state = state
         if state.is_ended():
             self._mark_ended()
-        self._notify()
+        watched.notify()
 
     def _mark_ended(self) -> None:
-        self.end_time = datetime.now(UTC)
-        self.ended_at = time.monotonic()
-        if self._ended is not None:
-            self._ended.set()
-        if self._on_end is not None:
-            self._on_end(self)
+        self.record.end_time = datetime.now(UTC)
+        self.record.ended_at = time.monotonic()
+        watched = self._watched
+        if watched.ended is not None:
+            watched.ended.set()
+        if watched.on_end is not None:
+            watched.on_end(self)
 
     def mark_started(self) -> None:
-        self.start_time = datetime.now(UTC)
+        self.record.start_time = datetime.now(UTC)
 
     def requested(self) -> asyncio.Event:
         """Set once an operator's request (cancel, fail) applies to this procedure: its
         runner's waits (a retry's backoff, a lock) end early, so that the request is honoured
         within a poll interval however long the wait."""
-        if self._requested is None:
-            self._requested = asyncio.Event()
-        return self._requested
+        watched = self._watched
+        if watched.requested is None:
+            watched.requested = asyncio.Event()
+        return watched.requested
 
     def abandon(self) -> None:
         """The manager stopped: wake every waiter so none hangs on a state that will not change."""
-        self.abandoned = True
-        self._notify()
-
-    def _notify(self) -> None:
-        changed, self._changed = self._changed, None
-        if changed is not None:
-            changed.set()
+        self._watched.abandoned = True
+        self._watched.notify()
 
     async def wait_state_change(self) -> ProcedureState:
         """Wait for the next state change (or for the manager to stop) and return the state."""
-        if not self.abandoned:
-            if self._changed is None:
-                self._changed = asyncio.Event()
-            await self._changed.wait()
-        return self._state
+        watched = self._watched
+        if not watched.abandoned:
+            if watched.changed is None:
+                watched.changed = asyncio.Event()
+            await watched.changed.wait()
+        return watched.state
 
     async def wait_ended(self) -> None:
         """Wait until the procedure reaches a final state (not woken by `abandon()`)."""
-        if self._state.is_ended():
+        watched = self._watched
+        if watched.state.is_ended():
             return
-        if self._ended is None:
-            self._ended = asyncio.Event()
-        await self._ended.wait()
+        if watched.ended is None:
+            watched.ended = asyncio.Event()
+        await watched.ended.wait()
 
     def add_child(self, child_id: ProcedureId) -> None:
         if child_id in self.children:
@@ -185,13 +228,14 @@ class ProcedureMeta:
             self.children = [*self.children, child_id]
 
     def info(self) -> ProcedureInfo:
+        record = self.record
         return ProcedureInfo(
             id=self.id,
             type_name=self.type_name,
-            state=self._state,
-            start_time=self.start_time,
-            end_time=self.end_time,
+            state=self._watched.state,
+            start_time=record.start_time,
+            end_time=record.end_time,
             lock_keys=list(self.lock_key.keys_to_lock()),
             parent_id=self.parent_id,
-            waiting=self.waiting,
+            waiting=record.waiting,
         )

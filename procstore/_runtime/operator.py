@@ -144,7 +144,9 @@ class RequestLooks:
             answer.add_done_callback(_retrieved)  # its error is raised by `get`, or dropped
 
     def forget(self, procedure_id: ProcedureId) -> None:
-        """Drop a look ahead that no `get` will take (the procedure has ended)."""
+        """Drop the procedure's look ahead: no `get` will take it (the procedure ended, its
+        submit stored nothing), or it would be older than a request stored since (a retry's
+        backoff, a wait or a round trip between the look and the next attempt)."""
         self._ahead.pop(procedure_id, None)
 
     def _ask(self, procedure_id: ProcedureId) -> asyncio.Future[OperatorRequest | None]:
@@ -509,7 +511,7 @@ def _stale(ctx: ManagerContext, procedure_id: ProcedureId, nudge: OperatorReques
         return ""
     # A nudge written by an older release carries no step: compared by the clocks, as it was.
     meta = ctx.metas.get(procedure_id)
-    if meta is not None and meta.end_time is not None and nudge.requested_at < meta.end_time.timestamp():
+    if meta is not None and meta.record.end_time is not None and nudge.requested_at < meta.record.end_time.timestamp():
         return "it was written before the procedure ended here"
     return ""
 

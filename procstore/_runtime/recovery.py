@@ -129,7 +129,7 @@ class StoredProcedures:
             error = self.rolled_back.pop(child_id, None)
             final = ProcedureState.done() if error is None else ProcedureState.failed(error)
             run = self.committed_runs.pop(child_id, 1)
-            ctx.metas.register(child_id, name, parent_id, None, final, run=run).end_stored = True
+            ctx.metas.register(child_id, name, parent_id, None, final, run=run).keys.end_stored = True
             return True
         if child_id in self.unreadable:
             problem = self.unreadable[child_id]
@@ -517,8 +517,8 @@ def _resume_roots(
         state = resumed_state(message, rolling_back=True) if rolling_back else running
         meta = register(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)
         meta.is_root = True
-        meta.inherited = True
-        meta.started = run_origin(message) if message.extra else None  # the origin is an unknown field
+        meta.keys.inherited = True
+        meta.record.started = run_origin(message) if message.extra else None  # the origin is an unknown field
         # A root past its step 0 (or rolling back) held its locks when its process died, and
         # its last step may be half done: it takes them again now, before any runner starts, so
         # that a procedure queued behind it cannot overtake it and run over that half-done step.

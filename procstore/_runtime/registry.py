@@ -95,7 +95,7 @@ class Registry:
         state = ProcedureState.with_error(
             ProcedureStateKind.POISONED, f"subprocedure {child_id} cannot run: {reason}; its keys were kept"
         )
-        self.register(child_id, type_name, parent_id, None, state).keep_keys = True
+        self.register(child_id, type_name, parent_id, None, state).keys.keep = True
 
     def forget(self, procedure_id: ProcedureId) -> None:
         """Drop an ended run's metadata: the id is about to run again. The old metadata stays

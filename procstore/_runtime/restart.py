@@ -80,7 +80,7 @@ async def restart(
         )
     if meta is not None and meta.state.is_done():
         raise ProcedureError(f"procedure {procedure_id} finished successfully: nothing to restart")
-    if meta is not None and not meta.keep_keys and procedure_id not in ctx.recovered.unreadable and not nudged:
+    if meta is not None and not meta.keys.keep and procedure_id not in ctx.recovered.unreadable and not nudged:
         raise ProcedureError(
             f"procedure {procedure_id} ended {meta.state.kind.name} and its keys are deleted (or being deleted): "
             "nothing to restart (managers keep a failed procedure's keys with keep_failed=True)"
@@ -101,7 +101,7 @@ async def restart(
                 meta = await _restart(
                     ctx, procedure_id, to_step, nudged=nudged, started=started, tree_stored=tree_stored
                 )
-                meta.started = started or meta.started  # else what the copy says (a rewind's)
+                meta.record.started = started or meta.record.started  # else what the copy says (a rewind's)
                 return meta
             except RestartedMeanwhile as e:
                 if not nudged:
@@ -119,8 +119,8 @@ def _children_still_stored(ctx: ManagerContext, root: ProcedureMeta) -> bool:
     out the grace after a takeover, or it has none, since the root's end is not stored (the
     next start would have resumed it with them). A root this term does not know (its
     metadata expired, or another process ran it) may hold them too."""
-    return (root.inherited and ctx.keeps_inherited_keys()) or (
-        not root.end_stored and bool(ctx.metas.descendants(root.id))
+    return (root.keys.inherited and ctx.keeps_inherited_keys()) or (
+        not root.keys.end_stored and bool(ctx.metas.descendants(root.id))
     )
 
 

@@ -324,7 +324,7 @@ async def store_submitted_procedure(
         return None
     ctx.settings.telemetry.submitted(type_name)
     meta = ctx.metas.register(pid, type_name, None, proc, ProcedureState.running(), lock_key)
-    meta.wrote_every_key = True
+    meta.keys.every = True
     if not (ctx.term.running and (ctx.lease is None or ctx.lease.is_holding())):
         # Stored, but the term ended as the write landed: the next term (this manager's next
         # start, or the leader's recovery or look for procedures stored after it) runs it.
@@ -343,14 +343,23 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
     submit created for such an id is deleted again, a key that held these bytes already (a
     kept procedure's) never.
     """
-    retried = False
+    retried = stored = False
     first = ctx.store.key(pid, 0, KeyType.STEP)
+    looks = ctx.requests.looks
 
     async def create(attempt: int) -> bool:
-        if ctx.store.store.round_trips:  # one round trip for both, not two
+        if ctx.store.store.round_trips:  # one round trip for the three, not three
+            # The first attempt's look for an operator request goes with the create, as a
+            # step's look goes with its write (`RequestLooks.look_ahead`): a request for the
+            # id can only be stored once this key is, so it moves no boundary of the promise.
+            looks.look_ahead(pid)
             created, ended = await gather_settled(
                 ctx.store.create_submitted(pid, type_name, data), ctx.store.history.has_ended(pid, 1)
             )
+            if created is None:
+                # The key was stored before this attempt (a submit whose answer was lost): a
+                # request may have been stored while it ran, after the look began.
+                looks.forget(pid)
         else:  # nothing to overlap: no task and future for each
             created = await ctx.store.create_submitted(pid, type_name, data)
             ended = await ctx.store.history.has_ended(pid, 1)
@@ -365,6 +374,7 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
     def on_retry(exc: BaseException, retry: int, delay: float) -> None:
         nonlocal retried
         retried = True
+        looks.forget(pid)  # as old as the attempt that failed: the next one looks again
         about = procedure_fields(pid, type_name, 0)  # key 0: the submitted state
         logger.info("procedure %s: submit retry %d in %.3fs after %s", pid, retry, delay, describe(exc), extra=about)
 
@@ -372,7 +382,8 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
     # procedure then runs at once, and fails before its first step as the request asks.
     try:
         with ctx.requests.submit_wake(pid) as wake:
-            return await ctx.settings.policy.call(create, on_retry=on_retry, wake=wake)
+            stored = await ctx.settings.policy.call(create, on_retry=on_retry, wake=wake)
+            return stored
     except LeaseExpired as e:
         if not retried:
             raise  # refused before anything was sent: nothing is stored
@@ -382,6 +393,9 @@ async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str,
             "Submit it again on the leader: DuplicateProcedure then means it is stored and runs there",
             key=e.key,
         ) from e
+    finally:
+        if not stored:
+            looks.forget(pid)  # no run of this submit takes it
 
 
 # -- running -------------------------------------------------------------------------
@@ -477,7 +491,7 @@ class Runner:
             elif not await self._acquire_all(held):
                 await self._drive()  # the failure it recorded (a rollback, if supported)
                 return
-            if self.meta.start_time is None:
+            if self.meta.record.start_time is None:
                 self.meta.mark_started()
             if self._resume_children:
                 await self._resume_stored_children()
@@ -492,7 +506,7 @@ class Runner:
             self.ctx.term.step_down(e)
         except Fenced as e:
             # Another manager wrote this step key: it runs the procedure now. Write nothing more.
-            self.meta.keep_keys = True
+            self.meta.keys.keep = True
             self.meta.set_state(ProcedureState.with_error(ProcedureStateKind.POISONED, str(e), e))
             self.ctx.term.step_down(e)
         except BaseException as e:
@@ -533,11 +547,16 @@ class Runner:
         if not admission.limited:
             return True
         started = self._has_started()
+        if admission.rate is not None and not started:
+            # Its start is stored before its first attempt (a round trip, and the type's recent
+            # starts read first once a term): a look ahead would be as old as those.
+            self.ctx.requests.looks.forget(self.meta.id)
 
         def report(why: str | None) -> None:
-            if why is not None and why != self.meta.waiting:
+            if why is not None and why != self.meta.record.waiting:
                 self.ctx.activity.waiting_to_start(self.meta, self.step, why)
-            self.meta.waiting = why
+                self.ctx.requests.looks.forget(self.meta.id)  # a look ahead would be as old as the wait
+            self.meta.record.waiting = why
 
         flow = self.ctx.waits.flow
         if await flow.admit(self.meta.id, admission, started=started, unless=self.meta.requested(), report=report):
@@ -570,7 +589,7 @@ class Runner:
                     gave_back = True
                     if locks.cycle(self.meta.id, keys[0], waits_for) is None:
                         continue
-                self.meta.keep_keys = self.meta.keep_keys or may_have_run
+                self.meta.keys.keep = self.meta.keys.keep or may_have_run
                 await self._fail(LockCycle(self.meta.id, key.key, cycle, kept=may_have_run), roll_back=False)
                 return False
             if not await self._wait_for(key, ends_on_request=not may_have_run):
@@ -585,6 +604,7 @@ class Runner:
         `ends_on_request`. Otherwise the request waits, said once in the log."""
         locks = self.ctx.locks
         if locks.would_block(key):
+            self.ctx.requests.looks.forget(self.meta.id)  # a look ahead would be as old as the wait
             held_by = sorted(str(h) for h in locks.holders_of(key))
             self.ctx.activity.waiting_on_lock(self.meta, self.step, key.key, held_by)
         if await locks.acquire(self.meta.id, key, self.meta.requested()):
@@ -616,7 +636,7 @@ class Runner:
         return (
             self.step > 1
             or self.meta.state.kind is not ProcedureStateKind.RUNNING
-            or not self.meta.wrote_every_key
+            or not self.meta.keys.every
             or self._resume_children
         )
 
@@ -699,7 +719,7 @@ class Runner:
 
     def _on_retry(self, exc: BaseException, retry: int, delay: float) -> None:
         logger.info("procedure %s: retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc))
-        self.meta.retries += 1
+        self.meta.record.retries += 1
         self.ctx.activity.backing_off(self.meta, self.step, retry, exc, delay)
         # A look ahead is as old as the write's first attempt: after a backoff, look again.
         self.ctx.requests.looks.forget(self.meta.id)
@@ -808,7 +828,7 @@ class Runner:
         except Fenced:
             raise
         except Exception as e:
-            self.meta.wrote_every_key = False  # the last write may have landed unseen
+            self.meta.keys.every = False  # the last write may have landed unseen
             await self._fail(e)
             return False
         return True
@@ -863,6 +883,9 @@ class Runner:
         self._consuming = ()
         if not keys:
             return
+        # Deleted after the step's write and before the next attempt: a look ahead sent with
+        # the write would be older than a request stored while they go.
+        self.ctx.requests.looks.forget(self.meta.id)
         try:
             await self.ctx.settings.policy.call(lambda _n: self.ctx.store.signals.delete(keys))
         except Exception as e:
@@ -903,8 +926,8 @@ class Runner:
             self._wait = None
             return False
         self._parked = True
-        self.meta.waiting = wait.describe()
-        self.ctx.activity.waiting(self.meta, self.step, self.meta.waiting)
+        self.meta.record.waiting = wait.describe()
+        self.ctx.activity.waiting(self.meta, self.step, self.meta.record.waiting)
         not_for_it = frozenset(self._signal_names).union(self._skip_signals)
         waits.park(pid, wait.wake_at, wait.signal, self._woken, not_for_it)
         return True
@@ -929,7 +952,7 @@ class Runner:
     def _woken(self) -> None:
         """Called by `ctx.waits`: run again, in a new task, with the locks it kept."""
         self._parked = False
-        self.meta.waiting = None
+        self.meta.record.waiting = None
         self.holds_locks = True
         self._resume_children = False
         if self.ctx.term.running:
@@ -949,8 +972,8 @@ class Runner:
             await self._delete_consumed()
 
     def _committed(self) -> None:
-        self.meta.terminal_keys += ((self.step, KeyType.COMMIT),)
-        self.meta.end_stored = True
+        self.meta.keys.terminal += ((self.step, KeyType.COMMIT),)
+        self.meta.keys.end_stored = True
         self.step += 1
 
     async def _write_commit(self, *, ends_failure: bool = False) -> bool | None:
@@ -971,7 +994,7 @@ class Runner:
             raise
         except Exception as e:
             logger.warning("procedure %s: cannot write its commit key: %s", self.meta.id, describe(e))
-            self.meta.wrote_every_key = False  # it may land later: the deletion lists the folder
+            self.meta.keys.every = False  # it may land later: the deletion lists the folder
         else:
             return True
         key = self.ctx.store.key(self.meta.id, self.step, KeyType.COMMIT)
@@ -1003,7 +1026,7 @@ class Runner:
 
     def _stop_unrecorded(self, what: str) -> None:
         """End this run writing nothing more: the next start() decides from what is stored."""
-        self.meta.keep_keys = True
+        self.meta.keys.keep = True
         why = f"{what}; nothing more was written, and the next start() resumes it"
         self.meta.set_state(ProcedureState.unrecorded_end(why))
 
@@ -1037,7 +1060,7 @@ class Runner:
                 meta = self.ctx.metas.register(
                     sub.id, child.type_name, self.meta.id, sub.procedure, state, child.lock_key, run
                 )
-                meta.wrote_every_key = True
+                meta.keys.every = True
                 self.ctx.settings.telemetry.submitted(child.type_name)
                 Runner(self.ctx, meta, sub.procedure, 1, child.data).start()
             else:
@@ -1097,7 +1120,7 @@ class Runner:
             "procedure %s (%s) crashed its runner", self.meta.id, self.meta.type_name, exc_info=(type(exc), exc, None)
         )
         failed = failed_state(exc, prefix="internal error: ")
-        if self.meta.state.is_ended() or any(kind is KeyType.COMMIT for _, kind in self.meta.terminal_keys):
+        if self.meta.state.is_ended() or any(kind is KeyType.COMMIT for _, kind in self.meta.keys.terminal):
             self.meta.set_state(failed)  # its end is stored already (the crash came while deleting)
             return
         try:
@@ -1108,7 +1131,7 @@ class Runner:
             if is_stop(again):
                 raise
             logger.error("procedure %s: failing it failed too: %s", self.meta.id, describe(again))
-        self.meta.keep_keys = True
+        self.meta.keys.keep = True
         failed = failed.with_error_text(f"{failed.error}; recorded as failed without running a rollback")
         try:
             if await self._write_rollback_key(failed.error or ""):
@@ -1124,9 +1147,9 @@ class Runner:
         failed = failed_state(
             exc, gave_up_after=self.ctx.settings.policy.max_retry_times if is_transient(exc) else None
         )
-        self.meta.cancelled = isinstance(exc, OperatorRequested) and exc.request.kind == "cancel"
+        self.meta.record.cancelled = isinstance(exc, OperatorRequested) and exc.request.kind == "cancel"
         if isinstance(exc, OperatorRequested):
-            self.meta.ended_by = exc.request.action()
+            self.meta.record.ended_by = exc.request.action()
         logger.warning("procedure %s (%s) failed: %s", self.meta.id, self.meta.type_name, failed.error)
         if roll_back and self.procedure.rollback_supported:
             self.meta.set_state(failed.with_kind(ProcedureStateKind.PREPARE_ROLLBACK))
@@ -1157,7 +1180,7 @@ class Runner:
 
         async def write(_attempt: int) -> None:
             await self.ctx.store.rollback_procedure(self.meta.id, message)
-            self.meta.terminal_keys += ((self.step, KeyType.ROLLBACK),)
+            self.meta.keys.terminal += ((self.step, KeyType.ROLLBACK),)
             self.step += 1
 
         try:
@@ -1168,7 +1191,7 @@ class Runner:
             raise
         except Exception as e:
             logger.error("procedure %s: cannot write its rollback key: %s", self.meta.id, describe(e))
-            self.meta.wrote_every_key = False  # it may land later: the deletion lists the folder
+            self.meta.keys.every = False  # it may land later: the deletion lists the folder
             return False
         return True
 
@@ -1183,7 +1206,7 @@ class Runner:
             logger.warning(
                 "procedure %s: rollback retry %d in %.3fs after %s", self.meta.id, retry, delay, describe(exc)
             )
-            self.meta.retries += 1
+            self.meta.record.retries += 1
             self.ctx.settings.telemetry.retried(self.meta.type_name, exc)
 
         async def attempt(n: int) -> None:
@@ -1205,7 +1228,7 @@ class Runner:
                 ProcedureState.with_error(ProcedureStateKind.FAILED, error, e, format_tb(e)), delete=False
             )
             return
-        self.meta.rolled_back = True
+        self.meta.record.rolled_back = True
         await self._end_failure(failed)
 
     async def _end_failure(self, failed: ProcedureState) -> None:
@@ -1215,7 +1238,7 @@ class Runner:
         if await self._write_commit(ends_failure=True):
             # Kept (if asked) for an operator to resume or rewind; its children go as usual. A
             # subprocedure resumed as a root (its parent gone) cannot be restarted: it goes too.
-            self.meta.keep_keys = self.meta.keep_keys or (self.ctx.settings.keep_failed and self.meta.parent_id is None)
+            self.meta.keys.keep = self.meta.keys.keep or (self.ctx.settings.keep_failed and self.meta.parent_id is None)
             await self._finish(failed)
             return
         note = "its end could not be recorded, so its rollback runs again at the next start"
@@ -1227,8 +1250,8 @@ class Runner:
         """Set the final state; a root first deletes its tree's keys (if `delete`: without
         it, its end is not stored, and the whole tree stays as stored for the next start)."""
         if not delete:
-            self.meta.keep_keys = True
-        self.meta.steps = max(self.step - 1, 0)
+            self.meta.keys.keep = True
+        self.meta.record.steps = max(self.step - 1, 0)
         if self.meta.is_root:
             ids = self.ctx.metas.tree_ids(self.meta.id)
             metas = self.ctx.metas.tree_metas(ids)
@@ -1241,7 +1264,7 @@ class Runner:
                 self.meta.set_state(state)
                 return
             lease = self.ctx.lease
-            wait = lease.keep_inherited_until - time.monotonic() if lease and self.meta.inherited else 0.0
+            wait = lease.keep_inherited_until - time.monotonic() if lease and self.meta.keys.inherited else 0.0
             if wait > 0:
                 # A paused former leader's late write could re-create a key deleted now: the
                 # end is recorded now, the keys go after the grace.
@@ -1304,7 +1327,7 @@ async def delete_tree(
     `metas` are the runs that ended (from `Registry.tree_metas` at the end): what they wrote is
     deleted, and nothing above their highest step, which a later run of the id (a resume
     or rewind since) writes. Kept: unreadable procedures and those whose keys must survive
-    (`keep_keys`). A failure is logged, not raised: the next start deletes (and records)
+    (`WrittenKeys.keep`). A failure is logged, not raised: the next start deletes (and records)
     what is left.
     """
     ended_runs = {meta.id: meta for meta in metas}
@@ -1322,12 +1345,12 @@ async def delete_tree(
     kept.update(restarted)
     if keep_root:
         kept.add(root.id)
-    doomed = [pid for pid in ids if pid not in kept and not ((m := ended_runs.get(pid)) and m.keep_keys)]
+    doomed = [pid for pid in ids if pid not in kept and not ((m := ended_runs.get(pid)) and m.keys.keep)]
     children = [pid for pid in doomed if pid != root.id]
     # The keys of procedures this term wrote from step 0: deleted without listing their folder.
     known = {pid: keys for pid in doomed if (m := ended_runs.get(pid)) and (keys := m.known_keys(ctx.store.proc_path))}
     through = {
-        pid: max(s for s, _ in m.terminal_keys) for pid in doomed if (m := ended_runs.get(pid)) and m.terminal_keys
+        pid: max(s for s, _ in m.keys.terminal) for pid in doomed if (m := ended_runs.get(pid)) and m.keys.terminal
     }
     ended = datetime.now(UTC)  # one end time for every attempt: one record, not one per retry
     unrequested = [pid for pid in doomed if pid not in restarted]
@@ -1342,7 +1365,7 @@ async def delete_tree(
             await ctx.store.delete_procedure(root.id, known.get(root.id), through_step=through.get(root.id))
         # Requests go last: until the keys are gone, a restart must honour them again. A tree
         # recovered from the store may have requests this term never read (a rollback reads none).
-        if root.inherited:
+        if root.keys.inherited:
             await ctx.store.requests.delete_present(unrequested)
         else:
             await ctx.store.requests.delete([pid for pid in unrequested if pid in ctx.requests])
@@ -1354,7 +1377,7 @@ async def delete_tree(
             "procedure %s ended but deleting its keys failed (%s); the next start() deletes them",
             root.id,
             e,
-            extra=procedure_fields(root.id, root.type_name, root.steps),
+            extra=procedure_fields(root.id, root.type_name, root.record.steps),
         )
 
 
@@ -1372,7 +1395,7 @@ async def record_tree(
         meta = ctx.metas.get(pid)
         if meta is not None:
             state = root_state if meta is root else meta.state
-            if meta.end_stored and state.is_ended():
+            if meta.keys.end_stored and state.is_ended():
                 records.append(_record(meta, state, ended, ctx.store.history.settings.output_limit))
         elif (type_name := ctx.recovered.committed.get(pid)) is not None:
             # A child that ended in an earlier term: the store kept only its last message, which
@@ -1397,7 +1420,7 @@ async def record_known_ends(ctx: ManagerContext, metas: Sequence[ProcedureMeta])
     now from what this term knows of them (start, steps, retries, a rollback), before it
     forgets them. Raises the store's error."""
     ended, limit = datetime.now(UTC), ctx.store.history.settings.output_limit
-    records = [_record(m, m.state, ended, limit) for m in metas if m.end_stored and m.state.is_ended()]
+    records = [_record(m, m.state, ended, limit) for m in metas if m.keys.end_stored and m.state.is_ended()]
     await ctx.store.history.put_many(records)
 
 
@@ -1437,23 +1460,23 @@ async def record_superseded(
 
 def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime, output_limit: int) -> HistoryRecord:
     output, not_kept = kept_output(state.output, output_limit) if state.is_done() else (None, None)
-    started = meta.started
+    started = meta.record.started
     if started is None and meta.run == 1:
-        started = Action(kind="submit", at=iso(meta.start_time))
+        started = Action(kind="submit", at=iso(meta.record.start_time))
     return HistoryRecord(
         id=str(meta.id),
         type_name=meta.type_name,
         parent_id=None if meta.parent_id is None else str(meta.parent_id),
         outcome=meta.outcome(state),
         error=state.error,
-        started_at=iso(meta.start_time),
-        ended_at=iso(meta.end_time or ended) or "",
-        steps=meta.steps,
-        retries=meta.retries,
+        started_at=iso(meta.record.start_time),
+        ended_at=iso(meta.record.end_time or ended) or "",
+        steps=meta.record.steps,
+        retries=meta.record.retries,
         run=meta.run,
         output=output,
         output_not_kept=not_kept,
         started=started,
-        ended_by=meta.ended_by,
-        rolled_back=meta.rolled_back,
+        ended_by=meta.record.ended_by,
+        rolled_back=meta.record.rolled_back,
     )

@@ -63,7 +63,7 @@ class TermLease:
     """The lease epoch of this term: `Context.fencing_token`."""
     keep_inherited_until: float
     """`time.monotonic()` before which an inherited tree's keys are not deleted (see
-    `ProcedureMeta.inherited`): a paused former leader's late write could re-create them."""
+    `WrittenKeys.inherited`): a paused former leader's late write could re-create them."""
     adopt_interval: float
     """Seconds between looks for procedures stored after recovery."""
     holder: str = ""

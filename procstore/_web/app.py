@@ -40,8 +40,18 @@ from procstore._cli.listing import row_json
 from procstore._cli.output import SHORT_ID, iso_time, table_time
 from procstore._cli.show import data_fields, field_changes, status_json
 from procstore._client.client import Client
+from procstore._client.inventory import (
+    ENDINGS,
+    Inventory,
+    StoredProcedure,
+    endings,
+    read_history,
+    read_inventory,
+    read_outcomes,
+)
 from procstore._client.leader import lease_state, read_lease
 from procstore._client.status import ProcedureStatus
+from procstore._client.words import STATUS_WORDS, StatusWord, status_word
 from procstore._runtime.lease import LEASE_KEY, LeaseRecord
 from procstore._text import bounded, terminal_text, valid_unicode
 from procstore._web.actions import ACTIONS, Actions
@@ -53,19 +63,9 @@ from procstore.store import open_state_store
 from procstore.store.activity import RETRIES_KEPT
 from procstore.store.folder import StoredStatus
 from procstore.store.history import HistoryRecord, HistoryStore
-from procstore.store.inventory import (
-    ENDINGS,
-    Inventory,
-    StoredProcedure,
-    endings,
-    read_history,
-    read_inventory,
-    read_outcomes,
-)
 from procstore.store.keys import KeyType, ParsedKey
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
-from procstore.store.words import STATUS_WORDS, StatusWord, status_word
 
 _TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),

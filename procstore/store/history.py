@@ -256,7 +256,7 @@ class HistoryStore:
                 out.append((int(modified * 1000), key))
             else:
                 unknown.append(key)
-        for key, record in zip(unknown, await self._decode_many(unknown), strict=True):
+        for key, record in zip(unknown, await self.read_each(unknown), strict=True):
             out.append((_ms(record.ended_at) if record is not None else 0, key))
         out.sort()
         return out
@@ -306,21 +306,9 @@ class HistoryStore:
         """Whether run `run` of the procedure has its end record (one read)."""
         return await self.store.get(self.run_key(procedure_id, run)) is not None
 
-    async def _decode_many(self, keys: Sequence[str]) -> list[HistoryRecord | None]:
-        out: list[HistoryRecord | None] = []
-        for key, raw in zip(keys, await self.store.get_many([*keys]), strict=True):
-            record = None
-            if isinstance(raw, bytes):
-                try:
-                    record = _decoder.decode(raw)
-                except UNDECODABLE as e:
-                    logger.warning("skipping the history record at %s: %s; delete the key", key, e)
-            out.append(record)
-        return out
-
     async def find_run(self, procedure_id: ProcedureId | str, run: int) -> HistoryRecord | None:
         """The end record of run `run` of the procedure (one read), or None."""
-        return (await self.read_runs([(procedure_id, run)]))[0]
+        return (await self.read_each([self.run_key(procedure_id, run)]))[0]
 
     async def find_newest_run(self, procedure_id: ProcedureId | str) -> HistoryRecord | None:
         """`find`, without listing the whole history: reads run 1, 2, ... while each has a
@@ -333,17 +321,14 @@ class HistoryStore:
             newest, run = record, run + 1
         return newest if newest is not None else await self.find(procedure_id)
 
-    async def read_runs(self, runs: Sequence[tuple[ProcedureId | str, int]]) -> list[HistoryRecord | None]:
-        """The end record of each (procedure, run), None where there is none (one read each)."""
-        return await self._decode_many([self.run_key(pid, run) for pid, run in runs])
-
     async def read_ends(self, runs: Sequence[tuple[ProcedureId | str, int | None]]) -> list[HistoryRecord | None]:
-        """`read_runs`, where a run of None is the procedure's newest recorded one: a
-        finished folder with no message left (its deletion under way, at its last
-        `.commit`) does not say which run ended, and one that ran again ended last."""
-        known = [(i, (pid, run)) for i, (pid, run) in enumerate(runs) if run is not None]
+        """The end record of each (procedure, run), None where there is none (one read each).
+        A run of None is the procedure's newest recorded one: a finished folder with no
+        message left (its deletion under way, at its last `.commit`) does not say which run
+        ended, and one that ran again ended last."""
+        known = [(i, self.run_key(pid, run)) for i, (pid, run) in enumerate(runs) if run is not None]
         out: list[HistoryRecord | None] = [None] * len(runs)
-        for (i, _), record in zip(known, await self.read_runs([r for _, r in known]), strict=True):
+        for (i, _), record in zip(known, await self.read_each([key for _, key in known]), strict=True):
             out[i] = record
         for i, (pid, run) in enumerate(runs):
             if run is None:
@@ -353,7 +338,16 @@ class HistoryStore:
     async def read_each(self, keys: Sequence[str]) -> list[HistoryRecord | None]:
         """The record under each key, in order: None for a key deleted since or a value
         that is not a record (logged)."""
-        return await self._decode_many(keys)
+        out: list[HistoryRecord | None] = []
+        for key, raw in zip(keys, await self.store.get_many([*keys]), strict=True):
+            record = None
+            if isinstance(raw, bytes):
+                try:
+                    record = _decoder.decode(raw)
+                except UNDECODABLE as e:
+                    logger.warning("skipping the history record at %s: %s; delete the key", key, e)
+            out.append(record)
+        return out
 
     async def newest(
         self, keep: Callable[[HistoryRecord], bool], limit: int, procedure_id: str | None = None
@@ -376,7 +370,7 @@ class HistoryStore:
     async def read(self, keys: Sequence[str]) -> list[HistoryRecord]:
         """The readable records under `keys` (from `keys()`), in their order; a value that
         is not a record is logged and skipped, a key deleted since is skipped."""
-        return [r for r in await self._decode_many(keys) if r is not None]
+        return [r for r in await self.read_each(keys) if r is not None]
 
     async def list(self) -> list[HistoryRecord]:
         """Every readable record, oldest first; a value that is not a record is logged and skipped."""
@@ -388,7 +382,7 @@ class HistoryStore:
         mine = [key for key in await self.keys() if _id_of(key) == wanted]
         # The highest run is the latest; a record of an earlier release comes before any run's.
         mine.sort(key=lambda k: run[1] if isinstance(run := _shape(k), tuple) else 0)
-        for record in reversed(await self._decode_many(mine)):
+        for record in reversed(await self.read_each(mine)):
             if record is not None:
                 return record
         return None

@@ -185,18 +185,7 @@ async def apply_restart(
         raise
     except Fenced as e:
         raise RestartedMeanwhile(plan.procedure_id, e.key or store.key(plan.procedure_id, step, KeyType.STEP)) from e
-    return ProcedureMessage(
-        message.type_name,
-        message.data,
-        None,
-        step,
-        None,
-        run,
-        wait.wake_at,
-        wait.signal,
-        wait.consumed,
-        extra=message.extra,
-    )
+    return dataclasses.replace(message, parent_id=None, step=step, error=None, run=run)
 
 
 async def _read(store: ProcedureStore, key: ParsedKey, procedure_id: ProcedureId) -> ProcedureMessage:

@@ -36,15 +36,16 @@ from typing import Any
 
 import click
 
+from procstore._client.inventory import status_of_keys
 from procstore._runtime.lease import Lease
 from procstore._runtime.manager import ProcedureManager
 from procstore.errors import ProcedureError, ProcedureFailed
 from procstore.ids import ProcedureId
-from procstore.store.folder import StoredStatus, latest_key
+from procstore.store.folder import ProcedureKeys, StoredStatus, decode_or_problem, latest_key
 from procstore.store.history import HISTORY_PATH, History
-from procstore.store.inventory import status_of_keys
 from procstore.store.keys import PROC_PATH, ParsedKey
 from procstore.store.memory import MemoryStore
+from procstore.store.message import ProcedureMessage
 from procstore.store.requests import REQUESTS_PATH, RESUME_PATH
 from procstore.store.signals import SIGNALS_PATH
 from procstore.testing.cluster_checks import Model, OperatorAction, check_requests, check_runs, runs_from_log
@@ -233,8 +234,13 @@ class ClusterSimulation:
 
     def _new_manager(self, run: _Run, index: int, generation: int) -> tuple[ProcedureManager, Process]:
         name = f"m{index}" + (f".{generation}" if generation else "")
-        process = Process(name, run.log, random.Random(run.rng.getrandbits(32)))
+        seed = run.rng.getrandbits(32)
+        process = Process(name, run.log, random.Random(seed))
         store = ProcessStore(run.store, process)
+        # Half the managers send what the rules let overlap at once, as on S3 and GCS (a
+        # step's look for a request with its write, a submit's with its create); drawn
+        # from the seed's bits, so that no other draw of the schedule moves.
+        store.round_trips = bool(seed & 1)
         manager = ProcedureManager(
             store,
             lease=Lease(ttl=TTL, holder=name),
@@ -609,6 +615,15 @@ async def _busy(store: MemoryStore, model: Model, stored: dict[str, list[ParsedK
 
     if not all(kept(pid, keys) for pid, keys in stored.items()):
         return True
+    # A kept root whose end record the store refused past its retries: the next start
+    # records it (docs/guarantees.md, "Finishing"), which the heal's restart stands for.
+    records = await records_by_procedure(store) if stored else {}
+    for pid, keys in stored.items():
+        ended = ProcedureKeys.of((k.step, k.key_type) for k in keys).newest_message
+        raw = None if ended is None else await store.get(str(next(k for k in keys if (k.step, k.key_type) == ended)))
+        message = decode_or_problem(raw)
+        if isinstance(message, ProcedureMessage) and all(r.run != message.run for r in records.get(pid, [])):
+            return True
     # Any request: one whose procedure is gone is deleted by the leader's watch once it is
     # `STALE_REQUEST_AGE` old (it may be a cancel written just before its submit landed).
     # But a cancel's or fail's request beside the failed root it ended, kept for an

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from procstore._client.inventory import status_of_keys
 from procstore.store.folder import StoredStatus, latest_key
 from procstore.store.history import HistoryRecord, ended_run
-from procstore.store.inventory import status_of_keys
 from procstore.store.keys import PROC_PATH, KeyType, ParsedKey
 from procstore.store.message import MessageDecodeError, ProcedureMessage
 from procstore.testing.cluster_store import LoggedOp

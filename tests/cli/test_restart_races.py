@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 import procstore._cli.operations as cli_operations_module
+import procstore._client.operations as store_operations
 import procstore._runtime.restart as runtime_restart
-import procstore.store.operations as store_operations
 import procstore.store.requests as requests_module
 from procstore import Context, ProcedureError, ProcedureFailed, ProcedureId, ProcedureManager, ProcedureWithId, Status
 from procstore._cli.app import cli

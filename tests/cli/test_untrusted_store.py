@@ -16,11 +16,11 @@ import yaml  # type: ignore[import-untyped]
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
-import procstore.store.inventory
+import procstore._client.inventory
 from procstore._cli.app import cli
+from procstore._client.inventory import status_of_keys
 from procstore._web.app import create_app
 from procstore.store import StateStore
-from procstore.store.inventory import status_of_keys
 from procstore.store.local import LocalDirStore
 from procstore.testing import write_many_commits, write_parent_cycle
 
@@ -139,7 +139,7 @@ def test_show_and_the_page_are_linear_in_a_procedures_commits(tmp_path: Path, mo
         looked_at += len(keys)
         return status_of_keys(keys)
 
-    monkeypatch.setattr(procstore.store.inventory, "status_of_keys", counting)
+    monkeypatch.setattr(procstore._client.inventory, "status_of_keys", counting)
     shown = CliRunner().invoke(cli, ["show", str(tmp_path), str(pid), "-o", "json"])
     assert shown.exit_code == 0, shown.output
     assert [k.get("ended") for k in json.loads(shown.stdout)["keys"]] == [None, *["done"] * count]

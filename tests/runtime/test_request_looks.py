@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -398,3 +398,64 @@ async def test_a_procedure_looking_alone_counts_no_turn_after_its_first_look(
     await crowded(looks, store)
     await asyncio.gather(*(looks.get(ProcedureId.random()) for _ in range(5)))
     assert store.walks == 1
+
+
+class SlowSignalDeletes(MemoryStore):
+    """Requests are round trips (as on S3); deleting consumed signals waits for `go`
+    (`deleting` says it began)."""
+
+    round_trips = True
+
+    def __init__(self) -> None:
+        super().__init__(f"signal-deletes-{uuid.uuid4().hex}")
+        self.deleting, self.go = asyncio.Event(), asyncio.Event()
+
+    async def batch_delete(self, keys: Sequence[str]) -> None:
+        if any("/signals/" in f"/{key}" for key in keys):
+            self.deleting.set()
+            await asyncio.wait_for(self.go.wait(), 5)
+        await super().batch_delete(keys)
+
+
+class Signalled(Procedure):
+    """Waits for signal `go`, then runs two more steps, each stored. `RAN` lists each step begun."""
+
+    type_name = "request_looks::Signalled"
+    RAN: ClassVar[list[int]] = []
+
+    def __init__(self, n: int = 0) -> None:
+        self.n = n
+
+    async def execute(self, ctx: Context) -> Status:
+        Signalled.RAN.append(self.n)
+        self.n += 1
+        if self.n == 1:
+            return Status.wait_for_signal("go")
+        return Status.done() if self.n == 3 else Status.executing(persist=True)
+
+    def dump(self) -> str:
+        return json.dumps(self.n)
+
+    @classmethod
+    def load(cls, data: str) -> Signalled:
+        return cls(json.loads(data))
+
+
+async def test_a_request_stored_while_consumed_signals_are_deleted_stops_the_next_step() -> None:
+    """A step that a signal woke is stored, then the signal it consumed is deleted, before
+    the next step: a cancel stored by another process during that deletion (after the step's
+    write landed) stops the next step, which the look sent with the write would not see."""
+    store = SlowSignalDeletes()
+    Signalled.RAN = []
+    manager = ProcedureManager(store, request_poll_interval=60)
+    manager.register(Signalled)
+    async with manager:
+        procedure = ProcedureWithId.new(Signalled())
+        watcher = await manager.submit(procedure)
+        await manager.signal(procedure.id, "go")
+        await asyncio.wait_for(store.deleting.wait(), 5)
+        await RequestStore(store).put(procedure.id, OperatorRequest.new("cancel", "while its signal was deleted"))
+        store.go.set()
+        with pytest.raises(ProcedureFailed, match="while its signal was deleted"):
+            await asyncio.wait_for(watcher.wait(), 10)
+    assert Signalled.RAN == [0, 1]

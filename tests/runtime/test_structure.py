@@ -15,6 +15,7 @@ import procstore
 from procstore._runtime.context import ManagerContext
 from procstore._runtime.leadership import Leadership
 from procstore._runtime.lock_table import LockTable
+from procstore._runtime.meta import ProcedureMeta, RunRecord, WatchedState, WrittenKeys
 from procstore._runtime.operator import OperatorRequests
 from procstore._runtime.recovery import StoredProcedures
 from procstore._runtime.registry import Registry
@@ -33,6 +34,10 @@ SHARED = [
     SingleTerm,
     Leadership,
     procstore.ProcedureManager,
+    ProcedureMeta,
+    RunRecord,
+    WrittenKeys,
+    WatchedState,
 ]
 OWNERS = {"recovered": "_runtime/recovery.py"}
 """A part whose fields a module other than its class's own may write: recovery fills the

@@ -123,7 +123,10 @@ async def test_every_store_request_is_counted_and_a_sample_timed(tmp_path: Path)
         await (await manager.submit(steps(World.new(), 40))).wait()
     made, sampled = requests() - before, timed() - timed_before
     assert made >= 41  # a write a step at least
-    assert made / 4 - 2 <= sampled <= made / 4 + 2
+    # One in four of each kind of request, counted from each kind's first ever (the
+    # manager's telemetry outlives a test): within one a kind of a quarter of them all.
+    kinds = len({p.attributes["procstore.store.operation"] for p in points("procstore.store.requests")})
+    assert made / 4 - kinds <= sampled <= made / 4 + kinds
 
 
 async def test_with_every_step_span_each_attempt_is_a_current_span(tmp_path: Path) -> None:

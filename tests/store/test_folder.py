@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from procstore import ProcedureId
+from procstore._client.inventory import endings
 from procstore.store.folder import ProcedureKeys, StoredStatus, latest_first
-from procstore.store.inventory import endings
 from procstore.store.keys import KeyType, ParsedKey, key_text, latest_in_sorted
 
 _PREFIX = "data/procedure/"

@@ -43,7 +43,7 @@ FIXED_FINDINGS = {
         *[14188, 31084, 52723, 53863],
         *[4, 5, 60, 19, 95, 326, 192, 600609, 601827, 601995],
     ],
-    "machines": [283, 626, 5613, 6152, 6584, 36408, 80963],
+    "machines": [283, 626, 5613, 6152, 6584, 36408, 80963, 5100407],
 }
 """Seeds outside the many-seeds range where the simulation found a break that is fixed now:
 a loaded procedure ended at its lock wait (68, 536), a deletion of an ended run taking a
@@ -70,7 +70,11 @@ before commit c9c5e1d (those seeds now draw other runs): a burst's later signals
 a target's state read before the first one's send blocked (192), a failure recorded right
 above a `.commit` that landed late read as a finished run coming back (600609), two sends
 at one virtual instant taken as ordered (601827), a chain of lock holders each sleeping
-minutes outlasting the heal's deadline (601995)."""
+minutes outlasting the heal's deadline (601995). A false report of the heal (machines
+5100407): a kept failed root whose end record the store refused past its retries is recorded
+by the next start, as documented, and the heal took the cluster for settled before its
+restart. Since half the managers send what the rules let overlap at once (as on S3), the
+seeds found before that draw the same schedules, but their requests interleave otherwise."""
 
 
 class Complaining(LedgerWorld):

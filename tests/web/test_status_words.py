@@ -1,5 +1,5 @@
 """The web view and `procstore watch` say the words of `ls`, `show` and `Client`
-(`procstore.store.words`): a kept root whose end record says `rolled back` is `rolled back`
+(`procstore._client.words`): a kept root whose end record says `rolled back` is `rolled back`
 in the list, its page, the counts and the filter, never `failed` or `committed`."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from starlette.testclient import TestClient
 
 from procstore import Client
 from procstore._cli.app import cli
+from procstore._client.words import StatusWord
 from procstore._web.app import create_app
-from procstore.store.words import StatusWord
 from tests.runtime.test_operations import Undone, failed_and_kept, manager_on
 
 

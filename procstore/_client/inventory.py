@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from procstore._client.words import StatusWord, status_word
 from procstore._logs import get_logger
 from procstore._text import valid_unicode
 from procstore.errors import ListingIncomplete
@@ -21,7 +22,6 @@ from procstore.store.keys import KeysByProcedure, KeyType, ParsedKey, procedure_
 from procstore.store.message import ProcedureMessage, StepWait
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.tree import descendants, reachable, stuck_chains
-from procstore.store.words import StatusWord, status_word
 
 logger = get_logger("procstore.store")
 
@@ -125,7 +125,7 @@ class Inventory:
     honoured (`read_outcomes`)."""
 
     def word(self, p: StoredProcedure) -> StatusWord:
-        """The procedure's status in the one vocabulary (`procstore.store.words`)."""
+        """The procedure's status in the one vocabulary (`procstore._client.words`)."""
         return self.outcomes.get(p.procedure_id) or status_word(p.status)
 
     def is_orphan(self, p: StoredProcedure) -> bool:

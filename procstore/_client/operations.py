@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from procstore._client.inventory import status_of_keys
+from procstore._client.words import status_word
 from procstore.errors import OperationRefused, ProcedureError, ProcedureNotFound
 from procstore.ids import ProcedureId
 from procstore.store.folder import StoredStatus, decode_or_problem, latest_key
 from procstore.store.history import History, HistoryRecord, HistoryStore
-from procstore.store.inventory import status_of_keys
 from procstore.store.message import ProcedureMessage
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import OperatorRequest, RequestKind
 from procstore.store.restart import RestartedMeanwhile, RestartPlan, apply_restart, check_restart, plan_restart
 from procstore.store.settings import SettingsStore
-from procstore.store.words import status_word
 
 
 @dataclass(frozen=True, slots=True)
