@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
+from itertools import repeat
 
 from procstore.errors import InvalidProcedureId
 
@@ -61,6 +63,14 @@ class ProcedureId:
         object.__setattr__(pid, "_text", text)
         return pid
 
+    @classmethod
+    def _from_checked_texts(cls, texts: Sequence[str]) -> list[ProcedureId]:
+        """`_from_checked_text` of each of `texts`, without a Python call per id (recovery
+        makes one per stored procedure): C calls only, each id made, then its text set."""
+        ids = list(map(object.__new__, repeat(cls, len(texts))))
+        deque(map(_TEXT_SLOT.__set__, ids, texts), maxlen=0)
+        return ids
+
     @property
     def uuid(self) -> uuid.UUID:
         return uuid.UUID(self._text)
@@ -89,6 +99,9 @@ class ProcedureId:
         # Immutability refuses pickle's default attribute restore; rebuild from the text instead.
         return (ProcedureId, (self._text,))
 
+
+_TEXT_SLOT = vars(ProcedureId)["_text"]
+"""The slot holding an id's text: its `__set__` fills a new id in one C call."""
 
 new_uuid: Callable[[], uuid.UUID] = uuid.uuid4
 """Where random ids come from: `uuid.uuid4`, or a seeded generator while a seeded

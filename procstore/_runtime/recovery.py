@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -224,12 +224,9 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
             await _delete_signals(ctx, ended)
     await _forget_requests(ctx, requested, loaded, to_delete)
 
-    runners: list[Runner] = []
     with collector_paused():
-        for pid, message in rolling_back_roots:
-            runners += _resume_root(ctx, pid, message, rolling_back=True, problems=problems)
-        for pid, message in running_roots:
-            runners += _resume_root(ctx, pid, message, rolling_back=False, problems=problems)
+        runners = _resume_roots(ctx, rolling_back_roots, rolling_back=True, problems=problems)
+        runners += _resume_roots(ctx, running_roots, rolling_back=False, problems=problems)
     _start_resumed(ctx, runners)
     logger.info(
         "recovered %d rolling back and %d unfinished procedures; %d could not be loaded",
@@ -250,34 +247,49 @@ def _runs_that_ended(loaded: ProcedureMessages, ended: set[RunKey]) -> list[Proc
     run's, so a child at its step 0 whose parent is gone and whose parent's run (the
     child's run number) has an end record is a leftover too.
     """
-    live = {*loaded.messages, *loaded.rollback_messages, *loaded.unreadable_ids}
-    # A parent's current run: a child of an earlier run of it belongs to a tree that ended.
-    runs = {pid: m.run for messages in (loaded.messages, loaded.rollback_messages) for pid, m in messages.items()}
     out: list[ProcedureId] = []
-    for messages in (loaded.messages, loaded.rollback_messages):
-        for pid, message in messages.items():
-            parent = message.parent_id
-            if (str(pid), message.run) in ended or (
-                message.step == 0 and parent is not None and parent not in live and (str(parent), message.run) in ended
-            ):
-                out.append(pid)
+    if ended:  # with no end record (a store whose history is empty), no run has ended
+        live = {*loaded.messages, *loaded.rollback_messages, *loaded.unreadable_ids}
+        for messages in (loaded.messages, loaded.rollback_messages):
+            for pid, message in messages.items():
+                parent = message.parent_id
+                if (str(pid), message.run) in ended or (
+                    message.step == 0
+                    and parent is not None
+                    and parent not in live
+                    and (str(parent), message.run) in ended
+                ):
+                    out.append(pid)
     # A finished child of an earlier run of its parent is that ended tree's: the parent's
     # new run must not take its outcome for its own.
-    for pid in loaded.finished_ids:
-        finished = loaded.finished_messages.get(pid)
-        if finished is not None and finished.parent_id is not None and runs.get(finished.parent_id, 0) > finished.run:
-            out.append(pid)
+    finished_children = [
+        (pid, finished)
+        for pid in loaded.finished_ids
+        if (finished := loaded.finished_messages.get(pid)) is not None and finished.parent_id is not None
+    ]
+    if finished_children:
+        runs = _current_runs(loaded)
+        out += [pid for pid, finished in finished_children if runs.get(finished.parent_id, 0) > finished.run]
     return out
+
+
+def _current_runs(loaded: ProcedureMessages) -> dict[ProcedureId | None, int]:
+    """Each unfinished procedure's current run: a child of an earlier run of its parent
+    belongs to a tree that ended."""
+    return {pid: m.run for messages in (loaded.messages, loaded.rollback_messages) for pid, m in messages.items()}
 
 
 def _children_of_ended_runs(loaded: ProcedureMessages) -> dict[ProcedureId, str]:
     """Unfinished children whose parent runs a later run than theirs: nothing will claim them
     (kept and reported, as any subprocedure nothing will resume)."""
-    runs = {pid: m.run for messages in (loaded.messages, loaded.rollback_messages) for pid, m in messages.items()}
+    children = [(pid, m) for pid, m in loaded.messages.items() if m.parent_id is not None]
+    if not children:
+        return {}
+    runs = _current_runs(loaded)
     return {
         pid: f"a subprocedure of run {m.run} of {m.parent_id}, which runs run {runs[m.parent_id]} now"
-        for pid, m in loaded.messages.items()
-        if m.parent_id is not None and runs.get(m.parent_id, 0) > m.run
+        for pid, m in children
+        if runs.get(m.parent_id, 0) > m.run
     }
 
 
@@ -354,6 +366,8 @@ def _stranded(loaded: ProcedureMessages, alive: set[ProcedureId]) -> dict[Proced
     state). A rolling-back child whose parent is gone is not stranded: it is resumed as a
     root, since finishing a rollback needs no parent.
     """
+    if not _names_a_parent(loaded.messages) and not _names_a_parent(loaded.rollback_messages):
+        return {}  # roots alone: every chain ends where it begins
     parent_of = {pid: m.parent_id for pid, m in loaded.messages.items()}
     parent_of.update((pid, m.parent_id) for pid, m in loaded.rollback_messages.items())
 
@@ -386,6 +400,11 @@ def _cycle_reason(cycle: list[ProcedureId]) -> str:
     return f"its parent links form a cycle of {len(cycle)} procedures through {cycle[0]} (logged once, whole)"
 
 
+def _names_a_parent(messages: dict[ProcedureId, ProcedureMessage]) -> bool:
+    """Whether any of `messages` is a subprocedure's."""
+    return any(m.parent_id is not None for m in messages.values())
+
+
 def _plan_unfinished(
     ctx: ManagerContext,
     messages: dict[ProcedureId, ProcedureMessage],
@@ -397,6 +416,8 @@ def _plan_unfinished(
 ) -> list[tuple[ProcedureId, ProcedureMessage]]:
     """Split into roots to resume now and children to keep for their parents; report the
     stranded ones (their keys are kept)."""
+    if not stranded and not _names_a_parent(messages):
+        return list(messages.items())  # roots alone, none stranded
     roots: list[tuple[ProcedureId, ProcedureMessage]] = []
     for pid, message in messages.items():
         parent = message.parent_id
@@ -424,7 +445,7 @@ def resume_root(
     """Run a stored root that an operator resumed or rewound in this term, as recovery does
     (but it waits for its concurrency slot: it held none); returns why it could not be loaded."""
     problems: list[LoadProblem] = []
-    for runner in _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=problems, restarted=True):
+    for runner in _resume_roots(ctx, [(pid, message)], rolling_back=rolling_back, problems=problems, restarted=True):
         runner.start()
     return problems
 
@@ -438,7 +459,7 @@ def _start_resumed(ctx: ManagerContext, runners: list[Runner]) -> None:
     others a batch per turn of the event loop.
 
     A resumed root with lock keys takes them now if they are free (those that held them
-    when their process died took theirs first, in `_resume_root`), so that nothing submitted
+    when their process died took theirs first, in `_resume_roots`), so that nothing submitted
     after `start()` overtakes it; one that must wait starts at once and queues, in
     recovery's order, as every resumed root used to. The others are known (listed,
     watchable, their locks held) before their runners start, so nothing depends on when
@@ -471,40 +492,46 @@ async def _start_gradually(runners: list[Runner]) -> None:
         await asyncio.sleep(0)
 
 
-def _resume_root(
+def _resume_roots(
     ctx: ManagerContext,
-    pid: ProcedureId,
-    message: ProcedureMessage,
+    roots: Iterable[tuple[ProcedureId, ProcedureMessage]],
     *,
     rolling_back: bool,
     problems: list[LoadProblem],
     restarted: bool = False,
 ) -> list[Runner]:
-    """The runner that resumes a stored root, not started; none if it cannot be loaded."""
+    """The runners that resume stored roots, not started; none for a root that cannot be
+    loaded (its problem is added to `problems`). One call for a recovery's thousands."""
     key_type = KeyType.ROLLBACK if rolling_back else KeyType.STEP
-    try:
-        procedure, lock_key = ctx.load_with_lock_key(pid, message, key_type)
-    except LoadFailed as e:
-        logger.error("skipping %s", e.problem, extra=e.problem.log_fields())
-        problems.append(e.problem)
-        ctx.recovered.unreadable[pid] = e.problem
-        return []
-    state = resumed_state(message, rolling_back=rolling_back)
-    meta = ctx.metas.register(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)
-    meta.is_root = True
-    meta.keys.inherited = True
-    meta.record.started = run_origin(message)
-    # A root past its step 0 (or rolling back) held its locks when its process died, and
-    # its last step may be half done: it takes them again now, before any runner starts, so
-    # that a procedure queued behind it cannot overtake it and run over that half-done step.
-    holds = (message.step > 0 or rolling_back) and ctx.locks.take_all_now(pid, lock_key.keys_to_lock())
-    wait = NO_WAIT if rolling_back else StepWait.of(message)
-    return [
-        Runner(
-            ctx, meta, procedure, message.step + 1, message.data,
-            resume_children=True, holds_locks=holds, wait=wait, restarted=restarted,
-        )
-    ]  # fmt: skip
+    load, register, take_all_now = ctx.load_with_lock_key, ctx.metas.register, ctx.locks.take_all_now
+    running = ProcedureState.running()  # `resumed_state` of every root that resumes running
+    runners: list[Runner] = []
+    for pid, message in roots:
+        try:
+            procedure, lock_key = load(pid, message, key_type)
+        except LoadFailed as e:
+            logger.error("skipping %s", e.problem, extra=e.problem.log_fields())
+            problems.append(e.problem)
+            ctx.recovered.unreadable[pid] = e.problem
+            continue
+        state = resumed_state(message, rolling_back=True) if rolling_back else running
+        meta = register(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)
+        meta.is_root = True
+        meta.keys.inherited = True
+        meta.record.started = run_origin(message) if message.extra else None  # the origin is an unknown field
+        # A root past its step 0 (or rolling back) held its locks when its process died, and
+        # its last step may be half done: it takes them again now, before any runner starts, so
+        # that a procedure queued behind it cannot overtake it and run over that half-done step.
+        keys = lock_key.keys_to_lock()
+        holds = (message.step > 0 or rolling_back) and (not keys or take_all_now(pid, keys))
+        wait = NO_WAIT if rolling_back else StepWait.of(message)
+        runners.append(
+            Runner(
+                ctx, meta, procedure, message.step + 1, message.data,
+                resume_children=True, holds_locks=holds, wait=wait, restarted=restarted,
+            )
+        )  # fmt: skip
+    return runners
 
 
 async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy: set[ProcedureId]) -> set[ProcedureId]:
@@ -561,7 +588,7 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
                 about = {"procedure_id": str(pid), "type_name": message.type_name, "step": message.step}
                 logger.warning("adopting procedure %s, stored after this manager's recovery", pid, extra=about)
                 _adopt_children(ctx, pid, loaded, message.run)
-                for runner in _resume_root(ctx, pid, message, rolling_back=rolling_back, problems=[]):
+                for runner in _resume_roots(ctx, [(pid, message)], rolling_back=rolling_back, problems=[]):
                     runner.start()
     return unknown_now - seen_before
 

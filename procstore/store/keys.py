@@ -11,6 +11,7 @@ import operator
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 from procstore.ids import CANONICAL_ID_PATTERN, ProcedureId
 
@@ -236,32 +237,54 @@ def latest_in_sorted(prefix: str, keys: Sequence[str], *, lowest: bool = True) -
     """
     cut = len(prefix) + _ID_LENGTH + 1  # `{prefix}{id}/`: a folder
     digits_end = cut + _STEP_DIGITS
-    shape = re.compile(rf"{re.escape(prefix)}{CANONICAL_ID_PATTERN}/[0-9]{{{_STEP_DIGITS}}}\.(?:step|commit|rollback)")
-    if not all(map(shape.fullmatch, keys)) or any(map(operator.ge, keys, keys[1:])):
+    if any(map(operator.ge, keys, keys[1:])):
         return None
-    if any(key[cut:digits_end] > _MAX_STEP_TEXT for key in keys):
-        return None  # a key above `MAX_STEP` is no procedure's: `group` sets it apart
-    last_at = {key[:cut]: i for i, key in enumerate(keys)}  # each folder's run ends there
-    trusted = ProcedureId._from_checked_text
-    types = _SUFFIX_TYPES
+    # Each folder's run ends at `last_at[folder]`. A key is of the one shape exactly when its
+    # first `cut` characters are a folder's and the rest a key name's: the folders are
+    # checked once each, and the names once each distinct one (`0000000001.step` and a few
+    # others recur in every folder), instead of a pattern matched against every key.
+    last_at = dict(zip(map(operator.itemgetter(slice(cut)), keys), range(len(keys)), strict=True))
+    folder_shape = re.compile(rf"{re.escape(prefix)}{CANONICAL_ID_PATTERN}/")
+    if not all(map(folder_shape.fullmatch, last_at)):
+        return None
+    named: dict[str, StepAndType] = {}  # each distinct name's step and type, one tuple shared by its keys
+    for name in set(map(operator.itemgetter(slice(cut, None)), keys)):
+        if _KEY_NAME.fullmatch(name) is None or name[:_STEP_DIGITS] > _MAX_STEP_TEXT:
+            return None  # a key above `MAX_STEP` is no procedure's: `group` sets it apart
+        named[name] = (int(name[:_STEP_DIGITS]), _SUFFIX_TYPES[name[_STEP_DIGITS:]])
+    ids = ProcedureId._from_checked_texts(list(map(operator.itemgetter(slice(cut - 1 - _ID_LENGTH, cut - 1)), last_at)))
+    ends = list(last_at.values())
+    tops = list(map(keys.__getitem__, ends))  # each folder's last key
+    before_tops = map(["", *keys].__getitem__, ends)  # the key listed before each (or "")
+    if not any(map(str.endswith, tops, repeat(".commit"))) and not any(
+        map(str.startswith, before_tops, map(operator.itemgetter(slice(digits_end)), tops))
+    ):
+        # Recovery's usual listing, read with no Python call per folder: each folder's last
+        # key is alone at its step (so it is the latest), and none is a `.commit`.
+        name_of = operator.itemgetter(slice(cut, None))
+        latests = map(named.__getitem__, map(name_of, tops))
+        if not lowest:
+            return list(zip(ids, latests, tops, repeat(None), repeat(None), repeat(0)))
+        firsts = map(keys.__getitem__, [0, *map(operator.add, ends[:-1], repeat(1))])
+        lows = map(operator.itemgetter(0), map(named.__getitem__, map(name_of, firsts)))
+        return list(zip(ids, latests, tops, repeat(None), repeat(None), lows))
     out: list[FolderLatest] = []
     first = 0  # where the folder's run begins
-    for folder, end in last_at.items():
-        top = keys[end][:digits_end]
+    for procedure_id, end in zip(ids, last_at.values(), strict=True):
+        key = keys[end]
+        top = key[:digits_end]
         at = end  # at most two keys back: a commit and a rollback at the top step
         while at > first and keys[at - 1].startswith(top):
             at -= 1
-        key = keys[at]
-        key_type = types[key[digits_end:]]
+        if at != end:
+            key = keys[at]
+        latest = named[key[cut:]]
         below: StepAndType | None = None
         below_key = None
-        if key_type is KeyType.COMMIT and (below_key := _highest_below_commit(keys, at, first, digits_end)):
-            below = (int(below_key[cut:digits_end]), types[below_key[digits_end:]])
-        low = 0
-        if lowest and not keys[first].startswith(_STEP_ZERO, cut):
-            low = int(keys[first][cut:digits_end])
-        procedure_id = trusted(folder[cut - 1 - _ID_LENGTH : cut - 1])
-        out.append((procedure_id, (int(key[cut:digits_end]), key_type), key, below, below_key, low))
+        if latest[1] is KeyType.COMMIT and (below_key := _highest_below_commit(keys, at, first, digits_end)):
+            below = named[below_key[cut:]]
+        low = named[keys[first][cut:]][0] if lowest else 0
+        out.append((procedure_id, latest, key, below, below_key, low))
         first = end + 1
     return out
 
@@ -290,5 +313,6 @@ def _highest_message_before(keys: Sequence[str], at: int, first: int, digits_end
     return None
 
 
-_STEP_ZERO = "0" * _STEP_DIGITS
+_KEY_NAME = re.compile(rf"[0-9]{{{_STEP_DIGITS}}}\.(?:{'|'.join(_KEY_TYPES)})")
+"""The last part of a key as `key_text` writes it, ten digits (`latest_in_sorted`)."""
 _SUFFIX_TYPES = {f".{kt.value}": kt for kt in KeyType}

@@ -42,6 +42,8 @@ class StepWait:
 
     @classmethod
     def of(cls, message: ProcedureMessage) -> StepWait:
+        if message.wake_at is None and message.signal is None and not message.consumed:
+            return NO_WAIT  # most messages: recovery asks this of every one it resumes
         return cls(message.wake_at, message.signal, message.consumed)
 
     @property
@@ -135,16 +137,10 @@ class ProcedureMessage:
         (`$.step`, for a field)."""
         if not raw:
             raise MessageDecodeError("the value is empty (a truncated or torn write?)")
-        try:
-            # One pass for a value of known fields only (recovery decodes thousands); any value
-            # it refuses (a field it does not know, a step out of range) is decoded again
-            # below, for its unknown fields or the error saying why.
-            direct = _direct_decoder.decode(raw)
-        except (msgspec.ValidationError, *UNDECODABLE):
-            pass
-        else:
-            if 0 <= direct.step <= _U32_MAX and 1 <= direct.run <= _U32_MAX and cls is ProcedureMessage:
-                return _message_of(direct)
+        if cls is ProcedureMessage and (direct := decoded_directly(raw)) is not None:
+            return direct
+        # Any value the direct pass refuses (a field it does not know, a step out of range) is
+        # decoded again, for its unknown fields or the error saying why.
         try:
             stored = _decoder.decode(raw)
         except msgspec.ValidationError as e:
@@ -246,6 +242,19 @@ _KNOWN_FIELDS = frozenset(_KnownFieldsOnly.__struct_fields__)
 )
 
 
+def decoded_directly(raw: bytes) -> ProcedureMessage | None:
+    """The message a value of known fields only holds, in one pass (recovery decodes
+    thousands); None for any other value, which `ProcedureMessage.decode` reads (or says why
+    it cannot)."""
+    try:
+        known = _direct_decoder.decode(raw)
+    except (msgspec.ValidationError, *UNDECODABLE):
+        return None
+    if 0 <= known.step <= _U32_MAX and 1 <= known.run <= _U32_MAX:
+        return _message_of(known)
+    return None
+
+
 def _message_of(known: _KnownFieldsOnly) -> ProcedureMessage:
     """The message of a value with known fields only, its slots filled directly: the frozen
     dataclass's `__init__` costs as much again as the decoding (recovery decodes thousands)."""
@@ -256,7 +265,7 @@ def _message_of(known: _KnownFieldsOnly) -> ProcedureMessage:
     _set_step(message, known.step)
     _set_error(message, known.error)
     _set_run(message, known.run)
-    _set_wake_at(message, _wake_at_read(known.wake_at))
+    _set_wake_at(message, None if known.wake_at is None else _wake_at_read(known.wake_at))
     _set_signal(message, known.signal)
     _set_consumed(message, known.consumed)
     _set_extra(message, b"")

@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from procstore._aio import gather_settled
@@ -36,7 +37,7 @@ from procstore.store.keys import (
     procedure_dir,
     procedure_of_dir,
 )
-from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
+from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait, decoded_directly
 from procstore.store.rate_starts import RateStartsStore
 from procstore.store.requests import RESUME_PATH, RequestStore
 from procstore.store.signals import SignalStore
@@ -421,9 +422,10 @@ class ProcedureStore:
         """Scan every procedure and classify it by its highest key (the latest-step rule)."""
         keys, unlisted = await self.list_keys()
         with collector_paused():
-            latest_of, to_read, texts, stray, below_commit = self._latest_keys(keys)
+            latest_of, texts, stray, below_commit = self._latest_keys(keys)
         values = await self._read_all(texts)
         if self.skip_strays:
+            to_read = _keys_read(latest_of, below_commit)
             # Only a latest key is stepped over; a message below a `.commit` is read for its
             # parent alone, and an empty one there is an unreadable value like any other.
             torn = [
@@ -435,8 +437,7 @@ class ProcedureStore:
                 return await self.load_messages()
             latest_of.update((to_read[i][0], to_read[i][1:]) for i in torn)
         with collector_paused():
-            read = dict(zip((pid for pid, _, _ in to_read), values, strict=True))
-            result = self._classify(latest_of, below_commit, read)
+            result = self._classify(latest_of, below_commit, values)
         result.stray_ids = _set_strays_apart(result, stray)
         result.problems.extend(unlisted)
         return result
@@ -494,35 +495,34 @@ class ProcedureStore:
 
     def _latest_keys(
         self, keys: list[str]
-    ) -> tuple[
-        dict[ProcedureId, StepAndType], list[_Key], list[str], list[ProcedureId], dict[ProcedureId, StepAndType]
-    ]:
-        """Each procedure's latest key, the keys to read (the latest, or for a committed
-        procedure its last `.step`: its parent and type) with their texts, the stray
-        procedures, and of the keys read those below a `.commit`.
+    ) -> tuple[dict[ProcedureId, StepAndType], list[str], list[ProcedureId], dict[ProcedureId, StepAndType]]:
+        """Each procedure's latest key, the texts of the keys to read (`_keys_read`: the
+        latest, or for a committed procedure its last `.step`: its parent and type), the
+        stray procedures, and of the keys read those below a `.commit`.
 
         Steps are numbered from 0 without gaps and only a finished procedure loses keys, so an
         unfinished one always has a key at step 0 (GreptimeDB's too)."""
-        to_read: list[_Key] = []
+        folders = self._each_latest(keys)
+        skip_strays = self.skip_strays
+        if not skip_strays and KeyType.COMMIT not in map(_KEY_TYPE, map(_LATEST, folders)):
+            # Nothing finished, no strays looked for: each latest key is read as listed.
+            return dict(map(_ID_AND_LATEST, folders)), list(map(_LATEST_TEXT, folders)), [], {}
         texts: list[str] = []
         latest_of: dict[ProcedureId, StepAndType] = {}
         stray: list[ProcedureId] = []
         below_commit: dict[ProcedureId, StepAndType] = {}
-        for pid, latest, latest_text, below, below_key, lowest in self._each_latest(keys):
-            step, key_type = latest
-            if self.skip_strays and key_type is not KeyType.COMMIT and step > 0 and lowest > 0:
-                stray.append(pid)  # read all the same: its run decides (`_set_strays_apart`)
+        for pid, latest, latest_text, below, below_key, lowest in folders:
             latest_of[pid] = latest
-            if key_type is not KeyType.COMMIT:
-                to_read.append((pid, step, key_type))
+            if latest[1] is not KeyType.COMMIT:
                 texts.append(latest_text)
+                if skip_strays and latest[0] > 0 and lowest > 0:
+                    stray.append(pid)  # read all the same: its run decides (`_set_strays_apart`)
             elif below is not None:
                 # A finished procedure's parent, type and outcome are in its highest message
                 # below the commit: a `.step` (it succeeded) or a `.rollback` (it rolled back).
-                to_read.append((pid, *below))
                 texts.append(below_key or self.key(pid, *below))
                 below_commit[pid] = below
-        return latest_of, to_read, texts, stray, below_commit
+        return latest_of, texts, stray, below_commit
 
     def _each_latest(self, keys: list[str]) -> list[FolderLatest]:
         """Per procedure: its latest key and that key's text, the highest key below a latest
@@ -546,22 +546,33 @@ class ProcedureStore:
         self,
         latest_of: dict[ProcedureId, StepAndType],
         below_commit: dict[ProcedureId, StepAndType],
-        read: dict[ProcedureId, bytes | Exception | None],
+        values: list[bytes | Exception | None],
     ) -> ProcedureMessages:
+        """Sort the procedures by their latest keys; `values` are the keys read
+        (`_keys_read`), in the order of `latest_of` (a `.commit` with no message below it was
+        not read)."""
         result = ProcedureMessages()
+        read = iter(values)
         for pid, (step, key_type) in latest_of.items():
             if key_type is KeyType.COMMIT:
-                self._classify_finished(pid, below_commit.get(pid), read.get(pid), result)
+                below = below_commit.get(pid)
+                self._classify_finished(pid, below, None if below is None else next(read), result)
                 continue
+            raw = next(read)
             if step == MAX_STEP:  # a key above it is no procedure's (`ParsedKey.parse`)
                 # Resuming writes at step + 1, which no message could hold: every write of
                 # the procedure would fail. A problem now, not a failure at every start.
                 reason = f"its step number {step} is the largest a procedure can write: it could write no other"
                 self._report((pid, step, key_type), reason, result.problems)
                 continue
-            message = self._decode((pid, step, key_type), read[pid], result.problems)
-            if message is None:
-                continue
+            # A value of known fields only (no unknown fields to keep), at its key's step,
+            # decoded in one call (recovery reads thousands); any other goes through
+            # `_decode`, which keeps its unknown fields or reports it.
+            message = decoded_directly(raw) if type(raw) is bytes else None
+            if message is None or message.step != step:
+                message = self._decode((pid, step, key_type), raw, result.problems)
+                if message is None:
+                    continue
             if key_type is KeyType.STEP:
                 result.messages[pid] = message
             else:
@@ -620,8 +631,21 @@ class ProcedureStore:
         problems.append(problem)
 
 
+_LATEST, _LATEST_TEXT, _ID_AND_LATEST, _KEY_TYPE = itemgetter(1), itemgetter(2), itemgetter(0, 1), itemgetter(1)
+"""Parts of a `FolderLatest` (and a `StepAndType`'s key type), taken by C calls."""
+
 _Key = tuple[ProcedureId, int, KeyType]
 """A key while loading, as its parts: formatted (`ProcedureStore.key`) only to be read or reported."""
+
+
+def _keys_read(latest_of: dict[ProcedureId, StepAndType], below_commit: dict[ProcedureId, StepAndType]) -> list[_Key]:
+    """The keys `load_messages` reads, in the order of `_latest_keys`'s texts: each latest key,
+    but for a latest `.commit` the message below it (none if it has none)."""
+    return [
+        (pid, *latest) if latest[1] is not KeyType.COMMIT else (pid, *below_commit[pid])
+        for pid, latest in latest_of.items()
+        if latest[1] is not KeyType.COMMIT or pid in below_commit
+    ]
 
 
 def _run_of(value: bytes | Exception | None) -> int | None:

@@ -62,7 +62,9 @@ def stuck_chains(
     Linear: each walk up stops at a procedure some walk settled before."""
     stuck: dict[T, Stuck[T]] = {}
     settled: set[T] = set()
-    for start in parent_of:
+    for start, first_parent in parent_of.items():
+        if first_parent is None:
+            continue  # a root: a walk that reaches it ends there, and it is never stuck
         chain: dict[T, int] = {}  # the walk so far, by position: a lookup however deep
         verdict: Stuck[T] | None = None
         pid = start

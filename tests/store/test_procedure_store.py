@@ -138,6 +138,11 @@ _ODD = [
     "data/procedure/{id}/00000000001.step",
     "data/procedure/{id}/0000000001.step/x",
     "data/procedure/{id}/0000000003.step\ndata/procedure/{id}/0000000004.step",  # two keys' text in one
+    "data/procedure/{id}/4294967296.step",  # above `MAX_STEP`
+    "data/procedure/{id}/",
+    "data/procedure/{id}/0000000001.STEP",
+    "data/procedure/{id}/000000000\u0661.step",  # a digit, but not ASCII
+    "data/procedure/{id}x/0000000001.step",
 ]
 """Keys under the prefix of other shapes: a listing with one is read the general way."""
 
