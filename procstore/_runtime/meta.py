@@ -17,57 +17,52 @@ from procstore.store.keys import KeyType, ParsedKey
 
 
 class RunRecord:
-    """What this run did and does, for its history record, its metrics and `ProcedureInfo`."""
+    """What this run did and does, for its history record, its metrics and `ProcedureInfo`.
 
-    __slots__ = (
-        "cancelled", "end_time", "ended_at", "ended_by", "retries", "rolled_back", "start_time", "started", "steps",
-        "waiting",
-    )  # fmt: skip
+    Its fields are class attributes until first set: recovery makes thousands of these at
+    once, and most are never written (an `__init__` setting ten fields doubled a meta's cost).
+    """
 
-    def __init__(self) -> None:
-        self.started: Action | None = None
-        """How this run started: a submit here, or an operator's resume or rewind (None:
-        taken over from the store, its start not seen)."""
-        self.start_time: datetime | None = None
-        self.steps = 0
-        """The highest step number it stored, as of its end."""
-        self.retries = 0
-        """Retries of its steps and rollback in this process."""
-        self.waiting: str | None = None
-        """Why it waits, if it does: flow control, a durable timer or a signal (`ProcedureInfo.waiting`)."""
-        self.ended_by: Action | None = None
-        """The operator request (cancel, fail) that ended it."""
-        self.cancelled = False
-        """It failed because an operator cancelled it or an ancestor (not a `fail` request)."""
-        self.rolled_back = False
-        """Its rollback ran to the end (its FAILED state is a rolled-back one)."""
-        self.end_time: datetime | None = None
-        self.ended_at: float | None = None
-        """`time.monotonic()` when it ended, for the metadata TTL."""
+    started: Action | None = None
+    """How this run started: a submit here, or an operator's resume or rewind (None: taken
+    over from the store, its start not seen)."""
+    start_time: datetime | None = None
+    steps: int = 0
+    """The highest step number it stored, as of its end."""
+    retries: int = 0
+    """Retries of its steps and rollback in this process."""
+    waiting: str | None = None
+    """Why it waits, if it does: flow control, a durable timer or a signal (`ProcedureInfo.waiting`)."""
+    ended_by: Action | None = None
+    """The operator request (cancel, fail) that ended it."""
+    cancelled: bool = False
+    """It failed because an operator cancelled it or an ancestor (not a `fail` request)."""
+    rolled_back: bool = False
+    """Its rollback ran to the end (its FAILED state is a rolled-back one)."""
+    end_time: datetime | None = None
+    ended_at: float | None = None
+    """`time.monotonic()` when it ended, for the metadata TTL."""
 
 
 class WrittenKeys:
     """What this run's runner knows of its keys in the store: it decides how, when and
-    whether the tree's deletion removes them."""
+    whether the tree's deletion removes them. Class attributes until first set, as `RunRecord`'s."""
 
-    __slots__ = ("end_stored", "every", "inherited", "keep", "terminal")
-
-    def __init__(self) -> None:
-        self.every = False
-        """Set for a procedure this term created (a submit, a child): every key it has is one
-        its runner wrote and saw land, so its end deletes them without listing the folder.
-        Cleared by any write whose outcome is unknown."""
-        self.terminal: tuple[tuple[int, KeyType], ...] = ()
-        """The `.rollback` and `.commit` keys its runner wrote, by step."""
-        self.end_stored = False
-        """Its run's `.commit` is stored: the run has ended for good, and only then is its end
-        record written (an end not stored, such as a rollback to run again at the next
-        start, must never be taken for one)."""
-        self.keep = False
-        """Its stored keys must survive the tree's deletion (rollback failed, unreadable)."""
-        self.inherited = False
-        """Resumed from the store at start (not submitted to this manager): a former leader
-        may still have a write of it in flight, so its keys are deleted after a grace period."""
+    every: bool = False
+    """Set for a procedure this term created (a submit, a child): every key it has is one
+    its runner wrote and saw land, so its end deletes them without listing the folder.
+    Cleared by any write whose outcome is unknown."""
+    terminal: tuple[tuple[int, KeyType], ...] = ()
+    """The `.rollback` and `.commit` keys its runner wrote, by step."""
+    end_stored: bool = False
+    """Its run's `.commit` is stored: the run has ended for good, and only then is its end
+    record written (an end not stored, such as a rollback to run again at the next start,
+    must never be taken for one)."""
+    keep: bool = False
+    """Its stored keys must survive the tree's deletion (rollback failed, unreadable)."""
+    inherited: bool = False
+    """Resumed from the store at start (not submitted to this manager): a former leader may
+    still have a write of it in flight, so its keys are deleted after a grace period."""
 
     def known(self, prefix: str, procedure_id: ProcedureId) -> list[ParsedKey] | None:
         """Every key it has, if this term wrote them all (see `every`): the steps below its
@@ -84,20 +79,20 @@ class WatchedState:
 
     Each state change sets the current `changed` event and replaces it, so a waiter that
     took the event before the change is always woken (no lost wake-ups). Events are made on
-    first wait: most procedures are never watched, and recovery builds thousands at once.
+    first wait, and the fields but the state are class attributes until first set: most
+    procedures are never watched, and recovery builds thousands at once.
     """
 
-    __slots__ = ("abandoned", "changed", "ended", "on_end", "requested", "state")
+    abandoned: bool = False
+    """Set by `stop()`: no more state changes will come from this process."""
+    changed: asyncio.Event | None = None
+    ended: asyncio.Event | None = None
+    requested: asyncio.Event | None = None
 
     def __init__(self, state: ProcedureState, on_end: Callable[[ProcedureMeta], None] | None) -> None:
         self.state = state
         self.on_end = on_end
         """The registry's: called once, when the state becomes final."""
-        self.abandoned = False
-        """Set by `stop()`: no more state changes will come from this process."""
-        self.changed: asyncio.Event | None = None
-        self.ended: asyncio.Event | None = None
-        self.requested: asyncio.Event | None = None
 
     def notify(self) -> None:
         changed, self.changed = self.changed, None

@@ -46,10 +46,13 @@ MUTATORS = {"add", "append", "clear", "discard", "extend", "pop", "remove", "set
 
 
 def fields(cls: type) -> set[str]:
-    """Its `__slots__`, or else the `self.x` its `__init__` assigns."""
+    """Its `__slots__`, or else the `self.x` its `__init__` assigns; for a class without an
+    `__init__` of its own, its annotated class attributes (fields with a default until set)."""
     slots = cls.__dict__.get("__slots__")
     if slots is not None:
         return {slots} if isinstance(slots, str) else set(slots)
+    if "__init__" not in cls.__dict__:
+        return set(inspect.get_annotations(cls))
     init = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))  # type: ignore[misc]
     return {
         target.attr
