@@ -90,7 +90,11 @@ class Steps(JsonProcedure):
             if self.world.counts[f"{name}/attempts/{at}"] <= self.data.get("retries", 0):
                 raise RetryLater(f"{name} not ready at step {at}")
         if self.data.get("block") and self.data.get("block_at", at) == at:
-            await BLOCKERS[self.data["block"]].wait()
+            if self.data.get("hold"):  # a request waits for the block's end
+                with ctx.uninterruptible():
+                    await BLOCKERS[self.data["block"]].wait()
+            else:
+                await BLOCKERS[self.data["block"]].wait()
         self.world.apply(f"{name}/{at}")
         self.data["at"] = at + 1
         if at + 1 >= self.data["steps"]:

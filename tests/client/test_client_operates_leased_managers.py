@@ -57,7 +57,9 @@ async def test_a_client_cancels_resumes_waits_and_reads_history_beside_two_lease
     async with leased(target, "cp-1:7000") as first, leased(target, "cp-2:7000") as second, client_of(target) as client:
         await first.wait_until_leading()
         assert not second.is_leader
-        procedure = steps(world, 3, block=gate, block_at=1)
+        # Held uninterruptible: the cancel stays pending (and readable) until the gate opens,
+        # however soon the leader's watch sees it.
+        procedure = steps(world, 3, block=gate, block_at=1, hold=True)
         pid = procedure.id
         await first.submit(procedure)
         await eventually(lambda: world.counts["steps/0"] == 1)
