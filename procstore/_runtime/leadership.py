@@ -119,7 +119,6 @@ class Leadership:
             fencing_token=keeper.epoch,
             keep_inherited_until=time.monotonic() + lease.late_write_grace,
             adopt_interval=lease.adopt_interval,
-            late_write_grace=lease.late_write_grace,
             holder=keeper.holder,
         )
 

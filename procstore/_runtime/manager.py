@@ -39,6 +39,7 @@ from procstore.errors import (
 from procstore.ids import ProcedureId
 from procstore.procedure import Procedure, ProcedureWithId
 from procstore.state import ProcedureInfo, ProcedureState
+from procstore.store.deletes_in_doubt import DEFAULT_LATE_WRITE_GRACE, DeletesInDoubt
 from procstore.store.history import Action, History, iso
 from procstore.store.keys import KeyType
 from procstore.store.limits import lease_write_rate_warning
@@ -194,6 +195,9 @@ class ProcedureManager:
         stays readable until the next start)."""
         self._highest_epoch = 0
         """The highest lease epoch any of this manager's terms has seen."""
+        self._deletes_in_doubt = DeletesInDoubt()
+        """Folders whose deletion failed, kept across this manager's terms and restarts: a
+        request one term sent may land in the next (`ProcedureStore.deletes_in_doubt`)."""
         self._lifecycle = Lifecycle()
 
     @property
@@ -310,6 +314,9 @@ class ProcedureManager:
         ):
             logger.warning(too_fast)
         self._state_store = state_store
+        self._deletes_in_doubt.late_write_grace = (
+            DEFAULT_LATE_WRITE_GRACE if self.lease is None else self.lease.late_write_grace
+        )
         settings = TermSettings(
             state_store,
             self.parent_path,
@@ -321,6 +328,7 @@ class ProcedureManager:
             self.history,
             self.keep_failed,
             _telemetry_for(self.telemetry),
+            self._deletes_in_doubt,
         )
         try:
             if self.lease is None:

@@ -37,6 +37,7 @@ from procstore._runtime.retry import RetryPolicy
 from procstore._runtime.telemetry import OFF, Telemetry, TracedStore, backend_of, timed
 from procstore.errors import Fenced, ManagerStopped, ProcedureError
 from procstore.ids import ProcedureId
+from procstore.store.deletes_in_doubt import DeletesInDoubt
 from procstore.store.guarded import GuardedStore
 from procstore.store.history import History
 from procstore.store.local import LocalDirStore
@@ -66,8 +67,6 @@ class TermLease:
     `WrittenKeys.inherited`): a paused former leader's late write could re-create them."""
     adopt_interval: float
     """Seconds between looks for procedures stored after recovery."""
-    late_write_grace: float
-    """Seconds within which a write sent may still land (`Lease.late_write_grace`)."""
     holder: str = ""
     """This manager's name in the lease."""
 
@@ -86,6 +85,8 @@ class TermSettings:
     history: History = field(default_factory=History)
     keep_failed: bool = False
     telemetry: Telemetry = OFF
+    deletes_in_doubt: DeletesInDoubt = field(default_factory=DeletesInDoubt)
+    """The manager's, kept from one term to the next (`ProcedureStore.deletes_in_doubt`)."""
 
 
 async def obeying_the_store(settings: TermSettings) -> TermSettings:
@@ -120,7 +121,7 @@ class Term:
             settings.parent_path,
             skip_strays=lease is not None,
             history=settings.history,
-            **({} if lease is None else {"late_write_grace": lease.late_write_grace}),
+            deletes_in_doubt=settings.deletes_in_doubt,
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self.running = False

@@ -21,7 +21,7 @@ from procstore._logs import get_logger, procedure_fields
 from procstore.errors import Fenced, ListingIncomplete, ProcedureError, StoreError
 from procstore.ids import ProcedureId
 from procstore.store.activity import ActivityStore
-from procstore.store.deletes_in_doubt import DEFAULT_LATE_WRITE_GRACE, DeletesInDoubt
+from procstore.store.deletes_in_doubt import DeletesInDoubt
 from procstore.store.folder import ProcedureKeys, decode_or_problem, latest_first, latest_key
 from procstore.store.history import History, HistoryStore
 from procstore.store.keys import (
@@ -144,7 +144,7 @@ class ProcedureStore:
         *,
         skip_strays: bool = False,
         history: History | None = None,
-        late_write_grace: float = DEFAULT_LATE_WRITE_GRACE,
+        deletes_in_doubt: DeletesInDoubt | None = None,
     ) -> None:
         if parent_path and not parent_path.endswith("/"):
             parent_path += "/"
@@ -168,8 +168,9 @@ class ProcedureStore:
         step 0 (`ProcedureMessages.stray_ids`) and deletes empty latest keys (torn creates).
         Only managers sharing a store by lease leave those; a single manager reports them as
         usual (a store written by hand, say)."""
-        self.deletes_in_doubt = DeletesInDoubt(late_write_grace)
-        """Folders not to create again yet: a request of their deletion may still land."""
+        self.deletes_in_doubt = DeletesInDoubt() if deletes_in_doubt is None else deletes_in_doubt
+        """Folders not to create again yet: a request of their deletion may still land. The
+        manager's, shared by its terms: a request its earlier term sent may land in this one."""
         self.unknown_fields: dict[ProcedureId, bytes] = {}
         """The message fields procstore does not know (`ProcedureMessage.extra`) of each
         procedure read that has any, written back on every message written for it after:

@@ -137,3 +137,50 @@ async def test_a_rewind_creates_a_child_again_only_once_its_failed_deletion_cann
         await asyncio.gather(*store.late)
     assert not store.armed  # the deletion did fail once
     assert Child.SEEN == [True, True]  # the new run's `0.step` outlived the late deletion
+
+
+class Maker(Procedure):
+    """Creates `CHILD` and ends done once it has."""
+
+    type_name = "doubt::Maker"
+
+    def __init__(self, n: int = 0) -> None:
+        self.n = n
+
+    async def execute(self, ctx: Context) -> Status:
+        self.n += 1
+        if self.n == 1:
+            return Status.suspended([ProcedureWithId(CHILD, Child())])
+        return Status.done()
+
+    def dump(self) -> str:
+        return json.dumps(self.n)
+
+    @classmethod
+    def load(cls, data: str) -> Maker:
+        return cls(json.loads(data))
+
+
+async def test_a_restarted_manager_still_waits_for_a_deletion_its_earlier_term_left_in_doubt() -> None:
+    # The failed request belongs to this process, whichever term sent it: a stop() and
+    # start() (or a lease lost and won back) within the grace must not forget it.
+    store = LateDeletes()
+    Child.STORE, Child.SEEN = store, []
+    lease = Lease(ttl=2.0, late_write_grace=LATE * 2)
+    manager = ProcedureManager(store, lease=lease, max_retry_times=1, retry_delay=0.05, max_retry_delay=0.05)
+    manager.register(Maker)
+    manager.register(Child)
+    async with manager:
+        store.armed = True  # the tree's deletion after the first maker ends fails for the child
+        first = await manager.submit(ProcedureWithId.new(Maker()))
+        await asyncio.wait_for(first.wait(), 10)
+        for _ in range(100):
+            if not store.armed:
+                break
+            await asyncio.sleep(0.01)
+        assert not store.armed  # the deletion did fail once
+    async with manager:
+        second = await manager.submit(ProcedureWithId.new(Maker()))
+        await asyncio.wait_for(second.wait(), 20)
+        await asyncio.gather(*store.late)
+    assert Child.SEEN == [True, True]  # the new run's `0.step` outlived the late deletion
