@@ -773,6 +773,11 @@ class Runner:
             # each other in one tick must see each other's, or neither would see a cycle.
             for child_id in children:
                 self.meta.add_child(child_id)
+            # Before the step that records them is stored: a stop while a child waits out a
+            # failed deletion of its folder would leave that step stored and the child never
+            # created, and the parent's next start would go on without it.
+            for child_id in children:  # one after another: the whole wait is the longest one's
+                await self.ctx.store.deletes_in_doubt.settled(child_id)
         if self._signals:
             self._signals = {}  # delivered to this step, consumed with what it stores next
         wait = self._wait_of(status) if kind is StatusKind.WAITING or self._consuming or self._skip_signals else NO_WAIT

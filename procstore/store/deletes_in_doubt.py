@@ -48,8 +48,10 @@ class DeletesInDoubt:
         """Return once no request of the id's deletion can land any more (at once for most)."""
         if not self._until:
             return
-        until = self._until.pop(procedure_id, None)
-        wait = 0.0 if until is None else until - time.monotonic()
+        until = self._until.get(procedure_id)
+        if until is None:
+            return
+        wait = until - time.monotonic()
         if wait > 0:
             logger.info(
                 "procedure %s is created again in %.1fs: a request of its deletion failed and may still land",
@@ -57,4 +59,7 @@ class DeletesInDoubt:
                 wait,
                 extra=procedure_fields(procedure_id),
             )
+            # Kept while waiting: a wait cut short (a stop) leaves the next one to wait the rest.
             await asyncio.sleep(wait)
+        if self._until.get(procedure_id) == until:  # not noted again meanwhile
+            del self._until[procedure_id]

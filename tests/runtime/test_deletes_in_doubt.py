@@ -184,3 +184,37 @@ async def test_a_restarted_manager_still_waits_for_a_deletion_its_earlier_term_l
         await asyncio.wait_for(second.wait(), 20)
         await asyncio.gather(*store.late)
     assert Child.SEEN == [True, True]  # the new run's `0.step` outlived the late deletion
+
+
+async def test_a_stop_while_a_child_waits_out_the_grace_neither_loses_the_child_nor_the_wait() -> None:
+    # stop() cuts the wait short; the parent's next start must still create and run the
+    # child (its step recording the child was not stored before the child could be), and
+    # still wait the rest of the grace first.
+    store = LateDeletes()
+    Child.STORE, Child.SEEN = store, []
+    lease = Lease(ttl=2.0, late_write_grace=LATE * 2)
+    manager = ProcedureManager(store, lease=lease, max_retry_times=1, retry_delay=0.05, max_retry_delay=0.05)
+    manager.register(Maker)
+    manager.register(Child)
+    async with manager:
+        store.armed = True  # the tree's deletion after the first maker ends fails for the child
+        first = await manager.submit(ProcedureWithId.new(Maker()))
+        await asyncio.wait_for(first.wait(), 10)
+        for _ in range(100):
+            if not store.armed:
+                break
+            await asyncio.sleep(0.01)
+        assert not store.armed  # the deletion did fail once
+    async with manager:  # its metadata forgets the child: a new maker creates it again
+        second = ProcedureWithId.new(Maker())
+        await manager.submit(second)
+        await asyncio.sleep(LATE / 10)  # its child's create waits out the grace
+    async with manager:
+        for _ in range(200):
+            if (watcher := manager.procedure_watcher(second.id)) is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert watcher is not None
+        await asyncio.wait_for(watcher.wait(), 20)
+        await asyncio.gather(*store.late)
+    assert Child.SEEN == [True, True]  # the new run's `0.step` outlived the late deletion
