@@ -40,6 +40,7 @@ from procstore._runtime.lease_clock import LeaseClock
 from procstore._runtime.telemetry import OFF, Telemetry, timed
 from procstore._runtime.term import Term, TermLease, TermSettings, obeying_the_store
 from procstore.errors import Fenced, LeaseExpired, LeaseHeld, ManagerStopped, StoreError, StoreUnavailable
+from procstore.store.deletes_in_doubt import DeletesInDoubt
 from procstore.store.probe import ConditionalWritesIgnored, probe_conditional_writes
 from procstore.store.state_store import StateStore
 
@@ -60,8 +61,11 @@ class Leadership:
         *,
         highest_epoch: int = 0,
         telemetry: Telemetry = OFF,
+        deletes_in_doubt: DeletesInDoubt | None = None,
     ) -> None:
         self.settings = settings
+        self.deletes_in_doubt = deletes_in_doubt
+        """The manager's: its terms share it (`ProcedureStore.deletes_in_doubt`)."""
         self.telemetry = telemetry
         self.keeper = LeaseKeeper(store, lease_key(settings.parent_path), lease)
         # Fencing tokens never go backwards, not even across this manager's restarts.
@@ -151,7 +155,9 @@ class Leadership:
         attributes = {"procstore.lease.holder": self.keeper.holder, "procstore.lease.epoch": epoch}
         with self.telemetry.span("procstore.lease.acquire", start_ns=acquiring_since, **attributes):
             self.telemetry.lease_gained(epoch)
-        self.term = Term(await obeying_the_store(self.settings), self._term_lease())
+        self.term = Term(
+            await obeying_the_store(self.settings), self._term_lease(), deletes_in_doubt=self.deletes_in_doubt
+        )
         self.term.begin()
         self.is_leading = True
         self._leading_changed.set()

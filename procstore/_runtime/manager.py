@@ -328,17 +328,21 @@ class ProcedureManager:
             self.history,
             self.keep_failed,
             _telemetry_for(self.telemetry),
-            self._deletes_in_doubt,
         )
         try:
             if self.lease is None:
-                self._terms = SingleTerm(settings)
+                self._terms = SingleTerm(settings, self._deletes_in_doubt)
             else:
                 # Its own client: renewals must not queue behind the runners' writes for a
                 # connection (botocore pools ten per client).
                 lease_store = self._given_store or open_state_store(self.url, self.storage_options)
                 self._terms = Leadership(
-                    settings, lease_store, self.lease, highest_epoch=self._highest_epoch, telemetry=settings.telemetry
+                    settings,
+                    lease_store,
+                    self.lease,
+                    highest_epoch=self._highest_epoch,
+                    telemetry=settings.telemetry,
+                    deletes_in_doubt=self._deletes_in_doubt,
                 )
             await self._terms.start()
         except BaseException:

@@ -85,8 +85,6 @@ class TermSettings:
     history: History = field(default_factory=History)
     keep_failed: bool = False
     telemetry: Telemetry = OFF
-    deletes_in_doubt: DeletesInDoubt = field(default_factory=DeletesInDoubt)
-    """The manager's, kept from one term to the next (`ProcedureStore.deletes_in_doubt`)."""
 
 
 async def obeying_the_store(settings: TermSettings) -> TermSettings:
@@ -109,7 +107,10 @@ class Term:
         "_housekeeping", "_recovery", "_tasks", "ctx", "fenced", "problems", "running", "settings", "span_attributes",
     )  # fmt: skip
 
-    def __init__(self, settings: TermSettings, lease: TermLease | None = None) -> None:
+    def __init__(
+        self, settings: TermSettings, lease: TermLease | None = None, *, deletes_in_doubt: DeletesInDoubt | None = None
+    ) -> None:
+        """`deletes_in_doubt`: the manager's, kept from one term to the next."""
         self.settings = settings
         state_store = settings.state_store
         if settings.telemetry.enabled:
@@ -121,7 +122,7 @@ class Term:
             settings.parent_path,
             skip_strays=lease is not None,
             history=settings.history,
-            deletes_in_doubt=settings.deletes_in_doubt,
+            deletes_in_doubt=deletes_in_doubt,
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self.running = False
@@ -307,10 +308,12 @@ class SingleTerm:
     `term` and `is_leading`.
     """
 
-    __slots__ = ("settings", "term")
+    __slots__ = ("deletes_in_doubt", "settings", "term")
 
-    def __init__(self, settings: TermSettings) -> None:
+    def __init__(self, settings: TermSettings, deletes_in_doubt: DeletesInDoubt | None = None) -> None:
         self.settings = settings
+        self.deletes_in_doubt = deletes_in_doubt
+        """The manager's: its terms share it (`ProcedureStore.deletes_in_doubt`)."""
         self.term: Term | None = None
         """The term, running or ended: its metadata stays readable after it ends."""
 
@@ -320,7 +323,7 @@ class SingleTerm:
 
     async def start(self) -> None:
         """Begin the term and wait for its recovery."""
-        self.term = Term(await obeying_the_store(self.settings))
+        self.term = Term(await obeying_the_store(self.settings), deletes_in_doubt=self.deletes_in_doubt)
         self.term.begin()
         await self.term.wait_recovered()
 
