@@ -1,6 +1,8 @@
 """Every store-write backoff wakes on the procedure's cancel or fail request (issue 32, item
 11): a request stored while a write backs off is honoured within about a poll interval, not
-after the backoff. In virtual time (`SimulatedLoop`), so that a 1,000 s backoff costs none."""
+after the backoff. In virtual time (`SimulatedLoop`), so that a 1,000 s backoff costs none:
+each test gives the procedure `HONOURED_WITHIN` virtual seconds from the request to end,
+and fails with `TimeoutError` if it waits out the backoff instead."""
 
 from __future__ import annotations
 
@@ -42,12 +44,11 @@ async def cancel_during_backoff(
     until: ProcedureStateKind,
     failures: int | None = None,
     **options: Any,
-) -> float:
+) -> None:
     """Fail the writes of `failing_key` (`failures` times; None: every one), cancel once the
-    procedure waits out a backoff; return the virtual seconds from the cancel to its end."""
+    procedure waits out a backoff; it must end within `HONOURED_WITHIN` of the cancel."""
     store = FaultyStore(open_state_store(f"memory://{procedure.id}/"))
     store.plan.faults.append(Fault("transient", key=f"procedure/*/{failing_key}", times=failures))
-    loop = asyncio.get_running_loop()
     async with manager_on(store, **options) as manager:
         watcher = await manager.submit(procedure)
         pid = procedure.id
@@ -60,14 +61,13 @@ async def cancel_during_backoff(
 
         await asyncio.wait_for(backing_off(), BACKOFF / 2)
         await asyncio.sleep(1.0)  # well into the backoff
-        cancelled_at = loop.time()
-        if from_another_process:  # `procstore cancel`, say: found by the watch of requests/
-            await manager.store.requests.put(pid, OperatorRequest.new("cancel", "operator"))
-        else:
-            await manager.cancel(pid, "operator")
-        with pytest.raises(ProcedureFailed, match="cancelled by an operator|failed at step"):
-            await watcher.wait()
-        return loop.time() - cancelled_at
+        async with asyncio.timeout(HONOURED_WITHIN):
+            if from_another_process:  # `procstore cancel`, say: found by the watch of requests/
+                await manager.store.requests.put(pid, OperatorRequest.new("cancel", "operator"))
+            else:
+                await manager.cancel(pid, "operator")
+            with pytest.raises(ProcedureFailed, match="cancelled by an operator|failed at step"):
+                await watcher.wait()
 
 
 @pytest.mark.parametrize("from_another_process", [False, True], ids=["api", "store"])
@@ -84,12 +84,11 @@ def test_a_cancel_stored_while_a_write_backs_off_ends_the_procedure_within_a_pol
 ) -> None:
     world = World.new()
     procedure = ProcedureWithId.new(Steps({"world": world.name, **data}))
-    took = run_simulated(
+    run_simulated(
         cancel_during_backoff(
             failing_key, procedure, from_another_process=from_another_process, until=ProcedureStateKind.RETRYING
         )
     )
-    assert took < HONOURED_WITHIN
 
 
 @pytest.mark.parametrize(
@@ -109,9 +108,7 @@ def test_a_request_stored_while_a_failure_backs_off_ends_that_backoff(
     the write, or `rollback()`, fails once)."""
     world = World.new()
     procedure = ProcedureWithId.new(Undoable({"world": world.name, **data}))
-    cancelled = cancel_during_backoff(failing_key, procedure, from_another_process=True, until=until, failures=1)
-    took = run_simulated(cancelled)
-    assert took < HONOURED_WITHIN
+    run_simulated(cancel_during_backoff(failing_key, procedure, from_another_process=True, until=until, failures=1))
 
 
 @pytest.mark.parametrize("from_another_process", [False, True], ids=["api", "store"])
@@ -120,28 +117,26 @@ def test_a_cancel_stored_while_a_submits_write_backs_off_ends_the_backoff(from_a
     procedure; the submit's retry then finds its own bytes at once, and the procedure fails
     before its first step."""
 
-    async def main() -> float:
+    async def main() -> None:
         world = World.new()
         procedure = ProcedureWithId.new(Steps({"world": world.name, "steps": 3}))
         store = FaultyStore(open_state_store(f"memory://{procedure.id}/"))
         store.plan.faults.append(Fault("transient", key="procedure/*/0000000000.step", when="after", times=1))
-        loop = asyncio.get_running_loop()
         async with manager_on(store) as manager:
             submitting = asyncio.ensure_future(manager.submit(procedure))
             await asyncio.sleep(1.0)  # the first attempt landed, its answer lost: a backoff
             assert not submitting.done()
-            cancelled_at = loop.time()
-            if from_another_process:
-                await manager.store.requests.put(procedure.id, OperatorRequest.new("cancel", "operator"))
-            else:
-                await manager.cancel(procedure.id, "operator")
-            watcher = await submitting
-            with pytest.raises(ProcedureFailed, match="cancelled by an operator"):
-                await watcher.wait()
+            async with asyncio.timeout(HONOURED_WITHIN):
+                if from_another_process:
+                    await manager.store.requests.put(procedure.id, OperatorRequest.new("cancel", "operator"))
+                else:
+                    await manager.cancel(procedure.id, "operator")
+                watcher = await submitting
+                with pytest.raises(ProcedureFailed, match="cancelled by an operator"):
+                    await watcher.wait()
             assert world.counts["steps/0"] == 0
-            return loop.time() - cancelled_at
 
-    assert run_simulated(main()) < HONOURED_WITHIN
+    run_simulated(main())
 
 
 def test_a_cancel_ends_a_wait_for_the_retry_budget_too() -> None:
@@ -150,7 +145,7 @@ def test_a_cancel_ends_a_wait_for_the_retry_budget_too() -> None:
     world = World.new()
     procedure = ProcedureWithId.new(Steps({"world": world.name, "steps": 3}))
     budget = RetryBudget(rate=0.001, burst=1)
-    took = run_simulated(
+    run_simulated(
         cancel_during_backoff(
             "0000000001.step",
             procedure,
@@ -162,25 +157,22 @@ def test_a_cancel_ends_a_wait_for_the_retry_budget_too() -> None:
         )
     )
     assert budget.waited > BACKOFF / 2  # the cancel came while a retry waited for a token
-    assert took < HONOURED_WITHIN
 
 
 def test_stop_ends_a_writes_backoff_at_once() -> None:
-    async def main() -> float:
+    async def main() -> None:
         world = World.new()
         procedure = ProcedureWithId.new(Steps({"world": world.name, "steps": 3}))
         store = FaultyStore(open_state_store(f"memory://{procedure.id}/"))
         store.plan.faults.append(Fault("transient", key="procedure/*/0000000001.step"))
-        loop = asyncio.get_running_loop()
         manager = manager_on(store)
         await manager.start()
         await manager.submit(procedure)
         await asyncio.sleep(1.0)  # backing off the write of step 1
-        stopping_at = loop.time()
-        await manager.stop()
-        return loop.time() - stopping_at
+        async with asyncio.timeout(HONOURED_WITHIN):
+            await manager.stop()
 
-    assert run_simulated(main()) < HONOURED_WITHIN
+    run_simulated(main())
 
 
 async def test_a_cancel_while_a_step_write_backs_off_on_a_real_store_ends_the_procedure(
