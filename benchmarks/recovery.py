@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 from benchmarks.crashed_manager import GATE
 from benchmarks.harness import Goal, Report, Row, interleaved, run_child, run_child_until_ready_then_kill, timed
@@ -14,7 +16,43 @@ from benchmarks.procedures import GATES
 from benchmarks.stores import Target
 from benchmarks.suites import dbos_installed, manager
 from procstore import ProcedureManager
-from procstore.store import open_state_store
+from procstore.store import StateStore, open_state_store
+
+
+def raw_load(raw_store: StateStore) -> Callable[[], Awaitable[None]]:
+    """The floor for any loader of this layout: list everything, read each procedure's
+    latest key (the last in listing order; procstore also checks it parses)."""
+
+    async def raw() -> None:
+        latest = {key.rpartition("/")[0]: key for key in await raw_store.walk("procedure/")}
+        await raw_store.get_many(list(latest.values()))
+
+    return raw
+
+
+class Loads:
+    """Recovery's load of the store at `url` by a new manager each time (`load`, timed; the
+    event loop's CPU of each in `loop_cpu`), checked and stopped between timings."""
+
+    def __init__(self, url: str, target: Target, n: int) -> None:
+        self.url, self.target, self.n = url, target, n
+        self.started: list[ProcedureManager] = []
+        self.loop_cpu: list[float] = []
+
+    async def load(self) -> None:
+        m = manager(self.url, self.target)
+        cpu = time.thread_time()
+        await m.start()
+        self.loop_cpu.append(time.thread_time() - cpu)
+        self.started.append(m)
+
+    async def check_and_stop(self) -> None:
+        """Untimed, between timings: the closed gate has kept the store as it was."""
+        while self.started:
+            m = self.started.pop()
+            if len(m.list_procedures()) != self.n:
+                raise AssertionError(f"loaded {len(m.list_procedures())} procedures, not {self.n}")
+            await m.stop()
 
 
 async def recovery(report: Report, target: Target, n: int, *, with_dbos: bool) -> None:
@@ -24,32 +62,11 @@ async def recovery(report: Report, target: Target, n: int, *, with_dbos: bool) -
         return
     raw_store = open_state_store(url, target.options)
 
-    async def raw() -> None:
-        # The floor for any loader of this layout: list everything, read each procedure's
-        # latest key (the last in listing order; procstore also checks it parses).
-        latest = {key.rpartition("/")[0]: key for key in await raw_store.walk("procedure/")}
-        await raw_store.get_many(list(latest.values()))
-
     GATES[GATE] = asyncio.Event()  # closed: loaded procedures wait, writing nothing
-
-    started: list[ProcedureManager] = []
-
-    async def load() -> None:
-        m = manager(url, target)
-        await m.start()
-        started.append(m)
-
-    async def check_and_stop() -> None:
-        # Untimed, between timings: the closed gate has kept the store as it was.
-        while started:
-            m = started.pop()
-            if len(m.list_procedures()) != n:
-                raise AssertionError(f"loaded {len(m.list_procedures())} procedures, not {n}")
-            await m.stop()
-
+    loads = Loads(url, target, n)
     # Five: a load is mostly the event loop's CPU, and the raw reading mostly system calls, so
     # other work on the machine moves the ratio more than elsewhere.
-    load_times, raw_times = await interleaved(5, load, raw, cleanup=check_and_stop)
+    load_times, raw_times = await interleaved(5, loads.load, raw_load(raw_store), cleanup=loads.check_and_stop)
     await raw_store.close()
 
     GATES[GATE].set()

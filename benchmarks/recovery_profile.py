@@ -21,7 +21,6 @@ import json
 import pstats
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -29,9 +28,8 @@ import click
 from benchmarks.crashed_manager import GATE
 from benchmarks.harness import interleaved, run_child_until_ready_then_kill
 from benchmarks.procedures import GATES
+from benchmarks.recovery import Loads, raw_load
 from benchmarks.stores import Target
-from benchmarks.suites import manager
-from procstore import ProcedureManager
 from procstore.store import open_state_store
 
 
@@ -54,30 +52,10 @@ async def measure(url: str, n: int, runs: int, profile: str | None) -> dict[str,
     target = Target("local", url)
     raw_store = open_state_store(url)
 
-    async def raw() -> None:
-        latest = {key.rpartition("/")[0]: key for key in await raw_store.walk("procedure/")}
-        await raw_store.get_many(list(latest.values()))
-
     GATES[GATE] = asyncio.Event()  # closed: loaded procedures wait, writing nothing
-    started: list[ProcedureManager] = []
-
-    loop_cpu: list[float] = []
-
-    async def load() -> None:
-        m = manager(url, target)
-        cpu = time.thread_time()
-        await m.start()
-        loop_cpu.append(time.thread_time() - cpu)
-        started.append(m)
-
-    async def check_and_stop() -> None:
-        while started:
-            m = started.pop()
-            if len(m.list_procedures()) != n:
-                raise AssertionError(f"loaded {len(m.list_procedures())} procedures, not {n}")
-            await m.stop()
-
-    load_times, raw_times = await interleaved(runs, load, raw, cleanup=check_and_stop)
+    loads = Loads(url, target, n)
+    load, check_and_stop = loads.load, loads.check_and_stop
+    load_times, raw_times = await interleaved(runs, load, raw_load(raw_store), cleanup=check_and_stop)
     if profile is not None:
         profiler = cProfile.Profile()
         profiler.enable()
@@ -90,7 +68,7 @@ async def measure(url: str, n: int, runs: int, profile: str | None) -> dict[str,
     return {
         "load": load_times,
         "raw": raw_times,
-        "load loop CPU": loop_cpu[:runs],
+        "load loop CPU": loads.loop_cpu[:runs],
         "ratio": {
             "best": min(load_times) / min(raw_times),
             "median": statistics.median(load_times) / statistics.median(raw_times),

@@ -33,6 +33,7 @@ import click
 from benchmarks import rawdisk
 from benchmarks.floors import _ANSWERED, patched
 from benchmarks.procedures import new_loop
+from benchmarks.recovery_ablation import collector_off
 from benchmarks.stores import Target
 from benchmarks.suites import MESSAGE, manager, trash_emptied
 from procstore import ProcedureWithId
@@ -50,15 +51,6 @@ async def _false(*_args: Any, **_kwargs: Any) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def _gc_off() -> Iterator[None]:
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 @dataclass(frozen=True)
 class Part:
     name: str
@@ -73,7 +65,7 @@ PARTS = [
          lambda: patched([(HistoryStore, "has_ended", _false)])),
     Part("the look for an operator request per attempt", "a request is seen before the next attempt",
          lambda: patched([(RequestLooks, "get", lambda self, pid: _ANSWERED)])),
-    Part("the garbage collector (disabled)", "none (memory is not collected while off)", _gc_off),
+    Part("the garbage collector (disabled)", "none (memory is not collected while off)", collector_off),
 ]  # fmt: skip
 
 

@@ -161,17 +161,16 @@ class Maker(Procedure):
         return cls(json.loads(data))
 
 
-async def test_a_restarted_manager_still_waits_for_a_deletion_its_earlier_term_left_in_doubt() -> None:
-    # The failed request belongs to this process, whichever term sent it: a stop() and
-    # start() (or a lease lost and won back) within the grace must not forget it.
-    store = LateDeletes()
+async def after_a_deletion_in_doubt(store: LateDeletes) -> ProcedureManager:
+    """A stopped manager on `store` whose first `Maker` ended, and whose deletion of that
+    tree failed for the child (the request landing `LATE` later)."""
     Child.STORE, Child.SEEN = store, []
     lease = Lease(ttl=2.0, late_write_grace=LATE * 2)
     manager = ProcedureManager(store, lease=lease, max_retry_times=1, retry_delay=0.05, max_retry_delay=0.05)
     manager.register(Maker)
     manager.register(Child)
     async with manager:
-        store.armed = True  # the tree's deletion after the first maker ends fails for the child
+        store.armed = True
         first = await manager.submit(ProcedureWithId.new(Maker()))
         await asyncio.wait_for(first.wait(), 10)
         for _ in range(100):
@@ -179,6 +178,14 @@ async def test_a_restarted_manager_still_waits_for_a_deletion_its_earlier_term_l
                 break
             await asyncio.sleep(0.01)
         assert not store.armed  # the deletion did fail once
+    return manager
+
+
+async def test_a_restarted_manager_still_waits_for_a_deletion_its_earlier_term_left_in_doubt() -> None:
+    # The failed request belongs to this process, whichever term sent it: a stop() and
+    # start() (or a lease lost and won back) within the grace must not forget it.
+    store = LateDeletes()
+    manager = await after_a_deletion_in_doubt(store)
     async with manager:
         second = await manager.submit(ProcedureWithId.new(Maker()))
         await asyncio.wait_for(second.wait(), 20)
@@ -191,20 +198,7 @@ async def test_a_stop_while_a_child_waits_out_the_grace_neither_loses_the_child_
     # child (its step recording the child was not stored before the child could be), and
     # still wait the rest of the grace first.
     store = LateDeletes()
-    Child.STORE, Child.SEEN = store, []
-    lease = Lease(ttl=2.0, late_write_grace=LATE * 2)
-    manager = ProcedureManager(store, lease=lease, max_retry_times=1, retry_delay=0.05, max_retry_delay=0.05)
-    manager.register(Maker)
-    manager.register(Child)
-    async with manager:
-        store.armed = True  # the tree's deletion after the first maker ends fails for the child
-        first = await manager.submit(ProcedureWithId.new(Maker()))
-        await asyncio.wait_for(first.wait(), 10)
-        for _ in range(100):
-            if not store.armed:
-                break
-            await asyncio.sleep(0.01)
-        assert not store.armed  # the deletion did fail once
+    manager = await after_a_deletion_in_doubt(store)
     async with manager:  # its metadata forgets the child: a new maker creates it again
         second = ProcedureWithId.new(Maker())
         await manager.submit(second)
