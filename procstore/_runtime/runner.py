@@ -776,8 +776,9 @@ class Runner:
             # Before the step that records them is stored: a stop while a child waits out a
             # failed deletion of its folder would leave that step stored and the child never
             # created, and the parent's next start would go on without it.
-            for child_id in children:  # one after another: the whole wait is the longest one's
-                await self.ctx.store.deletes_in_doubt.settled(child_id)
+            if in_doubt := self.ctx.store.deletes_in_doubt:
+                for child_id in children:  # one after another: the whole wait is the longest one's
+                    await in_doubt.settled(child_id)
         if self._signals:
             self._signals = {}  # delivered to this step, consumed with what it stores next
         wait = self._wait_of(status) if kind is StatusKind.WAITING or self._consuming or self._skip_signals else NO_WAIT

@@ -37,6 +37,10 @@ class DeletesInDoubt:
         self._until: dict[ProcedureId, float] = {}
         """`time.monotonic()` before which each id's folder is not created again."""
 
+    def __bool__(self) -> bool:
+        """Whether any id is noted: most managers have none, and then no wait is even begun."""
+        return bool(self._until)
+
     def note(self, procedure_id: ProcedureId) -> None:
         """The id's deletion failed now: one of its requests may land later."""
         now = time.monotonic()
@@ -46,8 +50,6 @@ class DeletesInDoubt:
 
     async def settled(self, procedure_id: ProcedureId) -> None:
         """Return once no request of the id's deletion can land any more (at once for most)."""
-        if not self._until:
-            return
         until = self._until.get(procedure_id)
         if until is None:
             return

@@ -255,7 +255,8 @@ class ProcedureStore:
         """
         self.unknown_fields.pop(procedure_id, None)  # an earlier procedure's of the same id
         value = ProcedureMessage(type_name, data, parent_id, 0, None, run).encode()
-        await self.deletes_in_doubt.settled(procedure_id)
+        if self.deletes_in_doubt:
+            await self.deletes_in_doubt.settled(procedure_id)
         return await self._create(self.key(procedure_id, 0, KeyType.STEP), value)
 
     async def create_submitted(self, procedure_id: ProcedureId, type_name: str, data: str) -> bool | None:
