@@ -1,4 +1,4 @@
-"""Retry with exponential backoff and jitter, on top of tenacity.
+"""Retry with exponential backoff and jitter.
 
 `max_retry_times` counts retries of one step (attempts = retries + 1); the delay before
 retry n is `retry_delay * 2**(n-1)` plus up to `retry_delay` of random jitter, capped at
@@ -14,14 +14,6 @@ import random
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
 
 from procstore.errors import Fenced, RetryLater, StoreError
 
@@ -146,8 +138,7 @@ class RetryPolicy:
         begins) is set, a backoff ends at once and the next attempt
         follows (it is `fn`'s to raise what ends the retries).
         """
-        # The first attempt runs without tenacity: nearly every call succeeds at once, and
-        # building a retry loop costs ~30 µs, a tenth of a durable step. The retries are a
+        # The first attempt runs alone: nearly every call succeeds at once. The retries are a
         # coroutine of their own: a first attempt that waits long (a step waiting for an
         # event) holds this small frame, not the retry loop's locals and closures.
         try:
@@ -188,35 +179,19 @@ class RetryPolicy:
         wake: Callable[[], asyncio.Event] | None,
     ) -> T:
         """`call` after its first attempt failed with `first`, which `retry_on` accepted."""
-        delay = min(self.retry_delay + random.uniform(0, self.retry_delay), self.max_retry_delay)
-        if on_retry is not None:
-            on_retry(first, 1, delay)
-        await self._sleep(delay, wake)
-
-        def before_sleep(state: RetryCallState) -> None:
-            if on_retry is None or state.outcome is None:
-                return
-            exc = state.outcome.exception()
-            delay = state.next_action.sleep if state.next_action is not None else 0.0
-            if exc is not None:
-                on_retry(exc, state.attempt_number + 1, delay)
-
-        # Retries 2..max: tenacity's attempt k is retry k + 1, so the multiplier doubles.
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.max_retry_times),
-            wait=wait_exponential_jitter(
-                multiplier=2 * self.retry_delay, max=self.max_retry_delay, jitter=self.retry_delay
-            ),
-            retry=retry_if_exception(retry_on),
-            before_sleep=before_sleep,
-            sleep=lambda delay: self._sleep(delay, wake),
-            reraise=True,
-        )
-        attempt = 1
-
-        async def again() -> T:
-            nonlocal attempt
-            attempt += 1
-            return await fn(attempt)
-
-        return await retrying(again)
+        retry, exc, backoff = 1, first, self.retry_delay
+        while True:
+            # Capping the doubled base changes no delay (anything above the cap is capped
+            # anyway) and keeps a long run of retries from overflowing a float.
+            delay = min(backoff + random.uniform(0, self.retry_delay), self.max_retry_delay)
+            if on_retry is not None:
+                on_retry(exc, retry, delay)
+            await self._sleep(delay, wake)
+            try:
+                return await fn(retry + 1)
+            except Exception as e:
+                if retry >= self.max_retry_times or not retry_on(e):
+                    raise
+                exc = e
+            retry += 1
+            backoff = min(2 * backoff, self.max_retry_delay)
