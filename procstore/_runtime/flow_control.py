@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from procstore._logs import get_logger
+from procstore._runtime.retry import unless_set
 from procstore.errors import describe
 from procstore.flow import Concurrency, RateLimit
 from procstore.ids import ProcedureId
@@ -118,7 +120,9 @@ class FlowControl:
                 if unless.is_set():
                     return False
                 waiter.woken.clear()
-                await _either(waiter.woken, unless, seconds=retry_in)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(retry_in):
+                        await unless_set(waiter.woken.wait, unless)
         finally:
             for queue in queues:
                 queue.remove(waiter)
@@ -261,14 +265,3 @@ class FlowControl:
                 retry_in = window[0] + rate.per - now if window else None
                 return f"waiting behind {ahead} procedures of higher priority of {admission.type_name!r}", retry_in
         return None, None
-
-
-async def _either(woken: asyncio.Event, unless: asyncio.Event, *, seconds: float | None) -> None:
-    """Wait until either event is set, or for `seconds` (None: no limit)."""
-    waits = [asyncio.ensure_future(woken.wait()), asyncio.ensure_future(unless.wait())]
-    try:
-        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
-        await asyncio.gather(*waits, return_exceptions=True)

@@ -81,7 +81,7 @@ class RetryBudget:
             self.retries += 1
 
 
-async def _unless_set(waiting: Callable[[], Awaitable[None]], event: asyncio.Event) -> bool:
+async def unless_set(waiting: Callable[[], Awaitable[object]], event: asyncio.Event) -> bool:
     """Await `waiting()` unless `event` is set first (then it is cancelled): True if it ended."""
     if event.is_set():
         return False
@@ -112,7 +112,7 @@ class RetryPolicy:
             return
         woken = wake()
         # The wait for a token is part of the backoff: in an outage it can be the longest part.
-        if self.budget is not None and not await _unless_set(self.budget.take, woken):
+        if self.budget is not None and not await unless_set(self.budget.take, woken):
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(woken.wait(), delay)
