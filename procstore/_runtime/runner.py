@@ -307,7 +307,7 @@ class Submission:
             raise  # a process exit, a simulated crash: it ends the task as it would the process
         self.settle(meta)
         if meta is not None and not meta.abandoned:
-            await Runner(ctx, meta, procedure.procedure, 1, data).traced_run(submitted=True)
+            await Runner(ctx, meta, procedure.procedure, 1, data).traced_run()
 
 
 async def store_submitted_procedure(
@@ -466,19 +466,14 @@ class Runner:
         gets is the same for all of them in a term): made once per run, not per step."""
 
     def start(self) -> None:
-        self._spawn_run(submitted=self._submitted)
+        self.ctx.term.spawn(self.traced_run(), name=f"procstore:{self.meta.type_name}:{self.meta.id}")
 
-    def traced_run(self, *, submitted: bool) -> Coroutine[Any, Any, None]:
-        """Its run inside its procedure's span: awaited by its own task (`submitted`: a run
-        that `submit()` started here). What the span is a child of is kept for each run
-        after a durable wait (`_run_again`), which starts in a context of its own."""
+    def traced_run(self) -> Coroutine[Any, Any, None]:
+        """Its run inside its procedure's span: awaited by its own task. What the span is a
+        child of is kept for each run after a durable wait (`_run_again`), which starts in a
+        context of its own."""
         self._trace_parent = self.ctx.settings.telemetry.trace_parent()
-        return run_traced(self.ctx, self.meta, self, self._run, submitted=submitted)
-
-    def _spawn_run(self, *, submitted: bool) -> None:
-        self.ctx.term.spawn(
-            self.traced_run(submitted=submitted), name=f"procstore:{self.meta.type_name}:{self.meta.id}"
-        )
+        return run_traced(self.ctx, self.meta, self, self._run, submitted=self._submitted)
 
     async def _run(self) -> None:
         held: list[StringKey] = []
@@ -969,7 +964,7 @@ class Runner:
     def _run_again(self) -> None:
         """Its next run after a durable wait, in the new context `_woken` made for it."""
         self.ctx.settings.telemetry.under_trace_parent(self._trace_parent)
-        self._spawn_run(submitted=self._submitted)
+        self.start()
 
     async def _commit_attempt(self, _attempt: int) -> None:
         await self.ctx.store.commit_procedure(self.meta.id, self.step)
@@ -1406,18 +1401,9 @@ async def record_tree(
         elif (type_name := ctx.recovered.committed.get(pid)) is not None:
             # A child that ended in an earlier term: the store kept only its last message, which
             # does not say whether it rolled back or had no rollback (`StoredStatus.FAILED`).
-            error = ctx.recovered.rolled_back.get(pid)
-            records.append(
-                HistoryRecord(
-                    id=str(pid),
-                    type_name=type_name,
-                    parent_id=next((str(p) for p, kids in ctx.recovered.children_of.items() if pid in kids), None),
-                    outcome="done" if error is None else "failed",
-                    error=error,
-                    ended_at=iso(ended) or "",
-                    run=ctx.recovered.committed_runs.get(pid, 1),
-                )
-            )
+            parent = next((p for p, kids in ctx.recovered.children_of.items() if pid in kids), None)
+            run = ctx.recovered.committed_runs.get(pid, 1)
+            records.append(_stored_run_record(pid, type_name, parent, ctx.recovered.rolled_back.get(pid), ended, run))
     await ctx.store.history.put_many(records)
 
 
@@ -1444,15 +1430,8 @@ async def record_superseded(
         error = f"{state.error}; {how} before this end was stored" if state.error else how
         record = _record(old, state.with_error_text(error), datetime.now(UTC), ctx.store.history.settings.output_limit)
     else:
-        record = HistoryRecord(
-            id=str(procedure_id),
-            type_name=new_run.type_name,
-            parent_id=None if new_run.parent_id is None else str(new_run.parent_id),
-            outcome="failed",
-            error=f"{how} before it ended",
-            ended_at=iso(datetime.now(UTC)) or "",
-            run=new_run.run - 1,
-        )
+        error, ended = f"{how} before it ended", datetime.now(UTC)
+        record = _stored_run_record(procedure_id, new_run.type_name, new_run.parent_id, error, ended, new_run.run - 1)
     try:
         await ctx.settings.policy.call(lambda _n: ctx.store.history.put_many([record]))
     except ProcedureError as e:
@@ -1462,6 +1441,21 @@ async def record_superseded(
             procedure_id,
             e,
         )
+
+
+def _stored_run_record(
+    pid: ProcedureId, type_name: str, parent_id: ProcedureId | None, error: str | None, ended: datetime, run: int
+) -> HistoryRecord:
+    """The end record of a run this term knows only from the store: done unless `error`."""
+    return HistoryRecord(
+        id=str(pid),
+        type_name=type_name,
+        parent_id=None if parent_id is None else str(parent_id),
+        outcome="done" if error is None else "failed",
+        error=error,
+        ended_at=iso(ended) or "",
+        run=run,
+    )
 
 
 def _record(meta: ProcedureMeta, state: ProcedureState, ended: datetime, output_limit: int) -> HistoryRecord:
