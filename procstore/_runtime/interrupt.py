@@ -36,12 +36,11 @@ class RunningStep:
 
     __slots__ = ("_steps", "attempts", "ended", "held", "interrupted", "procedure_id", "request", "task")
 
-    def __init__(self, steps: RunningSteps, procedure_id: ProcedureId, task: asyncio.Task[object]) -> None:
+    def __init__(self, steps: RunningSteps, procedure_id: ProcedureId) -> None:
         self._steps = steps
         self.procedure_id = procedure_id
         self.attempts = 0
         """Attempts begun: a block counts in the attempt it began in, and only there."""
-        self.begin(task)
 
     def begin(self, task: asyncio.Task[object]) -> None:
         """A new attempt, in `task`: nothing held, nothing interrupted yet."""
@@ -112,9 +111,8 @@ class RunningSteps:
         task = asyncio.current_task()
         assert task is not None
         if step is None:
-            step = RunningStep(self, procedure_id, task)
-        else:
-            step.begin(task)
+            step = RunningStep(self, procedure_id)
+        step.begin(task)
         self._running[procedure_id] = step
         return step
 

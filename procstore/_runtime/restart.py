@@ -178,10 +178,10 @@ async def _restart(
         started=started,
         stop_request=stop_request,
     )
+    how = "resumed" if to_step is None else f"rewound to step {to_step}"
     if plan.source is not None and not plan.ended:
         # The copy starts a new run over one whose end is not stored (it ended here
         # unrecorded, or was stuck). Resumed as stored, without a copy, the same run goes on.
-        how = "resumed" if to_step is None else f"rewound to step {to_step}"
         await record_superseded(ctx, procedure_id, ctx.metas.get(procedure_id), message, how)
     if tree_stored:
         # After the copy: a crash before it leaves the ended run and its children as they were.
@@ -201,9 +201,8 @@ async def _restart(
     problems = resume_root(ctx, procedure_id, message, rolling_back=plan.rolling_back)
     if problems:
         raise ProcedureError(f"procedure {procedure_id} cannot run: {problems[0]}")
-    verb = "resumed" if to_step is None else f"rewound to step {to_step}"
     about = procedure_fields(procedure_id, message.type_name, message.step)
     logger.warning(
-        "procedure %s %s by an operator (running from step %d)", procedure_id, verb, message.step, extra=about
+        "procedure %s %s by an operator (running from step %d)", procedure_id, how, message.step, extra=about
     )
     return ctx.metas[procedure_id]

@@ -23,6 +23,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable, Collection, Coroutine, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from procstore._runtime.flow_control import FlowControl
@@ -44,19 +45,15 @@ def wall_clock() -> float:
     return wall_time() if wall_time is not None else time.time()
 
 
+@dataclass(slots=True)
 class _Parked:
     """One parked procedure: when it wakes by itself, what it waits for, how to resume it,
     and which of its stored signals are not the one it waits for."""
 
-    __slots__ = ("not_for_it", "resume", "signal", "wake_at")
-
-    def __init__(
-        self, wake_at: float | None, signal: str | None, resume: Callable[[], None], not_for_it: frozenset[str]
-    ) -> None:
-        self.wake_at = wake_at
-        self.signal = signal
-        self.resume = resume
-        self.not_for_it = not_for_it
+    wake_at: float | None
+    signal: str | None
+    resume: Callable[[], None]
+    not_for_it: frozenset[str]
 
 
 class Waits:
