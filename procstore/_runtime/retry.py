@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from procstore.errors import Fenced, RetryLater, StoreError
 
@@ -147,38 +147,28 @@ class RetryPolicy:
             if not self.retries(exc, retry_on):
                 raise
             first = exc
-        return await self._retry(fn, first, retry_on, on_retry, wake)
+        return await self.retry_after(fn, first, retry_on=retry_on, on_retry=on_retry, wake=wake)
 
     def retries(self, first: Exception, retry_on: Callable[[BaseException], bool] = is_transient) -> bool:
         """Whether `call` retries after its first attempt raised `first`."""
         return self.max_retry_times > 0 and retry_on(first)
 
-    def retry_after(
+    async def retry_after(
         self,
         fn: Callable[[int], Awaitable[T]],
         first: Exception,
         *,
+        retry_on: Callable[[BaseException], bool] = is_transient,
         on_retry: OnRetry | None = None,
         wake: Callable[[], asyncio.Event] | None = None,
-    ) -> Coroutine[Any, Any, T]:
-        """`call`'s retries (`fn(2)`, ...) with the default `retry_on`, for a caller that
-        awaited the first attempt itself and got `first`, which `retries` accepted.
+    ) -> T:
+        """`call`'s retries (`fn(2)`, ...), for a caller that awaited the first attempt
+        itself and got `first`, which `retries` accepted.
 
         A runner's step and its write await their first attempt without `call`: two
         coroutines fewer per step (each one started, and resumed at every await under it).
         Await it outside the `except` that caught `first`: the retries' errors must not
         chain to it."""
-        return self._retry(fn, first, is_transient, on_retry, wake)
-
-    async def _retry(
-        self,
-        fn: Callable[[int], Awaitable[T]],
-        first: Exception,
-        retry_on: Callable[[BaseException], bool],
-        on_retry: OnRetry | None,
-        wake: Callable[[], asyncio.Event] | None,
-    ) -> T:
-        """`call` after its first attempt failed with `first`, which `retry_on` accepted."""
         retry, exc, backoff = 1, first, self.retry_delay
         while True:
             # Capping the doubled base changes no delay (anything above the cap is capped
