@@ -163,18 +163,24 @@ class Child:
         return cls(type_name_of(sub.procedure), dumped(sub.procedure), checked_lock_key(sub.procedure))
 
 
-def lock_conflict(
-    holders: Sequence[ProcedureMeta], subprocedures: Sequence[ProcedureWithId], children: dict[ProcedureId, Child]
-) -> LockConflict | None:
-    """The first child whose locks conflict with those of `holders` (a parent and its
-    ancestors, which hold theirs while the child runs: waiting would deadlock)."""
-    for sub in subprocedures:
-        child_keys = children[sub.id].lock_key
+def checked_children(
+    ctx: ManagerContext, parent: ProcedureMeta, subprocedures: Sequence[ProcedureWithId]
+) -> dict[ProcedureId, Child]:
+    """Everything user code computes for a parent's children, once and before any write (their
+    bytes are the same for every retry), checked: raises what fails the parent cleanly."""
+    children = {sub.id: Child.of(sub) for sub in subprocedures}
+    if (looped := ctx.metas.child_cycle(parent.id, list(children))) is not None:
+        raise ProcedureError(
+            f"subprocedure {looped} is this procedure or waits for it (an ancestor, say): "
+            "waiting for it would never end"
+        )
+    # The parent and its ancestors hold their locks while the child runs: waiting would deadlock.
+    holders = [parent, *ctx.metas.ancestors(parent)]
+    for child_id, child in children.items():
         for holder in holders:
-            keys = holder.lock_key.conflicts_with(child_keys)
-            if keys:
-                return LockConflict(holder.id, sub.id, keys)
-    return None
+            if keys := holder.lock_key.conflicts_with(child.lock_key):
+                raise LockConflict(holder.id, child_id, keys)
+    return children
 
 
 PROCESS_EXITS = (KeyboardInterrupt, SystemExit, ProcessKill)
@@ -746,23 +752,9 @@ class Runner:
         children: dict[ProcedureId, Child] = {}
         if kind is StatusKind.SUSPENDED:
             try:
-                # Everything user code computes for a child, once and before any write: its
-                # bytes are the same for every retry, and an error fails the parent cleanly.
-                children = {sub.id: Child.of(sub) for sub in status.subprocedures}
+                children = checked_children(self.ctx, self.meta, status.subprocedures)
             except Exception as e:
                 await self._fail(e)
-                return
-            if (looped := self.ctx.metas.child_cycle(self.meta.id, list(children))) is not None:
-                await self._fail(
-                    ProcedureError(
-                        f"subprocedure {looped} is this procedure or waits for it (an ancestor, say): "
-                        "waiting for it would never end"
-                    )
-                )
-                return
-            conflict = lock_conflict([self.meta, *self.ctx.metas.ancestors(self.meta)], status.subprocedures, children)
-            if conflict is not None:
-                await self._fail(conflict)
                 return
             # The edges count from now, before the first await: two procedures suspending on
             # each other in one tick must see each other's, or neither would see a cycle.
