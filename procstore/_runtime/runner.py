@@ -301,8 +301,13 @@ class Submission:
     async def run(
         self, ctx: ManagerContext, procedure: ProcedureWithId, type_name: str, lock_key: LockKey, data: str
     ) -> None:
+        pid = procedure.id
         try:
-            meta = await store_submitted_procedure(ctx, procedure, type_name, lock_key, data)
+            if not await store_submitted(ctx, pid, type_name, data):
+                self.settle(None)  # a duplicate: the key holds another value
+                return
+            ctx.settings.telemetry.submitted(type_name)
+            meta = ctx.metas.register(pid, type_name, None, procedure.procedure, ProcedureState.running(), lock_key)
         except asyncio.CancelledError:
             self.settle(None, ManagerStopped(what="submitting"))  # only the term cancels this task
             raise
@@ -311,32 +316,15 @@ class Submission:
             if isinstance(e, Exception):
                 return  # the caller's error: nothing was stored, or it may have landed
             raise  # a process exit, a simulated crash: it ends the task as it would the process
+        meta.keys.every = True
+        if not (ctx.term.running and (ctx.lease is None or ctx.lease.is_holding())):
+            # Stored, but the term ended as the write landed: the next term (this manager's next
+            # start, or the leader's recovery or look for procedures stored after it) runs it.
+            # Its watcher here raises `ManagerStopped`.
+            meta.abandon()
         self.settle(meta)
-        if meta is not None and not meta.abandoned:
+        if not meta.abandoned:
             await Runner(ctx, meta, procedure.procedure, 1, data).traced_run()
-
-
-async def store_submitted_procedure(
-    ctx: ManagerContext,
-    procedure: ProcedureWithId,
-    type_name: str,
-    lock_key: LockKey,
-    data: str,
-) -> ProcedureMeta | None:
-    """Store a submitted procedure's first step and register it; None for a duplicate (the
-    key holds another value). Abandoned if the term ended as the write landed."""
-    pid, proc = procedure.id, procedure.procedure
-    if not await store_submitted(ctx, pid, type_name, data):
-        return None
-    ctx.settings.telemetry.submitted(type_name)
-    meta = ctx.metas.register(pid, type_name, None, proc, ProcedureState.running(), lock_key)
-    meta.keys.every = True
-    if not (ctx.term.running and (ctx.lease is None or ctx.lease.is_holding())):
-        # Stored, but the term ended as the write landed: the next term (this manager's next
-        # start, or the leader's recovery or look for procedures stored after it) runs it.
-        # Its watcher here raises `ManagerStopped`.
-        meta.abandon()
-    return meta
 
 
 async def store_submitted(ctx: ManagerContext, pid: ProcedureId, type_name: str, data: str) -> bool:
