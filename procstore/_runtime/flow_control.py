@@ -20,7 +20,7 @@ import bisect
 import contextlib
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from procstore._logs import get_logger
@@ -208,18 +208,14 @@ class FlowControl:
         for waiter in itertools.islice(self._startable(queue), free):
             waiter.woken.set()
 
-    def _startable(self, queue: list[_Waiter]) -> Iterator[_Waiter]:
+    def _startable(self, queue: Iterable[_Waiter]) -> Iterator[_Waiter]:
         """The waiters of a key's queue, in order, but those whose type's rate allows no start now."""
         return (waiter for waiter in queue if not self._rate_full(waiter.admission))
 
     def _startable_ahead(self, queue: list[_Waiter], waiter: _Waiter, enough: int) -> int:
         """How many of those ahead of `waiter` in a key's queue could start now (counted up to `enough`)."""
-        count = 0
-        for other in queue:
-            if other is waiter or count >= enough:
-                break
-            count += not self._rate_full(other.admission)
-        return count
+        ahead = itertools.takewhile(lambda other: other is not waiter, queue)
+        return sum(1 for _ in itertools.islice(self._startable(ahead), enough))
 
     def _rate_full(self, admission: Admission) -> bool:
         rate = admission.rate
