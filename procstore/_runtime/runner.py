@@ -1236,26 +1236,24 @@ class Runner:
         if self.meta.is_root:
             ids = self.ctx.metas.tree_ids(self.meta.id)
             metas = self.ctx.metas.tree_metas(ids)
+            lease = self.ctx.lease
+            wait = lease.keep_inherited_until - time.monotonic() if lease and self.meta.keys.inherited else 0.0
             if not delete:
                 # The next start resumes this run from what is stored: a child it created
                 # must be there for it to claim, never created again (a child whose
                 # create landed with its answer lost ran nowhere yet, and one that ended
                 # is not to run twice).
                 self.ctx.on_tree_finished(ids, metas)
-                self.meta.set_state(state)
-                return
-            lease = self.ctx.lease
-            wait = lease.keep_inherited_until - time.monotonic() if lease and self.meta.keys.inherited else 0.0
-            if wait > 0:
+            elif wait > 0:
                 # A paused former leader's late write could re-create a key deleted now: the
-                # end is recorded now, the keys go after the grace.
+                # end is recorded now, the keys go after the grace (the task begins once the
+                # state below is set).
                 await record_now(self.ctx, self.meta, ids, state)
-                self.meta.set_state(state)
                 later = delete_tree_later(self.ctx, self.meta, ids, metas, wait)
                 self.ctx.term.spawn(later, name=f"procstore:delete-later:{self.meta.id}")
-                return
-            await delete_tree(self.ctx, self.meta, ids, metas, state)
-            self.ctx.on_tree_finished(ids, metas)
+            else:
+                await delete_tree(self.ctx, self.meta, ids, metas, state)
+                self.ctx.on_tree_finished(ids, metas)
         self.meta.set_state(state)
 
 
