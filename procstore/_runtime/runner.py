@@ -472,22 +472,17 @@ class Runner:
     async def _run(self) -> None:
         held: list[StringKey] = []
         try:
-            if not await self._admitted():
-                await self._drive()  # the failure it recorded
-                return
-            if self.holds_locks:
-                held += self.meta.lock_key.keys_to_lock()
-            elif not await self._acquire_all(held):
-                await self._drive()  # the failure it recorded (a rollback, if supported)
-                return
-            if self.meta.record.start_time is None:
-                self.meta.mark_started()
-            if self._resume_children:
-                await self._resume_stored_children()
-            if self._skip_signals:
-                await self._delete_consumed()  # its stored step consumed them: a crash came before their deletion
-            if self._wait is not None and await self._waits_on():
-                return
+            # Refused by flow control or its locks, it has recorded its failure: the drive
+            # finishes it (with a rollback, if supported).
+            if await self._admitted() and await self._acquire_all(held):
+                if self.meta.record.start_time is None:
+                    self.meta.mark_started()
+                if self._resume_children:
+                    await self._resume_stored_children()
+                if self._skip_signals:
+                    await self._delete_consumed()  # its stored step consumed them: a crash came before their deletion
+                if self._wait is not None and await self._waits_on():
+                    return
             await self._drive()
         except LeaseExpired as e:
             # The lease may be another manager's now: not a failure, the procedure resumes there.
@@ -554,8 +549,8 @@ class Runner:
         return False
 
     async def _acquire_all(self, held: list[StringKey]) -> bool:
-        """Take every lock key, in order, appending each to `held`; False if the procedure
-        failed instead (it recorded the failure).
+        """Take every lock key, in order, appending each to `held` (all at once if it holds
+        them already); False if the procedure failed instead (it recorded the failure).
 
         One that may have run a step already (`_may_have_run`) must roll back holding its
         locks, so an operator's request does not end its wait: it is honoured once the
@@ -566,10 +561,13 @@ class Runner:
         kept, for an operator to resume or rewind: rolling back without the locks could
         undo work beside their holder.
         """
+        keys = self.meta.lock_key.keys_to_lock()
+        if self.holds_locks:
+            held += keys
+            return True
         may_have_run = self._may_have_run()
         gave_back = False
         locks, waits_for = self.ctx.locks, self.ctx.metas.unfinished_children
-        keys = self.meta.lock_key.keys_to_lock()
         while len(held) < len(keys):
             key = keys[len(held)]
             if locks.would_block(key) and (cycle := locks.cycle(self.meta.id, key, waits_for)) is not None:
