@@ -754,8 +754,11 @@ class Runner:
                     await in_doubt.settled(child_id)
         if self._signals:
             self._signals = {}  # delivered to this step, consumed with what it stores next
+        if kind is StatusKind.DONE:
+            await self._commit_or_fail(ProcedureState.done(status.output))
+            return
         wait = self._wait_of(status) if kind is StatusKind.WAITING or self._consuming or self._skip_signals else NO_WAIT
-        if status.persist and kind is not StatusKind.DONE:
+        if status.persist:
             if kind is StatusKind.EXECUTING and self.ctx.store.store.round_trips:
                 self.ctx.requests.looks.look_ahead(self.meta.id)  # the next attempt's, during the write
             # Dumped once: every retry of the write sends these same bytes, so a retry that
@@ -771,15 +774,12 @@ class Runner:
             self._stored_data = data
             if self._consuming or self._skip_signals:
                 await self._delete_consumed()
-        elif kind is not StatusKind.DONE:
+        else:
             # Nothing stored, so nothing awaited may have yielded (the look for a request
             # reads a missing key at once on memory:// and local; a sleep already over
             # does not park): a run of such steps would hold the event loop, and no lease
             # renewal nor cancel could run.
             await asyncio.sleep(0)
-        if kind is StatusKind.DONE:
-            await self._commit_or_fail(ProcedureState.done(status.output))
-            return
         if self.meta.state.kind is not ProcedureStateKind.RUNNING:
             self.meta.set_state(ProcedureState.running())
         if kind is StatusKind.WAITING:
