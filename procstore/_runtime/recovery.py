@@ -105,17 +105,13 @@ class StoredProcedures:
 
     def forget_ended(self, procedure_id: ProcedureId) -> None:
         """Drop what recovery found of an ended procedure: it is about to run again."""
-        for table in (self.unreadable, self.committed, self.rolled_back):
+        for table in (self.unreadable, self.committed, self.committed_runs, self.rolled_back):
             table.pop(procedure_id, None)
-        self.committed_runs.pop(procedure_id, None)
 
     def forget_finished(self, procedure_id: ProcedureId) -> None:
         """Drop what recovery found of a procedure whose tree has finished."""
-        self.messages.pop(procedure_id, None)
-        self.committed.pop(procedure_id, None)
-        self.committed_runs.pop(procedure_id, None)
-        self.rolled_back.pop(procedure_id, None)
-        self.children_of.pop(procedure_id, None)
+        for table in (self.messages, self.committed, self.committed_runs, self.rolled_back, self.children_of):
+            table.pop(procedure_id, None)
 
     def claim(
         self, ctx: ManagerContext, parent_id: ProcedureId, child_id: ProcedureId, start: StartChild, *, roll_back: bool
@@ -182,8 +178,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
         _set_apart(loaded, finished_runs)
     problems = list(loaded.problems)
     for problem in loaded.problems:
-        if problem.procedure_id is not None:
-            ctx.recovered.unreadable[problem.procedure_id] = problem
+        ctx.recovered.keep_unreadable(problem)
     alive = set(loaded.messages) | set(loaded.rollback_messages) | loaded.unreadable_ids
     nudged = set(await ctx.store.resumes.list_all())  # `procstore resume`: kept, and resumed at the first look
 
@@ -341,12 +336,11 @@ def _plan_finished(
     to_delete: list[ProcedureId] = []
     for pid in loaded.finished_ids:
         message = loaded.finished_messages.get(pid)
-        parent = message.parent_id if message is not None else None
-        if message is not None and parent is not None and parent in alive:
+        if message is not None and message.parent_id in alive:
             ctx.recovered.keep_for_parent(pid, message, loaded)
         elif (
             message is not None
-            and parent is None
+            and message.parent_id is None
             and (ctx.settings.keep_failed or pid in nudged)
             and pid in loaded.rolled_back_ids
         ):
@@ -423,10 +417,7 @@ def _plan_unfinished(
         parent = message.parent_id
         if pid in stranded:
             key = ctx.store.key(pid, message.step, KeyType.ROLLBACK if rolling_back else KeyType.STEP)
-            problem = LoadProblem(key, pid, stranded[pid], ORPHAN_HINT, message.type_name)
-            logger.error("skipping %s", problem, extra=problem.log_fields())
-            problems.append(problem)
-            ctx.recovered.unreadable[pid] = problem
+            _skip(ctx, LoadProblem(key, pid, stranded[pid], ORPHAN_HINT, message.type_name), problems)
         elif parent is None:
             roots.append((pid, message))
         elif parent in alive:
@@ -437,6 +428,14 @@ def _plan_unfinished(
             # kept on purpose): finishing its rollback needs no parent.
             roots.append((pid, message))
     return roots
+
+
+def _skip(ctx: ManagerContext, problem: LoadProblem, problems: list[LoadProblem]) -> None:
+    """Report a stored procedure that will not run, and keep it as unreadable (a parent
+    that claims it fails instead of creating it anew)."""
+    logger.error("skipping %s", problem, extra=problem.log_fields())
+    problems.append(problem)
+    ctx.recovered.keep_unreadable(problem)
 
 
 def resume_root(
@@ -510,9 +509,7 @@ def _resume_roots(
         try:
             procedure, lock_key = load(pid, message, key_type)
         except LoadFailed as e:
-            logger.error("skipping %s", e.problem, extra=e.problem.log_fields())
-            problems.append(e.problem)
-            ctx.recovered.unreadable[pid] = e.problem
+            _skip(ctx, e.problem, problems)
             continue
         state = resumed_state(message, rolling_back=True) if rolling_back else running
         meta = register(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)

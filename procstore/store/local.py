@@ -467,28 +467,13 @@ class LocalDirStore(StateStore):
         except OSError as e:
             raise unavailable(self.url, e) from e
 
-    def _remove_stale_temps(self, prefix: str, older_than: float) -> int:
-        base = self._path(prefix)
-        removed = 0
-        cutoff = time.time() - older_than
-        for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                if name.startswith(TEMP_PREFIX):
-                    path = Path(dirpath) / name
-                    try:
-                        if path.stat().st_mtime < cutoff:
-                            path.unlink()
-                            removed += 1
-                    except FileNotFoundError:
-                        continue
-        return removed
-
-    def _leftovers(self, folders: Sequence[str], procedures: str, older_than: float, remove: bool) -> Leftovers:
+    def _leftovers(self, folders: Sequence[str], procedures: str | None, older_than: float, remove: bool) -> Leftovers:
+        """`leftovers`; with `procedures` None, temp files and lock files only."""
         cutoff = time.time() - older_than
         found = Leftovers()
-        base = self._path(procedures)
+        base = None if procedures is None else self._path(procedures)
         # Folder ages before their temp files go: removing one makes its folder look new.
-        ages = {d: d.stat().st_mtime for d in base.iterdir() if d.is_dir()} if base.is_dir() else {}
+        ages = {d: d.stat().st_mtime for d in base.iterdir() if d.is_dir()} if base and base.is_dir() else {}
         for folder in folders:
             for dirpath, _dirs, files in os.walk(self._path(folder)):
                 here = Path(dirpath)
@@ -497,9 +482,9 @@ class LocalDirStore(StateStore):
                     if name.startswith(TEMP_PREFIX):
                         with contextlib.suppress(FileNotFoundError):
                             old = path.stat().st_mtime < cutoff
-                            (found.old_temps if old else found.young_temps).append(key)
                             if old and remove:
                                 path.unlink()
+                            (found.old_temps if old else found.young_temps).append(key)
                     elif name.startswith(LOCK_PREFIX) and not (here / name[len(LOCK_PREFIX) :]).exists():
                         found.stray_locks.append(key)
         for directory, modified in sorted(ages.items()):
@@ -524,7 +509,10 @@ class LocalDirStore(StateStore):
 
         Only files older than `older_than` seconds go, so a live writer's temp is never taken.
         """
-        return await self._in_thread("cleaning temp files in", prefix, self._remove_stale_temps, prefix, older_than)
+        leftovers = await self._in_thread(
+            "cleaning temp files in", prefix, self._leftovers, [prefix], None, older_than, True
+        )
+        return len(leftovers.old_temps)
 
 
 _LINKED = (
