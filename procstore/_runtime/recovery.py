@@ -4,7 +4,7 @@ Order, as in GreptimeDB: rolling-back roots first (they may hold locks the other
 then unfinished roots. Subprocedures are not resubmitted: they wait in `StoredProcedures`
 (`ManagerContext.recovered`) until their parent runs again and claims them. Committed
 roots, and committed children whose parent is gone, have their keys deleted, after their
-end records (`record_recovered`, `record_kept`).
+end records (`record_recovered`).
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     ]
     if kept_roots:
         try:
-            await ctx.settings.policy.call(lambda _n: record_kept(ctx, loaded, kept_roots, recorded))
+            await ctx.settings.policy.call(lambda _n: record_recovered(ctx, loaded, kept_roots, recorded, kept=True))
         except ProcedureError as e:
             logger.warning("could not record the end of failed procedures kept for an operator (%s)", e)
     if to_delete:
@@ -631,63 +631,42 @@ def _warn_deleting(ids: list[ProcedureId], why: str) -> None:
 
 
 async def record_recovered(
-    ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId], recorded: Recorded
+    ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId], recorded: Recorded, *, kept: bool = False
 ) -> None:
-    """End records for the finished runs recovery is about to delete, unless history holds
-    that end (`recorded`: a record of another run of the same id says nothing of this one).
+    """End records for the finished runs among `ids` whose end history does not hold
+    (`recorded`: a record of another run of the same id says nothing of this one): those
+    recovery is about to delete, ending now, or with `kept`, failed roots kept for an
+    operator, whose record a crash between their `.commit` and their record left unwritten.
 
-    What the store keeps of them is their last message: no start time, no retry count.
-    """
-    now = iso(datetime.now(UTC)) or ""
-    unrecorded = _unrecorded(loaded, ids, recorded)
-    requested = await ctx.store.requests.that_ended(
-        {pid: m.error for pid, m in unrecorded.items() if pid in loaded.rolled_back_ids}
-    )
-    records = [
-        record_from_keys(
-            pid,
-            message,
-            rolled_back=pid in loaded.rolled_back_ids,
-            ended_at=now,
-            started=run_origin(message),
-            ended_by=requested.get(pid),
-        )
-        for pid, message in unrecorded.items()
-    ]
-    await ctx.store.history.put_unrecorded(records, recorded)
-
-
-def _unrecorded(
-    loaded: ProcedureMessages, ids: list[ProcedureId], recorded: Recorded
-) -> dict[ProcedureId, ProcedureMessage]:
-    """The last messages of the finished runs among `ids` whose end history does not hold."""
-    return {
+    What the store keeps of them is their last message: no start time, no retry count. A
+    kept root's record says when its `.commit` was written (where the store knows), so one
+    that retention swept since stays swept instead of coming back, as ending now, at every
+    start."""
+    now = time.time()
+    unrecorded = {
         pid: message
         for pid in ids
         if (message := loaded.finished_messages.get(pid)) is not None and not recorded.has(pid, message.run)
     }
-
-
-async def record_kept(
-    ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId], recorded: Recorded
-) -> None:
-    """End records for failed roots kept for an operator whose end history lacks: a crash
-    came between their `.commit` and their record. The record says when the `.commit` was
-    written (where the store knows), so one that retention swept since stays swept instead
-    of coming back, as ending now, at every start."""
-    now = time.time()
+    failed = {pid: m.error for pid, m in unrecorded.items() if kept or pid in loaded.rolled_back_ids}
+    requested = await ctx.store.requests.that_ended(failed)
     records: list[HistoryRecord] = []
-    unrecorded = _unrecorded(loaded, ids, recorded)
-    requested = await ctx.store.requests.that_ended({pid: m.error for pid, m in unrecorded.items()})
     for pid, message in unrecorded.items():
-        modified = await ctx.store.store.walk_modified(procedure_dir(ctx.store.proc_path, pid))
-        ended = max((t for t in modified.values() if t is not None), default=now)
-        if now - ended > ctx.store.history.settings.retention:
-            continue
+        ended = now
+        if kept:
+            modified = await ctx.store.store.walk_modified(procedure_dir(ctx.store.proc_path, pid))
+            ended = max((t for t in modified.values() if t is not None), default=now)
+            if now - ended > ctx.store.history.settings.retention:
+                continue
         at = iso(datetime.fromtimestamp(ended, UTC)) or ""
         records.append(
             record_from_keys(
-                pid, message, rolled_back=True, ended_at=at, started=run_origin(message), ended_by=requested.get(pid)
+                pid,
+                message,
+                rolled_back=pid in failed,
+                ended_at=at,
+                started=run_origin(message),
+                ended_by=requested.get(pid),
             )
         )
     await ctx.store.history.put_many(records)
