@@ -276,8 +276,7 @@ class LocalDirStore(StateStore):
         one): never walked through, since a deletion through it would delete outside the
         store, nor skipped in silence. The store's own folders (`procedure/`, ...) may be
         links, placed for a whole folder; hidden folders are not the store's."""
-        base = self._path(prefix) if prefix else self.root
-        base_text = str(base)
+        base_text = str(self._path(prefix))
         if not os.path.isdir(base_text):
             if os.path.lexists(base_text):  # a file, a dangling link, a loop: not a folder to list
                 raise NotADirectoryError(errno.ENOTDIR, "not a folder", base_text)
@@ -285,7 +284,7 @@ class LocalDirStore(StateStore):
                 raise FileNotFoundError(f"no such directory: {self.root}")
             return []
         keys: list[str] = []
-        root_text = str(self.root)
+        root_text = self._root_text
         trash_text = f"{root_text}/{TRASH}"
         unlisted: dict[str, str] = {}
         if _linked_inside_a_folder(root_text, base_text):
