@@ -37,11 +37,6 @@ def chunks(paths: Sequence[str]) -> Iterator[Sequence[str]]:
         yield paths[i : i + _DELETE_CHUNK]
 
 
-def _protocol(fs: AbstractFileSystem) -> str:
-    proto = fs.protocol
-    return proto if isinstance(proto, str) else proto[0]
-
-
 class FsspecStore(StateStore):
     """A `StateStore` over an fsspec filesystem, rooted at `root` (`bucket/prefix`)."""
 
@@ -49,7 +44,7 @@ class FsspecStore(StateStore):
         self.fs = fs
         self.root = root.rstrip("/")
         self.url = url if url.endswith("/") else url + "/"
-        self.protocol = _protocol(fs)
+        self.protocol: str = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self._async = bool(getattr(fs, "async_impl", False)) and bool(getattr(fs, "asynchronous", False))
         # memory:// never blocks; a wrapper may say the same of itself (`procstore_inline`).
         self._inline = self.protocol == "memory" or bool(getattr(fs, "procstore_inline", False))

@@ -22,10 +22,6 @@ _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 _ASYNC_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs"})
 
 
-def _protocol_of(url: str) -> str:
-    return url.split("://", 1)[0].lower() if "://" in url else "file"
-
-
 def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> StateStore:
     """Build the store for `url` without touching the network or the disk.
 
@@ -39,7 +35,8 @@ def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any
     filesystem that connects as it is built (ftp://, sftp://...) and cannot.
     """
     text = os.fspath(url)
-    protocol = _protocol_of(text)
+    scheme, named, rest = text.partition("://")
+    protocol = scheme.lower() if named else "file"
     options = dict(storage_options or {})
     if protocol == "file":
         path = text[len("file://") :] if text.startswith("file://") else text
@@ -51,7 +48,7 @@ def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any
             stacklevel=2,
         )
     if protocol in ("memory", "mem"):
-        return MemoryStore.from_url(text)
+        return MemoryStore(rest)
     if protocol in ("s3", "s3a"):
         # botocore would refuse to return an object whose stored checksum does not match (a
         # create cut off by a killed writer, on a test server): recovery wants the bytes, and

@@ -84,7 +84,7 @@ class StateStore(abc.ABC):
         """
         if version is None:
             return await self.put_if_absent(key, value)
-        async with _cas_lock(self, key):
+        async with _CAS_LOCKS.setdefault(self, {}).setdefault(key, asyncio.Lock()):
             current = await self.get_versioned(key)
             if current is None or current[1] != version:
                 return False
@@ -161,11 +161,6 @@ def content_version(value: bytes) -> str:
     harmless when every write carries something new, such as a version number.
     """
     return hashlib.sha256(value).hexdigest()
-
-
-def _cas_lock(store: StateStore, key: str) -> asyncio.Lock:
-    locks = _CAS_LOCKS.setdefault(store, {})
-    return locks.setdefault(key, asyncio.Lock())
 
 
 async def walk_readable(store: StateStore, prefix: str) -> list[str]:
