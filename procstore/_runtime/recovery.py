@@ -558,13 +558,12 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
         # instead of writing it anew from step 0 (which would run it twice).
         if problem.procedure_id is not None and not ctx.is_known(problem.procedure_id):
             ctx.recovered.unreadable[problem.procedure_id] = problem  # logged by the load
-    unknown_now: set[ProcedureId] = set()
     leftovers = [
         pid
         for pid in [*_leftovers(loaded, keep_failed=ctx.settings.keep_failed), *finished_runs]
         if not ctx.is_known(pid) and pid not in busy
     ]
-    unknown_now.update(leftovers)
+    unknown_now = set(leftovers)
     # Not during the grace: an inherited procedure's keys wait it out even if forgotten.
     doomed = [pid for pid in leftovers if pid in seen_before and not ctx.keeps_inherited_keys()]
     if doomed:
