@@ -418,14 +418,12 @@ def _plan_unfinished(
         if pid in stranded:
             key = ctx.store.key(pid, message.step, KeyType.ROLLBACK if rolling_back else KeyType.STEP)
             _skip(ctx, LoadProblem(key, pid, stranded[pid], ORPHAN_HINT, message.type_name), problems)
-        elif parent is None:
-            roots.append((pid, message))
-        elif parent in alive:
+        elif parent is not None and parent in alive:
             ctx.recovered.messages[pid] = (message, rolling_back)
             ctx.recovered.add_child(parent, pid)
         else:
-            # A rolling-back child whose tree was deleted around it (a rollback that failed is
-            # kept on purpose): finishing its rollback needs no parent.
+            # A root, or a rolling-back child whose tree was deleted around it (a rollback
+            # that failed is kept on purpose): finishing its rollback needs no parent.
             roots.append((pid, message))
     return roots
 
