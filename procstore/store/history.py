@@ -391,10 +391,8 @@ class HistoryStore:
         (`has_ended(id, 1)`), so an id is never taken for a new one while history knows it.
         """
         now = time.time() if now is None else now
-        by_end = await self._by_end()
-        newest: dict[str, int] = {}
-        for ended, key in by_end:
-            newest[_id_of(key)] = max(newest.get(_id_of(key), ended), ended)
+        by_end = await self._by_end()  # oldest first: each id's last is its newest
+        newest = {_id_of(key): ended for ended, key in by_end}
         # Each record is judged by its id's newest end (a record of an earlier release, by its own).
         judged = sorted(
             ((newest[_id_of(key)] if isinstance(_shape(key), tuple) else ended), key) for ended, key in by_end
