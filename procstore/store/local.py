@@ -306,14 +306,11 @@ class LocalDirStore(StateStore):
         for dirpath, dirs, files in os.walk(base_text, onerror=failed, followlinks=True):
             if dirpath == trash_text:  # what was moved there; any other folder is listed
                 dirs[:] = [name for name in dirs if not _TRASHED.fullmatch(name)]
+            rel = dirpath[len(root_text) + 1 :].replace(os.sep, "/")
             linked = [name for name in dirs if dirpath != root_text and os.path.islink(os.path.join(dirpath, name))]
             if linked:
                 dirs[:] = [name for name in dirs if name not in linked]
-                for name in linked:
-                    if not name.startswith("."):
-                        rel_link = os.path.relpath(os.path.join(dirpath, name), root_text).replace(os.sep, "/")
-                        unlisted[f"{rel_link}/"] = _LINKED
-            rel = dirpath[len(root_text) + 1 :].replace(os.sep, "/")
+                unlisted.update((f"{rel}/{name}/", _LINKED) for name in linked if not name.startswith("."))
             for name in files:
                 if not name.startswith("."):
                     keys.append(f"{rel}/{name}" if rel else name)
