@@ -90,6 +90,10 @@ class MemoryStore(StateStore):
         cut = len(self._folder)
         return [key[cut:] for key in self._space.under(self._folder + prefix)]
 
+    @classmethod
+    def from_url(cls, url: str) -> MemoryStore:
+        return cls(url.split("://", 1)[1])
+
     @staticmethod
     def forget(name: str) -> None:
         """Drop every key of `name`'s space (tests that reuse a name start empty)."""

@@ -35,8 +35,7 @@ def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any
     filesystem that connects as it is built (ftp://, sftp://...) and cannot.
     """
     text = os.fspath(url)
-    scheme, named, rest = text.partition("://")
-    protocol = scheme.lower() if named else "file"
+    protocol = text.split("://", 1)[0].lower() if "://" in text else "file"
     options = dict(storage_options or {})
     if protocol == "file":
         path = text[len("file://") :] if text.startswith("file://") else text
@@ -48,7 +47,7 @@ def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any
             stacklevel=2,
         )
     if protocol in ("memory", "mem"):
-        return MemoryStore(rest)
+        return MemoryStore.from_url(text)
     if protocol in ("s3", "s3a"):
         # botocore would refuse to return an object whose stored checksum does not match (a
         # create cut off by a killed writer, on a test server): recovery wants the bytes, and
