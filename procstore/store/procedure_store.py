@@ -572,10 +572,7 @@ class ProcedureStore:
                 message = self._decode((pid, step, key_type), raw, result.problems)
                 if message is None:
                     continue
-            if key_type is KeyType.STEP:
-                result.messages[pid] = message
-            else:
-                result.rollback_messages[pid] = message
+            (result.messages if key_type is KeyType.STEP else result.rollback_messages)[pid] = message
         return result
 
     def _classify_finished(
@@ -591,17 +588,15 @@ class ProcedureStore:
         the commit that exists but cannot be read (a 503 past the re-reads, a corrupt value)
         is a load problem and the procedure is kept, never taken for a root and deleted.
         """
-        if below is None:
-            result.finished_ids.append(pid)
-            result.finished_messages[pid] = None
-            return
-        message = self._decode((pid, *below), raw, result.problems, finished=True)
-        if message is None:
-            return
+        message = None
+        if below is not None:
+            message = self._decode((pid, *below), raw, result.problems, finished=True)
+            if message is None:
+                return
+            if below[1] is KeyType.ROLLBACK:
+                result.rolled_back_ids.add(pid)
         result.finished_ids.append(pid)
         result.finished_messages[pid] = message
-        if below[1] is KeyType.ROLLBACK:
-            result.rolled_back_ids.add(pid)
 
     def _decode(
         self,
