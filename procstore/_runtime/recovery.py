@@ -4,7 +4,7 @@ Order, as in GreptimeDB: rolling-back roots first (they may hold locks the other
 then unfinished roots. Subprocedures are not resubmitted: they wait in `StoredProcedures`
 (`ManagerContext.recovered`) until their parent runs again and claims them. Committed
 roots, and committed children whose parent is gone, have their keys deleted, after their
-end records (`record_recovered`, `record_kept`).
+end records (`record_recovered`).
 """
 
 from __future__ import annotations
@@ -105,17 +105,13 @@ class StoredProcedures:
 
     def forget_ended(self, procedure_id: ProcedureId) -> None:
         """Drop what recovery found of an ended procedure: it is about to run again."""
-        for table in (self.unreadable, self.committed, self.rolled_back):
+        for table in (self.unreadable, self.committed, self.committed_runs, self.rolled_back):
             table.pop(procedure_id, None)
-        self.committed_runs.pop(procedure_id, None)
 
     def forget_finished(self, procedure_id: ProcedureId) -> None:
         """Drop what recovery found of a procedure whose tree has finished."""
-        self.messages.pop(procedure_id, None)
-        self.committed.pop(procedure_id, None)
-        self.committed_runs.pop(procedure_id, None)
-        self.rolled_back.pop(procedure_id, None)
-        self.children_of.pop(procedure_id, None)
+        for table in (self.messages, self.committed, self.committed_runs, self.rolled_back, self.children_of):
+            table.pop(procedure_id, None)
 
     def claim(
         self, ctx: ManagerContext, parent_id: ProcedureId, child_id: ProcedureId, start: StartChild, *, roll_back: bool
@@ -182,8 +178,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
         _set_apart(loaded, finished_runs)
     problems = list(loaded.problems)
     for problem in loaded.problems:
-        if problem.procedure_id is not None:
-            ctx.recovered.unreadable[problem.procedure_id] = problem
+        ctx.recovered.keep_unreadable(problem)
     alive = set(loaded.messages) | set(loaded.rollback_messages) | loaded.unreadable_ids
     nudged = set(await ctx.store.resumes.list_all())  # `procstore resume`: kept, and resumed at the first look
 
@@ -209,7 +204,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     ]
     if kept_roots:
         try:
-            await ctx.settings.policy.call(lambda _n: record_kept(ctx, loaded, kept_roots, recorded))
+            await ctx.settings.policy.call(lambda _n: record_recovered(ctx, loaded, kept_roots, recorded, kept=True))
         except ProcedureError as e:
             logger.warning("could not record the end of failed procedures kept for an operator (%s)", e)
     if to_delete:
@@ -341,12 +336,11 @@ def _plan_finished(
     to_delete: list[ProcedureId] = []
     for pid in loaded.finished_ids:
         message = loaded.finished_messages.get(pid)
-        parent = message.parent_id if message is not None else None
-        if message is not None and parent is not None and parent in alive:
+        if message is not None and message.parent_id in alive:
             ctx.recovered.keep_for_parent(pid, message, loaded)
         elif (
             message is not None
-            and parent is None
+            and message.parent_id is None
             and (ctx.settings.keep_failed or pid in nudged)
             and pid in loaded.rolled_back_ids
         ):
@@ -423,20 +417,23 @@ def _plan_unfinished(
         parent = message.parent_id
         if pid in stranded:
             key = ctx.store.key(pid, message.step, KeyType.ROLLBACK if rolling_back else KeyType.STEP)
-            problem = LoadProblem(key, pid, stranded[pid], ORPHAN_HINT, message.type_name)
-            logger.error("skipping %s", problem, extra=problem.log_fields())
-            problems.append(problem)
-            ctx.recovered.unreadable[pid] = problem
-        elif parent is None:
-            roots.append((pid, message))
-        elif parent in alive:
+            _skip(ctx, LoadProblem(key, pid, stranded[pid], ORPHAN_HINT, message.type_name), problems)
+        elif parent is not None and parent in alive:
             ctx.recovered.messages[pid] = (message, rolling_back)
             ctx.recovered.add_child(parent, pid)
         else:
-            # A rolling-back child whose tree was deleted around it (a rollback that failed is
-            # kept on purpose): finishing its rollback needs no parent.
+            # A root, or a rolling-back child whose tree was deleted around it (a rollback
+            # that failed is kept on purpose): finishing its rollback needs no parent.
             roots.append((pid, message))
     return roots
+
+
+def _skip(ctx: ManagerContext, problem: LoadProblem, problems: list[LoadProblem]) -> None:
+    """Report a stored procedure that will not run, and keep it as unreadable (a parent
+    that claims it fails instead of creating it anew)."""
+    logger.error("skipping %s", problem, extra=problem.log_fields())
+    problems.append(problem)
+    ctx.recovered.keep_unreadable(problem)
 
 
 def resume_root(
@@ -510,9 +507,7 @@ def _resume_roots(
         try:
             procedure, lock_key = load(pid, message, key_type)
         except LoadFailed as e:
-            logger.error("skipping %s", e.problem, extra=e.problem.log_fields())
-            problems.append(e.problem)
-            ctx.recovered.unreadable[pid] = e.problem
+            _skip(ctx, e.problem, problems)
             continue
         state = resumed_state(message, rolling_back=True) if rolling_back else running
         meta = register(pid, message.type_name, message.parent_id, procedure, state, lock_key, message.run)
@@ -561,13 +556,12 @@ async def adopt_unknown(ctx: ManagerContext, seen_before: set[ProcedureId], busy
         # instead of writing it anew from step 0 (which would run it twice).
         if problem.procedure_id is not None and not ctx.is_known(problem.procedure_id):
             ctx.recovered.unreadable[problem.procedure_id] = problem  # logged by the load
-    unknown_now: set[ProcedureId] = set()
     leftovers = [
         pid
         for pid in [*_leftovers(loaded, keep_failed=ctx.settings.keep_failed), *finished_runs]
         if not ctx.is_known(pid) and pid not in busy
     ]
-    unknown_now.update(leftovers)
+    unknown_now = set(leftovers)
     # Not during the grace: an inherited procedure's keys wait it out even if forgotten.
     doomed = [pid for pid in leftovers if pid in seen_before and not ctx.keeps_inherited_keys()]
     if doomed:
@@ -634,63 +628,42 @@ def _warn_deleting(ids: list[ProcedureId], why: str) -> None:
 
 
 async def record_recovered(
-    ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId], recorded: Recorded
+    ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId], recorded: Recorded, *, kept: bool = False
 ) -> None:
-    """End records for the finished runs recovery is about to delete, unless history holds
-    that end (`recorded`: a record of another run of the same id says nothing of this one).
+    """End records for the finished runs among `ids` whose end history does not hold
+    (`recorded`: a record of another run of the same id says nothing of this one): those
+    recovery is about to delete, ending now, or with `kept`, failed roots kept for an
+    operator, whose record a crash between their `.commit` and their record left unwritten.
 
-    What the store keeps of them is their last message: no start time, no retry count.
-    """
-    now = iso(datetime.now(UTC)) or ""
-    unrecorded = _unrecorded(loaded, ids, recorded)
-    requested = await ctx.store.requests.that_ended(
-        {pid: m.error for pid, m in unrecorded.items() if pid in loaded.rolled_back_ids}
-    )
-    records = [
-        record_from_keys(
-            pid,
-            message,
-            rolled_back=pid in loaded.rolled_back_ids,
-            ended_at=now,
-            started=run_origin(message),
-            ended_by=requested.get(pid),
-        )
-        for pid, message in unrecorded.items()
-    ]
-    await ctx.store.history.put_unrecorded(records, recorded)
-
-
-def _unrecorded(
-    loaded: ProcedureMessages, ids: list[ProcedureId], recorded: Recorded
-) -> dict[ProcedureId, ProcedureMessage]:
-    """The last messages of the finished runs among `ids` whose end history does not hold."""
-    return {
+    What the store keeps of them is their last message: no start time, no retry count. A
+    kept root's record says when its `.commit` was written (where the store knows), so one
+    that retention swept since stays swept instead of coming back, as ending now, at every
+    start."""
+    now = time.time()
+    unrecorded = {
         pid: message
         for pid in ids
         if (message := loaded.finished_messages.get(pid)) is not None and not recorded.has(pid, message.run)
     }
-
-
-async def record_kept(
-    ctx: ManagerContext, loaded: ProcedureMessages, ids: list[ProcedureId], recorded: Recorded
-) -> None:
-    """End records for failed roots kept for an operator whose end history lacks: a crash
-    came between their `.commit` and their record. The record says when the `.commit` was
-    written (where the store knows), so one that retention swept since stays swept instead
-    of coming back, as ending now, at every start."""
-    now = time.time()
+    failed = {pid: m.error for pid, m in unrecorded.items() if kept or pid in loaded.rolled_back_ids}
+    requested = await ctx.store.requests.that_ended(failed)
     records: list[HistoryRecord] = []
-    unrecorded = _unrecorded(loaded, ids, recorded)
-    requested = await ctx.store.requests.that_ended({pid: m.error for pid, m in unrecorded.items()})
     for pid, message in unrecorded.items():
-        modified = await ctx.store.store.walk_modified(procedure_dir(ctx.store.proc_path, pid))
-        ended = max((t for t in modified.values() if t is not None), default=now)
-        if now - ended > ctx.store.history.settings.retention:
-            continue
+        ended = now
+        if kept:
+            modified = await ctx.store.store.walk_modified(procedure_dir(ctx.store.proc_path, pid))
+            ended = max((t for t in modified.values() if t is not None), default=now)
+            if now - ended > ctx.store.history.settings.retention:
+                continue
         at = iso(datetime.fromtimestamp(ended, UTC)) or ""
         records.append(
             record_from_keys(
-                pid, message, rolled_back=True, ended_at=at, started=run_origin(message), ended_by=requested.get(pid)
+                pid,
+                message,
+                rolled_back=pid in failed,
+                ended_at=at,
+                started=run_origin(message),
+                ended_by=requested.get(pid),
             )
         )
     await ctx.store.history.put_many(records)

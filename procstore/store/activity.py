@@ -16,7 +16,7 @@ ended; one left behind (a crash) describes an ended run and is read as nothing.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 import msgspec
@@ -24,7 +24,7 @@ import msgspec
 from procstore._logs import get_logger, procedure_fields
 from procstore.ids import ProcedureId
 from procstore.store.message import UNDECODABLE
-from procstore.store.state_store import StateStore, ids_with_a_key
+from procstore.store.state_store import KeyPerProcedure, StateStore
 
 logger = get_logger("procstore.store")
 
@@ -83,15 +83,11 @@ _decoder = msgspec.json.Decoder(Activity)
 _reported: set[tuple[str, bytes]] = set()
 
 
-class ActivityStore:
+class ActivityStore(KeyPerProcedure):
     """Reads and writes activities under `{parent_path}activity/` of a `StateStore`."""
 
     def __init__(self, store: StateStore, parent_path: str = "") -> None:
-        self.store = store
-        self.prefix = f"{parent_path}{ACTIVITY_PATH}"
-
-    def key(self, procedure_id: ProcedureId) -> str:
-        return f"{self.prefix}{procedure_id}.json"
+        super().__init__(store, f"{parent_path}{ACTIVITY_PATH}")
 
     async def put(self, procedure_id: ProcedureId, activity: Activity) -> None:
         await self.store.put(self.key(procedure_id), msgspec.json.encode(activity))
@@ -110,13 +106,6 @@ class ActivityStore:
             _decoded(raw, key, pid) if isinstance(raw, bytes) else None
             for key, pid, raw in zip(keys, procedure_ids, found, strict=True)
         ]
-
-    async def stored_ids(self) -> set[ProcedureId]:
-        return await ids_with_a_key(self.store, self.prefix)
-
-    async def delete(self, procedure_ids: Collection[ProcedureId]) -> None:
-        if procedure_ids:
-            await self.store.batch_delete([self.key(pid) for pid in procedure_ids])
 
 
 def _decoded(raw: bytes, key: str, procedure_id: ProcedureId) -> Activity | None:

@@ -81,8 +81,6 @@ class StoredStatus(enum.StrEnum):
     """Highest key `.commit` above a `.rollback`: it failed and ended, its rollback (if it
     has one) run to its end. The keys do not say whether it had a rollback: a procedure
     that rolled back and one without rollback (kept by `keep_failed`) are stored alike."""
-    ROLLED_BACK = "failed"
-    """The former name of `FAILED` (an alias)."""
     UNREADABLE = "unreadable"
     """Its highest value cannot be decoded: recovery skips it and leaves it alone."""
     PARENT_CYCLE = "parent cycle"

@@ -37,11 +37,6 @@ def chunks(paths: Sequence[str]) -> Iterator[Sequence[str]]:
         yield paths[i : i + _DELETE_CHUNK]
 
 
-def _protocol(fs: AbstractFileSystem) -> str:
-    proto = fs.protocol
-    return proto if isinstance(proto, str) else proto[0]
-
-
 class FsspecStore(StateStore):
     """A `StateStore` over an fsspec filesystem, rooted at `root` (`bucket/prefix`)."""
 
@@ -49,7 +44,7 @@ class FsspecStore(StateStore):
         self.fs = fs
         self.root = root.rstrip("/")
         self.url = url if url.endswith("/") else url + "/"
-        self.protocol = _protocol(fs)
+        self.protocol: str = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self._async = bool(getattr(fs, "async_impl", False)) and bool(getattr(fs, "asynchronous", False))
         # memory:// never blocks; a wrapper may say the same of itself (`procstore_inline`).
         self._inline = self.protocol == "memory" or bool(getattr(fs, "procstore_inline", False))
@@ -115,14 +110,10 @@ class FsspecStore(StateStore):
             return data
 
     async def walk(self, prefix: str) -> list[str]:
-        return sorted(self._key(path) for path in await self._find(prefix, detail=False))
+        return list(await self.walk_modified(prefix))
 
     async def walk_modified(self, prefix: str) -> dict[str, float | None]:
-        found: dict[str, dict[str, Any]] = await self._find(prefix, detail=True)
-        return {self._key(path): modified_time(info) for path, info in sorted(found.items())}
-
-    async def _find(self, prefix: str, *, detail: bool) -> Any:
-        """fsspec's `find` under `prefix` (paths, or path -> info), fresh; empty if nothing is there."""
+        """fsspec's `find` under `prefix`, fresh; empty if nothing is there."""
         with store_errors("listing", self.url, prefix):
             self.fs.invalidate_cache()
             try:
@@ -131,8 +122,11 @@ class FsspecStore(StateStore):
                 found = {}
         # s3fs answers an empty listing with `info(prefix)`, which names the folder itself
         # when keys appeared under it in between: a folder is not a key.
-        files = {path: info for path, info in found.items() if info.get("type") != "directory"}
-        return files if detail else list(files)
+        return {
+            self._key(path): modified_time(info)
+            for path, info in sorted(found.items())
+            if info.get("type") != "directory"
+        }
 
     async def batch_delete(self, keys: Sequence[str]) -> None:
         if not keys:
@@ -189,9 +183,6 @@ class BucketStore(FsspecStore):
     round_trips = True
     list_page_size = 1000
     """Keys per page of a listing (the largest both S3 and GCS answer)."""
-
-    async def walk(self, prefix: str) -> list[str]:
-        return sorted(await self._listed(prefix))
 
     async def walk_modified(self, prefix: str) -> dict[str, float | None]:
         return dict(sorted((await self._listed(prefix)).items()))

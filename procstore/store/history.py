@@ -306,10 +306,6 @@ class HistoryStore:
         """Whether run `run` of the procedure has its end record (one read)."""
         return await self.store.get(self.run_key(procedure_id, run)) is not None
 
-    async def find_run(self, procedure_id: ProcedureId | str, run: int) -> HistoryRecord | None:
-        """The end record of run `run` of the procedure (one read), or None."""
-        return (await self.read_each([self.run_key(procedure_id, run)]))[0]
-
     async def find_newest_run(self, procedure_id: ProcedureId | str) -> HistoryRecord | None:
         """`find`, without listing the whole history: reads run 1, 2, ... while each has a
         record (runs are numbered one after another, and each ended run is recorded), so
@@ -317,7 +313,7 @@ class HistoryStore:
         release, or none at all), `find`."""
         newest = None
         run = 1
-        while (record := await self.find_run(procedure_id, run)) is not None:
+        while (record := (await self.read_each([self.run_key(procedure_id, run)]))[0]) is not None:
             newest, run = record, run + 1
         return newest if newest is not None else await self.find(procedure_id)
 
@@ -395,10 +391,8 @@ class HistoryStore:
         (`has_ended(id, 1)`), so an id is never taken for a new one while history knows it.
         """
         now = time.time() if now is None else now
-        by_end = await self._by_end()
-        newest: dict[str, int] = {}
-        for ended, key in by_end:
-            newest[_id_of(key)] = max(newest.get(_id_of(key), ended), ended)
+        by_end = await self._by_end()  # oldest first: each id's last is its newest
+        newest = {_id_of(key): ended for ended, key in by_end}
         # Each record is judged by its id's newest end (a record of an earlier release, by its own).
         judged = sorted(
             ((newest[_id_of(key)] if isinstance(_shape(key), tuple) else ended), key) for ended, key in by_end

@@ -116,12 +116,12 @@ class KeysByProcedure:
         others: list[str] = []
         start = len(prefix)
         slash = start + _ID_LENGTH
-        match_key = _KEY.fullmatch
-        # The common shape, `{prefix}{id}/{digits}.{type}`, is read without the regex: the
-        # name after the id is parsed once per distinct name (`0000000001.step` and a few
-        # others recur in every folder) and the id once per procedure. Invariant: `folder`
-        # is `{prefix}{id}/` of the last key of that shape, and `found` is that id's list;
-        # a listing is sorted, so most keys share the folder of the key before them.
+        # Every key `_KEY` matches has a `/` right after its id (the id pattern is exactly
+        # `_ID_LENGTH` long), so a key of no other shape is one: the name after the id is
+        # parsed once per distinct name (`0000000001.step` and a few others recur in every
+        # folder) and the id once per procedure. Invariant: `folder` is `{prefix}{id}/` of
+        # the last key of that shape, and `found` is that id's list; a listing is sorted, so
+        # most keys share the folder of the key before them.
         folder = None
         found: list[StepAndType] = []
         names: dict[str, StepAndType | None] = {}
@@ -145,19 +145,7 @@ class KeysByProcedure:
                         folder, found = key[: slash + 1], known
                     found.append(parsed)
                     continue
-            # Any other shape gets the regex's verdict.
-            match = match_key(key, start) if key.startswith(prefix) else None
-            step = None if match is None else _step_number(match[2])
-            if match is None or step is None:
-                others.append(key)
-                continue
-            id_text, _, type_text = match.groups()
-            known = by_text.get(id_text)
-            if known is None:
-                procedure_id = ProcedureId.parse_canonical(id_text)
-                assert procedure_id is not None  # the pattern only matches canonical ids
-                known = by_text[id_text] = steps[procedure_id] = []
-            known.append((step, _KEY_TYPES[type_text]))
+            others.append(key)
         return cls(steps, others)
 
 
@@ -294,13 +282,6 @@ def _highest_below_commit(keys: Sequence[str], at: int, first: int, digits_end: 
     message it ends (`folder.ProcedureKeys.newest_message`): the highest key below its step
     that is not a commit, a rollback over a step at one step (`folder.latest_first`), by a
     walk back past any other commit; with none, the key after the commit at its step."""
-    found = _highest_message_before(keys, at, first, digits_end)
-    if found is None and at + 1 < len(keys) and keys[at + 1].startswith(keys[at][:digits_end]):
-        return keys[at + 1]  # its rollback or step
-    return found
-
-
-def _highest_message_before(keys: Sequence[str], at: int, first: int, digits_end: int) -> str | None:
     for i in range(at - 1, first - 1, -1):
         key = keys[i]
         if key.endswith(".commit"):
@@ -310,6 +291,8 @@ def _highest_message_before(keys: Sequence[str], at: int, first: int, digits_end
             if maybe_rollback.endswith(".rollback") and maybe_rollback.startswith(key[:digits_end]):
                 return maybe_rollback
         return key
+    if at + 1 < len(keys) and keys[at + 1].startswith(keys[at][:digits_end]):
+        return keys[at + 1]  # its rollback or step
     return None
 
 

@@ -276,8 +276,7 @@ class LocalDirStore(StateStore):
         one): never walked through, since a deletion through it would delete outside the
         store, nor skipped in silence. The store's own folders (`procedure/`, ...) may be
         links, placed for a whole folder; hidden folders are not the store's."""
-        base = self._path(prefix) if prefix else self.root
-        base_text = str(base)
+        base_text = str(self._path(prefix))
         if not os.path.isdir(base_text):
             if os.path.lexists(base_text):  # a file, a dangling link, a loop: not a folder to list
                 raise NotADirectoryError(errno.ENOTDIR, "not a folder", base_text)
@@ -285,7 +284,7 @@ class LocalDirStore(StateStore):
                 raise FileNotFoundError(f"no such directory: {self.root}")
             return []
         keys: list[str] = []
-        root_text = str(self.root)
+        root_text = self._root_text
         trash_text = f"{root_text}/{TRASH}"
         unlisted: dict[str, str] = {}
         if _linked_inside_a_folder(root_text, base_text):
@@ -307,14 +306,11 @@ class LocalDirStore(StateStore):
         for dirpath, dirs, files in os.walk(base_text, onerror=failed, followlinks=True):
             if dirpath == trash_text:  # what was moved there; any other folder is listed
                 dirs[:] = [name for name in dirs if not _TRASHED.fullmatch(name)]
+            rel = dirpath[len(root_text) + 1 :].replace(os.sep, "/")
             linked = [name for name in dirs if dirpath != root_text and os.path.islink(os.path.join(dirpath, name))]
             if linked:
                 dirs[:] = [name for name in dirs if name not in linked]
-                for name in linked:
-                    if not name.startswith("."):
-                        rel_link = os.path.relpath(os.path.join(dirpath, name), root_text).replace(os.sep, "/")
-                        unlisted[f"{rel_link}/"] = _LINKED
-            rel = dirpath[len(root_text) + 1 :].replace(os.sep, "/")
+                unlisted.update((f"{rel}/{name}/", _LINKED) for name in linked if not name.startswith("."))
             for name in files:
                 if not name.startswith("."):
                     keys.append(f"{rel}/{name}" if rel else name)
@@ -467,28 +463,13 @@ class LocalDirStore(StateStore):
         except OSError as e:
             raise unavailable(self.url, e) from e
 
-    def _remove_stale_temps(self, prefix: str, older_than: float) -> int:
-        base = self._path(prefix)
-        removed = 0
-        cutoff = time.time() - older_than
-        for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                if name.startswith(TEMP_PREFIX):
-                    path = Path(dirpath) / name
-                    try:
-                        if path.stat().st_mtime < cutoff:
-                            path.unlink()
-                            removed += 1
-                    except FileNotFoundError:
-                        continue
-        return removed
-
-    def _leftovers(self, folders: Sequence[str], procedures: str, older_than: float, remove: bool) -> Leftovers:
+    def _leftovers(self, folders: Sequence[str], procedures: str | None, older_than: float, remove: bool) -> Leftovers:
+        """`leftovers`; with `procedures` None, temp files and lock files only."""
         cutoff = time.time() - older_than
         found = Leftovers()
-        base = self._path(procedures)
+        base = None if procedures is None else self._path(procedures)
         # Folder ages before their temp files go: removing one makes its folder look new.
-        ages = {d: d.stat().st_mtime for d in base.iterdir() if d.is_dir()} if base.is_dir() else {}
+        ages = {d: d.stat().st_mtime for d in base.iterdir() if d.is_dir()} if base and base.is_dir() else {}
         for folder in folders:
             for dirpath, _dirs, files in os.walk(self._path(folder)):
                 here = Path(dirpath)
@@ -497,9 +478,9 @@ class LocalDirStore(StateStore):
                     if name.startswith(TEMP_PREFIX):
                         with contextlib.suppress(FileNotFoundError):
                             old = path.stat().st_mtime < cutoff
-                            (found.old_temps if old else found.young_temps).append(key)
                             if old and remove:
                                 path.unlink()
+                            (found.old_temps if old else found.young_temps).append(key)
                     elif name.startswith(LOCK_PREFIX) and not (here / name[len(LOCK_PREFIX) :]).exists():
                         found.stray_locks.append(key)
         for directory, modified in sorted(ages.items()):
@@ -524,7 +505,10 @@ class LocalDirStore(StateStore):
 
         Only files older than `older_than` seconds go, so a live writer's temp is never taken.
         """
-        return await self._in_thread("cleaning temp files in", prefix, self._remove_stale_temps, prefix, older_than)
+        leftovers = await self._in_thread(
+            "cleaning temp files in", prefix, self._leftovers, [prefix], None, older_than, True
+        )
+        return len(leftovers.old_temps)
 
 
 _LINKED = (

@@ -124,7 +124,7 @@ class MemoryStore(StateStore):
     async def put_if_version(self, key: str, value: bytes, version: str | None) -> bool:
         await asyncio.sleep(0)
         current = self._space.versions.get(self._key(key))
-        if (version is None and current is not None) or (version is not None and str(current) != version):
+        if (None if current is None else str(current)) != version:
             return False
         self._space.write(self._key(key), bytes(value))
         return True

@@ -162,16 +162,11 @@ class ProcedureMessage:
             stored.step,
             stored.error,
             stored.run,
-            _wake_at_read(stored.wake_at),
+            None if stored.wake_at is None else clamped_wake_at(stored.wake_at),
             stored.signal,
             tuple(stored.consumed),
             _unknown_fields(raw),
         )
-
-
-def _wake_at_read(stored: float | None) -> float | None:
-    """A stored wake-up time, kept within what every reader can show (any finite float may be stored)."""
-    return None if stored is None else clamped_wake_at(stored)
 
 
 def _unknown_fields(raw: bytes) -> bytes:
@@ -265,7 +260,8 @@ def _message_of(known: _KnownFieldsOnly) -> ProcedureMessage:
     _set_step(message, known.step)
     _set_error(message, known.error)
     _set_run(message, known.run)
-    _set_wake_at(message, None if known.wake_at is None else _wake_at_read(known.wake_at))
+    # A stored wake-up time is kept within what every reader can show (any finite float may be stored).
+    _set_wake_at(message, None if known.wake_at is None else clamped_wake_at(known.wake_at))
     _set_signal(message, known.signal)
     _set_consumed(message, known.consumed)
     _set_extra(message, b"")

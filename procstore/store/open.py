@@ -22,10 +22,6 @@ _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 _ASYNC_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs"})
 
 
-def _protocol_of(url: str) -> str:
-    return url.split("://", 1)[0].lower() if "://" in url else "file"
-
-
 def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> StateStore:
     """Build the store for `url` without touching the network or the disk.
 
@@ -39,7 +35,7 @@ def open_state_store(url: str | os.PathLike[str], storage_options: dict[str, Any
     filesystem that connects as it is built (ftp://, sftp://...) and cannot.
     """
     text = os.fspath(url)
-    protocol = _protocol_of(text)
+    protocol = text.split("://", 1)[0].lower() if "://" in text else "file"
     options = dict(storage_options or {})
     if protocol == "file":
         path = text[len("file://") :] if text.startswith("file://") else text

@@ -226,12 +226,13 @@ class ProcedureStore:
         key = self._key_to_write(procedure_id, step, KeyType.STEP)
         return self._create_or_fence(procedure_id, key, message.encode())
 
-    async def _create(self, key: str, value: bytes) -> bool:
-        """Create `key`, never overwriting it; False if it holds another writer's bytes.
-
-        A key that already holds our own bytes is our earlier write whose answer was lost.
-        """
-        return await self.store.put_if_absent(key, value) or await self.store.get(key) == value
+    async def _create(self, key: str, value: bytes) -> bool | None:
+        """Create `key`, never overwriting it, saying who wrote it: True, this call; None, it
+        held these bytes already (our earlier write whose answer was lost, or a write of the
+        same bytes before); False, it holds another writer's bytes."""
+        if await self.store.put_if_absent(key, value):
+            return True
+        return None if await self.store.get(key) == value else False
 
     async def _create_or_fence(self, procedure_id: ProcedureId, key: str, value: bytes) -> None:
         """`_create`, raising `Fenced` if another writer got there first. Its body written
@@ -257,18 +258,14 @@ class ProcedureStore:
         value = ProcedureMessage(type_name, data, parent_id, 0, None, run).encode()
         if self.deletes_in_doubt:
             await self.deletes_in_doubt.settled(procedure_id)
-        return await self._create(self.key(procedure_id, 0, KeyType.STEP), value)
+        return await self._create(self.key(procedure_id, 0, KeyType.STEP), value) is not False
 
     async def create_submitted(self, procedure_id: ProcedureId, type_name: str, data: str) -> bool | None:
-        """`create_procedure` for a submit, saying who wrote the key: True, this call;
-        None, it held these bytes already (an earlier attempt whose answer was lost, or a
-        submit of the same bytes before); False, it holds something else."""
+        """`create_procedure` for a submit, saying who wrote the key (see `_create`)."""
         self.unknown_fields.pop(procedure_id, None)  # an earlier procedure's of the same id
-        key = self.key(procedure_id, 0, KeyType.STEP)
-        value = ProcedureMessage(type_name, data, None, 0).encode()
-        if await self.store.put_if_absent(key, value):
-            return True
-        return None if await self.store.get(key) == value else False
+        return await self._create(
+            self.key(procedure_id, 0, KeyType.STEP), ProcedureMessage(type_name, data, None, 0).encode()
+        )
 
     def commit_procedure(self, procedure_id: ProcedureId, step: int) -> Coroutine[Any, Any, None]:
         """Mark the procedure finished: an empty `{step}.commit` (create-only, as every step
@@ -575,10 +572,7 @@ class ProcedureStore:
                 message = self._decode((pid, step, key_type), raw, result.problems)
                 if message is None:
                     continue
-            if key_type is KeyType.STEP:
-                result.messages[pid] = message
-            else:
-                result.rollback_messages[pid] = message
+            (result.messages if key_type is KeyType.STEP else result.rollback_messages)[pid] = message
         return result
 
     def _classify_finished(
@@ -594,17 +588,15 @@ class ProcedureStore:
         the commit that exists but cannot be read (a 503 past the re-reads, a corrupt value)
         is a load problem and the procedure is kept, never taken for a root and deleted.
         """
-        if below is None:
-            result.finished_ids.append(pid)
-            result.finished_messages[pid] = None
-            return
-        message = self._decode((pid, *below), raw, result.problems, finished=True)
-        if message is None:
-            return
+        message = None
+        if below is not None:
+            message = self._decode((pid, *below), raw, result.problems, finished=True)
+            if message is None:
+                return
+            if below[1] is KeyType.ROLLBACK:
+                result.rolled_back_ids.add(pid)
         result.finished_ids.append(pid)
         result.finished_messages[pid] = message
-        if below[1] is KeyType.ROLLBACK:
-            result.rolled_back_ids.add(pid)
 
     def _decode(
         self,

@@ -40,7 +40,7 @@ from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.history import Action, iso
 from procstore.store.message import UNDECODABLE
-from procstore.store.state_store import StateStore, ids_with_a_key, walk_readable
+from procstore.store.state_store import KeyPerProcedure, StateStore, walk_readable
 
 logger = get_logger("procstore.store")
 
@@ -161,15 +161,11 @@ def decode_request(raw: bytes, key: str, procedure_id: ProcedureId) -> OperatorR
         return None
 
 
-class RequestStore:
+class RequestStore(KeyPerProcedure):
     """Reads and writes operator requests under `{parent_path}requests/` of a `StateStore`."""
 
     def __init__(self, store: StateStore, parent_path: str = "", folder: str = REQUESTS_PATH) -> None:
-        self.store = store
-        self.prefix = f"{parent_path}{folder}"
-
-    def key(self, procedure_id: ProcedureId) -> str:
-        return f"{self.prefix}{procedure_id}.json"
+        super().__init__(store, f"{parent_path}{folder}")
 
     async def put(self, procedure_id: ProcedureId, request: OperatorRequest) -> bool:
         """Write `request` unless a readable one exists: False if the procedure already had one.
@@ -232,15 +228,6 @@ class RequestStore:
             return {}
         stored = await self.list_all()
         return {pid: action for pid, r in stored.items() if pid in ended and (action := ended_by(r, ended[pid]))}
-
-    async def delete(self, procedure_ids: list[ProcedureId]) -> None:
-        """Forget the requests of procedures whose keys are gone."""
-        if procedure_ids:
-            await self.store.batch_delete([self.key(pid) for pid in procedure_ids])
-
-    async def stored_ids(self) -> set[ProcedureId]:
-        """The procedures with a request key, readable or not (one listing, no reads)."""
-        return await ids_with_a_key(self.store, self.prefix)
 
     async def delete_present(self, procedure_ids: Collection[ProcedureId]) -> None:
         """`delete` for those of `procedure_ids` that have a request (readable or not), found by

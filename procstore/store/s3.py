@@ -16,7 +16,7 @@ from typing import Any
 
 from procstore.errors import StoreError
 from procstore.store.errors import store_errors
-from procstore.store.fsspec_store import BucketStore, ListPage, chunks
+from procstore.store.fsspec_store import BucketStore, ListPage, chunks, modified_time
 from procstore.store.guarded import guard_request
 
 
@@ -36,7 +36,7 @@ class S3Store(BucketStore):
             try:
                 response = await self.fs._call_s3("get_object", Bucket=bucket, Key=name)
             except FileNotFoundError as e:
-                if _error_code(e) in ("NoSuchKey", None):
+                if _response(e).get("Error", {}).get("Code") in ("NoSuchKey", None):
                     return None
                 raise  # NoSuchBucket, say: a failed read must never look like a missing key
             try:
@@ -50,10 +50,7 @@ class S3Store(BucketStore):
         if token is not None:
             page["ContinuationToken"] = token
         out = await self.fs._call_s3("list_objects_v2", **page)
-        keys = []
-        for item in out.get("Contents") or []:
-            modified = item.get("LastModified")
-            keys.append((str(item["Key"]), modified.timestamp() if modified else None))
+        keys = [(str(item["Key"]), modified_time(item)) for item in out.get("Contents") or []]
         if not out.get("IsTruncated"):
             return keys, None, False  # the last page, whatever else it carries
         return keys, (str(out["NextContinuationToken"]) if out.get("NextContinuationToken") else None), True
@@ -115,18 +112,16 @@ class S3Store(BucketStore):
             self.fs._s3 = None
 
 
-def _error_code(exc: BaseException) -> str | None:
-    """The S3 error code behind an error s3fs translated (None if it kept none)."""
+def _response(exc: BaseException) -> dict[str, Any]:
+    """The S3 response behind an error s3fs translated (empty if it kept none): its `Error`
+    says the code (`NoSuchKey`, ...)."""
     response = getattr(exc.__cause__ or exc.__context__, "response", None)
-    return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+    return response if isinstance(response, dict) else {}
 
 
 def _precondition_failed(exc: BaseException) -> bool:
     """s3fs reports a failed If-Match as an OSError whose cause is a 412 ClientError."""
-    cause = exc.__cause__ or exc.__context__
-    response = getattr(cause, "response", None)
-    if not isinstance(response, dict):
-        return False
+    response = _response(exc)
     error = response.get("Error", {})
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return bool(status == 412 or error.get("Code") in ("PreconditionFailed", "412"))

@@ -12,7 +12,7 @@ import abc
 import asyncio
 import hashlib
 import weakref
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from procstore._aio import gather_settled
 from procstore._logs import get_logger
@@ -84,7 +84,7 @@ class StateStore(abc.ABC):
         """
         if version is None:
             return await self.put_if_absent(key, value)
-        async with _cas_lock(self, key):
+        async with _CAS_LOCKS.setdefault(self, {}).setdefault(key, asyncio.Lock()):
             current = await self.get_versioned(key)
             if current is None or current[1] != version:
                 return False
@@ -163,11 +163,6 @@ def content_version(value: bytes) -> str:
     return hashlib.sha256(value).hexdigest()
 
 
-def _cas_lock(store: StateStore, key: str) -> asyncio.Lock:
-    locks = _CAS_LOCKS.setdefault(store, {})
-    return locks.setdefault(key, asyncio.Lock())
-
-
 async def walk_readable(store: StateStore, prefix: str) -> list[str]:
     """`store.walk(prefix)`; for folders below `prefix` it could not read
     (`ListingIncomplete`), the keys it did list, with one warning per folder while it stays
@@ -191,8 +186,24 @@ async def walk_readable(store: StateStore, prefix: str) -> list[str]:
     return keys
 
 
-async def ids_with_a_key(store: StateStore, prefix: str) -> set[ProcedureId]:
-    """The procedures with a key `{prefix}{id}.json` (one listing, no reads): the folders of
-    one small key per procedure (operator requests, activities)."""
-    ids = (ProcedureId.parse_canonical(k[len(prefix) : -len(".json")]) for k in await walk_readable(store, prefix))
-    return {pid for pid in ids if pid is not None}
+class KeyPerProcedure:
+    """A folder of one small key per procedure, `{prefix}{id}.json`, of a `StateStore`
+    (operator requests, activities)."""
+
+    def __init__(self, store: StateStore, prefix: str) -> None:
+        self.store = store
+        self.prefix = prefix
+
+    def key(self, procedure_id: ProcedureId) -> str:
+        return f"{self.prefix}{procedure_id}.json"
+
+    async def stored_ids(self) -> set[ProcedureId]:
+        """The procedures with a key, readable or not (one listing, no reads)."""
+        listed = await walk_readable(self.store, self.prefix)
+        ids = (ProcedureId.parse_canonical(k[len(self.prefix) : -len(".json")]) for k in listed)
+        return {pid for pid in ids if pid is not None}
+
+    async def delete(self, procedure_ids: Collection[ProcedureId]) -> None:
+        """Delete the keys of `procedure_ids` (of procedures whose keys are gone)."""
+        if procedure_ids:
+            await self.store.batch_delete([self.key(pid) for pid in procedure_ids])
