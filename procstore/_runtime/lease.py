@@ -174,15 +174,8 @@ class LeaseRecord:
     """Set by a holder that stopped cleanly: a standby may take over at once."""
 
     def encode(self) -> bytes:
-        return orjson.dumps(
-            {
-                "holder": self.holder,
-                "epoch": self.epoch,
-                "renewal": self.renewal,
-                "ttl": self.ttl,
-                "released": self.released,
-            }
-        )
+        # orjson writes a dataclass as an object of its fields, in their order.
+        return orjson.dumps(self)
 
     @classmethod
     def decode(cls, raw: bytes) -> LeaseRecord:
