@@ -98,11 +98,7 @@ class Leadership:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        if self.is_leading:
-            self.is_leading = False
-            self.telemetry.lease_lost()
-        if self.term is not None:
-            await self.term.end()
+        await self._end(None)
 
     async def release(self) -> None:
         """Mark the lease released (if the stored record is still this manager's), so that a
@@ -162,9 +158,11 @@ class Leadership:
         self.is_leading = True
         self._leading_changed.set()
 
-    async def _end(self, why: str) -> None:
+    async def _end(self, why: str | None) -> None:
+        """End the term; `why` it ends, unless the manager stops."""
         if self.is_leading:
-            logger.warning("%s stops leading: %s", self.keeper.holder, why)
+            if why is not None:
+                logger.warning("%s stops leading: %s", self.keeper.holder, why)
             self.telemetry.lease_lost()
         self.is_leading = False
         self._leading_changed.set()

@@ -93,8 +93,7 @@ class Attempt:
                 attributes=_step_attributes(self._procedure_id, self._type_name, self._step, self._attempt),
                 start_time=self._start_ns,
             )
-            span.record_exception(error)
-            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            _mark_failed(span, error)
             _failed_attempt.set((span, time.time_ns()))
         except Exception as e:
             _spans_failed(e)
@@ -117,6 +116,11 @@ class _Unrecorded:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> None:
         if self._telemetry.metering():
             self._telemetry.step_ended(self._type_name, None)
+
+
+def _mark_failed(span: trace.Span, error: BaseException) -> None:
+    span.record_exception(error)
+    span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
 
 
 def _step_attributes(procedure_id: str, type_name: str, step: int, attempt: int) -> dict[str, Any]:
@@ -357,20 +361,18 @@ class OtelTelemetry(Telemetry):
             "procstore.procedure.type": type_name,
             **attrs,
         }
+        context, links = None, []
         try:
             if own_trace:
                 # A trace of its own, linked to what started it (a recovery, a resume, or a
                 # submit with root_spans="link"): a recovery that resumes a thousand
                 # procedures is not one trace.
                 parent = trace.get_current_span().get_span_context()
-                links = [Link(parent)] if parent.is_valid else []
-                with self.tracer.start_as_current_span(
-                    f"procedure {type_name}", context=otel_context.Context(), links=links, attributes=attributes
-                ) as span:
-                    yield span
-            else:
-                with self.tracer.start_as_current_span(f"procedure {type_name}", attributes=attributes) as span:
-                    yield span
+                context, links = otel_context.Context(), [Link(parent)] if parent.is_valid else []
+            with self.tracer.start_as_current_span(
+                f"procedure {type_name}", context=context, links=links, attributes=attributes
+            ) as span:
+                yield span
         finally:
             _end_failed_attempt()  # its last attempt's span, if it failed for good
 
@@ -410,8 +412,7 @@ class OtelTelemetry(Telemetry):
             yield span
         except BaseException as e:
             failed = True
-            span.record_exception(e)
-            span.set_status(Status(StatusCode.ERROR, f"{type(e).__name__}: {e}"))
+            _mark_failed(span, e)
             raise
         finally:
             otel_context.detach(token)
