@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
 from procstore._runtime.activity import ActivityPublisher
@@ -83,10 +83,8 @@ class ManagerContext:
         meta = self.metas.get(procedure_id)
         return None if meta is None else await meta.wait_state_change()
 
-    @asynccontextmanager
-    async def acquire_lock(self, key: StringKey) -> AsyncIterator[None]:
-        async with self.locks.hold_in_step(key):
-            yield
+    def acquire_lock(self, key: StringKey) -> AbstractAsyncContextManager[None]:
+        return self.locks.hold_in_step(key)
 
     # -- what the parts know together ------------------------------------------------
 
