@@ -382,25 +382,25 @@ class LeaseKeeper:
         """
         found = await self._read()
         now = self.clock.now()
-        if found is None:
-            # No lease object (a new store, or one deleted by hand): epochs go on from the
-            # highest this manager has seen, so its fencing tokens never go backwards.
-            return await self._write(LeaseRecord(self.holder, self._next_epoch(), 0, self.lease.ttl), None)
-        record, version = found
-        self.highest_epoch = max(self.highest_epoch, record.epoch)
-        if version != self._version:
-            self.record, self._version, self._seen_at = record, version, now
-        expired = now - self._seen_at >= record.ttl * (1 + self.lease.drift)
-        if not (record.released or expired):
-            return False
-        if expired and not record.released:
-            logger.warning(
-                "lease of %s (epoch %d) not renewed for %.1fs: %s takes over",
-                record.holder or "nobody (an unreadable record)",
-                record.epoch,
-                now - self._seen_at,
-                self.holder,
-            )
+        # No lease object (a new store, or one deleted by hand) is taken at once: epochs go
+        # on from the highest this manager has seen, so its fencing tokens never go backwards.
+        version = None
+        if found is not None:
+            record, version = found
+            self.highest_epoch = max(self.highest_epoch, record.epoch)
+            if version != self._version:
+                self.record, self._version, self._seen_at = record, version, now
+            expired = now - self._seen_at >= record.ttl * (1 + self.lease.drift)
+            if not (record.released or expired):
+                return False
+            if expired and not record.released:
+                logger.warning(
+                    "lease of %s (epoch %d) not renewed for %.1fs: %s takes over",
+                    record.holder or "nobody (an unreadable record)",
+                    record.epoch,
+                    now - self._seen_at,
+                    self.holder,
+                )
         return await self._write(LeaseRecord(self.holder, self._next_epoch(), 0, self.lease.ttl), version)
 
     def _next_epoch(self) -> int:
