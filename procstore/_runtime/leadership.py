@@ -37,7 +37,7 @@ import time
 from procstore._logs import get_logger
 from procstore._runtime.lease import LEASE_KEY, Lease, LeaseKeeper, LeaseRecord
 from procstore._runtime.lease_clock import LeaseClock
-from procstore._runtime.telemetry import OFF, Telemetry, timed
+from procstore._runtime.telemetry import timed
 from procstore._runtime.term import Term, TermLease, TermSettings, obeying_the_store
 from procstore.errors import Fenced, LeaseExpired, LeaseHeld, ManagerStopped, StoreError, StoreUnavailable
 from procstore.store.deletes_in_doubt import DeletesInDoubt
@@ -60,13 +60,12 @@ class Leadership:
         lease: Lease,
         *,
         highest_epoch: int = 0,
-        telemetry: Telemetry = OFF,
         deletes_in_doubt: DeletesInDoubt | None = None,
     ) -> None:
         self.settings = settings
         self.deletes_in_doubt = deletes_in_doubt
         """The manager's: its terms share it (`ProcedureStore.deletes_in_doubt`)."""
-        self.telemetry = telemetry
+        self.telemetry = settings.telemetry
         self.keeper = LeaseKeeper(store, lease_key(settings.parent_path), lease)
         # Fencing tokens never go backwards, not even across this manager's restarts.
         self.keeper.highest_epoch = highest_epoch

@@ -342,7 +342,6 @@ class ProcedureManager:
                     lease_store,
                     self.lease,
                     highest_epoch=self._highest_epoch,
-                    telemetry=settings.telemetry,
                     deletes_in_doubt=self._deletes_in_doubt,
                 )
             await self._terms.start()
