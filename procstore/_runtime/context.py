@@ -140,19 +140,16 @@ class ManagerContext:
                 f"no loader is registered for type {message.type_name!r} (registered: {known})",
                 "Register its loader with `manager.register(...)` before `start()`; the keys were left untouched",
             )
-        hint = "Fix the loader (old data must keep loading) or the stored value; the keys were left untouched"
+        failing = "its loader rejected the stored data"
         try:
             procedure = loader(message.data)
-        except BaseException as e:
-            if is_stop(e):
-                raise
-            raise failed(f"its loader rejected the stored data: {type(e).__name__}: {e}", hint) from e
-        try:
+            failing = "its lock_key() failed on the stored data"
             lock_key = procedure.lock_key()  # a procedure whose lock keys cannot be computed cannot run
             if not isinstance(lock_key, LockKey):
                 raise TypeError(f"lock_key() returned {lock_key!r}, not a LockKey")
         except BaseException as e:
             if is_stop(e):
                 raise
-            raise failed(f"its lock_key() failed on the stored data: {type(e).__name__}: {e}", hint) from e
+            hint = "Fix the loader (old data must keep loading) or the stored value; the keys were left untouched"
+            raise failed(f"{failing}: {type(e).__name__}: {e}", hint) from e
         return procedure, lock_key

@@ -551,12 +551,11 @@ class ProcedureManager:
         if self._leadership is not None and not self.is_leader:
             raise NotLeader(self._leadership.keeper.holder, self.leader)
         ctx = self._started("submit")
-        term = self._term
-        if term is not None and not term.recovered:
+        if not ctx.term.recovered:
             # Without a lease, start() opens its term before recovery has registered what
             # the store holds: a submission racing with it waits, or recovery would load the
             # same procedure a second time.
-            await term.wait_recovered()
+            await ctx.term.wait_recovered()
             ctx = self._started("submit")
         if ctx.term.fenced is not None:
             raise ctx.term.fenced
