@@ -31,7 +31,7 @@ import os
 import socket
 import uuid
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import msgspec
@@ -161,37 +161,6 @@ class Lease:
         return self.ttl / 4
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseRecord:
-    """The stored lease. Every write changes `renewal`, so no two writes have equal bytes."""
-
-    holder: str
-    epoch: int
-    """Counts leaderships: each takeover adds one."""
-    renewal: int
-    ttl: float
-    released: bool = False
-    """Set by a holder that stopped cleanly: a standby may take over at once."""
-
-    def encode(self) -> bytes:
-        # orjson writes a dataclass as an object of its fields, in their order.
-        return orjson.dumps(self)
-
-    @classmethod
-    def decode(cls, raw: bytes) -> LeaseRecord:
-        """Raises `ValueError` naming what is wrong (the field's path, for a wrong value).
-
-        Validated, never coerced: a TTL of "inf" or "nan" would mean no standby ever takes
-        over, an epoch of 1e300 would break every takeover, and "released": "false" would
-        read as released. Any such record is as unreadable as a torn one.
-        """
-        try:
-            stored = _lease_decoder.decode(raw)
-        except UNDECODABLE as e:
-            raise ValueError(f"not a lease record ({e}): {raw[:200]!r}") from e
-        return cls(stored.holder, stored.epoch, stored.renewal, stored.ttl, stored.released)
-
-
 _MAX_TTL = 86_400.0 * 365
 """A year: far above any sane TTL, and it keeps infinity out."""
 _MIN_TTL = 0.1
@@ -202,17 +171,38 @@ MAX_EPOCH = 2**63 - 1
 """The highest epoch a record may hold (a signed 64-bit fencing token, as most systems take)."""
 
 
-class _StoredLease(msgspec.Struct, frozen=True):
-    """The wire form of `LeaseRecord`, with the bounds a usable record must meet."""
+class LeaseRecord(msgspec.Struct, frozen=True):
+    """The stored lease. Every write changes `renewal`, so no two writes have equal bytes.
+
+    The bounds are those a usable stored record must meet (`decode` checks them; the
+    manager's own stand-in for an unreadable record, held by nobody, is made directly)."""
 
     holder: Annotated[str, msgspec.Meta(min_length=1)]
     epoch: Annotated[int, msgspec.Meta(ge=0, le=MAX_EPOCH)]
+    """Counts leaderships: each takeover adds one."""
     renewal: Annotated[int, msgspec.Meta(ge=0)]
     ttl: Annotated[float, msgspec.Meta(gt=0, le=_MAX_TTL)]
     released: bool = False
+    """Set by a holder that stopped cleanly: a standby may take over at once."""
+
+    def encode(self) -> bytes:
+        return orjson.dumps(msgspec.structs.asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> LeaseRecord:
+        """Raises `ValueError` naming what is wrong (the field's path, for a wrong value).
+
+        Validated, never coerced: a TTL of "inf" or "nan" would mean no standby ever takes
+        over, an epoch of 1e300 would break every takeover, and "released": "false" would
+        read as released. Any such record is as unreadable as a torn one.
+        """
+        try:
+            return _lease_decoder.decode(raw)
+        except UNDECODABLE as e:
+            raise ValueError(f"not a lease record ({e}): {raw[:200]!r}") from e
 
 
-_lease_decoder = msgspec.json.Decoder(_StoredLease)
+_lease_decoder = msgspec.json.Decoder(LeaseRecord)
 
 
 class LeaseKeeper:
@@ -423,7 +413,7 @@ class LeaseKeeper:
         record = self.record
         if record is None or not self.is_holding:
             return False
-        renewed = replace(record, renewal=record.renewal + 1, ttl=self.lease.ttl)
+        renewed = msgspec.structs.replace(record, renewal=record.renewal + 1, ttl=self.lease.ttl)
         if await self._write(renewed, self._version):
             return True
         self.give_up()
@@ -450,7 +440,7 @@ class LeaseKeeper:
             if stored.holder != self.holder or stored.epoch != record.epoch or stored.released:
                 return
             await self.store.put_if_version(
-                self.key, replace(stored, renewal=stored.renewal + 1, released=True).encode(), version
+                self.key, msgspec.structs.replace(stored, renewal=stored.renewal + 1, released=True).encode(), version
             )
         except StoreError as e:
             logger.warning("could not release the lease (%s); it expires in %.0fs", e, record.ttl)
