@@ -58,6 +58,10 @@ def default_holder_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+_RENAMED = {"margin": "stop_margin", "grace": "late_write_grace", "adopt_every": "adopt_interval"}
+"""The older names of `Lease` options, still read (never constructor arguments)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
     """How a manager takes part in leadership (`ProcedureManager(url, lease=Lease())`).
@@ -137,23 +141,14 @@ class Lease:
             return option
         return cls(ttl=float(option))
 
-    @property
-    def margin(self) -> float:
-        """Deprecated: `stop_margin`."""
-        warnings.warn("Lease.margin is deprecated: use Lease.stop_margin", DeprecationWarning, stacklevel=2)
-        return self.stop_margin
-
-    @property
-    def grace(self) -> float:
-        """Deprecated: `late_write_grace`."""
-        warnings.warn("Lease.grace is deprecated: use Lease.late_write_grace", DeprecationWarning, stacklevel=2)
-        return self.late_write_grace
-
-    @property
-    def adopt_every(self) -> float:
-        """Deprecated: `adopt_interval`."""
-        warnings.warn("Lease.adopt_every is deprecated: use Lease.adopt_interval", DeprecationWarning, stacklevel=2)
-        return self.adopt_interval
+    def __getattr__(self, name: str) -> float:
+        """The deprecated names of options (`_RENAMED`), read with a warning."""
+        option = _RENAMED.get(name)
+        if option is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
+        warnings.warn(f"Lease.{name} is deprecated: use Lease.{option}", DeprecationWarning, stacklevel=2)
+        value: float = getattr(self, option)
+        return value
 
     @property
     def renew_interval(self) -> float:
