@@ -131,9 +131,7 @@ class Leadership:
 
     async def wait_until_leading(self) -> None:
         """Return once leading; raise `ManagerStopped` if the manager stops first."""
-        while not self.is_leading:
-            if self._stopped:
-                raise ManagerStopped(what="waiting to lead")
+        while not (self.is_leading or self._stopped):
             self._leading_changed.clear()
             await self._leading_changed.wait()
         if self._stopped:
