@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
 from procstore._runtime.activity import ActivityPublisher
@@ -83,10 +83,8 @@ class ManagerContext:
         meta = self.metas.get(procedure_id)
         return None if meta is None else await meta.wait_state_change()
 
-    @asynccontextmanager
-    async def acquire_lock(self, key: StringKey) -> AsyncIterator[None]:
-        async with self.locks.hold_in_step(key):
-            yield
+    def acquire_lock(self, key: StringKey) -> AbstractAsyncContextManager[None]:
+        return self.locks.hold_in_step(key)
 
     # -- what the parts know together ------------------------------------------------
 
@@ -142,19 +140,16 @@ class ManagerContext:
                 f"no loader is registered for type {message.type_name!r} (registered: {known})",
                 "Register its loader with `manager.register(...)` before `start()`; the keys were left untouched",
             )
-        hint = "Fix the loader (old data must keep loading) or the stored value; the keys were left untouched"
+        failing = "its loader rejected the stored data"
         try:
             procedure = loader(message.data)
-        except BaseException as e:
-            if is_stop(e):
-                raise
-            raise failed(f"its loader rejected the stored data: {type(e).__name__}: {e}", hint) from e
-        try:
+            failing = "its lock_key() failed on the stored data"
             lock_key = procedure.lock_key()  # a procedure whose lock keys cannot be computed cannot run
             if not isinstance(lock_key, LockKey):
                 raise TypeError(f"lock_key() returned {lock_key!r}, not a LockKey")
         except BaseException as e:
             if is_stop(e):
                 raise
-            raise failed(f"its lock_key() failed on the stored data: {type(e).__name__}: {e}", hint) from e
+            hint = "Fix the loader (old data must keep loading) or the stored value; the keys were left untouched"
+            raise failed(f"{failing}: {type(e).__name__}: {e}", hint) from e
         return procedure, lock_key

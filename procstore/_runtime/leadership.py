@@ -37,7 +37,7 @@ import time
 from procstore._logs import get_logger
 from procstore._runtime.lease import LEASE_KEY, Lease, LeaseKeeper, LeaseRecord
 from procstore._runtime.lease_clock import LeaseClock
-from procstore._runtime.telemetry import OFF, Telemetry, timed
+from procstore._runtime.telemetry import timed
 from procstore._runtime.term import Term, TermLease, TermSettings, obeying_the_store
 from procstore.errors import Fenced, LeaseExpired, LeaseHeld, ManagerStopped, StoreError, StoreUnavailable
 from procstore.store.deletes_in_doubt import DeletesInDoubt
@@ -60,13 +60,12 @@ class Leadership:
         lease: Lease,
         *,
         highest_epoch: int = 0,
-        telemetry: Telemetry = OFF,
         deletes_in_doubt: DeletesInDoubt | None = None,
     ) -> None:
         self.settings = settings
         self.deletes_in_doubt = deletes_in_doubt
         """The manager's: its terms share it (`ProcedureStore.deletes_in_doubt`)."""
-        self.telemetry = telemetry
+        self.telemetry = settings.telemetry
         self.keeper = LeaseKeeper(store, lease_key(settings.parent_path), lease)
         # Fencing tokens never go backwards, not even across this manager's restarts.
         self.keeper.highest_epoch = highest_epoch
@@ -98,11 +97,7 @@ class Leadership:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        if self.is_leading:
-            self.is_leading = False
-            self.telemetry.lease_lost()
-        if self.term is not None:
-            await self.term.end()
+        await self._end(None)
 
     async def release(self) -> None:
         """Mark the lease released (if the stored record is still this manager's), so that a
@@ -136,9 +131,7 @@ class Leadership:
 
     async def wait_until_leading(self) -> None:
         """Return once leading; raise `ManagerStopped` if the manager stops first."""
-        while not self.is_leading:
-            if self._stopped:
-                raise ManagerStopped(what="waiting to lead")
+        while not (self.is_leading or self._stopped):
             self._leading_changed.clear()
             await self._leading_changed.wait()
         if self._stopped:
@@ -162,9 +155,11 @@ class Leadership:
         self.is_leading = True
         self._leading_changed.set()
 
-    async def _end(self, why: str) -> None:
+    async def _end(self, why: str | None) -> None:
+        """End the term; `why` it ends, unless the manager stops."""
         if self.is_leading:
-            logger.warning("%s stops leading: %s", self.keeper.holder, why)
+            if why is not None:
+                logger.warning("%s stops leading: %s", self.keeper.holder, why)
             self.telemetry.lease_lost()
         self.is_leading = False
         self._leading_changed.set()

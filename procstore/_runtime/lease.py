@@ -31,7 +31,7 @@ import os
 import socket
 import uuid
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import msgspec
@@ -56,6 +56,10 @@ NO_HOLDER = ""
 def default_holder_name() -> str:
     """`host:pid:random`: unique per manager, and says where the leader runs."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+_RENAMED = {"margin": "stop_margin", "grace": "late_write_grace", "adopt_every": "adopt_interval"}
+"""The older names of `Lease` options, still read (never constructor arguments)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,66 +141,19 @@ class Lease:
             return option
         return cls(ttl=float(option))
 
-    @property
-    def margin(self) -> float:
-        """Deprecated: `stop_margin`."""
-        warnings.warn("Lease.margin is deprecated: use Lease.stop_margin", DeprecationWarning, stacklevel=2)
-        return self.stop_margin
-
-    @property
-    def grace(self) -> float:
-        """Deprecated: `late_write_grace`."""
-        warnings.warn("Lease.grace is deprecated: use Lease.late_write_grace", DeprecationWarning, stacklevel=2)
-        return self.late_write_grace
-
-    @property
-    def adopt_every(self) -> float:
-        """Deprecated: `adopt_interval`."""
-        warnings.warn("Lease.adopt_every is deprecated: use Lease.adopt_interval", DeprecationWarning, stacklevel=2)
-        return self.adopt_interval
+    def __getattr__(self, name: str) -> float:
+        """The deprecated names of options (`_RENAMED`), read with a warning."""
+        option = _RENAMED.get(name)
+        if option is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
+        warnings.warn(f"Lease.{name} is deprecated: use Lease.{option}", DeprecationWarning, stacklevel=2)
+        value: float = getattr(self, option)
+        return value
 
     @property
     def renew_interval(self) -> float:
         """How often the holder renews, and how often a standby looks."""
         return self.ttl / 4
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseRecord:
-    """The stored lease. Every write changes `renewal`, so no two writes have equal bytes."""
-
-    holder: str
-    epoch: int
-    """Counts leaderships: each takeover adds one."""
-    renewal: int
-    ttl: float
-    released: bool = False
-    """Set by a holder that stopped cleanly: a standby may take over at once."""
-
-    def encode(self) -> bytes:
-        return orjson.dumps(
-            {
-                "holder": self.holder,
-                "epoch": self.epoch,
-                "renewal": self.renewal,
-                "ttl": self.ttl,
-                "released": self.released,
-            }
-        )
-
-    @classmethod
-    def decode(cls, raw: bytes) -> LeaseRecord:
-        """Raises `ValueError` naming what is wrong (the field's path, for a wrong value).
-
-        Validated, never coerced: a TTL of "inf" or "nan" would mean no standby ever takes
-        over, an epoch of 1e300 would break every takeover, and "released": "false" would
-        read as released. Any such record is as unreadable as a torn one.
-        """
-        try:
-            stored = _lease_decoder.decode(raw)
-        except UNDECODABLE as e:
-            raise ValueError(f"not a lease record ({e}): {raw[:200]!r}") from e
-        return cls(stored.holder, stored.epoch, stored.renewal, stored.ttl, stored.released)
 
 
 _MAX_TTL = 86_400.0 * 365
@@ -209,17 +166,38 @@ MAX_EPOCH = 2**63 - 1
 """The highest epoch a record may hold (a signed 64-bit fencing token, as most systems take)."""
 
 
-class _StoredLease(msgspec.Struct, frozen=True):
-    """The wire form of `LeaseRecord`, with the bounds a usable record must meet."""
+class LeaseRecord(msgspec.Struct, frozen=True):
+    """The stored lease. Every write changes `renewal`, so no two writes have equal bytes.
+
+    The bounds are those a usable stored record must meet (`decode` checks them; the
+    manager's own stand-in for an unreadable record, held by nobody, is made directly)."""
 
     holder: Annotated[str, msgspec.Meta(min_length=1)]
     epoch: Annotated[int, msgspec.Meta(ge=0, le=MAX_EPOCH)]
+    """Counts leaderships: each takeover adds one."""
     renewal: Annotated[int, msgspec.Meta(ge=0)]
     ttl: Annotated[float, msgspec.Meta(gt=0, le=_MAX_TTL)]
     released: bool = False
+    """Set by a holder that stopped cleanly: a standby may take over at once."""
+
+    def encode(self) -> bytes:
+        return orjson.dumps(msgspec.structs.asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> LeaseRecord:
+        """Raises `ValueError` naming what is wrong (the field's path, for a wrong value).
+
+        Validated, never coerced: a TTL of "inf" or "nan" would mean no standby ever takes
+        over, an epoch of 1e300 would break every takeover, and "released": "false" would
+        read as released. Any such record is as unreadable as a torn one.
+        """
+        try:
+            return _lease_decoder.decode(raw)
+        except UNDECODABLE as e:
+            raise ValueError(f"not a lease record ({e}): {raw[:200]!r}") from e
 
 
-_lease_decoder = msgspec.json.Decoder(_StoredLease)
+_lease_decoder = msgspec.json.Decoder(LeaseRecord)
 
 
 class LeaseKeeper:
@@ -389,25 +367,25 @@ class LeaseKeeper:
         """
         found = await self._read()
         now = self.clock.now()
-        if found is None:
-            # No lease object (a new store, or one deleted by hand): epochs go on from the
-            # highest this manager has seen, so its fencing tokens never go backwards.
-            return await self._write(LeaseRecord(self.holder, self._next_epoch(), 0, self.lease.ttl), None)
-        record, version = found
-        self.highest_epoch = max(self.highest_epoch, record.epoch)
-        if version != self._version:
-            self.record, self._version, self._seen_at = record, version, now
-        expired = now - self._seen_at >= record.ttl * (1 + self.lease.drift)
-        if not (record.released or expired):
-            return False
-        if expired and not record.released:
-            logger.warning(
-                "lease of %s (epoch %d) not renewed for %.1fs: %s takes over",
-                record.holder or "nobody (an unreadable record)",
-                record.epoch,
-                now - self._seen_at,
-                self.holder,
-            )
+        # No lease object (a new store, or one deleted by hand) is taken at once: epochs go
+        # on from the highest this manager has seen, so its fencing tokens never go backwards.
+        version = None
+        if found is not None:
+            record, version = found
+            self.highest_epoch = max(self.highest_epoch, record.epoch)
+            if version != self._version:
+                self.record, self._version, self._seen_at = record, version, now
+            expired = now - self._seen_at >= record.ttl * (1 + self.lease.drift)
+            if not (record.released or expired):
+                return False
+            if expired and not record.released:
+                logger.warning(
+                    "lease of %s (epoch %d) not renewed for %.1fs: %s takes over",
+                    record.holder or "nobody (an unreadable record)",
+                    record.epoch,
+                    now - self._seen_at,
+                    self.holder,
+                )
         return await self._write(LeaseRecord(self.holder, self._next_epoch(), 0, self.lease.ttl), version)
 
     def _next_epoch(self) -> int:
@@ -430,7 +408,7 @@ class LeaseKeeper:
         record = self.record
         if record is None or not self.is_holding:
             return False
-        renewed = replace(record, renewal=record.renewal + 1, ttl=self.lease.ttl)
+        renewed = msgspec.structs.replace(record, renewal=record.renewal + 1, ttl=self.lease.ttl)
         if await self._write(renewed, self._version):
             return True
         self.give_up()
@@ -457,7 +435,7 @@ class LeaseKeeper:
             if stored.holder != self.holder or stored.epoch != record.epoch or stored.released:
                 return
             await self.store.put_if_version(
-                self.key, replace(stored, renewal=stored.renewal + 1, released=True).encode(), version
+                self.key, msgspec.structs.replace(stored, renewal=stored.renewal + 1, released=True).encode(), version
             )
         except StoreError as e:
             logger.warning("could not release the lease (%s); it expires in %.0fs", e, record.ttl)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 
 from procstore._runtime.locks import KeyRwLock
 from procstore._runtime.registry import Edges
@@ -63,10 +63,8 @@ class LockTable:
     def would_block(self, key: StringKey) -> bool:
         return self._locks.would_block(key)
 
-    @asynccontextmanager
-    async def hold_in_step(self, key: StringKey) -> AsyncIterator[None]:
-        async with self._step_locks.hold(key):
-            yield
+    def hold_in_step(self, key: StringKey) -> AbstractAsyncContextManager[None]:
+        return self._step_locks.hold(key)
 
     def cycle(self, waiter: ProcedureId, key: StringKey, children: Edges) -> list[ProcedureId] | None:
         """The procedures `waiter` would wait for in a cycle back to itself, if it waited for

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import warnings
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from functools import partial
 from types import TracebackType
@@ -341,7 +342,6 @@ class ProcedureManager:
                     lease_store,
                     self.lease,
                     highest_epoch=self._highest_epoch,
-                    telemetry=settings.telemetry,
                     deletes_in_doubt=self._deletes_in_doubt,
                 )
             await self._terms.start()
@@ -426,21 +426,11 @@ class ProcedureManager:
             raise InvalidProcedureId(procedure_id)
         reason = checked_reason(reason)
         self._started_or_standby("cancel")
-        term = self._term
-        if term is not None and term.running:
-            # Owned by the term, as a submit's write: stop() waits for it.
-            ctx = term.ctx
-            await term.run_in_term(request_stop(ctx.store, procedure_id, "cancel", reason, ctx), what="cancelling")
-            return
-        # A standby: the leader's look at `requests/` (or its next step) finds the request.
-        # The write belongs to no term, so stop() cancels and waits for it by itself.
-        assert self._state_store is not None
-        store = ProcedureStore(self._state_store, self.parent_path)
-        task = asyncio.get_running_loop().create_task(
-            request_stop(store, procedure_id, "cancel", reason, None), name="procstore:cancelling"
+        await self._write_request(
+            "cancelling",
+            lambda ctx: request_stop(ctx.store, procedure_id, "cancel", reason, ctx),
+            lambda store: request_stop(store, procedure_id, "cancel", reason, None),
         )
-        self._lifecycle.own(task)
-        await await_term_task(task, "cancelling")
 
     async def signal(self, procedure_id: ProcedureId, name: str, payload: object = None) -> None:
         """Send the signal `name`, with a JSON `payload`, to a procedure, durably, wherever it runs.
@@ -460,18 +450,31 @@ class ProcedureManager:
             raise InvalidProcedureId(procedure_id)
         encoded_payload(name, payload)
         self._started_or_standby("signal")
+        await self._write_request(
+            "signalling",
+            lambda ctx: send_signal_here(ctx, procedure_id, name, payload),
+            lambda store: send_signal(store, procedure_id, name, payload),
+        )
+
+    async def _write_request(
+        self,
+        what: str,
+        in_term: Callable[[ManagerContext], Coroutine[Any, Any, object]],
+        on_standby: Callable[[ProcedureStore], Coroutine[Any, Any, object]],
+    ) -> None:
+        """Write an operator's request or signal of a started manager: `in_term` while a term
+        runs (owned by the term, as a submit's write: stop() waits for it), else `on_standby`."""
         term = self._term
         if term is not None and term.running:
-            ctx = term.ctx
-            await term.run_in_term(send_signal_here(ctx, procedure_id, name, payload), what="signalling")
+            await term.run_in_term(in_term(term.ctx), what=what)
             return
+        # A standby: the leader's look at `requests/` (or its next step) finds it. The write
+        # belongs to no term, so stop() cancels and waits for it by itself.
         assert self._state_store is not None
         store = ProcedureStore(self._state_store, self.parent_path)
-        task = asyncio.get_running_loop().create_task(
-            send_signal(store, procedure_id, name, payload), name="procstore:signalling"
-        )
+        task = asyncio.get_running_loop().create_task(on_standby(store), name=f"procstore:{what}")
         self._lifecycle.own(task)
-        await await_term_task(task, "signalling")
+        await await_term_task(task, what)
 
     async def resume(self, procedure_id: ProcedureId, *, reason: str | None = None) -> Watcher:
         """Run an ended or stuck root again from its last stored step, with fresh retries.
@@ -548,12 +551,11 @@ class ProcedureManager:
         if self._leadership is not None and not self.is_leader:
             raise NotLeader(self._leadership.keeper.holder, self.leader)
         ctx = self._started("submit")
-        term = self._term
-        if term is not None and not term.recovered:
+        if not ctx.term.recovered:
             # Without a lease, start() opens its term before recovery has registered what
             # the store holds: a submission racing with it waits, or recovery would load the
             # same procedure a second time.
-            await term.wait_recovered()
+            await ctx.term.wait_recovered()
             ctx = self._started("submit")
         if ctx.term.fenced is not None:
             raise ctx.term.fenced

@@ -294,12 +294,7 @@ class OperatorRequests:
 
     def note(self, procedure_id: ProcedureId, request: OperatorRequest) -> None:
         """Apply an operator request to a procedure and its unfinished descendants."""
-        in_force = self._known.setdefault(procedure_id, request)
-        self._steps.interrupt(procedure_id, in_force)
-        if (meta := self._metas.get(procedure_id)) is not None:
-            meta.requested().set()
-            self._wake(procedure_id)
-        elif (submitting := self._submit_wakes.get(procedure_id)) is not None:
+        if not self._apply(procedure_id, request) and (submitting := self._submit_wakes.get(procedure_id)):
             submitting.set()
         inherited = OperatorRequest(
             kind=request.kind,
@@ -311,10 +306,18 @@ class OperatorRequests:
         for child in self._metas.descendants(procedure_id):
             meta = self._metas.get(child)
             if meta is None or not meta.state.is_ended():
-                self._steps.interrupt(child, self._known.setdefault(child, inherited))
-                if meta is not None:
-                    meta.requested().set()
-                    self._wake(child)
+                self._apply(child, inherited)
+
+    def _apply(self, procedure_id: ProcedureId, request: OperatorRequest) -> bool:
+        """Note `request` unless one is in force, and interrupt the procedure's step or end
+        its waits; whether the procedure is registered here."""
+        self._steps.interrupt(procedure_id, self._known.setdefault(procedure_id, request))
+        meta = self._metas.get(procedure_id)
+        if meta is None:
+            return False
+        meta.requested().set()
+        self._wake(procedure_id)
+        return True
 
     def is_submitting(self, procedure_id: ProcedureId) -> bool:
         """A submit's first write for the id is under way."""

@@ -6,7 +6,7 @@ import contextlib
 import copy
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
@@ -93,8 +93,7 @@ class Attempt:
                 attributes=_step_attributes(self._procedure_id, self._type_name, self._step, self._attempt),
                 start_time=self._start_ns,
             )
-            span.record_exception(error)
-            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            _mark_failed(span, error)
             _failed_attempt.set((span, time.time_ns()))
         except Exception as e:
             _spans_failed(e)
@@ -119,13 +118,18 @@ class _Unrecorded:
             self._telemetry.step_ended(self._type_name, None)
 
 
+def _mark_failed(span: trace.Span, error: BaseException) -> None:
+    span.record_exception(error)
+    span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+
+
+def _attributes(procedure_id: str, type_name: str, more: Mapping[str, Any]) -> dict[str, Any]:
+    """A procedure's span attributes: its id and type, then `more`."""
+    return {"procstore.procedure.id": procedure_id, "procstore.procedure.type": type_name, **more}
+
+
 def _step_attributes(procedure_id: str, type_name: str, step: int, attempt: int) -> dict[str, Any]:
-    return {
-        "procstore.procedure.id": procedure_id,
-        "procstore.procedure.type": type_name,
-        "procstore.step": step,
-        "procstore.attempt": attempt,
-    }
+    return _attributes(procedure_id, type_name, {"procstore.step": step, "procstore.attempt": attempt})
 
 
 class _Guarded:
@@ -255,9 +259,9 @@ class OtelTelemetry(Telemetry):
         self._metered = False
         self._provider_in_environment = _PROVIDER_FROM_ENVIRONMENT in os.environ
         self._unloadable: str | None = None
+        """A provider's name in the environment that the API failed to load (warned once)."""
         self._unrecorded: dict[str, _Unrecorded] = {}
         """The attempt of each type while nothing records (`step_span`)."""
-        """A provider's name in the environment that the API failed to load (warned once)."""
         self.recovery_problems = meter.create_counter(
             "procstore.recovery.problems", "{procedure}", "Procedures a recovery could not load"
         )
@@ -352,25 +356,19 @@ class OtelTelemetry(Telemetry):
 
     @contextlib.contextmanager
     def _procedure_span(self, procedure_id: str, type_name: str, *, own_trace: bool, **attrs: Any) -> Iterator[Any]:
-        attributes: dict[str, Any] = {
-            "procstore.procedure.id": procedure_id,
-            "procstore.procedure.type": type_name,
-            **attrs,
-        }
+        attributes = _attributes(procedure_id, type_name, attrs)
+        context, links = None, []
         try:
             if own_trace:
                 # A trace of its own, linked to what started it (a recovery, a resume, or a
                 # submit with root_spans="link"): a recovery that resumes a thousand
                 # procedures is not one trace.
                 parent = trace.get_current_span().get_span_context()
-                links = [Link(parent)] if parent.is_valid else []
-                with self.tracer.start_as_current_span(
-                    f"procedure {type_name}", context=otel_context.Context(), links=links, attributes=attributes
-                ) as span:
-                    yield span
-            else:
-                with self.tracer.start_as_current_span(f"procedure {type_name}", attributes=attributes) as span:
-                    yield span
+                context, links = otel_context.Context(), [Link(parent)] if parent.is_valid else []
+            with self.tracer.start_as_current_span(
+                f"procedure {type_name}", context=context, links=links, attributes=attributes
+            ) as span:
+                yield span
         finally:
             _end_failed_attempt()  # its last attempt's span, if it failed for good
 
@@ -410,8 +408,7 @@ class OtelTelemetry(Telemetry):
             yield span
         except BaseException as e:
             failed = True
-            span.record_exception(e)
-            span.set_status(Status(StatusCode.ERROR, f"{type(e).__name__}: {e}"))
+            _mark_failed(span, e)
             raise
         finally:
             otel_context.detach(token)
@@ -427,11 +424,7 @@ class OtelTelemetry(Telemetry):
         if not self._tracing():
             return _NO_SPAN
         _end_failed_attempt()
-        attributes: dict[str, Any] = {
-            "procstore.procedure.id": procedure_id,
-            "procstore.procedure.type": type_name,
-            "procstore.step": step,
-        }
+        attributes = _attributes(procedure_id, type_name, {"procstore.step": step})
         return _Guarded(self.tracer.start_as_current_span(f"rollback {type_name}", attributes=attributes), _NO_SPAN)
 
     def span(self, name: str, *, start_ns: int | None = None, **attrs: Any) -> Any:

@@ -176,8 +176,7 @@ class Term:
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._abandon_unfinished()
 
     def forget_finished(self) -> int:
@@ -279,9 +278,9 @@ class Term:
 
 def _span_attributes(url: str, lease: TermLease | None) -> dict[str, Any]:
     attributes: dict[str, Any] = {"procstore.store.backend": backend_of(url)}
-    if lease is not None and lease.fencing_token is not None:
-        attributes["procstore.lease.epoch"] = lease.fencing_token
     if lease is not None:
+        if lease.fencing_token is not None:
+            attributes["procstore.lease.epoch"] = lease.fencing_token
         attributes["procstore.lease.holder"] = lease.holder
     return attributes
 

@@ -9,33 +9,17 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-_UNITS_NS = {
-    "ns": 1,
-    "nsec": 1,
-    "us": 1_000,
-    "usec": 1_000,
-    "ms": 1_000_000,
-    "msec": 1_000_000,
-    "s": 1_000_000_000,
-    "sec": 1_000_000_000,
-    "secs": 1_000_000_000,
-    "second": 1_000_000_000,
-    "seconds": 1_000_000_000,
-    "m": 60_000_000_000,
-    "min": 60_000_000_000,
-    "mins": 60_000_000_000,
-    "minute": 60_000_000_000,
-    "minutes": 60_000_000_000,
-    "h": 3_600_000_000_000,
-    "hr": 3_600_000_000_000,
-    "hour": 3_600_000_000_000,
-    "hours": 3_600_000_000_000,
-    "d": 86_400_000_000_000,
-    "day": 86_400_000_000_000,
-    "days": 86_400_000_000_000,
-}
-_FORMAT_UNITS = (("d", 86_400_000_000_000), ("h", 3_600_000_000_000), ("m", 60_000_000_000), ("s", 1_000_000_000),
-                 ("ms", 1_000_000), ("us", 1_000), ("ns", 1))  # fmt: skip
+_UNITS = (
+    (86_400_000_000_000, ("d", "day", "days")),
+    (3_600_000_000_000, ("h", "hr", "hour", "hours")),
+    (60_000_000_000, ("m", "min", "mins", "minute", "minutes")),
+    (1_000_000_000, ("s", "sec", "secs", "second", "seconds")),
+    (1_000_000, ("ms", "msec")),
+    (1_000, ("us", "usec")),
+    (1, ("ns", "nsec")),
+)
+"""Each unit's nanoseconds and the names it is read by, the largest first; `format` writes the first name."""
+_UNITS_NS = {name: size for size, names in _UNITS for name in names}
 _PART = re.compile(r"\s*(\d+)\s*([a-z]+)")
 
 
@@ -71,7 +55,7 @@ class Duration(timedelta):
         if total_ns == 0:
             return "0s"
         parts = []
-        for name, size in _FORMAT_UNITS:
+        for size, (name, *_) in _UNITS:
             count, total_ns = divmod(total_ns, size)
             if count:
                 parts.append(f"{count}{name}")
