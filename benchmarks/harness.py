@@ -247,7 +247,7 @@ class Report:
 
 def machine_info() -> dict[str, Any]:
     versions = {}
-    for package in ("procstore", "fsspec", "s3fs", "moto", "orjson", "tenacity", "dbos"):
+    for package in ("procstore", "fsspec", "s3fs", "moto", "orjson", "dbos"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:

@@ -69,6 +69,10 @@ class LockKey:
                 merged[k.key] = k
         self._keys = tuple(map(merged.__getitem__, sorted(merged)))
 
+    @classmethod
+    def single_exclusive(cls, key: str) -> LockKey:
+        return cls([StringKey.exclusive(key)])
+
     def keys_to_lock(self) -> tuple[StringKey, ...]:
         """The keys in acquisition order."""
         return self._keys

@@ -174,6 +174,16 @@ class Status:
         delay = None if timeout is None else _seconds(timeout, "timeout")
         return cls(StatusKind.WAITING, True, delay=delay, signal=name)
 
+    @property
+    def need_persist(self) -> bool:
+        return self.persist and self.kind is not StatusKind.DONE
+
+    def is_executing(self) -> bool:
+        return self.kind is StatusKind.EXECUTING
+
+    def is_suspended(self) -> bool:
+        return self.kind is StatusKind.SUSPENDED
+
     def is_done(self) -> bool:
         return self.kind is StatusKind.DONE
 

@@ -67,7 +67,7 @@ class SimulatedLoop(asyncio.SelectorEventLoop):
         ids.new_uuid = lambda: uuid.UUID(int=draws.getrandbits(128), version=4)
         if self._saved_random is None:
             self._saved_random = random.getstate()
-        random.seed(seed + 2)  # tenacity's jitter draws from the module's generator
+        random.seed(seed + 2)  # the retry backoff's jitter draws from the module's generator
 
     def time(self) -> float:
         return self._now
