@@ -170,18 +170,29 @@ class RetryPolicy:
         Await it outside the `except` that caught `first`: the retries' errors must not
         chain to it."""
         retry, exc, backoff = 1, first, self.retry_delay
+        delay = self._jittered(backoff)
         while True:
-            # Capping the doubled base changes no delay (anything above the cap is capped
-            # anyway) and keeps a long run of retries from overflowing a float.
-            delay = min(backoff + random.uniform(0, self.retry_delay), self.max_retry_delay)
             if on_retry is not None:
                 on_retry(exc, retry, delay)
             await self._sleep(delay, wake)
             try:
                 return await fn(retry + 1)
             except Exception as e:
-                if retry >= self.max_retry_times or not retry_on(e):
+                if not retry_on(e):
+                    raise
+                # Capping the doubled base changes no delay (anything above the cap is capped
+                # anyway) and keeps a long run of retries from overflowing a float. The next
+                # delay is drawn before the check that ends the retries, so a step that runs
+                # out of retries draws one jitter more than it sleeps: the draws of `random`
+                # (which a simulation seeds) stay those of every release, and a seed replays
+                # the same schedule in each.
+                backoff = min(2 * backoff, self.max_retry_delay)
+                delay = self._jittered(backoff)
+                if retry >= self.max_retry_times:
                     raise
                 exc = e
             retry += 1
-            backoff = min(2 * backoff, self.max_retry_delay)
+
+    def _jittered(self, backoff: float) -> float:
+        """The delay before a retry whose base (`retry_delay * 2**(n-1)`) is `backoff`."""
+        return min(backoff + random.uniform(0, self.retry_delay), self.max_retry_delay)

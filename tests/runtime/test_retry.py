@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -105,3 +106,22 @@ def test_what_is_retried() -> None:
     assert is_rollback_retryable(ValueError("x")) and is_rollback_retryable(StoreError("x"))
     for fence in (fenced, expired):
         assert not is_transient(fence) and not is_rollback_retryable(fence)
+
+
+@pytest.mark.parametrize("retries", [1, 2, 5])
+async def test_a_step_out_of_retries_draws_one_jitter_more_than_it_sleeps(retries: int) -> None:
+    # A simulation seeds `random` and the backoff's jitter draws from it: the number of draws
+    # is part of a seed's schedule, which must replay the same in every release.
+    policy = RetryPolicy(max_retry_times=retries, retry_delay=0.0001, max_retry_delay=0.001)
+
+    async def always(attempt: int) -> None:
+        raise RetryLater(f"attempt {attempt}")
+
+    random.seed(42)
+    with pytest.raises(RetryLater, match=f"attempt {retries + 1}"):
+        await policy.call(always)
+    after = random.random()
+    expected = random.Random(42)
+    for _ in range(retries + 1):  # one per retry, and one for the retry it does not make
+        expected.uniform(0, 0.0001)
+    assert after == expected.random()
