@@ -163,14 +163,14 @@ class Child:
         return cls(type_name_of(sub.procedure), dumped(sub.procedure), checked_lock_key(sub.procedure))
 
 
-def checked_children(
-    ctx: ManagerContext, parent: ProcedureMeta, subprocedures: Sequence[ProcedureWithId]
-) -> dict[ProcedureId, Child]:
-    """Everything user code computes for a parent's children, once and before any write (their
-    bytes are the same for every retry), checked: raises what fails the parent cleanly."""
-    children = {sub.id: Child.of(sub) for sub in subprocedures}
+def children_problem(
+    ctx: ManagerContext, parent: ProcedureMeta, children: dict[ProcedureId, Child]
+) -> ProcedureError | None:
+    """What fails a parent before it waits for these children (a cycle, a lock conflict), or
+    None. Returned, never raised: the failure is the parent's use of procstore, not a place in
+    its code or procstore's, so its traceback is the error's one line, without frames."""
     if (looped := ctx.metas.child_cycle(parent.id, list(children))) is not None:
-        raise ProcedureError(
+        return ProcedureError(
             f"subprocedure {looped} is this procedure or waits for it (an ancestor, say): "
             "waiting for it would never end"
         )
@@ -179,8 +179,8 @@ def checked_children(
     for child_id, child in children.items():
         for holder in holders:
             if keys := holder.lock_key.conflicts_with(child.lock_key):
-                raise LockConflict(holder.id, child_id, keys)
-    return children
+                return LockConflict(holder.id, child_id, keys)
+    return None
 
 
 PROCESS_EXITS = (KeyboardInterrupt, SystemExit, ProcessKill)
@@ -738,9 +738,14 @@ class Runner:
         children: dict[ProcedureId, Child] = {}
         if kind is StatusKind.SUSPENDED:
             try:
-                children = checked_children(self.ctx, self.meta, status.subprocedures)
+                # Everything user code computes for a child, once and before any write: its
+                # bytes are the same for every retry, and an error fails the parent cleanly.
+                children = {sub.id: Child.of(sub) for sub in status.subprocedures}
             except Exception as e:
                 await self._fail(e)
+                return
+            if (problem := children_problem(self.ctx, self.meta, children)) is not None:
+                await self._fail(problem)
                 return
             # The edges count from now, before the first await: two procedures suspending on
             # each other in one tick must see each other's, or neither would see a cycle.

@@ -324,3 +324,25 @@ async def test_a_leader_adopting_such_a_root_once_forgotten_finds_its_ended_chil
         assert adopted is not None and await adopted.wait() == "joined"
         assert await manager.store.store.walk("procedure/") == []
     assert {world.counts[f"child/{n}/{s}"] for n in "ab" for s in (0, 1)} == {1}
+
+
+async def test_a_parent_failed_by_its_children_s_locks_or_a_cycle_has_no_frames_in_its_traceback(
+    tmp_path: Path,
+) -> None:
+    # The parent misused procstore (children that would deadlock or wait for it), and no line
+    # of its code or of procstore's failed: its traceback is the error's one line.
+    world = World.new()
+    conflicting = Parent.create(world, ["d"], exclusive=["t/1"], child_extra={"exclusive": ["t/1"]})
+    looping_id = ProcedureId.random()
+    looping = Parent({"world": world.name, "stage": "spawn", "children": {"self": str(looping_id)}})
+    async with manager_for(tmp_path) as manager:
+        for procedure, error in [
+            (ProcedureWithId.new(conflicting), "procstore.LockConflict: subprocedure "),
+            (ProcedureWithId(looping_id, looping), "procstore.ProcedureError: subprocedure "),
+        ]:
+            watcher = await manager.submit(procedure)
+            with pytest.raises(ProcedureFailed):
+                await asyncio.wait_for(watcher.wait(), 5)
+            state = manager.procedure_state(procedure.id)
+            assert state is not None and state.traceback is not None
+            assert state.traceback.startswith(error) and state.traceback.count("\n") == 1, state.traceback
