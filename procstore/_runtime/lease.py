@@ -32,7 +32,7 @@ import socket
 import uuid
 import warnings
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, overload
 
 import msgspec
 import orjson
@@ -58,8 +58,28 @@ def default_holder_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-_RENAMED = {"margin": "stop_margin", "grace": "late_write_grace", "adopt_every": "adopt_interval"}
-"""The older names of `Lease` options, still read (never constructor arguments)."""
+class _Renamed:
+    """An older name of a `Lease` option, still read with a warning (never a constructor
+    argument). A descriptor, not a `__getattr__`: the name stays in `dir()` and on the class,
+    and a type checker still rejects a misspelt attribute of a `Lease`."""
+
+    def __init__(self, option: str) -> None:
+        self.option = option
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, lease: None, owner: type) -> _Renamed: ...
+    @overload
+    def __get__(self, lease: Lease, owner: type) -> float: ...
+    def __get__(self, lease: Lease | None, owner: type) -> float | _Renamed:
+        if lease is None:
+            return self
+        warnings.warn(f"Lease.{self.name} is deprecated: use Lease.{self.option}", DeprecationWarning, stacklevel=2)
+        value: float = getattr(lease, self.option)
+        return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,14 +161,9 @@ class Lease:
             return option
         return cls(ttl=float(option))
 
-    def __getattr__(self, name: str) -> float:
-        """The deprecated names of options (`_RENAMED`), read with a warning."""
-        option = _RENAMED.get(name)
-        if option is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
-        warnings.warn(f"Lease.{name} is deprecated: use Lease.{option}", DeprecationWarning, stacklevel=2)
-        value: float = getattr(self, option)
-        return value
+    margin = _Renamed("stop_margin")
+    grace = _Renamed("late_write_grace")
+    adopt_every = _Renamed("adopt_interval")
 
     @property
     def renew_interval(self) -> float:

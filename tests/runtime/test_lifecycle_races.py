@@ -287,3 +287,13 @@ def test_each_lease_option_has_one_name_and_the_old_ones_warn() -> None:
         assert lease.grace == 50.0
     with pytest.warns(DeprecationWarning, match="adopt_interval"):
         assert lease.adopt_every == 30.0
+
+
+def test_the_old_lease_option_names_stay_attributes_of_the_class() -> None:
+    # Looked up on the class (as `dir()`, `help()` and a type checker do), not only read
+    # through a fallback: a misspelt attribute of a `Lease` is then still an error to mypy.
+    assert {"margin", "grace", "adopt_every"} <= set(dir(Lease))
+    assert all(hasattr(Lease, name) for name in ("margin", "grace", "adopt_every"))
+    assert not hasattr(Lease, "__getattr__")
+    with pytest.raises(AttributeError, match="stop_margn"):
+        _ = Lease().stop_margn  # type: ignore[attr-defined]
