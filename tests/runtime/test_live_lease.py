@@ -86,15 +86,13 @@ async def test_a_parent_path_without_a_slash_keeps_every_key_under_it() -> None:
     leased manager's probe of the store's conditional writes goes there too, not to
     `region-alease/` (outside a prefix that a bucket policy may be the only one allowed)."""
     from procstore.ids import ProcedureId
+    from procstore.store.wrapping import MUTATING_KINDS
     from procstore.testing import FaultyStore, MemoryStore
-    from procstore.testing.faults import WRITE_KINDS
 
     recorder = FaultyStore(MemoryStore(f"slash-{ProcedureId.random()}"))
     world = World.new()
     async with ProcedureManager(recorder, lease=Lease(ttl=TTL), parent_path="region-a") as manager:
         await manager.wait_until_leading()
         await asyncio.wait_for((await manager.submit(steps(world, 2))).wait(), 10)
-    written = {
-        key for op in recorder.ops if op.kind in WRITE_KINDS | {"delete", "batch_delete"} for key in op.key.split(",")
-    }
+    written = {key for op in recorder.ops if op.kind in MUTATING_KINDS for key in op.key.split(",")}
     assert written and sorted(key for key in written if not key.startswith("region-a/")) == []
