@@ -1325,7 +1325,9 @@ async def delete_tree(
     doomed = [pid for pid in ids if pid not in kept and not ((m := ended_runs.get(pid)) and m.keys.keep)]
     children = [pid for pid in doomed if pid != root.id]
     # The keys of procedures this term wrote from step 0: deleted without listing their folder.
-    known = {pid: keys for pid in doomed if (m := ended_runs.get(pid)) and (keys := m.known_keys(ctx.store.proc_path))}
+    known = {
+        pid: keys for pid in doomed if (m := ended_runs.get(pid)) and (keys := m.keys.known(ctx.store.proc_path, pid))
+    }
     through = {
         pid: max(s for s, _ in m.keys.terminal) for pid in doomed if (m := ended_runs.get(pid)) and m.keys.terminal
     }
