@@ -143,10 +143,6 @@ class KeyRwLock:
         finally:
             self.release(key)
 
-    def is_held(self, name: str) -> bool:
-        entry = self._entries.get(name)
-        return entry is not None and (entry.writer or entry.readers > 0)
-
     def __len__(self) -> int:
         """How many keys are held or waited on."""
         return len(self._entries)
