@@ -183,7 +183,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     problems = list(loaded.problems)
     for problem in loaded.problems:
         ctx.recovered.keep_unreadable(problem)
-    alive = set(loaded.messages) | set(loaded.rollback_messages) | loaded.unreadable_ids
+    alive = set(loaded.unfinished()) | loaded.unreadable_ids
     nudged = set(await ctx.store.resumes.list_all())  # `procstore resume`: kept, and resumed at the first look
 
     if loaded.stray_ids:
@@ -250,17 +250,14 @@ def _runs_that_ended(loaded: ProcedureMessages, ended: set[RunKey]) -> list[Proc
     """
     out: list[ProcedureId] = []
     if ended:  # with no end record (a store whose history is empty), no run has ended
-        live = {*loaded.messages, *loaded.rollback_messages, *loaded.unreadable_ids}
-        for messages in (loaded.messages, loaded.rollback_messages):
-            for pid, message in messages.items():
-                parent = message.parent_id
-                if (str(pid), message.run) in ended or (
-                    message.step == 0
-                    and parent is not None
-                    and parent not in live
-                    and (str(parent), message.run) in ended
-                ):
-                    out.append(pid)
+        unfinished = loaded.unfinished()
+        live = {*unfinished, *loaded.unreadable_ids}
+        for pid, message in unfinished.items():
+            parent = message.parent_id
+            if (str(pid), message.run) in ended or (
+                message.step == 0 and parent is not None and parent not in live and (str(parent), message.run) in ended
+            ):
+                out.append(pid)
     # A finished child of an earlier run of its parent is that ended tree's: the parent's
     # new run must not take its outcome for its own.
     finished_children = [
@@ -277,7 +274,7 @@ def _runs_that_ended(loaded: ProcedureMessages, ended: set[RunKey]) -> list[Proc
 def _current_runs(loaded: ProcedureMessages) -> dict[ProcedureId | None, int]:
     """Each unfinished procedure's current run: a child of an earlier run of its parent
     belongs to a tree that ended."""
-    return {pid: m.run for messages in (loaded.messages, loaded.rollback_messages) for pid, m in messages.items()}
+    return {pid: m.run for pid, m in loaded.unfinished().items()}
 
 
 def _children_of_ended_runs(loaded: ProcedureMessages) -> dict[ProcedureId, str]:
@@ -366,10 +363,10 @@ def _stranded(loaded: ProcedureMessages, alive: set[ProcedureId]) -> dict[Proced
     state). A rolling-back child whose parent is gone is not stranded: it is resumed as a
     root, since finishing a rollback needs no parent.
     """
-    if not _names_a_parent(loaded.messages) and not _names_a_parent(loaded.rollback_messages):
+    unfinished = loaded.unfinished()
+    if not _names_a_parent(unfinished):
         return {}  # roots alone: every chain ends where it begins
-    parent_of = {pid: m.parent_id for pid, m in loaded.messages.items()}
-    parent_of.update((pid, m.parent_id) for pid, m in loaded.rollback_messages.items())
+    parent_of = {pid: m.parent_id for pid, m in unfinished.items()}
 
     def orphaned(pid: ProcedureId, parent: ProcedureId) -> bool:
         return parent not in alive and pid not in loaded.rollback_messages
@@ -619,8 +616,7 @@ def stored_tree(loaded: ProcedureMessages, root: ProcedureId) -> dict[ProcedureI
     """The descendants of `root` that `loaded` holds, each with the message that names its
     parent and run: its latest, or for a finished one the message its `.commit` ends."""
     stored = {pid: m for pid, m in loaded.finished_messages.items() if m is not None}
-    stored.update(loaded.messages)
-    stored.update(loaded.rollback_messages)
+    stored.update(loaded.unfinished())
     children: dict[ProcedureId, list[ProcedureId]] = {}
     for pid, message in stored.items():
         if message.parent_id is not None:
