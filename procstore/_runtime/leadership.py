@@ -41,6 +41,7 @@ from procstore._runtime.telemetry import timed
 from procstore._runtime.term import Term, TermLease, TermSettings, obeying_the_store
 from procstore.errors import Fenced, LeaseExpired, LeaseHeld, ManagerStopped, StoreError, StoreUnavailable
 from procstore.store.deletes_in_doubt import DeletesInDoubt
+from procstore.store.keys import parent_folder
 from procstore.store.probe import ConditionalWritesIgnored, probe_conditional_writes
 from procstore.store.state_store import StateStore
 
@@ -262,9 +263,7 @@ class Leadership:
 
 def lease_key(parent_path: str) -> str:
     """The lease's key under a manager's `parent_path`."""
-    if parent_path and not parent_path.endswith("/"):
-        parent_path += "/"
-    return f"{parent_path}{LEASE_KEY}"
+    return f"{parent_folder(parent_path)}{LEASE_KEY}"
 
 
 async def check_lease_support(state_store: StateStore, lease_folder: str) -> None:

@@ -42,7 +42,7 @@ from procstore.procedure import Procedure, ProcedureWithId
 from procstore.state import ProcedureInfo, ProcedureState
 from procstore.store.deletes_in_doubt import DEFAULT_LATE_WRITE_GRACE, DeletesInDoubt
 from procstore.store.history import Action, History, iso
-from procstore.store.keys import KeyType
+from procstore.store.keys import KeyType, parent_folder
 from procstore.store.limits import lease_write_rate_warning
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem, ProcedureStore
@@ -351,7 +351,7 @@ class ProcedureManager:
 
     async def _check_lease_support(self, state_store: StateStore) -> None:
         if self.lease is not None:
-            await check_lease_support(state_store, f"{self.parent_path}{LEASE_FOLDER}")
+            await check_lease_support(state_store, f"{parent_folder(self.parent_path)}{LEASE_FOLDER}")
         else:
             # Without a lease this manager runs everything the store holds: not beside a leader.
             await refuse_if_lease_is_live(state_store, lease_key(self.parent_path))

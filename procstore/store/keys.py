@@ -153,6 +153,12 @@ _UNSEEN: StepAndType | None = (-1, KeyType.STEP)
 """A name not parsed yet (`group`'s cache holds `None` for names that are not a key's)."""
 
 
+def parent_folder(parent_path: str) -> str:
+    """A manager's `parent_path` as the folder every key it writes is under: `region-a` and
+    `region-a/` are the same folder; empty is the store's root."""
+    return parent_path if not parent_path or parent_path.endswith("/") else f"{parent_path}/"
+
+
 def key_text(prefix: str, procedure_id: ProcedureId, step: int, key_type: KeyType) -> str:
     """The key `ParsedKey(prefix, procedure_id, step, key_type)` stands for, without making
     one (recovery formats a key per procedure)."""

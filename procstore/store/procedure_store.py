@@ -34,6 +34,7 @@ from procstore.store.keys import (
     StepAndType,
     key_text,
     latest_in_sorted,
+    parent_folder,
     procedure_dir,
     procedure_of_dir,
 )
@@ -150,8 +151,7 @@ class ProcedureStore:
         history: History | None = None,
         deletes_in_doubt: DeletesInDoubt | None = None,
     ) -> None:
-        if parent_path and not parent_path.endswith("/"):
-            parent_path += "/"
+        parent_path = parent_folder(parent_path)
         self.store = store
         self.parent_path = parent_path
         self.proc_path = f"{parent_path}{PROC_PATH}"
@@ -654,14 +654,16 @@ def _run_of(value: bytes | Exception | None) -> int | None:
 
 def _deletion_stages(keys: Sequence[ParsedKey]) -> tuple[list[str], list[str]]:
     """The keys a deletion removes at once, then those it removes one at a time, in order:
-    every `.step`, then the terminal keys from the lowest by the latest-step rule (a
-    `.rollback` before the `.commit` above it or at its step): what is left reads as
-    finished. Where the folder holds an earlier run's end too (more than one `.commit`), all
-    but the highest `.commit` and the message it ends go first: that message says how the
-    last run ended, and an earlier run's `.rollback` left alone beside it would say rolled
-    back. A message beside the highest `.commit` that it does not end (a former leader's
-    late write, see `procstore.store.folder`) goes with the first stage too: left alone
-    with the commit, it would be read as the one it ends."""
+    what a crash leaves part way reads as finished, as the last run ended while the message
+    that says so is there.
+
+    Without a `.commit`: every `.step`, then the `.rollback` keys from the lowest. With one:
+    first every key but the highest `.commit` and the message it ends (where that message
+    says how the last run ended: a `.rollback`, or with several commits any message), then
+    those two, the commit last. Any other `.rollback` goes in the first stage: an earlier
+    run's (one a forced rewind left below its copy), or a former leader's that landed late
+    beside the commit (see `procstore.store.folder`); left alone with the commit, it would
+    be read as the end."""
     ordered = sorted(keys, key=lambda k: latest_first((k.step, k.key_type)))
     commits = [k for k in ordered if k.key_type is KeyType.COMMIT]
     if not commits:
@@ -673,6 +675,5 @@ def _deletion_stages(keys: Sequence[ParsedKey]) -> tuple[list[str], list[str]]:
     last = [k for k in ordered if k is top or (k.step, k.key_type) == ends]
     if len(commits) > 1:
         return [str(k) for k in ordered if k not in last], [str(k) for k in last]
-    beside = [k for k in ordered if k.step == top.step and k not in last]
-    first = [k for k in ordered if k.key_type is KeyType.STEP or k in beside]
-    return [str(k) for k in first], [str(k) for k in ordered if k.key_type.is_terminal and k not in beside]
+    first = [k for k in ordered if k.key_type is KeyType.STEP or (k.key_type is KeyType.ROLLBACK and k not in last)]
+    return [str(k) for k in first], [str(k) for k in ordered if k not in first]

@@ -26,6 +26,7 @@ import msgspec
 from procstore._logs import get_logger
 from procstore.errors import StoreError
 from procstore.store.history import History
+from procstore.store.keys import parent_folder
 from procstore.store.message import UNDECODABLE
 from procstore.store.requests import who
 from procstore.store.state_store import StateStore
@@ -88,8 +89,7 @@ class SettingsStore:
 
     def __init__(self, store: StateStore, parent_path: str = "") -> None:
         self.store = store
-        root = parent_path if not parent_path or parent_path.endswith("/") else f"{parent_path}/"
-        self.key = f"{root}{SETTINGS_KEY}"
+        self.key = f"{parent_folder(parent_path)}{SETTINGS_KEY}"
 
     async def read(self) -> StoreSettings:
         """The store's settings: the defaults if none are stored; `KEEP_EVERYTHING` (logged,

@@ -79,3 +79,20 @@ async def test_the_lease_looked_at_is_the_one_under_the_managers_parent_path(mem
         assert refused.value.key == "region-a/lease/procedures.json"
         async with manager_for(memory_target, parent_path="region-b/") as other:  # another region's store
             assert other.is_running
+
+
+async def test_a_parent_path_without_a_slash_keeps_every_key_under_it() -> None:
+    """`parent_path="region-a"` is the folder `region-a/` (as `ProcedureStore` reads it): the
+    leased manager's probe of the store's conditional writes goes there too, not to
+    `region-alease/` (outside a prefix that a bucket policy may be the only one allowed)."""
+    from procstore.ids import ProcedureId
+    from procstore.store.wrapping import MUTATING_KINDS
+    from procstore.testing import FaultyStore, MemoryStore
+
+    recorder = FaultyStore(MemoryStore(f"slash-{ProcedureId.random()}"))
+    world = World.new()
+    async with ProcedureManager(recorder, lease=Lease(ttl=TTL), parent_path="region-a") as manager:
+        await manager.wait_until_leading()
+        await asyncio.wait_for((await manager.submit(steps(world, 2))).wait(), 10)
+    written = {key for op in recorder.ops if op.kind in MUTATING_KINDS for key in op.key.split(",")}
+    assert written and sorted(key for key in written if not key.startswith("region-a/")) == []

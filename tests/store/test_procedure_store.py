@@ -228,6 +228,34 @@ async def test_a_deletion_cut_short_leaves_a_rewound_procedure_read_as_its_last_
     assert pid not in loaded.rolled_back_ids, left
 
 
+@pytest.mark.parametrize("failing", [1, 2])
+async def test_a_deletion_cut_short_leaves_a_forced_rewind_of_a_rolling_back_procedure_read_as_done(
+    tmp_path: Path, failing: int
+) -> None:
+    """Run 1 was rolling back (0.step, 1.rollback) when a forced rewind ran run 2 to its end
+    (2.step, 3.commit): one `.commit`, with run 1's `.rollback` below the message it ends.
+    A deletion that stops after any stage must leave a folder read as run 2 ended (done):
+    left alone with the commit, the old `.rollback` would read as its end (and a failed
+    root is kept for an operator with `keep_failed`)."""
+    from procstore.testing import Fault, InjectedFailure
+
+    store, recorder = make_store(tmp_path)
+    pid = ProcedureId.random()
+    await store.store_procedure(pid, 0, "T", "d", None)
+    await store.rollback_procedure(pid, ProcedureMessage("T", "d", None, 1, "boom"))
+    message = ProcedureMessage("T", "d", None, 2, run=2).encode()
+    await store.store.put_if_absent(store.key(pid, 2, KeyType.STEP), message)
+    await store.commit_procedure(pid, 3)
+    assert pid not in (await store.load_messages()).rolled_back_ids
+    recorder.plan.faults.append(Fault("error", kinds=frozenset({"delete", "batch_delete"}), nth=failing))
+    with pytest.raises(InjectedFailure):
+        await store.delete_procedure(pid)
+    left = sorted(k.rsplit("/", 1)[1] for k in await store.store.walk(f"data/procedure/{pid}/"))
+    loaded = await store.load_messages()
+    assert not left or pid in loaded.finished_ids, left
+    assert pid not in loaded.rolled_back_ids, left
+
+
 @pytest.mark.parametrize("runs", [1, 2])
 @pytest.mark.parametrize("failing", [0, 1, 2])
 async def test_a_deletion_cut_short_never_reads_a_late_rollback_beside_the_commit_as_the_end(
