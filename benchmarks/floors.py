@@ -135,7 +135,7 @@ def _cached_key(self: ProcedureStore, procedure_id: ProcedureId, step: int, key_
 async def _delete_only(ctx: Any, root: ProcedureMeta, ids: Any, metas: Any, state: Any, **_: Any) -> None:
     """`runner.delete_tree` without the history record nor the ordered deletion: the keys it
     knows, in one batch (the store is left as clean for the next timing)."""
-    await ctx.store.store.batch_delete([str(key) for key in root.known_keys(ctx.store.proc_path) or []])
+    await ctx.store.store.batch_delete([str(key) for key in root.keys.known(ctx.store.proc_path, root.id) or []])
 
 
 def _ctx(m: ProcedureManager) -> Any:

@@ -1,4 +1,5 @@
-"""Asyncio helpers that keep the promise "nothing is written after stop() returns"."""
+"""Asyncio helpers of the core; `run_blocking` and `gather_settled` keep the promise
+"nothing is written after stop() returns"."""
 
 from __future__ import annotations
 
@@ -46,3 +47,33 @@ async def gather_settled(*awaitables: Awaitable[T]) -> list[T]:
         if isinstance(result, BaseException):
             raise result
     return results  # type: ignore[return-value]
+
+
+async def unless_set(waiting: Callable[[], Awaitable[object]], event: asyncio.Event) -> bool:
+    """Await `waiting()` unless `event` is set first (then it is cancelled): True if it ended."""
+    if event.is_set():
+        return False
+    task = asyncio.ensure_future(waiting())
+    woken = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((task, woken), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, woken):
+            pending.cancel()
+        await asyncio.gather(task, woken, return_exceptions=True)
+    return task.done() and not task.cancelled() and task.exception() is None
+
+
+class LockPerLoop:
+    """An `asyncio.Lock` of the running event loop (a lock serves one loop only): the
+    objects that hold one (a manager, a retry budget) may serve two `asyncio.run`s one after
+    the other."""
+
+    def __init__(self) -> None:
+        self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    def __call__(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock[0] is not loop:
+            self._lock = (loop, asyncio.Lock())
+        return self._lock[1]

@@ -23,8 +23,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from procstore._aio import unless_set
 from procstore._logs import get_logger
-from procstore._runtime.retry import unless_set
 from procstore.errors import describe
 from procstore.flow import Concurrency, RateLimit
 from procstore.ids import ProcedureId

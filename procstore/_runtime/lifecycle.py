@@ -18,20 +18,16 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from procstore._aio import LockPerLoop
+
 
 class Lifecycle:
     def __init__(self) -> None:
-        self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self.lock = LockPerLoop()
+        """The lock that orders start() and stop() calls on the running loop."""
         self._stops: set[asyncio.Task[None]] = set()
         """Shutdowns under way: each stop() call's, queued on the lock."""
         self._outside_terms: set[asyncio.Task[Any]] = set()
-
-    def lock(self) -> asyncio.Lock:
-        """The lock that orders start() and stop() calls on the running loop."""
-        loop = asyncio.get_running_loop()
-        if self._lock is None or self._lock[0] is not loop:
-            self._lock = (loop, asyncio.Lock())
-        return self._lock[1]
 
     async def stop(self, shutdown: Callable[[], Awaitable[None]]) -> None:
         """Run `shutdown` under the lock in a task of its own; return once it has run."""

@@ -43,12 +43,16 @@ class KeyRwLock:
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
 
+    def _entry(self, name: str) -> _Entry:
+        entry = self._entries.get(name)
+        if entry is None:
+            entry = self._entries[name] = _Entry()
+        return entry
+
     async def acquire(self, key: StringKey) -> None:
         """Wait until `key` is held in its mode. Cancellation while waiting takes nothing."""
         exclusive = key.is_exclusive
-        entry = self._entries.get(key.key)
-        if entry is None:
-            entry = self._entries[key.key] = _Entry()
+        entry = self._entry(key.key)
         if not entry.waiters and entry.can_grant(exclusive):
             entry.grant(exclusive)
             return
@@ -72,10 +76,7 @@ class KeyRwLock:
         if any(self.would_block(key) for key in keys) or len({key.key for key in keys}) < len(keys):
             return False
         for key in keys:
-            entry = self._entries.get(key.key)
-            if entry is None:
-                entry = self._entries[key.key] = _Entry()
-            entry.grant(key.is_exclusive)
+            self._entry(key.key).grant(key.is_exclusive)
         return True
 
     async def acquire_unless(self, key: StringKey, event: asyncio.Event) -> bool:
@@ -142,10 +143,6 @@ class KeyRwLock:
             yield
         finally:
             self.release(key)
-
-    def is_held(self, name: str) -> bool:
-        entry = self._entries.get(name)
-        return entry is not None and (entry.writer or entry.readers > 0)
 
     def __len__(self) -> int:
         """How many keys are held or waited on."""

@@ -148,10 +148,6 @@ class ProcedureMeta:
             return "cancelled"
         return "rolled back" if self.record.rolled_back else "failed"
 
-    def known_keys(self, prefix: str) -> list[ParsedKey] | None:
-        """Every key it has, if this term wrote them all (`WrittenKeys.known`)."""
-        return self.keys.known(prefix, self.id)
-
     @property
     def state(self) -> ProcedureState:
         return self._watched.state

@@ -473,11 +473,10 @@ async def _delete_if_kept_for_the_nudge(ctx: ManagerContext, procedure_id: Proce
     """A failed root that recovery kept only because a nudge asked to resume it (without
     `keep_failed`) goes once the nudge was refused or stale, as it would have without the
     nudge: its end record first (recovery wrote it; if it is missing, the next start decides)."""
-    if ctx.settings.keep_failed or procedure_id in ctx.metas or procedure_id not in ctx.recovered.rolled_back:
+    kept = ctx.recovered.finished.get(procedure_id)
+    if ctx.settings.keep_failed or procedure_id in ctx.metas or kept is None or kept.error is None:
         return
-    if await ctx.store.holds_keys(procedure_id) and await ctx.store.history.has_ended(
-        procedure_id, ctx.recovered.committed_runs.get(procedure_id, 1)
-    ):
+    if await ctx.store.holds_keys(procedure_id) and await ctx.store.history.has_ended(procedure_id, kept.run):
         logger.info("procedure %s: deleting it, kept only for the resume nudge", procedure_id)
         await ctx.store.delete_procedure(procedure_id)
         ctx.forget(procedure_id)

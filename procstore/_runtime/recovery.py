@@ -47,6 +47,19 @@ StartChild = Callable[[ProcedureMeta, Procedure, int, str, StepWait], None]
 """Starts a runner for a claimed child: its metadata, procedure, next step and stored data."""
 
 
+@dataclass(frozen=True, slots=True)
+class FinishedRun:
+    """A finished procedure's run as its keys tell it (`StoredProcedures.finished`)."""
+
+    type_name: str
+    """"" if unknown."""
+    run: int
+    """Its history record's run."""
+    error: str | None
+    """None if it is done; else it failed and rolled back: the parent sees it FAILED, and its
+    rollback never runs again."""
+
+
 @dataclass(slots=True)
 class StoredProcedures:
     """Subprocedures found at recovery, kept until their parent claims them.
@@ -58,13 +71,8 @@ class StoredProcedures:
 
     messages: dict[ProcedureId, tuple[ProcedureMessage, bool]] = field(default_factory=dict)
     """Unfinished children: their latest message and whether they were rolling back."""
-    committed: dict[ProcedureId, str] = field(default_factory=dict)
-    """Finished children of unfinished parents, with their type names ("" if unknown)."""
-    committed_runs: dict[ProcedureId, int] = field(default_factory=dict)
-    """The run of each finished child in `committed` (its history record's)."""
-    rolled_back: dict[ProcedureId, str] = field(default_factory=dict)
-    """The finished children in `committed` that failed and rolled back, with their errors:
-    the parent sees them FAILED, and their rollback never runs again."""
+    finished: dict[ProcedureId, FinishedRun] = field(default_factory=dict)
+    """Finished children of unfinished parents, and failed roots kept for an operator."""
     children_of: dict[ProcedureId, list[ProcedureId]] = field(default_factory=dict)
     unreadable: dict[ProcedureId, LoadProblem] = field(default_factory=dict)
 
@@ -77,10 +85,8 @@ class StoredProcedures:
         """A finished procedure (its message below its `.commit`) kept for its parent, or
         for an operator (a failed root): the run and outcome a claim registers (`no_error`:
         the error of a failure whose message says none)."""
-        self.committed[pid] = message.type_name
-        self.committed_runs[pid] = message.run
-        if rolled_back:
-            self.rolled_back[pid] = message.error or no_error
+        error = (message.error or no_error) if rolled_back else None
+        self.finished[pid] = FinishedRun(message.type_name, message.run, error)
 
     def keep_for_parent(self, pid: ProcedureId, message: ProcedureMessage, loaded: ProcedureMessages) -> None:
         """A stored child (as `loaded` found it), kept for its parent to claim."""
@@ -101,16 +107,16 @@ class StoredProcedures:
         return descendants(procedure_id, lambda pid: self.children_of.get(pid, ()))
 
     def __contains__(self, procedure_id: object) -> bool:
-        return procedure_id in self.messages or procedure_id in self.committed or procedure_id in self.unreadable
+        return procedure_id in self.messages or procedure_id in self.finished or procedure_id in self.unreadable
 
     def forget_ended(self, procedure_id: ProcedureId) -> None:
         """Drop what recovery found of an ended procedure: it is about to run again."""
-        for table in (self.unreadable, self.committed, self.committed_runs, self.rolled_back):
+        for table in (self.unreadable, self.finished):
             table.pop(procedure_id, None)
 
     def forget_finished(self, procedure_id: ProcedureId) -> None:
         """Drop what recovery found of a procedure whose tree has finished."""
-        for table in (self.messages, self.committed, self.committed_runs, self.rolled_back, self.children_of):
+        for table in (self.messages, self.finished, self.children_of):
             table.pop(procedure_id, None)
 
     def claim(
@@ -120,12 +126,10 @@ class StoredProcedures:
         unfinished or unreadable), so that no child id is ever started twice; False if there
         is none. With `roll_back`, an unfinished child is made to fail and roll back instead
         of resuming."""
-        if child_id in self.committed:
-            name = self.committed.pop(child_id)
-            error = self.rolled_back.pop(child_id, None)
-            final = ProcedureState.done() if error is None else ProcedureState.failed(error)
-            run = self.committed_runs.pop(child_id, 1)
-            ctx.metas.register(child_id, name, parent_id, None, final, run=run).keys.end_stored = True
+        if (finished := self.finished.pop(child_id, None)) is not None:
+            final = ProcedureState.done() if finished.error is None else ProcedureState.failed(finished.error)
+            meta = ctx.metas.register(child_id, finished.type_name, parent_id, None, final, run=finished.run)
+            meta.keys.end_stored = True
             return True
         if child_id in self.unreadable:
             problem = self.unreadable[child_id]
@@ -179,7 +183,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     problems = list(loaded.problems)
     for problem in loaded.problems:
         ctx.recovered.keep_unreadable(problem)
-    alive = set(loaded.messages) | set(loaded.rollback_messages) | loaded.unreadable_ids
+    alive = set(loaded.unfinished()) | loaded.unreadable_ids
     nudged = set(await ctx.store.resumes.list_all())  # `procstore resume`: kept, and resumed at the first look
 
     if loaded.stray_ids:
@@ -200,7 +204,9 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
     # A failed root kept for an operator ended too: a crash between its `.commit` and its
     # record left it without one, which nothing else would write.
     kept_roots = [
-        pid for pid in ctx.recovered.rolled_back if (m := loaded.finished_messages.get(pid)) and not m.parent_id
+        pid
+        for pid, finished in ctx.recovered.finished.items()
+        if finished.error is not None and (m := loaded.finished_messages.get(pid)) and not m.parent_id
     ]
     if kept_roots:
         try:
@@ -244,17 +250,14 @@ def _runs_that_ended(loaded: ProcedureMessages, ended: set[RunKey]) -> list[Proc
     """
     out: list[ProcedureId] = []
     if ended:  # with no end record (a store whose history is empty), no run has ended
-        live = {*loaded.messages, *loaded.rollback_messages, *loaded.unreadable_ids}
-        for messages in (loaded.messages, loaded.rollback_messages):
-            for pid, message in messages.items():
-                parent = message.parent_id
-                if (str(pid), message.run) in ended or (
-                    message.step == 0
-                    and parent is not None
-                    and parent not in live
-                    and (str(parent), message.run) in ended
-                ):
-                    out.append(pid)
+        unfinished = loaded.unfinished()
+        live = {*unfinished, *loaded.unreadable_ids}
+        for pid, message in unfinished.items():
+            parent = message.parent_id
+            if (str(pid), message.run) in ended or (
+                message.step == 0 and parent is not None and parent not in live and (str(parent), message.run) in ended
+            ):
+                out.append(pid)
     # A finished child of an earlier run of its parent is that ended tree's: the parent's
     # new run must not take its outcome for its own.
     finished_children = [
@@ -271,7 +274,7 @@ def _runs_that_ended(loaded: ProcedureMessages, ended: set[RunKey]) -> list[Proc
 def _current_runs(loaded: ProcedureMessages) -> dict[ProcedureId | None, int]:
     """Each unfinished procedure's current run: a child of an earlier run of its parent
     belongs to a tree that ended."""
-    return {pid: m.run for messages in (loaded.messages, loaded.rollback_messages) for pid, m in messages.items()}
+    return {pid: m.run for pid, m in loaded.unfinished().items()}
 
 
 def _children_of_ended_runs(loaded: ProcedureMessages) -> dict[ProcedureId, str]:
@@ -360,10 +363,10 @@ def _stranded(loaded: ProcedureMessages, alive: set[ProcedureId]) -> dict[Proced
     state). A rolling-back child whose parent is gone is not stranded: it is resumed as a
     root, since finishing a rollback needs no parent.
     """
-    if not _names_a_parent(loaded.messages) and not _names_a_parent(loaded.rollback_messages):
+    unfinished = loaded.unfinished()
+    if not _names_a_parent(unfinished):
         return {}  # roots alone: every chain ends where it begins
-    parent_of = {pid: m.parent_id for pid, m in loaded.messages.items()}
-    parent_of.update((pid, m.parent_id) for pid, m in loaded.rollback_messages.items())
+    parent_of = {pid: m.parent_id for pid, m in unfinished.items()}
 
     def orphaned(pid: ProcedureId, parent: ProcedureId) -> bool:
         return parent not in alive and pid not in loaded.rollback_messages
@@ -613,8 +616,7 @@ def stored_tree(loaded: ProcedureMessages, root: ProcedureId) -> dict[ProcedureI
     """The descendants of `root` that `loaded` holds, each with the message that names its
     parent and run: its latest, or for a finished one the message its `.commit` ends."""
     stored = {pid: m for pid, m in loaded.finished_messages.items() if m is not None}
-    stored.update(loaded.messages)
-    stored.update(loaded.rollback_messages)
+    stored.update(loaded.unfinished())
     children: dict[ProcedureId, list[ProcedureId]] = {}
     for pid, message in stored.items():
         if message.parent_id is not None:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from procstore._aio import LockPerLoop, unless_set
 from procstore.errors import Fenced, RetryLater, StoreError
 
 T = TypeVar("T")
@@ -54,8 +55,7 @@ class RetryBudget:
         """Seconds retries spent waiting for a token, in total."""
         self._tokens = float(burst)
         self._updated: float | None = None
-        self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
-        """One lock per event loop: a budget (like its manager) may serve two `asyncio.run`s."""
+        self._lock = LockPerLoop()
 
     def _refill(self) -> None:
         # The loop's clock (monotonic, or a test's virtual one), like the sleeps it paces.
@@ -67,10 +67,7 @@ class RetryBudget:
 
     async def take(self) -> None:
         """Take one token, waiting for it if the bucket is empty (first come, first served)."""
-        loop = asyncio.get_running_loop()
-        if self._lock is None or self._lock[0] is not loop:
-            self._lock = (loop, asyncio.Lock())
-        async with self._lock[1]:
+        async with self._lock():
             self._refill()
             if self._tokens < 1:
                 wait = (1 - self._tokens) / self.rate
@@ -79,21 +76,6 @@ class RetryBudget:
                 self._refill()
             self._tokens -= 1
             self.retries += 1
-
-
-async def unless_set(waiting: Callable[[], Awaitable[object]], event: asyncio.Event) -> bool:
-    """Await `waiting()` unless `event` is set first (then it is cancelled): True if it ended."""
-    if event.is_set():
-        return False
-    task = asyncio.ensure_future(waiting())
-    woken = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait((task, woken), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for pending in (task, woken):
-            pending.cancel()
-        await asyncio.gather(task, woken, return_exceptions=True)
-    return task.done() and not task.cancelled() and task.exception() is None
 
 
 @dataclass(frozen=True, slots=True)

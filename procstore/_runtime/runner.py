@@ -1330,7 +1330,9 @@ async def delete_tree(
     doomed = [pid for pid in ids if pid not in kept and not ((m := ended_runs.get(pid)) and m.keys.keep)]
     children = [pid for pid in doomed if pid != root.id]
     # The keys of procedures this term wrote from step 0: deleted without listing their folder.
-    known = {pid: keys for pid in doomed if (m := ended_runs.get(pid)) and (keys := m.known_keys(ctx.store.proc_path))}
+    known = {
+        pid: keys for pid in doomed if (m := ended_runs.get(pid)) and (keys := m.keys.known(ctx.store.proc_path, pid))
+    }
     through = {
         pid: max(s for s, _ in m.keys.terminal) for pid in doomed if (m := ended_runs.get(pid)) and m.keys.terminal
     }
@@ -1379,12 +1381,11 @@ async def record_tree(
             state = root_state if meta is root else meta.state
             if meta.keys.end_stored and state.is_ended():
                 records.append(_record(meta, state, ended, ctx.store.history.settings.output_limit))
-        elif (type_name := ctx.recovered.committed.get(pid)) is not None:
+        elif (finished := ctx.recovered.finished.get(pid)) is not None:
             # A child that ended in an earlier term: the store kept only its last message, which
             # does not say whether it rolled back or had no rollback (`StoredStatus.FAILED`).
             parent = next((p for p, kids in ctx.recovered.children_of.items() if pid in kids), None)
-            run = ctx.recovered.committed_runs.get(pid, 1)
-            records.append(_stored_run_record(pid, type_name, parent, ctx.recovered.rolled_back.get(pid), ended, run))
+            records.append(_stored_run_record(pid, finished.type_name, parent, finished.error, ended, finished.run))
     await ctx.store.history.put_many(records)
 
 

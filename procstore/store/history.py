@@ -280,10 +280,6 @@ class HistoryStore:
         """The ids with a record (of any run, or of an earlier release)."""
         return {_id_of(key) for key in await self._listed()}
 
-    async def ended_runs(self) -> set[RunKey]:
-        """The runs with an end record: none of them may run again."""
-        return (await self.recorded()).runs
-
     async def recorded(self) -> Recorded:
         """What history holds, in one listing: the end records, and the ids with a record
         of an earlier release."""

@@ -115,6 +115,10 @@ class ProcedureMessages:
     def unreadable_ids(self) -> set[ProcedureId]:
         return {p.procedure_id for p in self.problems if p.procedure_id is not None}
 
+    def unfinished(self) -> dict[ProcedureId, ProcedureMessage]:
+        """Every unfinished procedure's latest message: `messages`, then `rollback_messages`."""
+        return self.messages | self.rollback_messages
+
 
 def _set_strays_apart(result: ProcedureMessages, candidates: list[ProcedureId]) -> list[ProcedureId]:
     """Of the unfinished-looking folders without a step 0, the strays: keys a paused former

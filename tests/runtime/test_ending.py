@@ -137,7 +137,7 @@ async def test_a_rewind_of_a_run_that_ended_unrecorded_records_that_run(local_ta
         store.plan.faults.clear()
         with pytest.raises(ProcedureFailed):  # step 1 fails again, and this time the store says so
             await (await manager.rewind(procedure.id, 0)).wait()
-    runs = sorted(run for (pid, run) in await HistoryStore(store).ended_runs() if pid == str(procedure.id))
+    runs = sorted(run for (pid, run) in (await HistoryStore(store).recorded()).runs if pid == str(procedure.id))
     assert runs == [1, 2]
     await store.inner.close()
 
@@ -178,7 +178,7 @@ async def test_a_resume_as_stored_of_a_run_that_ended_unrecorded_goes_on_with_th
         with pytest.raises(EndNotRecorded):
             await (await manager.submit(procedure)).wait()
         resumed = await manager.resume(procedure.id)
-        assert [run for (pid, run) in await HistoryStore(store).ended_runs() if pid == str(procedure.id)] == []
+        assert [run for (pid, run) in (await HistoryStore(store).recorded()).runs if pid == str(procedure.id)] == []
         store.plan.faults.clear()
         with pytest.raises((ProcedureFailed, EndNotRecorded)):
             await resumed.wait()

@@ -406,7 +406,7 @@ async def test_a_recovered_end_is_recorded_through_a_store_error(tmp_path: Path,
     store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key="history/*", times=1))
     async with manager_for(store, keep_failed=kept):
         pass
-    assert [run for (id_, run) in await HistoryStore(store).ended_runs() if id_ == pid] == [1]
+    assert [run for (id_, run) in (await HistoryStore(store).recorded()).runs if id_ == pid] == [1]
     assert (tmp_path / "procedure" / pid).exists() == kept
 
 
@@ -426,7 +426,7 @@ async def test_a_rolled_back_root_kept_for_a_refused_resume_nudge_goes(tmp_path:
     await ProcedureStore(LocalDirStore(tmp_path)).resumes.put(ProcedureId.parse(pid), nudge)
     async with manager_for(StoreTarget("local", str(tmp_path)), request_poll_interval=0.05):
         await eventually(lambda: not (tmp_path / "procedure" / pid).exists(), timeout=5)
-    assert [run for (id_, run) in await HistoryStore(LocalDirStore(tmp_path)).ended_runs() if id_ == pid] == [1]
+    assert [run for (id_, run) in (await HistoryStore(LocalDirStore(tmp_path)).recorded()).runs if id_ == pid] == [1]
     assert not (tmp_path / "requests" / "resume" / f"{pid}.json").exists()
 
 

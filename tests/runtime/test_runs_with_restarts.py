@@ -45,7 +45,7 @@ async def _inherited(target: StoreTarget, procedure: ProcedureWithId) -> None:
 
 
 async def _end_records(store: HistoryStore, pid: ProcedureId) -> list[int]:
-    return sorted(run for (id_, run) in await store.ended_runs() if id_ == str(pid))
+    return sorted(run for (id_, run) in (await store.recorded()).runs if id_ == str(pid))
 
 
 async def _procstore(*args: str) -> subprocess.CompletedProcess[str]:
