@@ -27,10 +27,12 @@ from procstore._runtime.meta import ProcedureMeta
 from procstore._runtime.recovery import resume_root
 from procstore._runtime.restart_tree import take_stored_tree
 from procstore._runtime.runner import record_superseded
-from procstore.errors import LoadFailed, ProcedureError
+from procstore.errors import LoadFailed, ProcedureError, describe
 from procstore.ids import ProcedureId
 from procstore.store.history import Action
-from procstore.store.restart import RestartedMeanwhile, apply_restart, check_restart, plan_restart
+from procstore.store.message import ProcedureMessage
+from procstore.store.requests import OperatorRequest
+from procstore.store.restart import RestartedMeanwhile, RestartPlan, apply_restart, check_restart, plan_restart
 
 if TYPE_CHECKING:
     from procstore._runtime.context import ManagerContext
@@ -114,6 +116,37 @@ async def restart(
         raise ProcedureError(f"procedure {procedure_id} kept being restarted by others while this manager tried")
 
 
+async def _write_copy(
+    ctx: ManagerContext,
+    plan: RestartPlan,
+    stored: ProcedureMessage,
+    started: Action | None,
+    stop_request: OperatorRequest | None,
+) -> ProcedureMessage:
+    """`apply_restart`, retrying store errors as a step's write: a write whose answer was
+    lost may have landed, and then the copy is stored and the superseded run must get its
+    end record. A retry's create finds our own bytes and counts them as written (the same
+    `started`, so the same bytes); another restart's bytes stay `RestartedMeanwhile`, and a
+    lost lease `LeaseExpired`, never retried."""
+
+    def on_retry(exc: BaseException, retry: int, delay: float) -> None:
+        logger.info(
+            "procedure %s: restart's copy retry %d in %.3fs after %s", plan.procedure_id, retry, delay, describe(exc)
+        )
+
+    return await ctx.settings.policy.call(
+        lambda _attempt: apply_restart(
+            ctx.store,
+            plan,
+            stored,
+            retention=ctx.store.history.settings.retention,
+            started=started,
+            stop_request=stop_request,
+        ),
+        on_retry=on_retry,
+    )
+
+
 def _children_still_stored(ctx: ManagerContext, root: ProcedureMeta) -> bool:
     """Whether the ended run's tree may still hold its children's keys: its deletion waits
     out the grace after a takeover, or it has none, since the root's end is not stored (the
@@ -170,14 +203,7 @@ async def _restart(
         # Read first: the ended run's record, if written with the copy, names it.
         stop_request = await ctx.store.requests.get(procedure_id) if plan.ended else None
         await ctx.store.requests.delete([procedure_id])
-    message = await apply_restart(
-        ctx.store,
-        plan,
-        stored,
-        retention=ctx.store.history.settings.retention,
-        started=started,
-        stop_request=stop_request,
-    )
+    message = await _write_copy(ctx, plan, stored, started, stop_request)
     how = "resumed" if to_step is None else f"rewound to step {to_step}"
     if plan.source is not None and not plan.ended:
         # The copy starts a new run over one whose end is not stored (it ended here

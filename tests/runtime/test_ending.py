@@ -142,6 +142,41 @@ async def test_a_rewind_of_a_run_that_ended_unrecorded_records_that_run(local_ta
     await store.inner.close()
 
 
+async def test_a_rewind_whose_copy_landed_with_its_answer_lost_records_the_superseded_run(
+    local_target: StoreTarget,
+) -> None:
+    """As above, but the copy's create lands and its answer is lost: the copy is stored, so
+    the rewind goes on (its retry finds its own bytes) and the run it superseded gets its
+    end record, rather than the rewind raising with run 2 stored and run 1 never recorded."""
+    from procstore.store.history import HistoryStore
+
+    world = World.new()
+    procedure = steps(world, 3, fail_at=1)
+    store = FaultyStore(open_state_store(local_target.url))
+    for step in range(1, 4):
+        key = f"procedure/{procedure.id}/{step:010}.*"
+        store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, times=4))
+    async with manager_for(store, max_retry_times=1, keep_failed=True) as manager:
+        with pytest.raises(EndNotRecorded):
+            await (await manager.submit(procedure)).wait()
+        store.plan.faults[:] = [
+            Fault(
+                "transient",
+                kinds=frozenset({"put_if_absent"}),
+                key=f"procedure/{procedure.id}/*.step",
+                when="after",
+                times=1,
+            )
+        ]
+        with pytest.raises(ProcedureFailed):  # step 1 fails again, and this time the store says so
+            await (await manager.rewind(procedure.id, 0)).wait()
+        assert store.plan.faults[0].fired == 1  # the copy's answer was lost
+    records = {r.run: r for r in await HistoryStore(store).list() if r.id == str(procedure.id)}
+    assert sorted(records) == [1, 2]
+    assert "rewound to step 0 before this end was stored" in (records[1].error or "")
+    await store.inner.close()
+
+
 async def test_a_restart_is_refused_while_the_procedure_is_being_submitted(local_target: StoreTarget) -> None:
     """The submit's first write backs off (its answers lost); an operator's rewind of the
     id meanwhile must not write a second run beside the one the submit then starts."""

@@ -43,6 +43,7 @@ FIXED_FINDINGS = {
         *[14188, 31084, 52723, 53863],
         *[4, 5, 60, 19, 95, 326, 192, 600609, 601827, 601995],
         6000266,
+        7320600,
     ],
     "machines": [283, 626, 5613, 6152, 6584, 36408, 80963, 5100407],
 }
@@ -73,7 +74,8 @@ above a `.commit` that landed late read as a finished run coming back (600609), 
 at one virtual instant taken as ordered (601827), a chain of lock holders each sleeping
 minutes outlasting the heal's deadline (601995). A deletion's failed request landing after the
 child it deleted was created again by its parent's next run, taking the new run's `0.step`
-(6000266). A false report of the heal (machines
+(6000266). An operator's rewind whose copy landed with its answer lost, raising before it
+recorded the run it superseded, which so never got its end record (7320600). A false report of the heal (machines
 5100407): a kept failed root whose end record the store refused past its retries is recorded
 by the next start, as documented, and the heal took the cluster for settled before its
 restart. Since half the managers send what the rules let overlap at once (as on S3), the
