@@ -205,10 +205,14 @@ async def _restart(
         await ctx.store.requests.delete([procedure_id])
     message = await _write_copy(ctx, plan, stored, started, stop_request)
     how = "resumed" if to_step is None else f"rewound to step {to_step}"
-    if plan.source is not None and not plan.ended:
+    if not plan.ended:
         # The copy starts a new run over one whose end is not stored (it ended here
-        # unrecorded, or was stuck). Resumed as stored, without a copy, the same run goes on.
-        await record_superseded(ctx, procedure_id, ctx.metas.get(procedure_id), message, how)
+        # unrecorded, or was stuck). Resumed as stored, without a copy, the stored run goes
+        # on: a later run than the one that ended here unrecorded, if an earlier restart's
+        # copy landed though it raised (its answers lost), which supersedes that one.
+        await record_superseded(
+            ctx, procedure_id, ctx.metas.get(procedure_id), message, how, copied=plan.source is not None
+        )
     if tree_stored:
         # After the copy: a crash before it leaves the ended run and its children as they were.
         await take_stored_tree(ctx, procedure_id, message.run)

@@ -1399,27 +1399,55 @@ async def record_known_ends(ctx: ManagerContext, metas: Sequence[ProcedureMeta])
 
 
 async def record_superseded(
-    ctx: ManagerContext, procedure_id: ProcedureId, old: ProcedureMeta | None, new_run: ProcedureMessage, how: str
+    ctx: ManagerContext,
+    procedure_id: ProcedureId,
+    old: ProcedureMeta | None,
+    new_run: ProcedureMessage,
+    how: str,
+    *,
+    copied: bool = True,
 ) -> None:
-    """The end record of the run an operator's restart (`how`) has just superseded with a
-    copy (`new_run`'s first message) before that run's end was stored: it ended here
-    unrecorded (`old`, its metadata), or it was stuck (nothing here ran it). History holds
-    one record per run; written after the copy, so that a crash between the two leaves the
-    run to the new one, never an unfinished run marked ended. An error is logged: the new
-    run goes on, and that one record is missing."""
-    if old is not None and old.run == new_run.run - 1 and old.state.is_ended():
+    """The end records of the runs an operator's restart (`how`) has just superseded before
+    their end was stored. `new_run`: the first message of the run that goes on: the copy
+    the restart wrote (`copied`), or a stored run resumed as stored. Two runs may need one:
+
+    - `old`, this term's metadata of the id, if that run ended here unrecorded: the run right
+      below the copy, or an earlier one when a copy whose outcome stayed unknown (its
+      answers lost past the retries) started a run in between. Only this term ran it, so a
+      record of it can only be one an earlier restart here has just written (create-only:
+      it stands), never one that retention swept;
+    - with `copied`, the run right below the copy when `old` is not that run: it was stuck
+      (nothing here ran it), a copy in doubt, say.
+
+    Written after the copy, so that a crash between the two leaves the run to the new one,
+    never an unfinished run marked ended. An error is logged: the new run goes on, and those
+    records are missing."""
+    ended = datetime.now(UTC)
+    records = []
+    superseded_here = (
+        old is not None
+        and old.state.is_ended()
+        and old.run < new_run.run
+        and (not old.state.recorded or (copied and old.run == new_run.run - 1))
+    )
+    if old is not None and superseded_here:
         state = old.state
         error = f"{state.error}; {how} before this end was stored" if state.error else how
-        record = _record(old, state.with_error_text(error), datetime.now(UTC), ctx.store.history.settings.output_limit)
-    else:
-        error, ended = f"{how} before it ended", datetime.now(UTC)
-        record = _stored_run_record(procedure_id, new_run.type_name, new_run.parent_id, error, ended, new_run.run - 1)
+        records.append(_record(old, state.with_error_text(error), ended, ctx.store.history.settings.output_limit))
+    if copied and not any(r.run == new_run.run - 1 for r in records):
+        records.append(
+            _stored_run_record(
+                procedure_id, new_run.type_name, new_run.parent_id, f"{how} before it ended", ended, new_run.run - 1
+            )
+        )
+    if not records:
+        return
     try:
-        await ctx.settings.policy.call(lambda _n: ctx.store.history.put_many([record]))
+        await ctx.settings.policy.call(lambda _n: ctx.store.history.put_many(records))
     except ProcedureError as e:
         logger.warning(
-            "run %d of procedure %s was superseded, but its end record could not be written: %s",
-            record.run,
+            "run %s of procedure %s was superseded, but its end record could not be written: %s",
+            " and ".join(str(r.run) for r in records),
             procedure_id,
             e,
         )

@@ -177,6 +177,68 @@ async def test_a_rewind_whose_copy_landed_with_its_answer_lost_records_the_super
     await store.inner.close()
 
 
+async def test_a_rewind_retried_after_its_copy_stayed_in_doubt_records_every_superseded_run(
+    local_target: StoreTarget,
+) -> None:
+    """The copy's create lands but every answer is lost, past the retries: the rewind raises,
+    and run 2 is stored. The operator rewinds again: run 3 supersedes both, so run 1 (which
+    ended here unrecorded) and run 2 (which nothing ran) get their end records with it."""
+    from procstore import StoreError
+    from procstore.store.history import HistoryStore
+
+    world = World.new()
+    procedure = steps(world, 3, fail_at=1)
+    store = FaultyStore(open_state_store(local_target.url))
+    for step in range(1, 4):
+        key = f"procedure/{procedure.id}/{step:010}.*"
+        store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, times=4))
+    async with manager_for(store, max_retry_times=1, keep_failed=True) as manager:
+        with pytest.raises(EndNotRecorded):
+            await (await manager.submit(procedure)).wait()
+        copy = f"procedure/{procedure.id}/*.step"
+        store.plan.faults[:] = [Fault("transient", kinds=frozenset({"put_if_absent"}), key=copy, when="after")]
+        with pytest.raises(StoreError):
+            await manager.rewind(procedure.id, 0)
+        store.plan.faults.clear()
+        with pytest.raises(ProcedureFailed):
+            await (await manager.rewind(procedure.id, 0)).wait()
+    records = {r.run: r for r in await HistoryStore(store).list() if r.id == str(procedure.id)}
+    assert sorted(records) == [1, 2, 3]
+    assert "rewound to step 0 before this end was stored" in (records[1].error or "")
+    assert "rewound to step 0 before it ended" in (records[2].error or "")
+    await store.inner.close()
+
+
+async def test_a_resume_after_a_rewinds_copy_stayed_in_doubt_records_the_run_it_superseded(
+    local_target: StoreTarget,
+) -> None:
+    """As above, but the operator resumes: the stored run 2 goes on as stored, and run 1,
+    which it superseded, gets its end record."""
+    from procstore import StoreError
+    from procstore.store.history import HistoryStore
+
+    world = World.new()
+    procedure = steps(world, 3, fail_at=1)
+    store = FaultyStore(open_state_store(local_target.url))
+    for step in range(1, 4):
+        key = f"procedure/{procedure.id}/{step:010}.*"
+        store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, times=4))
+    async with manager_for(store, max_retry_times=1, keep_failed=True) as manager:
+        with pytest.raises(EndNotRecorded):
+            await (await manager.submit(procedure)).wait()
+        copy = f"procedure/{procedure.id}/*.step"
+        store.plan.faults[:] = [Fault("transient", kinds=frozenset({"put_if_absent"}), key=copy, when="after")]
+        with pytest.raises(StoreError):
+            await manager.rewind(procedure.id, 0)
+        store.plan.faults.clear()
+        with pytest.raises(ProcedureFailed):
+            await (await manager.resume(procedure.id)).wait()
+    records = {r.run: r for r in await HistoryStore(store).list() if r.id == str(procedure.id)}
+    assert sorted(records) == [1, 2]
+    assert "resumed before this end was stored" in (records[1].error or "")
+    await store.inner.close()
+
+
 async def test_a_restart_is_refused_while_the_procedure_is_being_submitted(local_target: StoreTarget) -> None:
     """The submit's first write backs off (its answers lost); an operator's rewind of the
     id meanwhile must not write a second run beside the one the submit then starts."""
