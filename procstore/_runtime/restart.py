@@ -8,8 +8,10 @@ can make (is it running here? did its rollback already run?), then the order of 
 1. when a copy is to be written, the procedure's operator request (cancel, fail) is
    deleted, or it would fail again at once; a crash after this leaves it ended as it was
    (a request for a latest state resumed as stored came after that state, and stands);
-2. the copy of the state to run from is written (`apply_restart`); a crash after it
-   leaves an unfinished procedure that the next start runs;
+2. the copy of the state to run from is written (`apply_restart`), retried as a step's
+   write (a retry that finds our bytes counts them as written); a crash after it leaves an
+   unfinished procedure that the next start runs; the runs it supersedes get their end
+   records (`record_superseded`);
 3. it runs here, as a root resumed at start would, with fresh retries.
 
 Another restart may write its copy between 0 and 2 (a `procstore rewind` while this
