@@ -675,5 +675,9 @@ def _deletion_stages(keys: Sequence[ParsedKey]) -> tuple[list[str], list[str]]:
     last = [k for k in ordered if k is top or (k.step, k.key_type) == ends]
     if len(commits) > 1:
         return [str(k) for k in ordered if k not in last], [str(k) for k in last]
-    first = [k for k in ordered if k.key_type is KeyType.STEP or (k.key_type is KeyType.ROLLBACK and k not in last)]
-    return [str(k) for k in first], [str(k) for k in ordered if k not in first]
+    first: list[str] = []
+    then: list[str] = []
+    for k in ordered:  # one pass: a procedure of many steps has many keys
+        in_first = k.key_type is KeyType.STEP or (k.key_type is KeyType.ROLLBACK and k not in last)
+        (first if in_first else then).append(str(k))
+    return first, then
