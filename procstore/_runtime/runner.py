@@ -1409,15 +1409,18 @@ async def record_superseded(
 ) -> None:
     """The end records of the runs an operator's restart (`how`) has just superseded before
     their end was stored. `new_run`: the first message of the run that goes on: the copy
-    the restart wrote (`copied`), or a stored run resumed as stored. Two runs may need one:
+    the restart wrote (`copied`), or a stored run resumed as stored. These runs need one:
 
     - `old`, this term's metadata of the id, if that run ended here unrecorded: the run right
-      below the copy, or an earlier one when a copy whose outcome stayed unknown (its
-      answers lost past the retries) started a run in between. Only this term ran it, so a
+      below the copy, or an earlier one when copies whose outcome stayed unknown (their
+      answers lost past the retries) started runs in between. Only this term ran it, so a
       record of it can only be one an earlier restart here has just written (create-only:
       it stands), never one that retention swept;
-    - with `copied`, the run right below the copy when `old` is not that run: it was stuck
-      (nothing here ran it), a copy in doubt, say.
+    - every run between a run that ended here (`old`) and `new_run`: each is such a copy in
+      doubt, stuck (nothing ran it: it would be `old` if this term had), one record each,
+      or history skips a run number (`HistoryStore.find_newest_run` reads them in turn);
+    - with `copied` and no run of the id ended here, the run right below the copy: stuck
+      (nothing here ran it).
 
     Written after the copy, so that a crash between the two leaves the run to the new one,
     never an unfinished run marked ended. An error is logged: the new run goes on, and those
@@ -1434,12 +1437,13 @@ async def record_superseded(
         state = old.state
         error = f"{state.error}; {how} before this end was stored" if state.error else how
         records.append(_record(old, state.with_error_text(error), ended, ctx.store.history.settings.output_limit))
-    if copied and not any(r.run == new_run.run - 1 for r in records):
-        records.append(
-            _stored_run_record(
-                procedure_id, new_run.type_name, new_run.parent_id, f"{how} before it ended", ended, new_run.run - 1
-            )
-        )
+    ended_here = old is not None and old.state.is_ended() and old.run < new_run.run
+    first_stuck = old.run + 1 if old is not None and ended_here else new_run.run - 1 if copied else new_run.run
+    records += [
+        _stored_run_record(procedure_id, new_run.type_name, new_run.parent_id, f"{how} before it ended", ended, run)
+        for run in range(first_stuck, new_run.run)
+        if not any(r.run == run for r in records)
+    ]
     if not records:
         return
     try:

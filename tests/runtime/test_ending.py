@@ -239,6 +239,43 @@ async def test_a_resume_after_a_rewinds_copy_stayed_in_doubt_records_the_run_it_
     await store.inner.close()
 
 
+@pytest.mark.parametrize("then", ["rewind", "resume"])
+async def test_restarts_after_two_copies_in_doubt_record_every_run_they_superseded(
+    local_target: StoreTarget, then: str
+) -> None:
+    """Two rewinds in a row raise with their copies stored (every answer lost): runs 2 and
+    3 are stored, and nothing ran either. The operator's next restart supersedes them all:
+    history holds one record per run, none skipped (a gap would stop
+    `HistoryStore.find_newest_run` at run 1)."""
+    from procstore import StoreError
+    from procstore.store.history import HistoryStore
+
+    world = World.new()
+    procedure = steps(world, 3, fail_at=1)
+    store = FaultyStore(open_state_store(local_target.url))
+    for step in range(1, 4):
+        key = f"procedure/{procedure.id}/{step:010}.*"
+        store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, times=4))
+    async with manager_for(store, max_retry_times=1, keep_failed=True) as manager:
+        with pytest.raises(EndNotRecorded):
+            await (await manager.submit(procedure)).wait()
+        copy = f"procedure/{procedure.id}/*.step"
+        for _ in range(2):
+            store.plan.faults[:] = [Fault("transient", kinds=frozenset({"put_if_absent"}), key=copy, when="after")]
+            with pytest.raises(StoreError):
+                await manager.rewind(procedure.id, 0)
+        store.plan.faults.clear()
+        with pytest.raises(ProcedureFailed):
+            restarted = manager.rewind(procedure.id, 0) if then == "rewind" else manager.resume(procedure.id)
+            await (await restarted).wait()
+    records = {r.run: r for r in await HistoryStore(store).list() if r.id == str(procedure.id)}
+    last = 4 if then == "rewind" else 3  # a resume runs run 3 as stored
+    assert sorted(records) == list(range(1, last + 1))
+    assert f"{'rewound to step 0' if then == 'rewind' else 'resumed'} before it ended" in (records[2].error or "")
+    assert (await HistoryStore(store).find_newest_run(procedure.id)).run == last  # type: ignore[union-attr]
+    await store.inner.close()
+
+
 async def test_a_restart_is_refused_while_the_procedure_is_being_submitted(local_target: StoreTarget) -> None:
     """The submit's first write backs off (its answers lost); an operator's rewind of the
     id meanwhile must not write a second run beside the one the submit then starts."""
