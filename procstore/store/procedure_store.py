@@ -674,8 +674,8 @@ def _deletion_stages(keys: Sequence[ParsedKey]) -> tuple[list[str], list[str]]:
             str(k) for k in ordered if k.key_type.is_terminal
         ]
     top = commits[-1]
-    ends = ProcedureKeys.of((k.step, k.key_type) for k in ordered).newest_message
     if len(commits) == 1 and all(k.key_type is not KeyType.ROLLBACK for k in ordered):
         return [str(k) for k in ordered if k is not top], [str(top)]
+    ends = ProcedureKeys.of((k.step, k.key_type) for k in ordered).newest_message
     last = [k for k in ordered if k is top or (k.step, k.key_type) == ends]
     return [str(k) for k in ordered if k not in last], [str(k) for k in last]
