@@ -48,8 +48,7 @@ from procstore.errors import (
 )
 from procstore.ids import ProcedureId
 from procstore.state import ProcedureState
-from procstore.store.activity import ActivityStore
-from procstore.store.history import HistoryRecord, HistoryStore, Outcome
+from procstore.store.history import HistoryRecord, Outcome
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import RequestKind, checked_reason
@@ -93,8 +92,10 @@ class Client:
         self._owns_store = not isinstance(url, StateStore)
         state_store = url if isinstance(url, StateStore) else open_state_store(url, storage_options)
         self._store = ProcedureStore(state_store, parent_path)
-        self._history = HistoryStore(state_store, parent_path)
-        self._activities = ActivityStore(state_store, parent_path)
+        # The store's own, under its `parent_path` read as a folder (`parent_folder`): where
+        # the managers write them, whether or not the path ends with `/`.
+        self._history = self._store.history
+        self._activities = self._store.activities
         self.parent_path = parent_path
         self.poll_interval = poll_interval
 

@@ -657,13 +657,16 @@ def _deletion_stages(keys: Sequence[ParsedKey]) -> tuple[list[str], list[str]]:
     what a crash leaves part way reads as finished, as the last run ended while the message
     that says so is there.
 
-    Without a `.commit`: every `.step`, then the `.rollback` keys from the lowest. With one:
-    first every key but the highest `.commit` and the message it ends (where that message
-    says how the last run ended: a `.rollback`, or with several commits any message), then
-    those two, the commit last. Any other `.rollback` goes in the first stage: an earlier
-    run's (one a forced rewind left below its copy), or a former leader's that landed late
-    beside the commit (see `procstore.store.folder`); left alone with the commit, it would
-    be read as the end."""
+    Without a `.commit`: every `.step`, then the `.rollback` keys from the lowest. With one
+    `.commit` and no `.rollback`: every `.step`, then the commit (whatever part of the first
+    stage is left reads as done). Otherwise: first every key but the highest `.commit` and
+    the message it ends, then those two, the commit last. Any other `.rollback` goes in the
+    first stage: an earlier run's (one a forced rewind left below its copy), or a former
+    leader's that landed late beside the commit (see `procstore.store.folder`); left alone
+    with the commit, it would be read as the end. The message the commit ends stays to the
+    second stage even when it is a `.step`: a bulk delete may remove any part of the first
+    (S3's DeleteObjects keeps the keys it lists under `Errors`), and a `.rollback` it keeps
+    would be read as the end once that `.step` is gone."""
     ordered = sorted(keys, key=lambda k: latest_first((k.step, k.key_type)))
     commits = [k for k in ordered if k.key_type is KeyType.COMMIT]
     if not commits:
@@ -671,13 +674,8 @@ def _deletion_stages(keys: Sequence[ParsedKey]) -> tuple[list[str], list[str]]:
             str(k) for k in ordered if k.key_type.is_terminal
         ]
     top = commits[-1]
+    if len(commits) == 1 and all(k.key_type is not KeyType.ROLLBACK for k in ordered):
+        return [str(k) for k in ordered if k is not top], [str(top)]
     ends = ProcedureKeys.of((k.step, k.key_type) for k in ordered).newest_message
     last = [k for k in ordered if k is top or (k.step, k.key_type) == ends]
-    if len(commits) > 1:
-        return [str(k) for k in ordered if k not in last], [str(k) for k in last]
-    first: list[str] = []
-    then: list[str] = []
-    for k in ordered:  # one pass: a procedure of many steps has many keys
-        in_first = k.key_type is KeyType.STEP or (k.key_type is KeyType.ROLLBACK and k not in last)
-        (first if in_first else then).append(str(k))
-    return first, then
+    return [str(k) for k in ordered if k not in last], [str(k) for k in last]

@@ -8,13 +8,14 @@ laid out in the store: when that layout changes, this is what changes with it.
 from __future__ import annotations
 
 from procstore.store.history import HistoryRecord, HistoryStore
+from procstore.store.keys import parent_folder
 from procstore.store.state_store import StateStore
 
 
 async def records_by_procedure(store: StateStore, parent_path: str = "") -> dict[str, list[HistoryRecord]]:
     """Every readable history record of `store`, grouped by procedure id, oldest end first."""
     grouped: dict[str, list[HistoryRecord]] = {}
-    for record in await HistoryStore(store, parent_path).list():
+    for record in await HistoryStore(store, parent_folder(parent_path)).list():
         grouped.setdefault(record.id, []).append(record)
     for records in grouped.values():
         records.sort(key=lambda r: r.ended_at)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from procstore.ids import ProcedureId
 from procstore.store.history import HISTORY_PATH
+from procstore.store.keys import parent_folder
 from procstore.store.state_store import StateStore
 
 SCRIPT_URL = "javascript:alert(document.domain)"
@@ -75,6 +76,7 @@ async def write_hostile_store(store: StateStore, parent_path: str = "") -> Hosti
     """Write the hostile values and key names into `store` (under `parent_path`), beside
     whatever it holds; returns what was written. Nothing written is runnable: the type names
     have no loader, so a manager's recovery reports them and leaves them alone."""
+    parent_path = parent_folder(parent_path)  # the managers' folder, `/` or not
     root = f"{parent_path}procedure/"
     ids: list[ProcedureId] = []
     for n, text in enumerate(HOSTILE_TEXTS):
@@ -139,6 +141,7 @@ async def write_many_commits(store: StateStore, count: int, parent_path: str = "
     above its own (which its next run would never write): a procedure's page and history
     stay linear in its keys. Returns its id."""
     pid = ProcedureId.random()
+    parent_path = parent_folder(parent_path)  # the managers' folder, `/` or not
     root = f"{parent_path}procedure/{pid}/"
     await store.put(f"{root}0000000000.step", _message("hostile::ManyCommits", "{}", None, 0))
     for step in range(1, count + 1):
@@ -149,6 +152,7 @@ async def write_many_commits(store: StateStore, count: int, parent_path: str = "
 async def _write_links(
     store: StateStore, ids: list[ProcedureId], parents: list[ProcedureId | None], type_name: str, parent_path: str
 ) -> None:
+    parent_path = parent_folder(parent_path)  # the managers' folder, `/` or not
     for pid, parent in zip(ids, parents, strict=True):
         value = _message(type_name, "{}", None if parent is None else str(parent), 0)
         await store.put(f"{parent_path}procedure/{pid}/0000000000.step", value)

@@ -29,7 +29,7 @@ from procstore.errors import ManagerStopped, ProcedureFailed
 from procstore.state import ProcedureInfo
 from procstore.store.folder import ProcedureKeys, StoredStatus
 from procstore.store.history import History, HistoryStore
-from procstore.store.keys import StepAndType, parse_key_name
+from procstore.store.keys import StepAndType, parent_folder, parse_key_name
 from procstore.store.memory import MemoryStore
 from procstore.store.open import open_state_store
 from procstore.store.procedure_store import LoadProblem
@@ -95,6 +95,7 @@ async def export_snapshot(
     """Write the procedures (and operator requests) of the store at `url` to a `.tar.gz`;
     returns how many keys. Keys are read as they are now: export from a stopped store, or
     accept a snapshot of a moment."""
+    parent_path = parent_folder(parent_path)  # the managers' folder, `/` or not
     store = open_state_store(url, storage_options)
     try:
         keys = [k for folder in SNAPSHOT_FOLDERS for k in await store.walk(f"{parent_path}{folder}")]
@@ -132,6 +133,7 @@ async def _load_into(
         for key, value in snapshot:
             await sandbox.put(key, value)
         return
+    parent_path = parent_folder(parent_path)  # the managers' folder, `/` or not
     store = open_state_store(source, storage_options)
     try:
         keys = [k for folder in SNAPSHOT_FOLDERS for k in await store.walk(f"{parent_path}{folder}")]

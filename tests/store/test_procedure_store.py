@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from unittest.mock import patch
 
@@ -253,6 +254,44 @@ async def test_a_deletion_cut_short_leaves_a_forced_rewind_of_a_rolling_back_pro
     left = sorted(k.rsplit("/", 1)[1] for k in await store.store.walk(f"data/procedure/{pid}/"))
     loaded = await store.load_messages()
     assert not left or pid in loaded.finished_ids, left
+    assert pid not in loaded.rolled_back_ids, left
+
+
+@pytest.mark.parametrize("late", [False, True])
+async def test_a_bulk_delete_that_keeps_a_rollback_leaves_a_run_that_ended_done_read_as_done(late: bool) -> None:
+    """S3's DeleteObjects answers 200 and keeps the keys it lists under `Errors`: the first
+    stage of a deletion can be left in any part. A run that ended done (`.step` below the one
+    `.commit`) beside a `.rollback` that goes in that stage (run 1's, below a forced rewind's
+    run 2; or a former leader's landed late beside the commit) must still read as done when
+    the bulk delete kept only that `.rollback`: the `.step` the commit ends goes after it."""
+    from procstore.errors import StoreError
+    from procstore.testing import MemoryStore
+
+    class KeepsRollbacksInBulk(MemoryStore):
+        async def batch_delete(self, keys: Sequence[str]) -> None:
+            kept = [key for key in keys if key.endswith(".rollback")] if len(keys) > 1 else []
+            await super().batch_delete([key for key in keys if key not in kept])
+            if kept:
+                raise StoreError(f"S3 kept {len(kept)} of {len(keys)} keys", key=kept[0])
+
+    store = ProcedureStore(KeepsRollbacksInBulk(f"bulk-{ProcedureId.random()}"), "data/")
+    pid = ProcedureId.random()
+    await store.store_procedure(pid, 0, "T", "d", None)
+    if late:
+        await store.store_procedure(pid, 1, "T", "d", None)
+        await store.commit_procedure(pid, 2)
+        await store.rollback_procedure(pid, ProcedureMessage("T", "d", None, 2, "late"))
+    else:
+        await store.rollback_procedure(pid, ProcedureMessage("T", "d", None, 1, "boom"))
+        message = ProcedureMessage("T", "d", None, 2, run=2).encode()
+        await store.store.put_if_absent(store.key(pid, 2, KeyType.STEP), message)
+        await store.commit_procedure(pid, 3)
+    assert pid not in (await store.load_messages()).rolled_back_ids
+    with pytest.raises(StoreError):
+        await store.delete_procedure(pid)
+    left = sorted(k.rsplit("/", 1)[1] for k in await store.store.walk(f"data/procedure/{pid}/"))
+    loaded = await store.load_messages()
+    assert pid in loaded.finished_ids, left
     assert pid not in loaded.rolled_back_ids, left
 
 

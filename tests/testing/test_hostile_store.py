@@ -124,3 +124,19 @@ async def test_recovery_walks_a_chain_of_subprocedures_in_linear_work(monkeypatc
         reported = {p.procedure_id for p in manager.recovery_problems}
     assert chain[-1] in reported  # the root: no loader for its type; its descendants wait for it
     assert compared < 50 * length  # the walk by a list: about length**2 / 2
+
+
+async def test_the_hostile_writers_write_under_a_parent_path_as_a_manager_reads_it() -> None:
+    """`parent_path="region-a"` is the folder `region-a/` for a manager (and a `Client`):
+    what the writers write for it is found there, not under `region-aprocedure/`."""
+    from procstore.store.procedure_store import ProcedureStore
+    from procstore.testing import write_many_commits
+
+    store = MemoryStore(f"hostile-{uuid.uuid4()}")
+    written = await write_hostile_store(store, parent_path="region-a")
+    chain = await write_parent_chain(store, 3, parent_path="region-a")
+    many = await write_many_commits(store, 2, parent_path="region-a")
+    assert sorted(k for k in await store.walk("") if not k.startswith("region-a/")) == []
+    loaded = await ProcedureStore(store, "region-a").load_messages()
+    found = {*loaded.messages, *loaded.rollback_messages, *loaded.unreadable_ids, *loaded.finished_ids}
+    assert {*written.procedures, *chain, many} <= found

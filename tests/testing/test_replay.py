@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from procstore import Context, Procedure, ProcedureManager, ProcedureWithId, Status
 from procstore._cli.app import cli
-from procstore.testing import kill_manager, replay
+from procstore.testing import export_snapshot, kill_manager, replay
 
 GATE = asyncio.Event()
 
@@ -129,6 +129,28 @@ async def test_a_store_written_under_a_parent_path_replays_with_it_and_nothing_f
     found = await replay(url, lambda m: m.register(ResizeV2), parent_path="cluster-a/")
     found.assert_ok()
     assert found.done == [str(procedure.id)]
+
+
+async def test_a_parent_path_without_a_slash_is_the_managers_folder_for_export_and_replay(tmp_path: Path) -> None:
+    """`parent_path="cluster-a"` is the folder `cluster-a/` for the manager: `export_snapshot`
+    (`procstore snapshot --parent-path cluster-a`) and `replay` read there too, not under
+    `cluster-aprocedure/`, where they found nothing."""
+    url = str(tmp_path / "prod")
+    manager = ProcedureManager(url, parent_path="cluster-a")
+    manager.register_loader(ResizeV1.type_name, lambda d: StuckV1(json.loads(d)))
+    await manager.start()
+    procedure = ProcedureWithId.new(StuckV1({"size": 100, "at": 0}))
+    await manager.submit(procedure)
+    await asyncio.sleep(0.1)
+    await kill_manager(manager)
+    await manager.stop()
+
+    snapshot = tmp_path / "snapshot.tar.gz"
+    assert await export_snapshot(url, snapshot, parent_path="cluster-a") > 0
+    for source, parent_path in ((str(snapshot), ""), (url, "cluster-a")):
+        found = await replay(source, lambda m: m.register(ResizeV2), parent_path=parent_path)
+        found.assert_ok()
+        assert found.done == [str(procedure.id)]
 
 
 class Child(Procedure):
