@@ -35,6 +35,7 @@ from procstore.store.history import Action
 from procstore.store.message import ProcedureMessage
 from procstore.store.requests import OperatorRequest
 from procstore.store.restart import RestartedMeanwhile, RestartPlan, apply_restart, check_restart, plan_restart
+from procstore.store.run_origin import run_origin
 
 if TYPE_CHECKING:
     from procstore._runtime.context import ManagerContext
@@ -149,6 +150,12 @@ async def _write_copy(
     )
 
 
+def _origin_kind(message: ProcedureMessage) -> str | None:
+    """How the message's run started (`resume`, `rewind`), if its messages say."""
+    origin = run_origin(message)
+    return None if origin is None else origin.kind
+
+
 def _children_still_stored(ctx: ManagerContext, root: ProcedureMeta) -> bool:
     """Whether the ended run's tree may still hold its children's keys: its deletion waits
     out the grace after a takeover, or it has none, since the root's end is not stored (the
@@ -220,8 +227,10 @@ async def _restart(
         await take_stored_tree(ctx, procedure_id, message.run)
     if runs_here(ctx, procedure_id):  # defence: nothing may have started it meanwhile
         raise ProcedureError(f"procedure {procedure_id} was started meanwhile: it runs here already")
-    # A copy a nudge finds written is a `procstore rewind`'s (`procstore resume` writes none).
-    rewind = to_step is not None or (nudged and plan.copy_pending)
+    # A copy a nudge finds written is a `procstore rewind`'s (`procstore resume` writes none),
+    # unless its run's origin says a resume: a manager's copy for a `procstore resume` nudge,
+    # stored though its answers were lost, which the nudge (still there) runs now.
+    rewind = to_step is not None or (nudged and plan.copy_pending and _origin_kind(message) != "resume")
     if rewind and (old := ctx.metas.get(procedure_id)) is not None:
         # A rewind's new run sees none of the ended run's subprocedures (`procedure_state`
         # is None, as on a manager that never knew them) and creates those it names anew.
