@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 
@@ -62,7 +62,7 @@ async def test_a_resume_nudge_whose_copy_stayed_in_doubt_goes_on_with_the_childr
     world = World.new()
     joiner = ProcedureWithId.new(Joiner({"world": world.name, "child_id": str(ProcedureId.random())}))
     store = FaultyStore(open_state_store(local_target.url))
-    options = {"keep_failed": True, "max_retry_times": 1, "request_poll_interval": 0.05}
+    options: dict[str, Any] = {"keep_failed": True, "max_retry_times": 1, "request_poll_interval": 0.05}
     async with manager_for(store, RunsFlaky, Joiner, **options) as manager:
         with pytest.raises(ProcedureFailed, match="failed once"):
             await (await manager.submit(joiner)).wait()
