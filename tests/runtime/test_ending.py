@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import pytest
 
-from procstore import Client, EndNotRecorded, ProcedureFailed, ProcedureWithId
+from procstore import Client, EndNotRecorded, HistoryRecord, ProcedureFailed, ProcedureManager, ProcedureWithId
 from procstore.store import StateStore, open_state_store
 from procstore.store.wrapping import WrappingStore
 from procstore.testing import Fault, FaultyStore
@@ -119,15 +119,15 @@ async def test_a_parent_stops_unrecorded_when_its_childs_end_could_not_be_stored
     await store.inner.close()
 
 
-async def test_a_rewind_of_a_run_that_ended_unrecorded_records_that_run(local_target: StoreTarget) -> None:
-    """A run fails but the store refuses its failure (it shows the run unfinished); the
-    operator rewinds it on the leader that knows. The new run supersedes the old one, so
-    the old one gets its end record then: history holds one record per run."""
-    from procstore.store.history import HistoryStore
-
-    world = World.new()
-    procedure = steps(world, 3, fail_at=1)
-    store = FaultyStore(open_state_store(local_target.url))
+@contextlib.asynccontextmanager
+async def _a_run_ended_unrecorded(
+    target: StoreTarget,
+) -> AsyncIterator[tuple[FaultyStore, ProcedureManager, ProcedureWithId]]:
+    """Run 1 fails at step 1, but the store refuses its failure (it shows the run
+    unfinished): the leader holds it ended, unrecorded. Yields the store (its faults
+    cleared), the leader and the procedure."""
+    procedure = steps(World.new(), 3, fail_at=1)
+    store = FaultyStore(open_state_store(target.url))
     for step in range(1, 4):
         key = f"procedure/{procedure.id}/{step:010}.*"
         store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, times=4))
@@ -135,11 +135,30 @@ async def test_a_rewind_of_a_run_that_ended_unrecorded_records_that_run(local_ta
         with pytest.raises(EndNotRecorded):
             await (await manager.submit(procedure)).wait()
         store.plan.faults.clear()
+        yield store, manager, procedure
+    await store.inner.close()
+
+
+def _lose_the_copys_answers(store: FaultyStore, procedure: ProcedureWithId, times: int | None = None) -> None:
+    """The next restart's copy lands, and its answer is lost (`times` times; every time if None)."""
+    copy = f"procedure/{procedure.id}/*.step"
+    store.plan.faults[:] = [Fault("transient", kinds=frozenset({"put_if_absent"}), key=copy, when="after", times=times)]
+
+
+async def _end_records(store: FaultyStore, procedure: ProcedureWithId) -> dict[int, HistoryRecord]:
+    from procstore.store.history import HistoryStore
+
+    return {r.run: r for r in await HistoryStore(store).list() if r.id == str(procedure.id)}
+
+
+async def test_a_rewind_of_a_run_that_ended_unrecorded_records_that_run(local_target: StoreTarget) -> None:
+    """The operator rewinds the run that ended unrecorded on the leader that knows it. The
+    new run supersedes the old one, so the old one gets its end record then: history holds
+    one record per run."""
+    async with _a_run_ended_unrecorded(local_target) as (store, manager, procedure):
         with pytest.raises(ProcedureFailed):  # step 1 fails again, and this time the store says so
             await (await manager.rewind(procedure.id, 0)).wait()
-    runs = sorted(run for (pid, run) in (await HistoryStore(store).recorded()).runs if pid == str(procedure.id))
-    assert runs == [1, 2]
-    await store.inner.close()
+    assert sorted(await _end_records(store, procedure)) == [1, 2]
 
 
 async def test_a_rewind_whose_copy_landed_with_its_answer_lost_records_the_superseded_run(
@@ -148,132 +167,45 @@ async def test_a_rewind_whose_copy_landed_with_its_answer_lost_records_the_super
     """As above, but the copy's create lands and its answer is lost: the copy is stored, so
     the rewind goes on (its retry finds its own bytes) and the run it superseded gets its
     end record, rather than the rewind raising with run 2 stored and run 1 never recorded."""
-    from procstore.store.history import HistoryStore
-
-    world = World.new()
-    procedure = steps(world, 3, fail_at=1)
-    store = FaultyStore(open_state_store(local_target.url))
-    for step in range(1, 4):
-        key = f"procedure/{procedure.id}/{step:010}.*"
-        store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, times=4))
-    async with manager_for(store, max_retry_times=1, keep_failed=True) as manager:
-        with pytest.raises(EndNotRecorded):
-            await (await manager.submit(procedure)).wait()
-        store.plan.faults[:] = [
-            Fault(
-                "transient",
-                kinds=frozenset({"put_if_absent"}),
-                key=f"procedure/{procedure.id}/*.step",
-                when="after",
-                times=1,
-            )
-        ]
-        with pytest.raises(ProcedureFailed):  # step 1 fails again, and this time the store says so
+    async with _a_run_ended_unrecorded(local_target) as (store, manager, procedure):
+        _lose_the_copys_answers(store, procedure, times=1)
+        with pytest.raises(ProcedureFailed):
             await (await manager.rewind(procedure.id, 0)).wait()
         assert store.plan.faults[0].fired == 1  # the copy's answer was lost
-    records = {r.run: r for r in await HistoryStore(store).list() if r.id == str(procedure.id)}
+    records = await _end_records(store, procedure)
     assert sorted(records) == [1, 2]
     assert "rewound to step 0 before this end was stored" in (records[1].error or "")
-    await store.inner.close()
-
-
-async def test_a_rewind_retried_after_its_copy_stayed_in_doubt_records_every_superseded_run(
-    local_target: StoreTarget,
-) -> None:
-    """The copy's create lands but every answer is lost, past the retries: the rewind raises,
-    and run 2 is stored. The operator rewinds again: run 3 supersedes both, so run 1 (which
-    ended here unrecorded) and run 2 (which nothing ran) get their end records with it."""
-    from procstore import StoreError
-    from procstore.store.history import HistoryStore
-
-    world = World.new()
-    procedure = steps(world, 3, fail_at=1)
-    store = FaultyStore(open_state_store(local_target.url))
-    for step in range(1, 4):
-        key = f"procedure/{procedure.id}/{step:010}.*"
-        store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, times=4))
-    async with manager_for(store, max_retry_times=1, keep_failed=True) as manager:
-        with pytest.raises(EndNotRecorded):
-            await (await manager.submit(procedure)).wait()
-        copy = f"procedure/{procedure.id}/*.step"
-        store.plan.faults[:] = [Fault("transient", kinds=frozenset({"put_if_absent"}), key=copy, when="after")]
-        with pytest.raises(StoreError):
-            await manager.rewind(procedure.id, 0)
-        store.plan.faults.clear()
-        with pytest.raises(ProcedureFailed):
-            await (await manager.rewind(procedure.id, 0)).wait()
-    records = {r.run: r for r in await HistoryStore(store).list() if r.id == str(procedure.id)}
-    assert sorted(records) == [1, 2, 3]
-    assert "rewound to step 0 before this end was stored" in (records[1].error or "")
-    assert "rewound to step 0 before it ended" in (records[2].error or "")
-    await store.inner.close()
-
-
-async def test_a_resume_after_a_rewinds_copy_stayed_in_doubt_records_the_run_it_superseded(
-    local_target: StoreTarget,
-) -> None:
-    """As above, but the operator resumes: the stored run 2 goes on as stored, and run 1,
-    which it superseded, gets its end record."""
-    from procstore import StoreError
-    from procstore.store.history import HistoryStore
-
-    world = World.new()
-    procedure = steps(world, 3, fail_at=1)
-    store = FaultyStore(open_state_store(local_target.url))
-    for step in range(1, 4):
-        key = f"procedure/{procedure.id}/{step:010}.*"
-        store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, times=4))
-    async with manager_for(store, max_retry_times=1, keep_failed=True) as manager:
-        with pytest.raises(EndNotRecorded):
-            await (await manager.submit(procedure)).wait()
-        copy = f"procedure/{procedure.id}/*.step"
-        store.plan.faults[:] = [Fault("transient", kinds=frozenset({"put_if_absent"}), key=copy, when="after")]
-        with pytest.raises(StoreError):
-            await manager.rewind(procedure.id, 0)
-        store.plan.faults.clear()
-        with pytest.raises(ProcedureFailed):
-            await (await manager.resume(procedure.id)).wait()
-    records = {r.run: r for r in await HistoryStore(store).list() if r.id == str(procedure.id)}
-    assert sorted(records) == [1, 2]
-    assert "resumed before this end was stored" in (records[1].error or "")
-    await store.inner.close()
 
 
 @pytest.mark.parametrize("then", ["rewind", "resume"])
-async def test_restarts_after_two_copies_in_doubt_record_every_run_they_superseded(
-    local_target: StoreTarget, then: str
+@pytest.mark.parametrize("in_doubt", [1, 2])
+async def test_a_restart_after_copies_in_doubt_records_every_run_it_superseded(
+    local_target: StoreTarget, in_doubt: int, then: str
 ) -> None:
-    """Two rewinds in a row raise with their copies stored (every answer lost): runs 2 and
-    3 are stored, and nothing ran either. The operator's next restart supersedes them all:
-    history holds one record per run, none skipped (a gap would stop
-    `HistoryStore.find_newest_run` at run 1)."""
+    """Rewinds raise with their copies stored (every answer lost, past the retries): runs 2
+    up to 1 + `in_doubt` are stored, and nothing ran them. The operator's next restart
+    supersedes them: a rewind writes a copy above them all, a resume runs the last one as
+    stored. Run 1 (which ended here unrecorded) and every run in between get their end
+    records: one per run, none skipped (a gap would stop `HistoryStore.find_newest_run`)."""
     from procstore import StoreError
     from procstore.store.history import HistoryStore
 
-    world = World.new()
-    procedure = steps(world, 3, fail_at=1)
-    store = FaultyStore(open_state_store(local_target.url))
-    for step in range(1, 4):
-        key = f"procedure/{procedure.id}/{step:010}.*"
-        store.plan.faults.append(Fault("transient", kinds=frozenset({"put_if_absent"}), key=key, times=4))
-    async with manager_for(store, max_retry_times=1, keep_failed=True) as manager:
-        with pytest.raises(EndNotRecorded):
-            await (await manager.submit(procedure)).wait()
-        copy = f"procedure/{procedure.id}/*.step"
-        for _ in range(2):
-            store.plan.faults[:] = [Fault("transient", kinds=frozenset({"put_if_absent"}), key=copy, when="after")]
+    async with _a_run_ended_unrecorded(local_target) as (store, manager, procedure):
+        for _ in range(in_doubt):
+            _lose_the_copys_answers(store, procedure)
             with pytest.raises(StoreError):
                 await manager.rewind(procedure.id, 0)
         store.plan.faults.clear()
         with pytest.raises(ProcedureFailed):
             restarted = manager.rewind(procedure.id, 0) if then == "rewind" else manager.resume(procedure.id)
             await (await restarted).wait()
-    records = {r.run: r for r in await HistoryStore(store).list() if r.id == str(procedure.id)}
-    last = 4 if then == "rewind" else 3  # a resume runs run 3 as stored
+    how = "rewound to step 0" if then == "rewind" else "resumed"
+    last = 1 + in_doubt + (then == "rewind")
+    records = await _end_records(store, procedure)
     assert sorted(records) == list(range(1, last + 1))
-    assert f"{'rewound to step 0' if then == 'rewind' else 'resumed'} before it ended" in (records[2].error or "")
+    assert f"{how} before this end was stored" in (records[1].error or "")
+    assert all(f"{how} before it ended" in (records[run].error or "") for run in range(2, last))
     assert (await HistoryStore(store).find_newest_run(procedure.id)).run == last  # type: ignore[union-attr]
-    await store.inner.close()
 
 
 async def test_a_restart_is_refused_while_the_procedure_is_being_submitted(local_target: StoreTarget) -> None:

@@ -211,7 +211,6 @@ async def test_a_deletion_cut_short_leaves_a_rewound_procedure_read_as_its_last_
     """Run 1 rolled back (0.step, 1.rollback, 2.commit); a rewind ran run 2 to its end
     (3.step, 4.commit). A deletion that stops at any stage must leave a folder that reads as
     run 2 ended (done), never as rolled back by run 1's `.rollback`."""
-    from procstore.testing import Fault, InjectedFailure
 
     store, recorder = make_store(tmp_path)
     pid = ProcedureId.random()
@@ -221,12 +220,33 @@ async def test_a_deletion_cut_short_leaves_a_rewound_procedure_read_as_its_last_
     message = ProcedureMessage("T", "d", None, 3, run=2).encode()
     await store.store.put_if_absent(store.key(pid, 3, KeyType.STEP), message)
     await store.commit_procedure(pid, 4)
+    await _delete_cut_short_reads_done(store, recorder, pid, failing)
+
+
+async def _delete_cut_short_reads_done(
+    store: ProcedureStore, recorder: FaultyStore, pid: ProcedureId, failing: int
+) -> None:
+    """Delete `pid`'s keys with its `failing`-th deletion request failing: what is left
+    reads as finished (done), never as rolled back."""
+    from procstore.testing import Fault, InjectedFailure
+
     recorder.plan.faults.append(Fault("error", kinds=frozenset({"delete", "batch_delete"}), nth=failing))
     with pytest.raises(InjectedFailure):
         await store.delete_procedure(pid)
     left = sorted(k.rsplit("/", 1)[1] for k in await store.store.walk(f"data/procedure/{pid}/"))
     loaded = await store.load_messages()
+    assert not left or pid in loaded.finished_ids, left
     assert pid not in loaded.rolled_back_ids, left
+
+
+async def _forced_rewind_of_a_rolling_back_run(store: ProcedureStore, pid: ProcedureId) -> None:
+    """Run 1 was rolling back (0.step, 1.rollback) when a forced rewind ran run 2 to its end
+    (2.step, 3.commit): one `.commit`, with run 1's `.rollback` below the message it ends."""
+    await store.store_procedure(pid, 0, "T", "d", None)
+    await store.rollback_procedure(pid, ProcedureMessage("T", "d", None, 1, "boom"))
+    message = ProcedureMessage("T", "d", None, 2, run=2).encode()
+    await store.store.put_if_absent(store.key(pid, 2, KeyType.STEP), message)
+    await store.commit_procedure(pid, 3)
 
 
 @pytest.mark.parametrize("failing", [1, 2])
@@ -238,23 +258,12 @@ async def test_a_deletion_cut_short_leaves_a_forced_rewind_of_a_rolling_back_pro
     A deletion that stops after any stage must leave a folder read as run 2 ended (done):
     left alone with the commit, the old `.rollback` would read as its end (and a failed
     root is kept for an operator with `keep_failed`)."""
-    from procstore.testing import Fault, InjectedFailure
 
     store, recorder = make_store(tmp_path)
     pid = ProcedureId.random()
-    await store.store_procedure(pid, 0, "T", "d", None)
-    await store.rollback_procedure(pid, ProcedureMessage("T", "d", None, 1, "boom"))
-    message = ProcedureMessage("T", "d", None, 2, run=2).encode()
-    await store.store.put_if_absent(store.key(pid, 2, KeyType.STEP), message)
-    await store.commit_procedure(pid, 3)
+    await _forced_rewind_of_a_rolling_back_run(store, pid)
     assert pid not in (await store.load_messages()).rolled_back_ids
-    recorder.plan.faults.append(Fault("error", kinds=frozenset({"delete", "batch_delete"}), nth=failing))
-    with pytest.raises(InjectedFailure):
-        await store.delete_procedure(pid)
-    left = sorted(k.rsplit("/", 1)[1] for k in await store.store.walk(f"data/procedure/{pid}/"))
-    loaded = await store.load_messages()
-    assert not left or pid in loaded.finished_ids, left
-    assert pid not in loaded.rolled_back_ids, left
+    await _delete_cut_short_reads_done(store, recorder, pid, failing)
 
 
 @pytest.mark.parametrize("late", [False, True])
@@ -276,16 +285,13 @@ async def test_a_bulk_delete_that_keeps_a_rollback_leaves_a_run_that_ended_done_
 
     store = ProcedureStore(KeepsRollbacksInBulk(f"bulk-{ProcedureId.random()}"), "data/")
     pid = ProcedureId.random()
-    await store.store_procedure(pid, 0, "T", "d", None)
     if late:
+        await store.store_procedure(pid, 0, "T", "d", None)
         await store.store_procedure(pid, 1, "T", "d", None)
         await store.commit_procedure(pid, 2)
         await store.rollback_procedure(pid, ProcedureMessage("T", "d", None, 2, "late"))
     else:
-        await store.rollback_procedure(pid, ProcedureMessage("T", "d", None, 1, "boom"))
-        message = ProcedureMessage("T", "d", None, 2, run=2).encode()
-        await store.store.put_if_absent(store.key(pid, 2, KeyType.STEP), message)
-        await store.commit_procedure(pid, 3)
+        await _forced_rewind_of_a_rolling_back_run(store, pid)
     assert pid not in (await store.load_messages()).rolled_back_ids
     with pytest.raises(StoreError):
         await store.delete_procedure(pid)
@@ -306,7 +312,7 @@ async def test_a_deletion_cut_short_never_reads_a_late_rollback_beside_the_commi
     commit, the late `.rollback` would read as its end (and a failed root is kept for an
     operator with `keep_failed`). With `runs=2` the folder holds a rolled-back earlier run.
     In memory: a local directory moves a folder of many keys to its trash at once."""
-    from procstore.testing import Fault, InjectedFailure, MemoryStore
+    from procstore.testing import MemoryStore
 
     recorder = FaultyStore(MemoryStore(f"deletion-{ProcedureId.random()}"))
     store = ProcedureStore(recorder, "data/")
@@ -322,13 +328,7 @@ async def test_a_deletion_cut_short_never_reads_a_late_rollback_beside_the_commi
     await store.commit_procedure(pid, step)
     await store.rollback_procedure(pid, ProcedureMessage("T", "d", None, step, "late", run=runs))
     assert pid not in (await store.load_messages()).rolled_back_ids
-    recorder.plan.faults.append(Fault("error", kinds=frozenset({"delete", "batch_delete"}), nth=failing))
-    with pytest.raises(InjectedFailure):
-        await store.delete_procedure(pid)
-    left = sorted(k.rsplit("/", 1)[1] for k in await store.store.walk(f"data/procedure/{pid}/"))
-    loaded = await store.load_messages()
-    assert not left or pid in loaded.finished_ids, left
-    assert pid not in loaded.rolled_back_ids, left
+    await _delete_cut_short_reads_done(store, recorder, pid, failing)
 
 
 async def test_a_rollback_and_a_commit_at_one_step_are_deleted_rollback_first(tmp_path: Path) -> None:

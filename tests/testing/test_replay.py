@@ -109,11 +109,10 @@ class StuckV1(ResizeV1):
         return await super().execute(ctx)
 
 
-async def test_a_store_written_under_a_parent_path_replays_with_it_and_nothing_found_is_not_ok(
-    tmp_path: Path,
-) -> None:
-    url = str(tmp_path / "prod")
-    manager = ProcedureManager(url, parent_path="cluster-a/")
+async def _stuck_under(url: str, parent_path: str) -> ProcedureWithId:
+    """A procedure stuck at its first step under `parent_path`, its manager killed (its keys
+    stay as a crash leaves them)."""
+    manager = ProcedureManager(url, parent_path=parent_path)
     manager.register_loader(ResizeV1.type_name, lambda d: StuckV1(json.loads(d)))
     await manager.start()
     procedure = ProcedureWithId.new(StuckV1({"size": 100, "at": 0}))
@@ -121,6 +120,14 @@ async def test_a_store_written_under_a_parent_path_replays_with_it_and_nothing_f
     await asyncio.sleep(0.1)
     await kill_manager(manager)
     await manager.stop()
+    return procedure
+
+
+async def test_a_store_written_under_a_parent_path_replays_with_it_and_nothing_found_is_not_ok(
+    tmp_path: Path,
+) -> None:
+    url = str(tmp_path / "prod")
+    procedure = await _stuck_under(url, "cluster-a/")
 
     missed = await replay(url, lambda m: m.register(ResizeV2))  # looks under procedure/: nothing there
     assert missed.procedures == 0 and not missed.ok and "nothing was replayed" in str(missed)
@@ -136,14 +143,7 @@ async def test_a_parent_path_without_a_slash_is_the_managers_folder_for_export_a
     (`procstore snapshot --parent-path cluster-a`) and `replay` read there too, not under
     `cluster-aprocedure/`, where they found nothing."""
     url = str(tmp_path / "prod")
-    manager = ProcedureManager(url, parent_path="cluster-a")
-    manager.register_loader(ResizeV1.type_name, lambda d: StuckV1(json.loads(d)))
-    await manager.start()
-    procedure = ProcedureWithId.new(StuckV1({"size": 100, "at": 0}))
-    await manager.submit(procedure)
-    await asyncio.sleep(0.1)
-    await kill_manager(manager)
-    await manager.stop()
+    procedure = await _stuck_under(url, "cluster-a")
 
     snapshot = tmp_path / "snapshot.tar.gz"
     assert await export_snapshot(url, snapshot, parent_path="cluster-a") > 0
