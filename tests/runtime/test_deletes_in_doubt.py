@@ -87,58 +87,6 @@ class Child(Procedure):
         return cls(json.loads(data))
 
 
-class Parent(Procedure):
-    """Creates `CHILD`, then fails in its first run (whose end the store refuses: the tree
-    stays stored) and ends done in the next."""
-
-    type_name = "doubt::Parent"
-    RUNS: ClassVar[int] = 0
-
-    def __init__(self, n: int = 0) -> None:
-        self.n = n
-
-    async def execute(self, ctx: Context) -> Status:
-        self.n += 1
-        if self.n == 1:
-            return Status.suspended([ProcedureWithId(CHILD, Child())])
-        Parent.RUNS += 1
-        if Parent.RUNS == 1:
-            raise RuntimeError("the first run fails after its child ended")
-        return Status.done()
-
-    def dump(self) -> str:
-        return json.dumps(self.n)
-
-    @classmethod
-    def load(cls, data: str) -> Parent:
-        return cls(json.loads(data))
-
-
-async def test_a_rewind_creates_a_child_again_only_once_its_failed_deletion_cannot_land() -> None:
-    store = LateDeletes()
-    Child.STORE, Child.SEEN, Parent.RUNS = store, [], 0
-    # Its retry goes at once (0.05 s), well before the failed request lands.
-    lease = Lease(ttl=2.0, late_write_grace=LATE * 2)
-    manager = ProcedureManager(store, lease=lease, max_retry_times=1, retry_delay=0.05, max_retry_delay=0.05)
-    manager.register(Parent)
-    manager.register(Child)
-    async with manager:
-        parent = ProcedureWithId.new(Parent())
-        store.refuse_ends_of = parent.id
-        first = await manager.submit(parent)
-        with pytest.raises(EndNotRecorded):
-            await asyncio.wait_for(first.wait(), 10)
-        assert Child.SEEN == [True]
-        assert await store.get(f"procedure/{CHILD}/0000000000.step") is not None  # the tree stays
-        # The rewind deletes the first run's ended child before its new run creates it again.
-        store.refuse_ends_of, store.armed = None, True
-        again = await manager.rewind(parent.id, 0)
-        await asyncio.wait_for(again.wait(), 20)
-        await asyncio.gather(*store.late)
-    assert not store.armed  # the deletion did fail once
-    assert Child.SEEN == [True, True]  # the new run's `0.step` outlived the late deletion
-
-
 class Maker(Procedure):
     """Creates `CHILD` and ends done once it has."""
 
@@ -161,14 +109,59 @@ class Maker(Procedure):
         return cls(json.loads(data))
 
 
+class Parent(Maker):
+    """Creates `CHILD`, then fails in its first run (whose end the store refuses: the tree
+    stays stored) and ends done in the next."""
+
+    type_name = "doubt::Parent"
+    RUNS: ClassVar[int] = 0
+
+    async def execute(self, ctx: Context) -> Status:
+        status = await super().execute(ctx)
+        if self.n == 1:
+            return status
+        Parent.RUNS += 1
+        if Parent.RUNS == 1:
+            raise RuntimeError("the first run fails after its child ended")
+        return status
+
+
+def _manager_on(store: LateDeletes, *types: type[Procedure]) -> ProcedureManager:
+    """A leased manager whose retries go at once (0.05 s), well before a failed request lands."""
+    lease = Lease(ttl=2.0, late_write_grace=LATE * 2)
+    manager = ProcedureManager(store, lease=lease, max_retry_times=1, retry_delay=0.05, max_retry_delay=0.05)
+    registered: list[type[Procedure]] = [*types, Child]
+    for procedure_type in registered:
+        manager.register(procedure_type)
+    return manager
+
+
+async def test_a_rewind_creates_a_child_again_only_once_its_failed_deletion_cannot_land() -> None:
+    store = LateDeletes()
+    Child.STORE, Child.SEEN, Parent.RUNS = store, [], 0
+    manager = _manager_on(store, Parent)
+    async with manager:
+        parent = ProcedureWithId.new(Parent())
+        store.refuse_ends_of = parent.id
+        first = await manager.submit(parent)
+        with pytest.raises(EndNotRecorded):
+            await asyncio.wait_for(first.wait(), 10)
+        assert Child.SEEN == [True]
+        assert await store.get(f"procedure/{CHILD}/0000000000.step") is not None  # the tree stays
+        # The rewind deletes the first run's ended child before its new run creates it again.
+        store.refuse_ends_of, store.armed = None, True
+        again = await manager.rewind(parent.id, 0)
+        await asyncio.wait_for(again.wait(), 20)
+        await asyncio.gather(*store.late)
+    assert not store.armed  # the deletion did fail once
+    assert Child.SEEN == [True, True]  # the new run's `0.step` outlived the late deletion
+
+
 async def after_a_deletion_in_doubt(store: LateDeletes) -> ProcedureManager:
     """A stopped manager on `store` whose first `Maker` ended, and whose deletion of that
     tree failed for the child (the request landing `LATE` later)."""
     Child.STORE, Child.SEEN = store, []
-    lease = Lease(ttl=2.0, late_write_grace=LATE * 2)
-    manager = ProcedureManager(store, lease=lease, max_retry_times=1, retry_delay=0.05, max_retry_delay=0.05)
-    manager.register(Maker)
-    manager.register(Child)
+    manager = _manager_on(store, Maker)
     async with manager:
         store.armed = True
         first = await manager.submit(ProcedureWithId.new(Maker()))
