@@ -11,7 +11,7 @@ import json
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from procstore import (
     Context,
@@ -67,6 +67,20 @@ class JsonProcedure(Procedure):
 
     def dump(self) -> str:
         return json.dumps(self.data, sort_keys=True)
+
+
+class CountingProcedure(Procedure):
+    """A procedure whose state is one number, `n` (a subclass counts its steps with it)."""
+
+    def __init__(self, n: int = 0) -> None:
+        self.n = n
+
+    def dump(self) -> str:
+        return json.dumps(self.n)
+
+    @classmethod
+    def load(cls, data: str) -> Self:
+        return cls(json.loads(data))
 
 
 class Steps(JsonProcedure):

@@ -4,7 +4,6 @@ it can no longer (`late_write_grace`), so a late delete never takes a new run's 
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import Sequence
 from typing import ClassVar
@@ -22,6 +21,7 @@ from procstore import (
 )
 from procstore.errors import EndNotRecorded, StoreError
 from procstore.store.memory import MemoryStore
+from tests.procedures import CountingProcedure
 
 CHILD = ProcedureId.parse("0193e7a2-0000-7000-8000-0000000000c1")
 LATE = 0.5
@@ -58,16 +58,13 @@ class LateDeletes(MemoryStore):
         await super().batch_delete(keys)
 
 
-class Child(Procedure):
+class Child(CountingProcedure):
     """Two steps; its second waits until the late deletion has landed, then notes whether
     its `0.step` is still stored."""
 
     type_name = "doubt::Child"
     STORE: ClassVar[LateDeletes | None] = None
     SEEN: ClassVar[list[bool]] = []
-
-    def __init__(self, n: int = 0) -> None:
-        self.n = n
 
     async def execute(self, ctx: Context) -> Status:
         self.n += 1
@@ -79,34 +76,17 @@ class Child(Procedure):
         Child.SEEN.append(await store.get(f"procedure/{CHILD}/0000000000.step") is not None)
         return Status.done()
 
-    def dump(self) -> str:
-        return json.dumps(self.n)
 
-    @classmethod
-    def load(cls, data: str) -> Child:
-        return cls(json.loads(data))
-
-
-class Maker(Procedure):
+class Maker(CountingProcedure):
     """Creates `CHILD` and ends done once it has."""
 
     type_name = "doubt::Maker"
-
-    def __init__(self, n: int = 0) -> None:
-        self.n = n
 
     async def execute(self, ctx: Context) -> Status:
         self.n += 1
         if self.n == 1:
             return Status.suspended([ProcedureWithId(CHILD, Child())])
         return Status.done()
-
-    def dump(self) -> str:
-        return json.dumps(self.n)
-
-    @classmethod
-    def load(cls, data: str) -> Maker:
-        return cls(json.loads(data))
 
 
 class Parent(Maker):

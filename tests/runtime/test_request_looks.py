@@ -21,6 +21,7 @@ from procstore.store.open import open_state_store
 from procstore.store.requests import OperatorRequest, RequestStore
 from procstore.testing import FaultyStore
 from procstore.testing.plan import Fault
+from tests.procedures import CountingProcedure
 from tests.support import StoreTarget
 
 
@@ -287,26 +288,16 @@ async def test_an_unused_failed_look_ahead_is_dropped_quietly(tmp_path: Path) ->
     assert [c["message"] for c in seen] == []
 
 
-class Counted(Procedure):
+class Counted(CountingProcedure):
     """Four persisted steps; the numbers of the steps it began are in `RAN`."""
 
     type_name = "looks::Counted"
     RAN: ClassVar[list[int]] = []
 
-    def __init__(self, n: int = 0) -> None:
-        self.n = n
-
     async def execute(self, ctx: Context) -> Status:
         self.n += 1
         Counted.RAN.append(self.n)
         return Status.done() if self.n == 4 else Status.executing(persist=True)
-
-    def dump(self) -> str:
-        return json.dumps(self.n)
-
-    @classmethod
-    def load(cls, data: str) -> Counted:
-        return cls(json.loads(data))
 
 
 async def test_a_request_stored_while_a_write_backs_off_stops_the_next_step(s3_target: StoreTarget) -> None:
@@ -417,14 +408,11 @@ class SlowSignalDeletes(MemoryStore):
         await super().batch_delete(keys)
 
 
-class Signalled(Procedure):
+class Signalled(CountingProcedure):
     """Waits for signal `go`, then runs two more steps, each stored. `RAN` lists each step begun."""
 
     type_name = "request_looks::Signalled"
     RAN: ClassVar[list[int]] = []
-
-    def __init__(self, n: int = 0) -> None:
-        self.n = n
 
     async def execute(self, ctx: Context) -> Status:
         Signalled.RAN.append(self.n)
@@ -432,13 +420,6 @@ class Signalled(Procedure):
         if self.n == 1:
             return Status.wait_for_signal("go")
         return Status.done() if self.n == 3 else Status.executing(persist=True)
-
-    def dump(self) -> str:
-        return json.dumps(self.n)
-
-    @classmethod
-    def load(cls, data: str) -> Signalled:
-        return cls(json.loads(data))
 
 
 async def test_a_request_stored_while_consumed_signals_are_deleted_stops_the_next_step() -> None:
