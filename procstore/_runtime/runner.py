@@ -1427,22 +1427,15 @@ async def record_superseded(
     records are missing."""
     ended = datetime.now(UTC)
     records = []
-    superseded_here = (
-        old is not None
-        and old.state.is_ended()
-        and old.run < new_run.run
-        and (not old.state.recorded or (copied and old.run == new_run.run - 1))
-    )
-    if old is not None and superseded_here:
-        state = old.state
+    here = old if old is not None and old.state.is_ended() and old.run < new_run.run else None
+    if here is not None and (not here.state.recorded or (copied and here.run == new_run.run - 1)):
+        state = here.state
         error = f"{state.error}; {how} before this end was stored" if state.error else how
-        records.append(_record(old, state.with_error_text(error), ended, ctx.store.history.settings.output_limit))
-    ended_here = old is not None and old.state.is_ended() and old.run < new_run.run
-    first_stuck = old.run + 1 if old is not None and ended_here else new_run.run - 1 if copied else new_run.run
+        records.append(_record(here, state.with_error_text(error), ended, ctx.store.history.settings.output_limit))
+    first_stuck = here.run + 1 if here is not None else new_run.run - 1 if copied else new_run.run
     records += [
         _stored_run_record(procedure_id, new_run.type_name, new_run.parent_id, f"{how} before it ended", ended, run)
         for run in range(first_stuck, new_run.run)
-        if not any(r.run == run for r in records)
     ]
     if not records:
         return
