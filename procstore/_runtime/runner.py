@@ -400,8 +400,8 @@ class Runner:
 
     __slots__ = (
         "_attempt", "_consuming", "_first_context", "_message_skips_a_step", "_parked", "_resume_children",
-        "_signal_names", "_signals", "_skip_signals", "_stored_data", "_submitted", "_trace_parent", "_wait", "ctx",
-        "holds_locks", "meta",
+        "_signal_names", "_signals", "_signals_seen", "_skip_signals", "_stored_data", "_submitted", "_trace_parent",
+        "_wait", "ctx", "holds_locks", "meta",
         "procedure", "restarted", "step",
     )  # fmt: skip
 
@@ -440,6 +440,9 @@ class Runner:
         self._consuming: tuple[str, ...] = ()
         """Keys of the signals delivered to a step whose outcome is not stored yet: named in
         its next stored message, and deleted once that is stored."""
+        self._signals_seen = False
+        """A call of `execute` got `_signals`: a failure of that step consumes them too. One
+        that fails before the call (an operator's request met first) leaves them unread."""
         self._parked = False
         """Parked in `ctx.waits`: its task has ended, and its locks stay held for it."""
         self.restarted = restarted
@@ -699,6 +702,7 @@ class Runner:
             IN_EXECUTE,
         ):
             self._attempt = step
+            self._signals_seen = True
             status = await self.procedure.execute(self._attempt_context(attempt, step))
         if not isinstance(status, Status):
             raise TypeError(f"execute() returned {status!r}, not a Status")
@@ -903,6 +907,7 @@ class Runner:
                 self._wait = None
                 self._signals = {found.name: found.payload}
                 self._consuming = (found.key,)
+                self._signals_seen = False
                 return False
             if not signalled:
                 break  # else a signal sent during the read may not be in it: read again
@@ -1131,6 +1136,10 @@ class Runner:
         failed = failed_state(
             exc, gave_up_after=self.ctx.settings.policy.max_retry_times if is_transient(exc) else None
         )
+        if not self._signals_seen:
+            # No step saw them: they stay in the store for the run an operator's resume or
+            # rewind starts, not deleted with this failure's `.commit`.
+            self._signals, self._consuming = {}, ()
         self.meta.record.cancelled = isinstance(exc, OperatorRequested) and exc.request.kind == "cancel"
         if isinstance(exc, OperatorRequested):
             self.meta.record.ended_by = exc.request.action()
