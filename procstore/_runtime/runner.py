@@ -906,7 +906,9 @@ class Runner:
                 return False
             if not signalled:
                 break  # else a signal sent during the read may not be in it: read again
-        if wait.wake_at is not None and wall_clock() >= wait.wake_at:
+        # A request noted during the read found it not parked (`Waits.wake` did nothing):
+        # parked now, nothing would wake it.
+        if (wait.wake_at is not None and wall_clock() >= wait.wake_at) or self.meta.id in self.ctx.requests:
             self._wait = None
             return False
         self._parked = True

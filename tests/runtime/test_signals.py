@@ -354,6 +354,24 @@ def test_a_signal_sent_while_the_waiter_reads_its_signals_wakes_it_at_once() -> 
     assert run_simulated(main()) < 100
 
 
+def test_a_cancel_sent_while_the_waiter_reads_its_signals_ends_the_wait() -> None:
+    """A cancel noted during the read before parking finds nothing parked to wake: the waiter
+    must see it before it parks, or it waits for a signal that may never come."""
+
+    async def main() -> float:
+        store = SlowSignalListing(open_state_store("memory://signals-cancel-during-read/"), seconds=5)
+        async with manager_for(store, Waiter, request_poll_interval=1.0) as manager:
+            procedure = waiter()
+            watcher = await manager.submit(procedure)
+            await store.listed.wait()
+            await manager.cancel(procedure.id, "cancelled during the read")
+            with pytest.raises(ProcedureFailed, match="cancelled during the read"):
+                await asyncio.wait_for(watcher.wait(), 600)
+            return asyncio.get_running_loop().time()
+
+    assert run_simulated(main()) < 100
+
+
 def test_a_signalled_wait_with_a_long_timeout_leaves_nothing_of_the_procedure_behind() -> None:
     # Its timer's heap item outlives the wait until the timeout: it must not hold the procedure.
     alive: list[weakref.ref[Waiter]] = []
