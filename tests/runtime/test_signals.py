@@ -19,7 +19,17 @@ from typing import Any, TypeVar
 import pytest
 from click.testing import CliRunner
 
-from procstore import Context, Lease, Procedure, ProcedureError, ProcedureFailed, ProcedureId, ProcedureWithId, Status
+from procstore import (
+    Client,
+    Context,
+    Lease,
+    Procedure,
+    ProcedureError,
+    ProcedureFailed,
+    ProcedureId,
+    ProcedureWithId,
+    Status,
+)
 from procstore._cli.app import cli
 from procstore.store import StateStore, WrappingStore, open_state_store
 from procstore.store.procedure_store import ProcedureStore
@@ -247,6 +257,45 @@ def test_procstore_signal_refuses_a_payload_it_would_store_changed(tmp_path: Pat
     sent = CliRunner().invoke(cli, ["signal", str(tmp_path), folder.name, "go", "--payload", payload])
     assert sent.exit_code == 2, sent.output
     assert not (tmp_path / SIGNALS_PATH).exists()
+
+
+def test_a_signal_name_with_a_lone_surrogate_is_refused_clearly_before_anything_is_written() -> None:
+    """UTF-8 cannot store a lone surrogate (what Python makes of an argument's byte that is
+    not UTF-8): refused as a reason with one is, naming it, not with the encoder's error."""
+
+    async def main() -> None:
+        url = "memory://signals-surrogate-name/"
+        async with manager_for(url, Waiter) as manager, Client(url) as client:
+            procedure = waiter()
+            await manager.submit(procedure)
+            with pytest.raises(ValueError, match="a signal's name must be valid Unicode text"):
+                await manager.signal(procedure.id, "go\ud800")
+            with pytest.raises(ValueError, match="a signal's name must be valid Unicode text"):
+                await client.signal(procedure.id, "\udcff")
+            assert await stored_signals(manager, procedure.id) == []
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["signal", "{id}", "\udcff"],
+        ["cancel", "{id}", "--yes", "--reason", "\udcff"],
+        ["resume", "{id}", "--force", "--reason", "\udcff"],
+    ],
+)
+def test_procstore_refuses_an_argument_that_is_not_utf8_as_a_usage_error(tmp_path: Path, command: list[str]) -> None:
+    """A name or reason given with a byte that is not UTF-8 (Python reads it as a lone
+    surrogate): exit 2, naming the parameter, and nothing written; not an internal error."""
+    folder = tmp_path / "procedure" / "11111111-1111-4111-8111-111111111111"
+    folder.mkdir(parents=True)
+    (folder / "0000000000.step").write_text(json.dumps({"type_name": "t", "data": "{}", "parent_id": None, "step": 0}))
+    args = [command[0], str(tmp_path), *(part.format(id=folder.name) for part in command[1:])]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert "must be valid Unicode text" in result.output
+    assert not (tmp_path / "requests").exists()
 
 
 def test_old_signals_of_procedures_the_store_no_longer_holds_are_deleted() -> None:
