@@ -889,13 +889,17 @@ class Runner:
         waits, pid = self.ctx.waits, self.meta.id
         while wait.signal is not None:
             waits.begin_reading(pid)
+            # An operator's request ends the read's backoff, and is what ends the procedure:
+            # its next attempt honours it (as a step's retries do), not the store's error.
+            read = self.ctx.requests.unless_requested(pid, lambda _n: self._read_signals(wait.signal or ""))
             try:
-                found = await self.ctx.settings.policy.call(lambda _n: self._read_signals(wait.signal or ""))
+                found = await self.ctx.settings.policy.call(read, wake=self.meta.requested)
             except Fenced:
                 raise
             except Exception as e:
                 self._wait = None
-                await self._fail(e)
+                if pid not in self.ctx.requests:
+                    await self._fail(e)
                 return False
             finally:
                 signalled = waits.end_reading(pid)

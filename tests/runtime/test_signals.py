@@ -421,6 +421,31 @@ def test_a_cancel_sent_while_the_waiter_reads_its_signals_ends_the_wait() -> Non
     assert run_simulated(main()) < 100
 
 
+def test_a_cancel_ends_the_backoff_of_a_failing_read_of_signals_and_is_the_recorded_end() -> None:
+    """The read of its signals before it parks fails (the listing, again and again): an
+    operator's cancel ends its backoff at once, as it ends a step's, and the procedure ends
+    cancelled, not failed with the store's error once the retries run out."""
+
+    async def main() -> float:
+        url = "memory://signals-cancel-read-backoff/"
+        failing = Fault("transient", kinds=frozenset({"walk"}), key=f"{SIGNALS_PATH}*")
+        store = FaultyStore(open_state_store(url), faults=[failing])
+        options = {"retry_delay": 5.0, "max_retry_delay": 5.0, "max_retry_times": 5}
+        async with manager_for(store, Waiter, **options) as manager, Client(url) as client:
+            procedure = waiter()
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(1)
+            await manager.cancel(procedure.id, "cancelled while its read backs off")
+            with pytest.raises(ProcedureFailed, match="cancelled while its read backs off"):
+                await watcher.wait()
+            ended = asyncio.get_running_loop().time()
+            (record,) = await client.history(procedure_id=procedure.id)
+            assert record.outcome == "cancelled" and record.ended_by is not None
+            return ended
+
+    assert run_simulated(main()) < 2
+
+
 def test_a_signalled_wait_with_a_long_timeout_leaves_nothing_of_the_procedure_behind() -> None:
     # Its timer's heap item outlives the wait until the timeout: it must not hold the procedure.
     alive: list[weakref.ref[Waiter]] = []
