@@ -862,7 +862,9 @@ class Runner:
     async def _delete_consumed(self) -> None:
         """The step that read `_consuming` is stored: delete those signals. A deletion that
         fails is logged; the stored message names them, so they are never delivered again.
-        Awaited only when there are some: a step that consumed none starts no coroutine."""
+        An operator's request ends its retries: they are left to a later deletion (the next
+        stored message's, the end's, or the request poll's), not waited for. Awaited only
+        when there are some: a step that consumed none starts no coroutine."""
         keys = self._skip_signals = self._consuming + self._skip_signals
         self._consuming = ()
         if not keys:
@@ -870,8 +872,9 @@ class Runner:
         # Deleted after the step's write and before the next attempt: a look ahead sent with
         # the write would be older than a request stored while they go.
         self.ctx.requests.looks.forget(self.meta.id)
+        delete = self.ctx.requests.unless_requested(self.meta.id, lambda _n: self.ctx.store.signals.delete(keys))
         try:
-            await self.ctx.settings.policy.call(lambda _n: self.ctx.store.signals.delete(keys))
+            await self.ctx.settings.policy.call(delete, wake=self.meta.requested)
         except Exception as e:
             logger.warning("procedure %s: cannot delete its consumed signals yet: %s", self.meta.id, describe(e))
         else:

@@ -446,6 +446,30 @@ def test_a_cancel_ends_the_backoff_of_a_failing_read_of_signals_and_is_the_recor
     assert run_simulated(main()) < 2
 
 
+def test_a_cancel_ends_the_backoff_of_a_failing_deletion_of_consumed_signals() -> None:
+    """The step that read a signal is stored, and the signal's deletion fails again and
+    again: an operator's cancel ends that backoff at once (the stored message names the
+    signal, so it is never delivered again), rather than after every retry."""
+
+    async def main() -> float:
+        failing = Fault("transient", kinds=frozenset({"batch_delete", "delete"}), key=f"{SIGNALS_PATH}*")
+        store = FaultyStore(open_state_store("memory://signals-cancel-delete-backoff/"), faults=[failing])
+        options = {"retry_delay": 5.0, "max_retry_delay": 5.0, "max_retry_times": 5}
+        async with manager_for(store, Waiter, **options) as manager:
+            procedure = waiter(waits=2)
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(1)
+            await manager.signal(procedure.id, "go", 1)
+            await asyncio.sleep(1)  # its deletion backs off
+            await manager.cancel(procedure.id, "cancelled while a deletion backs off")
+            cancelled = asyncio.get_running_loop().time()
+            with pytest.raises(ProcedureFailed, match="cancelled while a deletion backs off"):
+                await watcher.wait()
+            return asyncio.get_running_loop().time() - cancelled
+
+    assert run_simulated(main()) < 1
+
+
 def test_a_signalled_wait_with_a_long_timeout_leaves_nothing_of_the_procedure_behind() -> None:
     # Its timer's heap item outlives the wait until the timeout: it must not hold the procedure.
     alive: list[weakref.ref[Waiter]] = []
