@@ -1059,6 +1059,11 @@ class Runner:
             else:
                 reason = "its id already has stored steps that this manager could not load"
                 self.ctx.metas.register_poisoned(self.meta.id, sub.id, child.type_name, reason)
+        if (request := self.ctx.requests.get(self.meta.id)) is not None:
+            # Noted during the step that returned them, or while they were written: the
+            # children it reached then were not registered (or not yet its children), so
+            # they would run on, and this procedure would wait for them to end.
+            self.ctx.requests.note(self.meta.id, request)
 
     async def _resume_stored_children(self) -> None:
         """After a restart, resume the children this procedure had stored, then wait for them.
