@@ -275,6 +275,9 @@ def test_a_signal_name_with_a_lone_surrogate_is_refused_clearly_before_anything_
             assert await stored_signals(manager, procedure.id) == []
 
     asyncio.run(main())
+    # Nor can a step wait for one: no signal could end that wait.
+    with pytest.raises(ValueError, match="a signal's name must be valid Unicode text"):
+        Status.wait_for_signal("go\ud800")
 
 
 @pytest.mark.parametrize(
