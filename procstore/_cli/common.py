@@ -18,7 +18,7 @@ import click
 import orjson
 
 from procstore._cli.output import FORMATS
-from procstore._text import TEXT_LIMIT, bounded, terminal_text
+from procstore._text import TEXT_LIMIT, bounded, storable, terminal_text
 from procstore.errors import OperationRefused, ProcedureNotFound, StoreError
 from procstore.ids import ProcedureId
 from procstore.store import open_state_store
@@ -167,6 +167,18 @@ async def open_existing_store(url: str, storage_options: tuple[str, ...], parent
             raise CommandError(str(e), ExitCode.STORE_UNAVAILABLE) from e
         raise
     return ProcedureStore(state_store, parent_path)
+
+
+def storable_text(_ctx: click.Context, param: click.Parameter, text: str | None) -> str | None:
+    """A click callback for text the command stores (a reason, a signal's name): an
+    argument's byte that is not UTF-8 reaches Python as a lone surrogate, which the store
+    cannot hold; refused as a usage error, naming the parameter, before anything is written."""
+    if text is None:
+        return None
+    try:
+        return storable(text, param.human_readable_name)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def run_command(main: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:

@@ -25,6 +25,7 @@ from procstore._cli.common import (
     refused,
     resolve_id,
     run_command,
+    storable_text,
     store_options,
 )
 from procstore._cli.listing import OUR_FOLDERS, load_inventory, procedures_table, row_json
@@ -233,7 +234,9 @@ def _request_command(kind: RequestKind, verb: str, default_reason: str) -> click
     @click.command(kind, help=f"{verb} an unfinished procedure: it rolls back if it can, else fails." + _REQUEST_HELP)
     @store_options
     @click.argument("procedure_id")
-    @click.option("--reason", default=default_reason, show_default=True, help="Stored as the error.")
+    @click.option(
+        "--reason", default=default_reason, show_default=True, callback=storable_text, help="Stored as the error."
+    )
     @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
     @run_command
     async def command(

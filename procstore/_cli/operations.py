@@ -17,6 +17,7 @@ from procstore._cli.common import (
     refused,
     resolve_id,
     run_command,
+    storable_text,
     store_options,
 )
 from procstore._cli.maintenance import _confirm
@@ -56,7 +57,12 @@ def _say(pid: ProcedureId, nudged: Nudged, what: str) -> None:
         console.print(note)
 
 
-REASON = click.option("--reason", default=None, help="Why: kept, with who and when, in the new run's history record.")
+REASON = click.option(
+    "--reason",
+    default=None,
+    callback=storable_text,
+    help="Why: kept, with who and when, in the new run's history record.",
+)
 
 
 @click.command()

@@ -866,7 +866,9 @@ class Runner:
     async def _delete_consumed(self) -> None:
         """The step that read `_consuming` is stored: delete those signals. A deletion that
         fails is logged; the stored message names them, so they are never delivered again.
-        Awaited only when there are some: a step that consumed none starts no coroutine."""
+        An operator's request ends its retries: they are left to a later deletion (the next
+        stored message's, the end's, or the request poll's), not waited for. Awaited only
+        when there are some: a step that consumed none starts no coroutine."""
         keys = self._skip_signals = self._consuming + self._skip_signals
         self._consuming = ()
         if not keys:
@@ -874,8 +876,9 @@ class Runner:
         # Deleted after the step's write and before the next attempt: a look ahead sent with
         # the write would be older than a request stored while they go.
         self.ctx.requests.looks.forget(self.meta.id)
+        delete = self.ctx.requests.unless_requested(self.meta.id, lambda _n: self.ctx.store.signals.delete(keys))
         try:
-            await self.ctx.settings.policy.call(lambda _n: self.ctx.store.signals.delete(keys))
+            await self.ctx.settings.policy.call(delete, wake=self.meta.requested)
         except Exception as e:
             logger.warning("procedure %s: cannot delete its consumed signals yet: %s", self.meta.id, describe(e))
         else:
@@ -893,13 +896,17 @@ class Runner:
         waits, pid = self.ctx.waits, self.meta.id
         while wait.signal is not None:
             waits.begin_reading(pid)
+            # An operator's request ends the read's backoff, and is what ends the procedure:
+            # its next attempt honours it (as a step's retries do), not the store's error.
+            read = self.ctx.requests.unless_requested(pid, lambda _n: self._read_signals(wait.signal or ""))
             try:
-                found = await self.ctx.settings.policy.call(lambda _n: self._read_signals(wait.signal or ""))
+                found = await self.ctx.settings.policy.call(read, wake=self.meta.requested)
             except Fenced:
                 raise
             except Exception as e:
                 self._wait = None
-                await self._fail(e)
+                if pid not in self.ctx.requests:
+                    await self._fail(e)
                 return False
             finally:
                 signalled = waits.end_reading(pid)
@@ -911,7 +918,9 @@ class Runner:
                 return False
             if not signalled:
                 break  # else a signal sent during the read may not be in it: read again
-        if wait.wake_at is not None and wall_clock() >= wait.wake_at:
+        # A request noted during the read found it not parked (`Waits.wake` did nothing):
+        # parked now, nothing would wake it.
+        if (wait.wake_at is not None and wall_clock() >= wait.wake_at) or self.meta.id in self.ctx.requests:
             self._wait = None
             return False
         self._parked = True
@@ -1055,6 +1064,11 @@ class Runner:
             else:
                 reason = "its id already has stored steps that this manager could not load"
                 self.ctx.metas.register_poisoned(self.meta.id, sub.id, child.type_name, reason)
+        if (request := self.ctx.requests.get(self.meta.id)) is not None:
+            # Noted during the step that returned them, or while they were written: the
+            # children it reached then were not registered (or not yet its children), so
+            # they would run on, and this procedure would wait for them to end.
+            self.ctx.requests.note(self.meta.id, request)
 
     async def _resume_stored_children(self) -> None:
         """After a restart, resume the children this procedure had stored, then wait for them.

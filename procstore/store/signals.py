@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import orjson
 
+from procstore._text import storable
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.finite import has_non_finite
@@ -58,9 +59,11 @@ class Signal:
 
 def encoded_payload(name: object, payload: object) -> bytes:
     """`payload` as JSON, once `name` is checked: `TypeError` for a name that is not non-empty
-    text or a payload JSON cannot hold (before anything is written)."""
+    text or a payload JSON cannot hold, `ValueError` for a name UTF-8 cannot store (a lone
+    surrogate), before anything is written."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"a signal's name is non-empty text, not {name!r}")
+    storable(name, "a signal's name")
     try:
         encoded = orjson.dumps(payload)
     except TypeError as e:
