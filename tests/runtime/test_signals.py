@@ -433,7 +433,7 @@ def test_a_cancel_ends_the_backoff_of_a_failing_read_of_signals_and_is_the_recor
         url = "memory://signals-cancel-read-backoff/"
         failing = Fault("transient", kinds=frozenset({"walk"}), key=f"{SIGNALS_PATH}*")
         store = FaultyStore(open_state_store(url), faults=[failing])
-        options = {"retry_delay": 5.0, "max_retry_delay": 5.0, "max_retry_times": 5}
+        options: dict[str, Any] = {"retry_delay": 5.0, "max_retry_delay": 5.0, "max_retry_times": 5}
         async with manager_for(store, Waiter, **options) as manager, Client(url) as client:
             procedure = waiter()
             watcher = await manager.submit(procedure)
@@ -457,7 +457,7 @@ def test_a_cancel_ends_the_backoff_of_a_failing_deletion_of_consumed_signals() -
     async def main() -> float:
         failing = Fault("transient", kinds=frozenset({"batch_delete", "delete"}), key=f"{SIGNALS_PATH}*")
         store = FaultyStore(open_state_store("memory://signals-cancel-delete-backoff/"), faults=[failing])
-        options = {"retry_delay": 5.0, "max_retry_delay": 5.0, "max_retry_times": 5}
+        options: dict[str, Any] = {"retry_delay": 5.0, "max_retry_delay": 5.0, "max_retry_times": 5}
         async with manager_for(store, Waiter, **options) as manager:
             procedure = waiter(waits=2)
             watcher = await manager.submit(procedure)
