@@ -863,12 +863,15 @@ class Runner:
             wake_at = clamped_wake_at(wall_clock() + status.delay)
         return StepWait(wake_at, status.signal, self._consuming + self._skip_signals)
 
-    async def _delete_consumed(self) -> None:
+    async def _delete_consumed(self, *, named: bool = True) -> None:
         """The step that read `_consuming` is stored: delete those signals. A deletion that
-        fails is logged; the stored message names them, so they are never delivered again.
-        An operator's request ends its retries: they are left to a later deletion (the next
-        stored message's, the end's, or the request poll's), not waited for. Awaited only
-        when there are some: a step that consumed none starts no coroutine."""
+        fails is logged; the stored message names them (`named`), so they are never
+        delivered again. An operator's request then ends its retries: they are left to a
+        later deletion (the next stored message's, the end's, or the request poll's), not
+        waited for. At a `.commit` the keys its step read are named by no message (not
+        `named`): a resume's copy of a kept failed root would deliver them again, so their
+        retries run in full, as the commit's own do. Awaited only when there are some: a
+        step that consumed none starts no coroutine."""
         keys = self._skip_signals = self._consuming + self._skip_signals
         self._consuming = ()
         if not keys:
@@ -876,9 +879,15 @@ class Runner:
         # Deleted after the step's write and before the next attempt: a look ahead sent with
         # the write would be older than a request stored while they go.
         self.ctx.requests.looks.forget(self.meta.id)
-        delete = self.ctx.requests.unless_requested(self.meta.id, lambda _n: self.ctx.store.signals.delete(keys))
+        requests, pid, signals = self.ctx.requests, self.meta.id, self.ctx.store.signals
+
+        def delete(_n: int) -> Awaitable[None]:
+            return signals.delete(keys)
+
+        attempt = requests.unless_requested(pid, delete) if named else delete
+        wake = self.meta.requested if named else requests.first_wakes(pid, self.meta.requested)
         try:
-            await self.ctx.settings.policy.call(delete, wake=self.meta.requested)
+            await self.ctx.settings.policy.call(attempt, wake=wake)
         except Exception as e:
             logger.warning("procedure %s: cannot delete its consumed signals yet: %s", self.meta.id, describe(e))
         else:
@@ -967,7 +976,7 @@ class Runner:
         await self.ctx.store.commit_procedure(self.meta.id, self.step)
         self._committed()
         if self._consuming or self._skip_signals:
-            await self._delete_consumed()
+            await self._delete_consumed(named=not self._consuming)
 
     def _committed(self) -> None:
         self.meta.keys.terminal += ((self.step, KeyType.COMMIT),)

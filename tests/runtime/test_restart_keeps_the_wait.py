@@ -21,10 +21,12 @@ from procstore import (
     ProcedureId,
     ProcedureStatus,
     ProcedureWithId,
+    RetryLater,
     Status,
 )
 from procstore.store import StateStore, WrappingStore
-from procstore.testing import MemoryStore
+from procstore.store.signals import SIGNALS_PATH
+from procstore.testing import Fault, FaultyStore, MemoryStore
 from tests.support import manager_for
 
 T = TypeVar("T")
@@ -32,10 +34,13 @@ T = TypeVar("T")
 
 class Approval(Procedure):
     """Sleeps until `SLEEP_UNTIL` if asked, waits for the signal `approved`, then ends with
-    what the step after the wait saw; that step fails while `failing` holds its id."""
+    what the step after the wait saw; that step fails while `failing` holds its id, and
+    retries (recording what it saw in `seen`) while `retrying` does."""
 
     type_name = "tests::restart_wait::Approval"
     failing: ClassVar[set[str]] = set()
+    retrying: ClassVar[set[str]] = set()
+    seen: ClassVar[dict[str, list[dict[str, object]]]] = {}
     SLEEP_UNTIL = time.time() + 3600
 
     def __init__(self, data: str = "") -> None:
@@ -51,6 +56,9 @@ class Approval(Procedure):
         if str(ctx.procedure_id) in self.failing:
             self.failing.discard(str(ctx.procedure_id))
             raise ValueError("the step after the wait fails")
+        if str(ctx.procedure_id) in self.retrying:
+            self.seen.setdefault(str(ctx.procedure_id), []).append(dict(ctx.signals))
+            raise RetryLater("not yet")
         return Status.done(dict(ctx.signals))
 
     def dump(self) -> str:
@@ -155,3 +163,33 @@ async def test_a_signal_read_for_a_step_that_a_cancel_ends_before_it_runs_stays_
             await asyncio.wait_for(watcher.wait(), 10)
         resumed = await manager.resume(procedure.id, reason="now")
         assert await asyncio.wait_for(resumed.wait(), 10) == {"approved": "sent once"}
+
+
+async def test_a_signal_a_cancelled_step_saw_stays_consumed_when_the_first_deletion_at_its_end_fails() -> None:
+    """The step after the wait sees the signal and backs off; a cancel ends it, and the
+    first deletion of that signal after the `.commit` fails: no stored message names it, so
+    that deletion is retried, and the run a resume starts gets the next signal (the cancel
+    ended that deletion's retries, and the resumed run got the seen signal again)."""
+    once = Fault("transient", kinds=frozenset({"delete", "batch_delete"}), key=f"{SIGNALS_PATH}*", times=1)
+    store = FaultyStore(MemoryStore(f"restart-seen-{uuid.uuid4().hex[:8]}"), faults=[once])
+    procedure = ProcedureWithId.new(Approval())
+    pid = str(procedure.id)
+    options: dict[str, float] = {"retry_delay": 0.2, "max_retry_delay": 0.2, "max_retry_times": 1000}
+    async with (
+        manager_for(store, Approval, keep_failed=True, request_poll_interval=0.02, **options) as manager,
+        Client(store.inner, poll_interval=0.02) as client,
+    ):
+        Approval.retrying.add(pid)
+        watcher = await manager.submit(procedure)
+        await _status_when(client, procedure.id, _waits(1))
+        await client.signal(procedure.id, "approved", "seen by the cancelled step")
+        while not Approval.seen.get(pid):
+            await asyncio.sleep(0.01)
+        await manager.cancel(procedure.id, "not now")
+        with pytest.raises(ProcedureFailed, match="not now"):
+            await asyncio.wait_for(watcher.wait(), 10)
+        Approval.retrying.discard(pid)
+        assert once.fired == 1
+        resumed = await manager.resume(procedure.id, reason="now")
+        await client.signal(procedure.id, "approved", "sent for the resumed run")
+        assert await asyncio.wait_for(resumed.wait(), 10) == {"approved": "sent for the resumed run"}
