@@ -1192,7 +1192,13 @@ class Runner:
                 raise
             data = self._stored_data
         step = self._message_step()
-        message = ProcedureMessage(self.meta.type_name, data, self.meta.parent_id, step, error, self.meta.run)
+        # It names the signals its run consumed and has not deleted (those of the step that
+        # failed too, if that step saw them): a deletion cut short leaves them, and the copy
+        # of an operator's resume or rewind keeps them consumed (`apply_restart`).
+        consumed = self._consuming + self._skip_signals
+        message = ProcedureMessage(
+            self.meta.type_name, data, self.meta.parent_id, step, error, self.meta.run, consumed=consumed
+        )
 
         async def write(_attempt: int) -> None:
             await self.ctx.store.rollback_procedure(self.meta.id, message)

@@ -177,7 +177,11 @@ async def apply_restart(
         store.keep_unknown_fields(plan.procedure_id, message)
     # The copy keeps the step's durable wait: the restarted run waits again for the signal
     # (one stored and not consumed meanwhile is delivered), or until the stored time, as a
-    # run resumed after a crash does; and the signals the step consumed stay consumed.
+    # run resumed after a crash does; and the signals the step consumed stay consumed, with
+    # those the last run's newest message names (a failed step's, a later step's for a
+    # rewind) whose deletion was cut short: the new run deletes them, never delivers them.
+    if later := tuple(key for key in last.consumed if key not in message.consumed):
+        message = dataclasses.replace(message, consumed=message.consumed + later)
     wait = StepWait.of(message)
     try:
         await store.store_procedure(plan.procedure_id, step, message.type_name, message.data, None, run, wait)

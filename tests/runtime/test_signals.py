@@ -473,6 +473,36 @@ def test_a_cancel_ends_the_backoff_of_a_failing_deletion_of_consumed_signals() -
     assert run_simulated(main()) < 1
 
 
+def test_a_signal_consumed_before_a_cancel_cut_its_deletions_short_never_reaches_a_rewound_run() -> None:
+    """The step that read a signal is stored; its deletion fails, a cancel ends that backoff,
+    and the deletion after the failure's `.commit` fails too, so the signal stays in the
+    store, named as consumed by the ended run's messages. A rewind to the first wait copies
+    a message from before it: the rewound run must still never get it (it got it again)."""
+
+    async def main() -> list[dict[str, object]]:
+        twice = Fault("transient", kinds=frozenset({"batch_delete", "delete"}), key=f"{SIGNALS_PATH}*", times=2)
+        store = FaultyStore(open_state_store("memory://signals-cancel-rewind/"), faults=[twice])
+        options: dict[str, Any] = {"retry_delay": 5.0, "max_retry_delay": 5.0, "max_retry_times": 5}
+        async with manager_for(store, Waiter, keep_failed=True, **options) as manager:
+            procedure = waiter(waits=2)
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(1)
+            await manager.signal(procedure.id, "go", 1)
+            await asyncio.sleep(1)  # its deletion backs off
+            await manager.cancel(procedure.id, "cancelled while a deletion backs off")
+            with pytest.raises(ProcedureFailed, match="cancelled while a deletion backs off"):
+                await watcher.wait()
+            assert twice.fired == 2
+            rewound = await manager.rewind(procedure.id, 1, reason="ask again")
+            await asyncio.sleep(1)
+            await manager.signal(procedure.id, "go", 2)
+            await manager.signal(procedure.id, "go", 3)
+            got: list[dict[str, object]] = await rewound.wait()
+            return got
+
+    assert run_simulated(main()) == [{"go": 2}, {"go": 3}]
+
+
 def test_a_signalled_wait_with_a_long_timeout_leaves_nothing_of_the_procedure_behind() -> None:
     # Its timer's heap item outlives the wait until the timeout: it must not hold the procedure.
     alive: list[weakref.ref[Waiter]] = []
