@@ -868,10 +868,12 @@ class Runner:
         fails is logged; the stored message names them (`named`), so they are never
         delivered again. An operator's request then ends its retries: they are left to a
         later deletion (the next stored message's, the end's, or the request poll's), not
-        waited for. At a `.commit` the keys its step read are named by no message (not
-        `named`): a resume's copy of a kept failed root would deliver them again, so their
-        retries run in full, as the commit's own do. Awaited only when there are some: a
-        step that consumed none starts no coroutine."""
+        waited for. At a child's `.commit` they are not `named`: its messages go with its
+        tree, and its parent's resume or rewind creates it again under the same id, which
+        would get them; so their retries run in full, as the commit's own do. A root's
+        outlive its end: kept, its `.rollback` names them for the copy of a resume or
+        rewind; else its id never runs again. Awaited only when there are some: a step
+        that consumed none starts no coroutine."""
         keys = self._skip_signals = self._consuming + self._skip_signals
         self._consuming = ()
         if not keys:
@@ -976,7 +978,7 @@ class Runner:
         await self.ctx.store.commit_procedure(self.meta.id, self.step)
         self._committed()
         if self._consuming or self._skip_signals:
-            await self._delete_consumed(named=not self._consuming)
+            await self._delete_consumed(named=self.meta.parent_id is None)
 
     def _committed(self) -> None:
         self.meta.keys.terminal += ((self.step, KeyType.COMMIT),)

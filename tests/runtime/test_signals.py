@@ -72,6 +72,30 @@ def waiter(**state: Any) -> ProcedureWithId:
     return ProcedureWithId.new(Waiter(state))
 
 
+class WaiterParent(Procedure):
+    """Runs one `Waiter` child (waiting for two signals) under the id it stores, and ends
+    with what the child got."""
+
+    type_name = "test::WaiterParent"
+
+    def __init__(self, child: str) -> None:
+        self.child = child
+
+    def dump(self) -> str:
+        return self.child
+
+    @classmethod
+    def load(cls, data: str) -> WaiterParent:
+        return cls(data)
+
+    async def execute(self, ctx: Context) -> Status:
+        child = ProcedureId.parse(self.child)
+        state = ctx.provider.procedure_state(child)
+        if state is None:
+            return Status.suspended([ProcedureWithId(child, Waiter({"waits": 2}))])
+        return Status.done(state.output)
+
+
 async def stored_signals(manager: Any, pid: ProcedureId) -> list[str]:
     return list(await manager.store.store.walk(f"{SIGNALS_PATH}{pid}/"))
 
@@ -499,6 +523,35 @@ def test_a_signal_consumed_before_a_cancel_cut_its_deletions_short_never_reaches
             await manager.signal(procedure.id, "go", 3)
             got: list[dict[str, object]] = await rewound.wait()
             return got
+
+    assert run_simulated(main()) == [{"go": 2}, {"go": 3}]
+
+
+def test_a_signal_a_cancelled_child_consumed_never_reaches_the_child_its_rewound_parent_creates() -> None:
+    """As above for a child, whose cancel its parent's brings: its messages go with its
+    tree, so the deletion at its `.commit` is retried in full. The parent's rewind creates
+    the child again under the same id, and that run must not get the signal (it did)."""
+
+    async def main() -> object:
+        twice = Fault("transient", kinds=frozenset({"batch_delete", "delete"}), key=f"{SIGNALS_PATH}*", times=2)
+        store = FaultyStore(open_state_store("memory://signals-cancel-child-rewind/"), faults=[twice])
+        options: dict[str, Any] = {"retry_delay": 5.0, "max_retry_delay": 5.0, "max_retry_times": 5}
+        async with manager_for(store, Waiter, WaiterParent, keep_failed=True, **options) as manager:
+            child = ProcedureId.random()
+            parent = ProcedureWithId.new(WaiterParent(str(child)))
+            watcher = await manager.submit(parent)
+            await asyncio.sleep(1)
+            await manager.signal(child, "go", 1)
+            await asyncio.sleep(1)  # its deletion backs off
+            await manager.cancel(parent.id, "cancelled while a deletion backs off")
+            with pytest.raises(ProcedureFailed, match="cancelled while a deletion backs off"):
+                await watcher.wait()
+            assert twice.fired == 2
+            rewound = await manager.rewind(parent.id, 0, reason="again")
+            await asyncio.sleep(1)
+            await manager.signal(child, "go", 2)
+            await manager.signal(child, "go", 3)
+            return await rewound.wait()
 
     assert run_simulated(main()) == [{"go": 2}, {"go": 3}]
 
