@@ -38,7 +38,7 @@ from starlette.routing import Route
 from procstore._cli.history import record_json
 from procstore._cli.listing import row_json
 from procstore._cli.output import SHORT_ID, iso_time, table_time
-from procstore._cli.show import data_fields, field_changes, status_json
+from procstore._cli.show import data_fields, field_changes, names_cut, status_json
 from procstore._client.client import Client
 from procstore._client.inventory import (
     ENDINGS,
@@ -483,6 +483,8 @@ def _procedure_of(
                 else:
                     budget = 0
                     step["fields_not_shown"] = len(rows)
+                if whole and names_cut(fields):
+                    step["raw"] = message.data  # the twin has every value whole: as stored
         steps.append(step)
     return {
         "store": f"{store.store.url}{store.proc_path}",

@@ -40,7 +40,8 @@ def test_a_procedures_page_is_bounded_in_total_not_only_per_field(tmp_path: Path
         twin = client.get(f"/api/procedures/{PID}").json()
     assert page.status_code == 200 and "fields not shown" in page.text
     assert len(page.content) < 2 * PAGE_FIELD_TEXT + 100 * stored // 30
-    assert all(len(s["fields"]) == 200 for s in twin["steps"])  # the twin: every field of every step
+    # The twin: every step whole, as stored (its fields' names would be 100 times its size).
+    assert all(json.loads(s["raw"]) == json.loads(data) for s in twin["steps"])
 
 
 def test_the_overview_lists_a_bounded_number_and_says_how_many_more(tmp_path: Path) -> None:
@@ -66,3 +67,36 @@ def test_a_procedures_timeline_shows_no_more_retries_than_a_manager_publishes(tm
         page = client.get(f"/p/{PID}")
     assert page.status_code == 200 and page.text.count("failed, retried") == 10
     assert len(page.content) < 100_000
+
+
+def test_a_long_key_over_many_fields_makes_a_page_and_a_twin_linear_in_it(tmp_path: Path) -> None:
+    """One key of 20,000 characters holding 8,000 fields (about 120 KB stored): the twin
+    named each field by its whole path, 160 MB of JSON, quadratic in the value's size (and
+    the page built them all before keeping 200). The twin has the value whole all the same."""
+    import tracemalloc
+
+    data = json.dumps({"k" * 20_000: {str(i): i for i in range(8_000)}})
+    stored = _put_step(tmp_path, PID, 0, data)
+    with TestClient(create_app(str(tmp_path))) as client:
+        tracemalloc.start()
+        try:
+            page = client.get(f"/p/{PID}")
+            twin = client.get(f"/api/procedures/{PID}")
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert page.status_code == 200 and twin.status_code == 200
+    assert len(twin.content) < 20 * stored, f"a twin of {len(twin.content):,} bytes for {stored:,} stored"
+    assert peak < 60 * stored, f"{peak:,} bytes at the peak for {stored:,} stored"
+    (step,) = twin.json()["steps"]
+    assert json.loads(step["raw"]) == json.loads(data)  # whole, as stored
+
+
+def test_two_paths_that_read_alike_are_two_fields(tmp_path: Path) -> None:
+    """`{"a.b": 1, "a": {"b": 2}}`: both fields are named `a.b`; the second replaced the first."""
+    _put_step(tmp_path, PID, 0, json.dumps({"a.b": 1, "a": {"b": 2}}))
+    with TestClient(create_app(str(tmp_path))) as client:
+        (step,) = client.get(f"/api/procedures/{PID}").json()["steps"]
+        page = client.get(f"/p/{PID}").text
+    assert {f["name"]: f["value"] for f in step["fields"]} == {"a.b": "1", "a.b (2)": "2"}
+    assert "a.b (2)" in page
