@@ -26,6 +26,7 @@ from procstore._cli.common import (
     resolve_id,
     run_command,
     store_options,
+    unicode_text,
 )
 from procstore._cli.listing import OUR_FOLDERS, load_inventory, procedures_table, row_json
 from procstore._cli.output import chosen_format, emit, error_console, output_console, output_options, plain, plural
@@ -249,7 +250,9 @@ def _request_command(kind: RequestKind, verb: str, default_reason: str) -> click
     @click.command(kind, help=f"{verb} an unfinished procedure: it rolls back if it can, else fails." + _REQUEST_HELP)
     @store_options
     @click.argument("procedure_id")
-    @click.option("--reason", default=default_reason, show_default=True, help="Stored as the error.")
+    @click.option(
+        "--reason", default=default_reason, show_default=True, callback=unicode_text, help="Stored as the error."
+    )
     @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
     @run_command
     async def command(

@@ -18,6 +18,7 @@ from procstore._cli.common import (
     resolve_id,
     run_command,
     store_options,
+    unicode_text,
 )
 from procstore._cli.maintenance import _confirm
 from procstore._cli.output import output_console, plural, stored
@@ -56,7 +57,12 @@ def _say(pid: ProcedureId, nudged: Nudged, what: str) -> None:
         console.print(note)
 
 
-REASON = click.option("--reason", default=None, help="Why: kept, with who and when, in the new run's history record.")
+REASON = click.option(
+    "--reason",
+    default=None,
+    callback=unicode_text,
+    help="Why: kept, with who and when, in the new run's history record.",
+)
 
 
 @click.command()

@@ -58,9 +58,15 @@ class Signal:
 
 def encoded_payload(name: object, payload: object) -> bytes:
     """`payload` as JSON, once `name` is checked: `TypeError` for a name that is not non-empty
-    text or a payload JSON cannot hold (before anything is written)."""
+    valid Unicode text or a payload JSON cannot hold (before anything is written)."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"a signal's name is non-empty text, not {name!r}")
+    try:
+        name.encode()
+    except UnicodeEncodeError as e:  # a lone surrogate: the stored signal's UTF-8 cannot hold it
+        raise TypeError(
+            f"a signal's name is valid Unicode text: {name!r} has a lone surrogate at character {e.start}"
+        ) from None
     try:
         encoded = orjson.dumps(payload)
     except TypeError as e:
