@@ -3,6 +3,7 @@ every listed procedure is answered, none is an internal error."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sys
@@ -95,3 +96,36 @@ async def test_folders_of_a_commit_alone_list_the_history_once_not_once_each(tmp
         listed = await client.list(limit=100)
     assert len(listed) == 30 and {s.id: s.status for s in listed}[ProcedureId.parse(recorded)] == "cancelled"
     assert Counting.history_listings <= 3, f"{Counting.history_listings} listings of history for 30 folders"
+
+
+async def test_a_request_time_no_calendar_holds_is_answered_without_a_time(tmp_path: Path) -> None:
+    """An operator request and a resume nudge whose `requested_at` is 1e300 or -1e300 (any
+    float is JSON): `Client.list` and `get`, `procstore show` and the web page raised
+    `OverflowError` turning it into a date. They answer, the request's time unknown."""
+    from click.testing import CliRunner
+    from starlette.testclient import TestClient
+
+    from procstore._cli.app import cli
+    from procstore._web.app import create_app
+
+    ids = ["aaaaaaaa-0000-4000-8000-000000000001", "aaaaaaaa-0000-4000-8000-000000000002"]
+    for pid in ids:
+        (tmp_path / "procedure" / pid).mkdir(parents=True)
+        message = {"type_name": "t", "data": "{}", "parent_id": None, "step": 0}
+        (tmp_path / "procedure" / pid / "0000000000.step").write_text(json.dumps(message))
+    (tmp_path / "requests" / "resume").mkdir(parents=True)
+    (tmp_path / "requests" / f"{ids[0]}.json").write_text('{"kind": "cancel", "reason": "r", "requested_at": 1e300}')
+    nudge = '{"kind": "resume", "reason": "", "requested_at": -1e300, "step": 0}'
+    (tmp_path / "requests" / "resume" / f"{ids[1]}.json").write_text(nudge)
+    async with Client(str(tmp_path)) as client:
+        listed = {str(s.id): s for s in await client.list()}
+        got = [await client.get(pid) for pid in ids]
+    assert [s.pending and s.pending.kind for s in got] == ["cancel", "resume"]
+    assert all(s.pending is not None and s.pending.at is None for s in [*got, *listed.values()])
+
+    def shown(pid: str) -> tuple[int, int]:
+        with TestClient(create_app(str(tmp_path))) as web:
+            return CliRunner().invoke(cli, ["show", str(tmp_path), pid]).exit_code, web.get(f"/p/{pid}").status_code
+
+    for pid in ids:
+        assert await asyncio.to_thread(shown, pid) == (0, 200)
