@@ -30,7 +30,7 @@ from procstore._client.client import Client
 from procstore._client.inventory import ENDINGS, endings, read_history
 from procstore._client.status import ProcedureStatus, from_record
 from procstore._client.words import status_word
-from procstore._text import TEXT_LIMIT, bounded
+from procstore._text import TEXT_LIMIT, bounded, cut_text
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.folder import StoredStatus
@@ -68,43 +68,51 @@ def flatten(
     all of them, for an output that has every value whole). A loop, not a recursion: orjson
     reads values nested up to 1,024 deep, deeper than Python's recursion goes.
 
-    A field's name is its whole path, and a path repeats every key above it: one long key
-    over many fields would be copied once per field. So a name is made only when its field
-    is reached, from its parent's name cut to `names` characters (`bounded`; None: whole),
-    and `budget` (None: none) caps the characters of all names together, then a `NotShown`:
-    with both, the work is linear in the value's size."""
+    A field's name is its path, and a path repeats every key above it: one long key over
+    many fields would be copied once per field. So a path longer than `names` characters
+    (None: no limit) is never made whole: its name is its first characters and how many
+    more there are (as `bounded` cuts text), `names` in all, and `budget` (None: none) caps
+    the characters of all names together, then a `NotShown`: the work is linear in the value."""
     out: dict[str, Any] = {}
     repeats: dict[str, int] = {}
     spent = 0
-    # Each level: its name, its members (the segment each adds to the name, its value) and
-    # the index of the next one; the innermost last.
-    levels: list[tuple[str, list[tuple[str, Any]], int]] = [("", [(path, value)], 0)]
+    # Each level: its path's first `names` characters and its length, its members (the
+    # segment each adds to the path, its value) and the index of the next; innermost last.
+    levels: list[tuple[str, int, list[tuple[str, Any]], int]] = [("", 0, [(path, value)], 0)]
     while levels:
-        where, members, at = levels[-1]
+        where, length, members, at = levels[-1]
         if at == len(members):
             levels.pop()
             continue
         if (limit is not None and len(out) >= limit) or (budget is not None and spent > budget):
-            left = sum(len(m) - i for _, m, i in levels)
+            left = sum(len(m) - i for _, _, m, i in levels)
             out["…"] = NotShown(left, "fields or groups of fields")
             break
-        levels[-1] = (where, members, at + 1)
+        levels[-1] = (where, length, members, at + 1)
         segment, item = members[at]
-        name = where + segment
-        if names is not None and len(name) > names:
-            name = bounded(name, names)
-        spent += len(name)
+        if names is None:
+            prefix, size = where + segment, length + len(segment)
+        else:  # never made whole: its first characters, and how long it is
+            head = names - _SAYS_HOW_MANY_MORE  # with what `cut_text` adds, at most `names`
+            prefix = where if length >= head else (where + segment[: head - length])
+            size = length + len(segment)
+        spent += len(prefix)
         if isinstance(item, dict) and item:
-            dot = "." if name else ""
-            levels.append((name, [(f"{dot}{key}", inner) for key, inner in item.items()], 0))
+            dot = "." if size else ""
+            levels.append((prefix, size, [(f"{dot}{key}", inner) for key, inner in item.items()], 0))
         elif isinstance(item, list) and item:
             shown: list[tuple[str, Any]] = [(f"[{i}]", inner) for i, inner in enumerate(item[:elements])]
             if elements is not None and len(item) > elements:
                 shown.append(("[…]", NotShown(len(item) - elements, "elements")))
-            levels.append((name, shown, 0))
+            levels.append((prefix, size, shown, 0))
         else:
-            out[_unused(name or "(value)", out, repeats)] = item
+            out[_unused(cut_text(prefix, size) or "(value)", out, repeats)] = item
     return out
+
+
+_SAYS_HOW_MANY_MORE = 40
+"""Characters `cut_text` adds at most (`… {n} more characters`): a cut name stays within
+`names`, so that a view bounding it to as many shows it whole, its count right."""
 
 
 def _unused(name: str, out: dict[str, Any], repeats: dict[str, int]) -> str:

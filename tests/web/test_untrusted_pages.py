@@ -100,3 +100,12 @@ def test_two_paths_that_read_alike_are_two_fields(tmp_path: Path) -> None:
         page = client.get(f"/p/{PID}").text
     assert {f["name"]: f["value"] for f in step["fields"]} == {"a.b": "1", "a.b (2)": "2"}
     assert "a.b (2)" in page
+
+
+def test_a_field_named_by_a_long_path_says_how_much_of_it_is_not_shown(tmp_path: Path) -> None:
+    """`k…k.0`, 3,002 characters: its first 1,960 and `… 1042 more characters` (the name
+    was cut twice, and said how many the second cut left out)."""
+    _put_step(tmp_path, PID, 0, json.dumps({"k" * 3_000: {"0": 0}}))
+    with TestClient(create_app(str(tmp_path))) as client:
+        page = client.get(f"/p/{PID}").text
+    assert "k" * 1_960 + "… 1042 more characters" in page
