@@ -13,6 +13,7 @@ import pytest
 from procstore import Context, Procedure, ProcedureFailed, ProcedureWithId, Status
 from procstore.store.local import LocalDirStore
 from procstore.store.requests import OperatorRequest, RequestStore
+from procstore.testing import Fault, FaultyStore
 from tests.support import manager_for
 
 SEEN: dict[str, list[str]] = {}
@@ -166,12 +167,18 @@ async def test_a_stop_during_an_interrupted_step_is_a_stop(tmp_path: Path) -> No
     """The manager stops while the interrupt is on its way: the procedure stays unfinished
     (the next start runs it, and meets the request), nothing is recorded as failed."""
     in_step = _start("stop")
-    manager = manager_for(LocalDirStore(tmp_path), Blocked)
+    # The interrupted step's `.rollback` write waits until the stop cuts it: without the
+    # wait, how far the rollback got before the stop would depend on the machine's load.
+    held = Fault("delay", key="*.rollback", seconds=3600, times=1)
+    manager = manager_for(FaultyStore(LocalDirStore(tmp_path), faults=[held]), Blocked)
     await manager.start()
     watcher = await manager.submit(ProcedureWithId.new(Blocked({"test": "stop"})))
     await asyncio.wait_for(in_step.wait(), 10)
     await manager.cancel(watcher.procedure_id, "stop it")
-    await manager.stop()  # in the same turn: the step sees both cancels
+    async with asyncio.timeout(10):
+        while not held.fired:
+            await asyncio.sleep(0.01)
+    await manager.stop()
     assert "step rolled back" not in SEEN["stop"]
     async with manager_for(LocalDirStore(tmp_path), Blocked) as again:
         resumed = again.procedure_watcher(watcher.procedure_id)
