@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import heapq
 import itertools
 import json
 import time
@@ -351,7 +352,7 @@ def _overview_of(
         "store": f"{store.store.url}{store.proc_path}",
         "counts": counts,
         "total": len(inventory.procedures),
-        "types": sorted({p.type_name for p in inventory.procedures.values() if p.type_name}),
+        **_types(inventory, filters, shown),
         "filters": msgspec.to_builtins(filters),
         "matching": len(chosen),
         "page": page,
@@ -363,6 +364,23 @@ def _overview_of(
         "lease": lease,
         "read_at": iso_time(now),
     }
+
+
+TYPES_SHOWN = 100
+"""Types the overview's type filter offers, the most common first (its JSON twin lists them
+all): one hostile key per type, each of a type of its own, must not make the page long."""
+
+
+def _types(inventory: Inventory, filters: Filters, shown: int | None) -> dict[str, Any]:
+    """The types to filter by, sorted (`TYPES_SHOWN` of them on a page: the most common,
+    and the one chosen), and how many others there are."""
+    counts = collections.Counter(p.type_name for p in inventory.procedures.values() if p.type_name)
+    if shown is None:
+        return {"types": sorted(counts), "types_not_shown": 0}
+    common = {t for t, _ in heapq.nsmallest(TYPES_SHOWN, counts.items(), key=lambda tn: (-tn[1], tn[0]))}
+    if filters.type is not None and filters.type in counts:
+        common.add(filters.type)
+    return {"types": sorted(common), "types_not_shown": len(counts) - len(common)}
 
 
 async def _lease(store: ProcedureStore, now: float) -> dict[str, Any] | None:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 from starlette.testclient import TestClient
 
-from procstore._web.app import OVERVIEW_SHOWN, PAGE_FIELD_TEXT, create_app
+from procstore._web.app import OVERVIEW_SHOWN, PAGE_FIELD_TEXT, TYPES_SHOWN, create_app
 
 PID = "66666666-6666-4666-8666-666666666666"
 
 
-def _put_step(root: Path, pid: str, step: int, data: str) -> int:
-    value = json.dumps({"type_name": "t", "data": data, "parent_id": None, "step": step}).encode()
+def _put_step(root: Path, pid: str, step: int, data: str, type_name: str = "t") -> int:
+    value = json.dumps({"type_name": type_name, "data": data, "parent_id": None, "step": step}).encode()
     folder = root / "procedure" / pid
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{step:010d}.step").write_bytes(value)
@@ -109,3 +109,20 @@ def test_a_field_named_by_a_long_path_says_how_much_of_it_is_not_shown(tmp_path:
     with TestClient(create_app(str(tmp_path))) as client:
         page = client.get(f"/p/{PID}").text
     assert "k" * 1_960 + "… 1042 more characters" in page
+
+
+def test_the_overview_offers_a_bounded_number_of_types_and_says_how_many_more(tmp_path: Path) -> None:
+    """One procedure per type, each of a type of its own: the type filter listed every type,
+    a page as long as the store, fetched again at every refresh, however few rows it shows."""
+    total = TYPES_SHOWN + 50
+    for n in range(total):
+        _put_step(tmp_path, f"77777777-7777-4777-8777-{n:012d}", 0, "{}", type_name=f"app::Type{n:04d}")
+    _put_step(tmp_path, PID, 0, "{}", type_name="app::Type0000")  # the most common: offered
+    with TestClient(create_app(str(tmp_path))) as client:
+        page = client.get("/").text
+        chosen = client.get("/", params={"type": f"app::Type{total - 1:04d}"}).text
+        twin = client.get("/api/procedures").json()
+    assert page.count("<option") <= TYPES_SHOWN + 20 and "app::Type0000" in page
+    assert "51 more types" not in page and "50 more types" in page
+    assert f"<option selected>app::Type{total - 1:04d}</option>" in chosen  # the chosen one is offered
+    assert len(twin["types"]) == total
