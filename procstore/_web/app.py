@@ -54,7 +54,7 @@ from procstore._client.leader import lease_state, read_lease
 from procstore._client.status import ProcedureStatus
 from procstore._client.words import STATUS_WORDS, StatusWord, status_word
 from procstore._runtime.lease import LEASE_KEY, LeaseRecord
-from procstore._text import bounded, terminal_text, valid_unicode
+from procstore._text import bounded, json_inert, terminal_text, valid_unicode
 from procstore._web.actions import ACTIONS, Actions
 from procstore._web.headers import SecurityHeaders
 from procstore._web.links import procedure_link
@@ -235,7 +235,8 @@ _JSON_PIECE = 1 << 20
 
 def _json_pieces(content: Any) -> list[bytes]:
     """JSON of any stored text, in pieces of about `_JSON_PIECE` bytes: a lone surrogate (a
-    name that is not UTF-8) is escaped.
+    name that is not UTF-8) is escaped, and so is what a terminal obeys (`json_inert`: DEL,
+    C1, the bidirectional overrides; JSON escapes C0 itself), for a twin read with `curl`.
 
     Encoded value by value, not in one call: a thread that runs one C call over megabytes
     holds the GIL, and so the event loop, that long."""
@@ -244,7 +245,7 @@ def _json_pieces(content: Any) -> list[bytes]:
     pending: list[bytes] = []
     size = 0
     for text in encoder.iterencode(content):
-        pending.append(valid_unicode(text).encode())
+        pending.append(json_inert(valid_unicode(text)).encode())
         size += len(pending[-1])
         if size >= _JSON_PIECE:
             pieces.append(b"".join(pending))
