@@ -138,3 +138,20 @@ def test_a_failed_root_at_the_last_run_number_is_refused_a_restart_and_keeps_its
     asyncio.run(through_the_api())
     assert sorted(p.name for p in folder.iterdir()) == ["0000000000.step", "0000000001.rollback", "0000000002.commit"]
     assert (tmp_path / "requests" / f"{pid}.json").exists() and not (tmp_path / "requests" / "resume").exists()
+
+
+def test_a_rewind_whose_last_runs_message_cannot_be_read_is_refused_and_keeps_the_request(tmp_path: Path) -> None:
+    """The `.rollback` the last run ended with is torn: the rewind deleted the procedure's
+    cancel request, then stopped with an internal error reading it (exit code 1)."""
+    pid = "aaaaaaaa-0000-4000-8000-000000000001"
+    folder = tmp_path / "procedure" / pid
+    folder.mkdir(parents=True)
+    (folder / "0000000000.step").write_text(json.dumps({"type_name": "t", "data": "{}", "parent_id": None, "step": 0}))
+    (folder / "0000000001.rollback").write_text('{"type_name": "t", "da')
+    (folder / "0000000002.commit").write_bytes(b"")
+    (tmp_path / "requests").mkdir()
+    (tmp_path / "requests" / f"{pid}.json").write_text('{"kind": "cancel", "reason": "r", "requested_at": 1.0}')
+    result = CliRunner().invoke(cli, ["rewind", str(tmp_path), pid, "--to-step", "0", "--yes"])
+    assert result.exit_code == ExitCode.REFUSED and "0000000001.rollback cannot be read" in result.output
+    assert (tmp_path / "requests" / f"{pid}.json").exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["0000000000.step", "0000000001.rollback", "0000000002.commit"]
