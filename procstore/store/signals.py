@@ -122,7 +122,8 @@ class SignalStore:
         folder = self.folder(procedure_id)
         mine = tuple(k for k in consumed if k.startswith(folder) and _signal_name(k[len(folder) :]))
         if len(mine) < len(consumed):
-            others = [k for k in consumed if k not in mine]
+            kept = set(mine)
+            others = [k for k in consumed if k not in kept]
             logger.warning(
                 "procedure %s: its stored step names %d key(s) as consumed signals that are none of its signals "
                 "(never deleted): %s",
@@ -134,7 +135,8 @@ class SignalStore:
 
     async def keys(self, procedure_id: ProcedureId, skip: Collection[str] = ()) -> list[str]:
         """The keys of the procedure's signals, in the order sent, but those in `skip` (consumed already)."""
-        return sorted(k for k in await walk_readable(self.store, self.folder(procedure_id)) if k not in skip)
+        skipped = set(skip)  # a stored step's `consumed` is anyone's to make long: one look each
+        return sorted(k for k in await walk_readable(self.store, self.folder(procedure_id)) if k not in skipped)
 
     async def read(self, key: str) -> Signal | None:
         """The signal stored under `key`; None if it is gone, or unreadable (a torn write is no signal)."""
