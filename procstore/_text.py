@@ -10,6 +10,9 @@ key name, so a view prints them as inert text.
 - `json_inert`: JSON or YAML text with those characters escaped as `\\u009b`, `\\u202e`...:
   the same value, read back, and nothing a terminal obeys.
 - `bounded`: at most `limit` characters, then how many more there are.
+
+And the other way, text given to be stored: `storable` refuses a lone surrogate, which
+UTF-8 cannot store (Python names an argument's undecodable byte with one).
 """
 
 from __future__ import annotations
@@ -35,6 +38,18 @@ def valid_unicode(text: str) -> str:
         except UnicodeEncodeError:
             return text.encode("utf-8", "backslashreplace").decode("utf-8")
         return raw.decode("utf-8", "backslashreplace")
+    return text
+
+
+def storable(text: str, what: str) -> str:
+    """`text`, if UTF-8 can store it; else `ValueError` naming `what` and its first lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{what} must be valid Unicode text: it has a lone surrogate {text[e.start : e.end]!r} at "
+            f"character {e.start}, which the store's UTF-8 cannot hold"
+        ) from None
     return text
 
 

@@ -14,6 +14,7 @@ from typing import ClassVar, Protocol, Self
 
 import orjson
 
+from procstore._text import storable
 from procstore.errors import InvalidProcedureId
 from procstore.flow import Concurrency, RateLimit
 from procstore.ids import ProcedureId
@@ -171,6 +172,7 @@ class Status:
         wait began is delivered at once; several, one per wait, in the order sent."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"a signal's name is non-empty text, not {name!r}")
+        storable(name, "a signal's name")  # no signal can have it: the wait could never end
         delay = None if timeout is None else _seconds(timeout, "timeout")
         return cls(StatusKind.WAITING, True, delay=delay, signal=name)
 

@@ -18,7 +18,7 @@ import click
 import orjson
 
 from procstore._cli.output import FORMATS
-from procstore._text import TEXT_LIMIT, bounded, terminal_text, valid_unicode
+from procstore._text import TEXT_LIMIT, bounded, storable, terminal_text
 from procstore.errors import OperationRefused, ProcedureNotFound, StoreError
 from procstore.ids import ProcedureId
 from procstore.store import open_state_store
@@ -169,6 +169,18 @@ async def open_existing_store(url: str, storage_options: tuple[str, ...], parent
     return ProcedureStore(state_store, parent_path)
 
 
+def storable_text(_ctx: click.Context, param: click.Parameter, text: str | None) -> str | None:
+    """A click callback for text the command stores (a reason, a signal's name): an
+    argument's byte that is not UTF-8 reaches Python as a lone surrogate, which the store
+    cannot hold; refused as a usage error, naming the parameter, before anything is written."""
+    if text is None:
+        return None
+    try:
+        return storable(text, param.human_readable_name)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 def run_command(main: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
     """Run an async command body; store failures become one-line errors, never tracebacks."""
 
@@ -265,22 +277,6 @@ async def listed_procedures(store: ProcedureStore) -> tuple[KeysByProcedure, set
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d|w)")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def unicode_text(_ctx: click.Context, _param: click.Parameter, text: str | None) -> str | None:
-    """A click callback for text the store keeps (a reason, a signal's name): a shell passes
-    bytes that are not UTF-8 (`$'\\xff'`, a Latin-1 terminal) as lone surrogates, which the
-    store's UTF-8 cannot hold. Refused here, a usage error, before anything is read or written."""
-    if text is None:
-        return None
-    try:
-        text.encode()
-    except UnicodeEncodeError as e:
-        raise click.BadParameter(
-            f"not valid Unicode text: a byte that is not UTF-8 ({valid_unicode(text[e.start : e.end])}) at character "
-            f"{e.start}; the store keeps UTF-8"
-        ) from None
-    return text
 
 
 def parse_age(text: str) -> float:

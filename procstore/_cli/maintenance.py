@@ -25,8 +25,8 @@ from procstore._cli.common import (
     refused,
     resolve_id,
     run_command,
+    storable_text,
     store_options,
-    unicode_text,
 )
 from procstore._cli.listing import OUR_FOLDERS, load_inventory, procedures_table, row_json
 from procstore._cli.output import chosen_format, emit, error_console, output_console, output_options, plain, plural
@@ -251,7 +251,7 @@ def _request_command(kind: RequestKind, verb: str, default_reason: str) -> click
     @store_options
     @click.argument("procedure_id")
     @click.option(
-        "--reason", default=default_reason, show_default=True, callback=unicode_text, help="Stored as the error."
+        "--reason", default=default_reason, show_default=True, callback=storable_text, help="Stored as the error."
     )
     @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
     @run_command

@@ -17,8 +17,8 @@ from procstore._cli.common import (
     refused,
     resolve_id,
     run_command,
+    storable_text,
     store_options,
-    unicode_text,
 )
 from procstore._cli.maintenance import _confirm
 from procstore._cli.output import output_console, plural, stored
@@ -60,7 +60,7 @@ def _say(pid: ProcedureId, nudged: Nudged, what: str) -> None:
 REASON = click.option(
     "--reason",
     default=None,
-    callback=unicode_text,
+    callback=storable_text,
     help="Why: kept, with who and when, in the new run's history record.",
 )
 

@@ -12,8 +12,8 @@ from procstore._cli.common import (
     open_existing_store,
     resolve_id,
     run_command,
+    storable_text,
     store_options,
-    unicode_text,
 )
 from procstore._cli.listing import load_inventory
 from procstore._cli.output import error_console, output_console
@@ -41,7 +41,7 @@ def _not_json(constant: str) -> object:
 @click.command()
 @store_options
 @click.argument("procedure_id")
-@click.argument("name", callback=unicode_text)
+@click.argument("name", callback=storable_text)
 @click.option("--payload", default=None, callback=_payload, metavar="JSON", help="The signal's payload (JSON).")
 @run_command
 async def signal(

@@ -339,7 +339,8 @@ class Client:
 
         Refused, nothing written: `OperationRefused` for a procedure that has ended,
         `ProcedureNotFound` for an id neither its keys nor history know, `TypeError` for a
-        name that is not non-empty text or a payload JSON cannot hold. A store's error is
+        name that is not non-empty text or a payload JSON cannot hold, `ValueError` for a
+        name with a lone surrogate. A store's error is
         raised as `StoreError`: the signal may have been stored (an answer lost), so a
         procedure may receive it; send again only if a second one does no harm.
         """

@@ -54,6 +54,8 @@ class _Waiter:
     order: tuple[int, int]
     """(-priority, arrival): the waiters of a key or a type start in this order."""
     woken: asyncio.Event = field(default_factory=asyncio.Event)
+    timed: bool = False
+    """Its last look set it a timer (its rate's next start): a release need not wake it."""
 
 
 def _order(waiter: _Waiter) -> tuple[int, int]:
@@ -65,8 +67,9 @@ class FlowControl:
 
     Invariant: `_by_key[k]` holds the waiters with concurrency key `k`, and `_by_type[t]`
     those of a type `t` with a rate limit, each sorted by `order`; a change wakes only the
-    waiters at the head of the queues it concerns (as many as could start), so a release
-    costs what it frees, not a look at every waiter."""
+    waiters at the head of the queues it concerns (as many as could start, and those ahead
+    of them that its rate holds back with no timer yet), so a release costs what it frees,
+    not a look at every waiter."""
 
     __slots__ = ("_by_key", "_by_type", "_clock", "_counter", "_held_key", "_holders", "_starts", "_stored", "_writing")
 
@@ -120,6 +123,7 @@ class FlowControl:
                 if unless.is_set():
                     return False
                 waiter.woken.clear()
+                waiter.timed = retry_in is not None
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(retry_in):
                         await unless_set(waiter.woken.wait, unless)
@@ -204,9 +208,16 @@ class FlowControl:
         concurrency = queue[0].admission.concurrency
         assert concurrency is not None
         free = max(concurrency.limit - len(self._holders.get(key, ())), 1)
-        # Those its type's rate holds back wake by their own timer, and let the next start.
-        for waiter in itertools.islice(self._startable(queue), free):
-            waiter.woken.set()
+        # Those its type's rate holds back let the next start; one of them that waited for a
+        # slot has no timer, and looks again to sleep on its rate's (once: it then has one).
+        for waiter in queue:
+            if not self._rate_full(waiter.admission):
+                waiter.woken.set()
+                free -= 1
+                if not free:
+                    break
+            elif not waiter.timed:
+                waiter.woken.set()
 
     def _startable(self, queue: Iterable[_Waiter]) -> Iterator[_Waiter]:
         """The waiters of a key's queue, in order, but those whose type's rate allows no start now."""

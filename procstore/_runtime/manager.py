@@ -444,7 +444,8 @@ class ProcedureManager:
 
         Raises `ProcedureError` for a procedure that has ended or that the store does not
         hold, `TypeError` for a name that is not non-empty text or a payload JSON cannot hold,
-        `InvalidProcedureId`, or `ManagerNotStarted`; nothing is written then.
+        `ValueError` for a name with a lone surrogate, `InvalidProcedureId`, or
+        `ManagerNotStarted`; nothing is written then.
         """
         if not isinstance(procedure_id, ProcedureId):
             raise InvalidProcedureId(procedure_id)

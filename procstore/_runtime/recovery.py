@@ -217,7 +217,10 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
         logger.info("deleting %d finished procedures left by an interrupted cleanup", len(to_delete))
         try:
             await ctx.settings.policy.call(lambda _n: record_recovered(ctx, loaded, to_delete, recorded))
-            await ctx.settings.policy.call(lambda _n: ctx.store.delete_procedures(to_delete))
+            # With each ended run's `.commit` step: a retry that lists a folder after its
+            # keys went, and finds only a copy an operator's restart wrote meanwhile, keeps it.
+            through = loaded.commit_steps
+            await ctx.settings.policy.call(lambda _n: ctx.store.delete_procedures(to_delete, through=through))
         except ProcedureError as e:
             logger.warning("could not delete finished procedures (%s); the next start tries again", e)
             to_delete = []

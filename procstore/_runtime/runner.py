@@ -400,8 +400,8 @@ class Runner:
 
     __slots__ = (
         "_attempt", "_consuming", "_first_context", "_message_skips_a_step", "_parked", "_resume_children",
-        "_signal_names", "_signals", "_skip_signals", "_stored_data", "_submitted", "_trace_parent", "_wait", "ctx",
-        "holds_locks", "meta",
+        "_signal_names", "_signals", "_signals_seen", "_skip_signals", "_stored_data", "_submitted", "_trace_parent",
+        "_wait", "ctx", "holds_locks", "meta",
         "procedure", "restarted", "step",
     )  # fmt: skip
 
@@ -442,6 +442,9 @@ class Runner:
         self._consuming: tuple[str, ...] = ()
         """Keys of the signals delivered to a step whose outcome is not stored yet: named in
         its next stored message, and deleted once that is stored."""
+        self._signals_seen = False
+        """A call of `execute` got `_signals`: a failure of that step consumes them too. One
+        that fails before the call (an operator's request met first) leaves them unread."""
         self._parked = False
         """Parked in `ctx.waits`: its task has ended, and its locks stay held for it."""
         self.restarted = restarted
@@ -701,6 +704,7 @@ class Runner:
             IN_EXECUTE,
         ):
             self._attempt = step
+            self._signals_seen = True
             status = await self.procedure.execute(self._attempt_context(attempt, step))
         if not isinstance(status, Status):
             raise TypeError(f"execute() returned {status!r}, not a Status")
@@ -864,7 +868,9 @@ class Runner:
     async def _delete_consumed(self) -> None:
         """The step that read `_consuming` is stored: delete those signals. A deletion that
         fails is logged; the stored message names them, so they are never delivered again.
-        Awaited only when there are some: a step that consumed none starts no coroutine."""
+        An operator's request ends its retries: they are left to a later deletion (the next
+        stored message's, the end's, or the request poll's), not waited for. Awaited only
+        when there are some: a step that consumed none starts no coroutine."""
         keys = self._skip_signals = self._consuming + self._skip_signals
         self._consuming = ()
         if not keys:
@@ -872,8 +878,9 @@ class Runner:
         # Deleted after the step's write and before the next attempt: a look ahead sent with
         # the write would be older than a request stored while they go.
         self.ctx.requests.looks.forget(self.meta.id)
+        delete = self.ctx.requests.unless_requested(self.meta.id, lambda _n: self.ctx.store.signals.delete(keys))
         try:
-            await self.ctx.settings.policy.call(lambda _n: self.ctx.store.signals.delete(keys))
+            await self.ctx.settings.policy.call(delete, wake=self.meta.requested)
         except Exception as e:
             logger.warning("procedure %s: cannot delete its consumed signals yet: %s", self.meta.id, describe(e))
         else:
@@ -891,13 +898,17 @@ class Runner:
         waits, pid = self.ctx.waits, self.meta.id
         while wait.signal is not None:
             waits.begin_reading(pid)
+            # An operator's request ends the read's backoff, and is what ends the procedure:
+            # its next attempt honours it (as a step's retries do), not the store's error.
+            read = self.ctx.requests.unless_requested(pid, lambda _n: self._read_signals(wait.signal or ""))
             try:
-                found = await self.ctx.settings.policy.call(lambda _n: self._read_signals(wait.signal or ""))
+                found = await self.ctx.settings.policy.call(read, wake=self.meta.requested)
             except Fenced:
                 raise
             except Exception as e:
                 self._wait = None
-                await self._fail(e)
+                if pid not in self.ctx.requests:
+                    await self._fail(e)
                 return False
             finally:
                 signalled = waits.end_reading(pid)
@@ -905,10 +916,13 @@ class Runner:
                 self._wait = None
                 self._signals = {found.name: found.payload}
                 self._consuming = (found.key,)
+                self._signals_seen = False
                 return False
             if not signalled:
                 break  # else a signal sent during the read may not be in it: read again
-        if wait.wake_at is not None and wall_clock() >= wait.wake_at:
+        # A request noted during the read found it not parked (`Waits.wake` did nothing):
+        # parked now, nothing would wake it.
+        if (wait.wake_at is not None and wall_clock() >= wait.wake_at) or self.meta.id in self.ctx.requests:
             self._wait = None
             return False
         self._parked = True
@@ -1052,6 +1066,11 @@ class Runner:
             else:
                 reason = "its id already has stored steps that this manager could not load"
                 self.ctx.metas.register_poisoned(self.meta.id, sub.id, child.type_name, reason)
+        if (request := self.ctx.requests.get(self.meta.id)) is not None:
+            # Noted during the step that returned them, or while they were written: the
+            # children it reached then were not registered (or not yet its children), so
+            # they would run on, and this procedure would wait for them to end.
+            self.ctx.requests.note(self.meta.id, request)
 
     async def _resume_stored_children(self) -> None:
         """After a restart, resume the children this procedure had stored, then wait for them.
@@ -1133,6 +1152,10 @@ class Runner:
         failed = failed_state(
             exc, gave_up_after=self.ctx.settings.policy.max_retry_times if is_transient(exc) else None
         )
+        if not self._signals_seen:
+            # No step saw them: they stay in the store for the run an operator's resume or
+            # rewind starts, not deleted with this failure's `.commit`.
+            self._signals, self._consuming = {}, ()
         self.meta.record.cancelled = isinstance(exc, OperatorRequested) and exc.request.kind == "cancel"
         if isinstance(exc, OperatorRequested):
             self.meta.record.ended_by = exc.request.action()

@@ -97,6 +97,9 @@ class ProcedureMessages:
     """Failed procedures (highest key `.rollback`), whose rollback must be (re)run."""
     finished_ids: list[ProcedureId] = field(default_factory=list)
     """Finished procedures (highest key `.commit`), whose keys are to be deleted."""
+    commit_steps: dict[ProcedureId, int] = field(default_factory=dict)
+    """Each finished procedure's `.commit` step, the `through_step` of its deletion: a key
+    above it is a restart's copy written since (`delete_procedure`)."""
     finished_messages: dict[ProcedureId, ProcedureMessage | None] = field(default_factory=dict)
     """Each finished procedure's highest message below its `.commit` (its parent, type and,
     if it rolled back, its error); None only when it has no such key at all. A value that
@@ -558,6 +561,7 @@ class ProcedureStore:
         read = iter(values)
         for pid, (step, key_type) in latest_of.items():
             if key_type is KeyType.COMMIT:
+                result.commit_steps[pid] = step
                 below = below_commit.get(pid)
                 self._classify_finished(pid, below, None if below is None else next(read), result)
                 continue

@@ -35,6 +35,7 @@ from typing import Literal
 import msgspec
 
 from procstore._logs import get_logger, procedure_fields
+from procstore._text import storable
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.history import Action, iso
@@ -102,14 +103,7 @@ def checked_reason(reason: object) -> str:
         return ""
     if not isinstance(reason, str):
         raise TypeError(f"the reason of an operator request must be a str (or None for none), not {reason!r}")
-    try:
-        reason.encode()
-    except UnicodeEncodeError as e:
-        raise ValueError(
-            f"the reason of an operator request must be valid Unicode text: it has a lone surrogate "
-            f"{reason[e.start : e.end]!r} at character {e.start}, which the store's UTF-8 cannot hold"
-        ) from None
-    return reason
+    return storable(reason, "the reason of an operator request")
 
 
 class OperatorRequested(ProcedureError):

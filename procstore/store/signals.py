@@ -27,6 +27,7 @@ import msgspec
 import orjson
 
 from procstore._logs import get_logger
+from procstore._text import storable
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.finite import has_non_finite
@@ -61,15 +62,11 @@ class Signal:
 
 def encoded_payload(name: object, payload: object) -> bytes:
     """`payload` as JSON, once `name` is checked: `TypeError` for a name that is not non-empty
-    valid Unicode text or a payload JSON cannot hold (before anything is written)."""
+    text or a payload JSON cannot hold, `ValueError` for a name UTF-8 cannot store (a lone
+    surrogate), before anything is written."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"a signal's name is non-empty text, not {name!r}")
-    try:
-        name.encode()
-    except UnicodeEncodeError as e:  # a lone surrogate: the stored signal's UTF-8 cannot hold it
-        raise TypeError(
-            f"a signal's name is valid Unicode text: {name!r} has a lone surrogate at character {e.start}"
-        ) from None
+    storable(name, "a signal's name")
     try:
         encoded = orjson.dumps(payload)
     except TypeError as e:

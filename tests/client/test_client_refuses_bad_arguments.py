@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from procstore import Client
-from procstore.store.message import ProcedureMessage
 from tests.runtime.test_operations import failed_and_kept, manager_on
 
 
@@ -33,17 +32,3 @@ async def test_a_reason_with_a_lone_surrogate_is_refused_before_anything_is_writ
                 await client.rewind(pid, 0, reason="\udfff")
             assert (await client.get(pid)).pending is None
             assert not await manager.store.resumes.list_all()
-
-
-async def test_a_signal_name_with_a_lone_surrogate_is_a_type_error_and_nothing_is_written(tmp_path: object) -> None:
-    """As a payload that JSON cannot hold: it was a `UnicodeEncodeError` from the write."""
-    url = f"memory://client-signal-surrogate-{id(tmp_path)}/"
-    async with manager_on(url, keep_failed=True) as manager:
-        pid, _ = await failed_and_kept(manager)
-        # Unfinished again by its keys (a copy above its `.commit`): a signal can reach it.
-        copy = ProcedureMessage("tests::Flaky", '{"name": "x", "at": 0, "fail_at": 9}', None, 5, run=2)
-        await manager.store.store.put(f"procedure/{pid}/0000000005.step", copy.encode())
-        async with Client(url) as client:
-            with pytest.raises(TypeError, match="lone surrogate"):
-                await client.signal(pid, "opened \ud800")
-        assert not await manager.store.signals.keys(pid)

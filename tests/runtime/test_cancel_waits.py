@@ -31,8 +31,9 @@ GATES: dict[str, asyncio.Event] = {}
 
 
 class Waits(Procedure):
-    """Retries for ever (`retry`), holds its lock until a gate opens (`gate`), or suspends on
-    one child that retries for ever (`child`)."""
+    """Retries for ever (`retry`), holds its lock until a gate opens (`gate`), suspends on
+    one child that retries for ever (`child`), or, once a gate opens in an uninterruptible
+    block, on the child `then` (`child after gate`)."""
 
     type_name = "cancel-waits::Waits"
 
@@ -52,6 +53,11 @@ class Waits(Procedure):
         if how == "gate":
             await GATES[self.data["gate"]].wait()
             return Status.done()
+        if how == "child after gate" and not self.data.get("waited"):
+            with ctx.uninterruptible():
+                await GATES[self.data["gate"]].wait()
+            self.data["waited"] = True
+            return Status.suspended([ProcedureWithId.new(Waits(self.data["then"]))])
         if how == "child" and not self.data.get("waited"):
             self.data["waited"] = True
             return Status.suspended([ProcedureWithId.new(Waits({"how": "retry"}))])
@@ -158,6 +164,33 @@ async def test_a_cancel_reaches_a_parent_waiting_for_a_child_in_backoff(tmp_path
     async with manager(tmp_path) as m:
         await cancelled_in_time(m, ProcedureWithId.new(Waits({"how": "child"})))
         assert all(info.state.is_ended() for info in m.list_procedures())
+
+
+@pytest.mark.parametrize(
+    "child",
+    [{"how": "retry"}, {"how": "gate", "gate": "children-never", "lock": "held"}],
+    ids=["in backoff", "waiting for a lock"],
+)
+async def test_a_cancel_noted_during_the_step_that_suspends_reaches_the_children_it_creates(
+    tmp_path: Path, child: dict[str, Any]
+) -> None:
+    """The cancel comes while the parent's step runs (uninterruptible here): the children the
+    step then returns did not exist when it was noted, and must still inherit it, or they
+    run on (a backoff, a lock wait) and the parent waits for them."""
+    GATES["children-gate"] = gate = asyncio.Event()
+    GATES["children-never"] = asyncio.Event()
+    async with manager(tmp_path) as m:
+        await m.submit(ProcedureWithId.new(Waits({"how": "gate", "gate": "children-never", "lock": "held"})))
+        parent = ProcedureWithId.new(Waits({"how": "child after gate", "gate": "children-gate", "then": child}))
+        watcher = await m.submit(parent)
+        await asyncio.sleep(0.2)  # inside its uninterruptible block
+        await m.cancel(parent.id, "not needed any more")
+        gate.set()
+        with pytest.raises(ProcedureFailed, match="not needed any more"):
+            await asyncio.wait_for(watcher.wait(), 5)
+        (created,) = [info for info in m.list_procedures() if info.parent_id == parent.id]
+        assert created.state.is_failed() and "its ancestor" in (created.state.error or "")
+        GATES["children-never"].set()
 
 
 async def test_acquire_unless_gives_back_a_lock_granted_with_the_event() -> None:

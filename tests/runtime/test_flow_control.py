@@ -315,6 +315,23 @@ def test_a_waiter_held_back_by_its_rate_leaves_a_free_slot_to_the_next() -> None
     run_simulated(main())
 
 
+def test_a_waiter_held_for_a_slot_whose_rate_is_full_when_the_slot_frees_starts_once_its_rate_allows() -> None:
+    """a2 waits for the slot a1 holds (a wait with no timer of its own); when a1 frees it,
+    a2's rate allows no start for an hour: it must look again then, not wait for ever."""
+
+    async def main() -> None:
+        async with manager_for("memory://flow-rate-after-slot/", RatedOnKey) as manager:
+            began = asyncio.get_running_loop().time()
+            await manager.submit(ProcedureWithId.new(RatedOnKey({"name": "a1", "nap": True})))
+            await asyncio.sleep(1)
+            a2 = await manager.submit(ProcedureWithId.new(RatedOnKey({"name": "a2"})))
+            async with asyncio.timeout(3700):  # virtual seconds: the rate allows a2 at 3600
+                await a2.wait()
+            assert [name for name, _ in STARTED] == ["a1", "a2"] and STARTED[1][1] - began >= 3600
+
+    run_simulated(main())
+
+
 class Hourly(Create):
     type_name = "test::HourlyCreate"
     rate_limit: ClassVar[RateLimit | None] = RateLimit(starts=2, per=3600)

@@ -8,12 +8,26 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
-from typing import ClassVar
+from collections.abc import Awaitable, Callable
+from typing import ClassVar, TypeVar
 
-from procstore import Client, Context, Procedure, ProcedureId, ProcedureStatus, ProcedureWithId, Status
+import pytest
+
+from procstore import (
+    Client,
+    Context,
+    Procedure,
+    ProcedureFailed,
+    ProcedureId,
+    ProcedureStatus,
+    ProcedureWithId,
+    Status,
+)
+from procstore.store import StateStore, WrappingStore
 from procstore.testing import MemoryStore
 from tests.support import manager_for
+
+T = TypeVar("T")
 
 
 class Approval(Procedure):
@@ -102,3 +116,42 @@ async def test_a_rewind_to_a_sleep_keeps_its_stored_wake_up_time() -> None:
         await client.rewind(procedure.id, 1, "sleep again")
         status = await _status_when(client, procedure.id, _waits(2))
         assert status.waiting == slept.waiting and (slept.waiting or "").startswith("sleeping until"), status
+
+
+class _HeldSignalRead(WrappingStore):
+    """Holds the first listing of a procedure's signals until `release`."""
+
+    def __init__(self, inner: StateStore, procedure_id: ProcedureId) -> None:
+        super().__init__(inner)
+        self.folder = f"requests/signals/{procedure_id}"
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
+        if kind == "walk" and key.startswith(self.folder) and not self.reached.is_set():
+            self.reached.set()
+            await self.release.wait()
+        return await call()
+
+
+async def test_a_signal_read_for_a_step_that_a_cancel_ends_before_it_runs_stays_for_a_resume() -> None:
+    """The waiter reads its signal, and meets a cancel stored during that read before its
+    step runs: no step saw the signal, so the failure's `.commit` leaves it in the store, and
+    the run an operator's resume starts gets it at once (it was deleted as consumed, and the
+    resumed run waited for a signal already sent)."""
+    procedure = ProcedureWithId.new(Approval())
+    store = _HeldSignalRead(MemoryStore(f"restart-unseen-{uuid.uuid4().hex[:8]}"), procedure.id)
+    async with (
+        manager_for(store, Approval, keep_failed=True, request_poll_interval=0.02) as manager,
+        Client(store.inner, poll_interval=0.02) as client,
+    ):
+        watcher = await manager.submit(procedure)
+        await _status_when(client, procedure.id, _waits(1))
+        await client.signal(procedure.id, "approved", "sent once")
+        await asyncio.wait_for(store.reached.wait(), 10)
+        await client.cancel(procedure.id, "not now")
+        store.release.set()
+        with pytest.raises(ProcedureFailed, match="not now"):
+            await asyncio.wait_for(watcher.wait(), 10)
+        resumed = await manager.resume(procedure.id, reason="now")
+        assert await asyncio.wait_for(resumed.wait(), 10) == {"approved": "sent once"}

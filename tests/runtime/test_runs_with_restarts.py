@@ -10,12 +10,14 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from procstore import (
+    Client,
     Context,
     DuplicateProcedure,
     History,
@@ -25,15 +27,17 @@ from procstore import (
     ProcedureWithId,
     Status,
 )
-from procstore.store import open_state_store
+from procstore.store import StateStore, open_state_store
 from procstore.store.history import HistoryRecord, HistoryStore, iso
 from procstore.store.message import ProcedureMessage
-from tests.procedures import JsonProcedure, World
+from procstore.testing import Fault, FaultyStore
+from tests.procedures import JsonProcedure, Steps, World
 from tests.runtime.helpers import blocker, eventually
 from tests.runtime.test_runs import Family, Flaky
 from tests.support import StoreTarget, manager_for
 
 TTL = 1.0
+T = TypeVar("T")
 
 
 async def _inherited(target: StoreTarget, procedure: ProcedureWithId) -> None:
@@ -358,3 +362,55 @@ async def test_a_restart_never_writes_back_an_end_record_retention_swept(local_t
             os.utime(os.path.join(local_target.url, key), (long_ago, long_ago))
         assert await (await manager.rewind(flaky.id, 0)).wait() == "f"
         assert [r.run for r in await history.list()] == [2]
+
+
+class _HeldFirstDeletion(FaultyStore):
+    """A `FaultyStore` whose first deletion of keys in `folder` waits for `release`."""
+
+    def __init__(self, inner: StateStore, folder: str, faults: list[Fault]) -> None:
+        super().__init__(inner, faults=faults)
+        self.folder = folder
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
+        if kind == "batch_delete" and key.startswith(self.folder) and not self.reached.is_set():
+            self.reached.set()
+            await self.release.wait()
+        return await super().around(kind, key, call, value)
+
+
+async def test_a_rewind_written_while_a_start_deletes_the_ended_run_survives_the_deletions_retry(
+    local_target: StoreTarget,
+) -> None:
+    """A failed root's deletion failed (keep_failed off), so the next start deletes its keys.
+    An operator rewinds it while that deletion runs: the copy lands in the folder after the
+    deletion listed it. The deletion's folder delete then fails once, and its retry lists the
+    folder again, where only the copy is left: the copy is the rewound run's, not the ended
+    run's, so it stays, and the run the operator asked for runs and ends."""
+    world = World.new()
+    proc = ProcedureWithId.new(Steps({"world": world.name, "name": "r", "steps": 4, "fail_at": 2}))
+    folder = f"procedure/{proc.id}/"
+    undeletable = [Fault("transient", kinds=frozenset({"batch_delete"}), key=f"{folder}*")]
+    async with manager_for(FaultyStore(open_state_store(local_target.url), faults=undeletable)) as first:
+        with pytest.raises(ProcedureFailed):
+            await (await first.submit(proc)).wait()
+        history = HistoryStore(first.store.store)
+        assert await _end_records(history, proc.id) == [1]
+    folder_fails_once = Fault("transient", kinds=frozenset({"delete"}), key=folder, times=1)
+    store = _HeldFirstDeletion(open_state_store(local_target.url), folder, [folder_fails_once])
+    next_start = manager_for(store, request_poll_interval=0.02)
+    async with Client(local_target.url, poll_interval=0.02) as client:
+        starting = asyncio.create_task(next_start.start())
+        try:
+            await asyncio.wait_for(store.reached.wait(), 10)
+            await client.rewind(proc.id, 1, "run it again from step 1")
+            store.release.set()
+            await asyncio.wait_for(starting, 10)
+            history = HistoryStore(next_start.store.store)
+            async with asyncio.timeout(10):
+                while await _end_records(history, proc.id) != [1, 2]:
+                    await asyncio.sleep(0.02)
+        finally:
+            await next_start.stop()
+    assert world.counts["r/1"] == 2  # step 1 ran again, in the rewound run

@@ -19,7 +19,17 @@ from typing import Any, TypeVar
 import pytest
 from click.testing import CliRunner
 
-from procstore import Context, Lease, Procedure, ProcedureError, ProcedureFailed, ProcedureId, ProcedureWithId, Status
+from procstore import (
+    Client,
+    Context,
+    Lease,
+    Procedure,
+    ProcedureError,
+    ProcedureFailed,
+    ProcedureId,
+    ProcedureWithId,
+    Status,
+)
 from procstore._cli.app import cli
 from procstore.store import StateStore, WrappingStore, open_state_store
 from procstore.store.procedure_store import ProcedureStore
@@ -294,6 +304,48 @@ def test_procstore_signal_refuses_a_payload_it_would_store_changed(tmp_path: Pat
     assert not (tmp_path / SIGNALS_PATH).exists()
 
 
+def test_a_signal_name_with_a_lone_surrogate_is_refused_clearly_before_anything_is_written() -> None:
+    """UTF-8 cannot store a lone surrogate (what Python makes of an argument's byte that is
+    not UTF-8): refused as a reason with one is, naming it, not with the encoder's error."""
+
+    async def main() -> None:
+        url = "memory://signals-surrogate-name/"
+        async with manager_for(url, Waiter) as manager, Client(url) as client:
+            procedure = waiter()
+            await manager.submit(procedure)
+            with pytest.raises(ValueError, match="a signal's name must be valid Unicode text"):
+                await manager.signal(procedure.id, "go\ud800")
+            with pytest.raises(ValueError, match="a signal's name must be valid Unicode text"):
+                await client.signal(procedure.id, "\udcff")
+            assert await stored_signals(manager, procedure.id) == []
+
+    asyncio.run(main())
+    # Nor can a step wait for one: no signal could end that wait.
+    with pytest.raises(ValueError, match="a signal's name must be valid Unicode text"):
+        Status.wait_for_signal("go\ud800")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["signal", "{id}", "\udcff"],
+        ["cancel", "{id}", "--yes", "--reason", "\udcff"],
+        ["resume", "{id}", "--force", "--reason", "\udcff"],
+    ],
+)
+def test_procstore_refuses_an_argument_that_is_not_utf8_as_a_usage_error(tmp_path: Path, command: list[str]) -> None:
+    """A name or reason given with a byte that is not UTF-8 (Python reads it as a lone
+    surrogate): exit 2, naming the parameter, and nothing written; not an internal error."""
+    folder = tmp_path / "procedure" / "11111111-1111-4111-8111-111111111111"
+    folder.mkdir(parents=True)
+    (folder / "0000000000.step").write_text(json.dumps({"type_name": "t", "data": "{}", "parent_id": None, "step": 0}))
+    args = [command[0], str(tmp_path), *(part.format(id=folder.name) for part in command[1:])]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert "must be valid Unicode text" in result.output
+    assert not (tmp_path / "requests").exists()
+
+
 def test_old_signals_of_procedures_the_store_no_longer_holds_are_deleted() -> None:
     async def main() -> None:
         url = "memory://signals-stale/"
@@ -397,6 +449,73 @@ def test_a_signal_sent_while_the_waiter_reads_its_signals_wakes_it_at_once() -> 
             return asyncio.get_running_loop().time()
 
     assert run_simulated(main()) < 100
+
+
+def test_a_cancel_sent_while_the_waiter_reads_its_signals_ends_the_wait() -> None:
+    """A cancel noted during the read before parking finds nothing parked to wake: the waiter
+    must see it before it parks, or it waits for a signal that may never come."""
+
+    async def main() -> float:
+        store = SlowSignalListing(open_state_store("memory://signals-cancel-during-read/"), seconds=5)
+        async with manager_for(store, Waiter, request_poll_interval=1.0) as manager:
+            procedure = waiter()
+            watcher = await manager.submit(procedure)
+            await store.listed.wait()
+            await manager.cancel(procedure.id, "cancelled during the read")
+            with pytest.raises(ProcedureFailed, match="cancelled during the read"):
+                await asyncio.wait_for(watcher.wait(), 600)
+            return asyncio.get_running_loop().time()
+
+    assert run_simulated(main()) < 100
+
+
+def test_a_cancel_ends_the_backoff_of_a_failing_read_of_signals_and_is_the_recorded_end() -> None:
+    """The read of its signals before it parks fails (the listing, again and again): an
+    operator's cancel ends its backoff at once, as it ends a step's, and the procedure ends
+    cancelled, not failed with the store's error once the retries run out."""
+
+    async def main() -> float:
+        url = "memory://signals-cancel-read-backoff/"
+        failing = Fault("transient", kinds=frozenset({"walk"}), key=f"{SIGNALS_PATH}*")
+        store = FaultyStore(open_state_store(url), faults=[failing])
+        options: dict[str, Any] = {"retry_delay": 5.0, "max_retry_delay": 5.0, "max_retry_times": 5}
+        async with manager_for(store, Waiter, **options) as manager, Client(url) as client:
+            procedure = waiter()
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(1)
+            await manager.cancel(procedure.id, "cancelled while its read backs off")
+            with pytest.raises(ProcedureFailed, match="cancelled while its read backs off"):
+                await watcher.wait()
+            ended = asyncio.get_running_loop().time()
+            (record,) = await client.history(procedure_id=procedure.id)
+            assert record.outcome == "cancelled" and record.ended_by is not None
+            return ended
+
+    assert run_simulated(main()) < 2
+
+
+def test_a_cancel_ends_the_backoff_of_a_failing_deletion_of_consumed_signals() -> None:
+    """The step that read a signal is stored, and the signal's deletion fails again and
+    again: an operator's cancel ends that backoff at once (the stored message names the
+    signal, so it is never delivered again), rather than after every retry."""
+
+    async def main() -> float:
+        failing = Fault("transient", kinds=frozenset({"batch_delete", "delete"}), key=f"{SIGNALS_PATH}*")
+        store = FaultyStore(open_state_store("memory://signals-cancel-delete-backoff/"), faults=[failing])
+        options: dict[str, Any] = {"retry_delay": 5.0, "max_retry_delay": 5.0, "max_retry_times": 5}
+        async with manager_for(store, Waiter, **options) as manager:
+            procedure = waiter(waits=2)
+            watcher = await manager.submit(procedure)
+            await asyncio.sleep(1)
+            await manager.signal(procedure.id, "go", 1)
+            await asyncio.sleep(1)  # its deletion backs off
+            await manager.cancel(procedure.id, "cancelled while a deletion backs off")
+            cancelled = asyncio.get_running_loop().time()
+            with pytest.raises(ProcedureFailed, match="cancelled while a deletion backs off"):
+                await watcher.wait()
+            return asyncio.get_running_loop().time() - cancelled
+
+    assert run_simulated(main()) < 1
 
 
 def test_a_signalled_wait_with_a_long_timeout_leaves_nothing_of_the_procedure_behind() -> None:
