@@ -88,4 +88,10 @@ def bounded(text: str, limit: int = TEXT_LIMIT) -> str:
     """`text` cut to `limit` characters, saying how many were left out."""
     if len(text) <= limit:
         return text
-    return f"{text[:limit]}… {len(text) - limit} more characters"
+    return cut_text(text[:limit], len(text))
+
+
+def cut_text(head: str, length: int) -> str:
+    """The first characters of a text `length` characters long, saying how many more there
+    are (`bounded`'s form, for a text never made whole)."""
+    return head if length <= len(head) else f"{head}… {length - len(head)} more characters"

@@ -25,3 +25,13 @@ def clamped_wake_at(epoch: float) -> float:
 def wake_at_text(epoch: float) -> str:
     """The wake-up time as ISO 8601 in UTC, to the second; never fails."""
     return datetime.fromtimestamp(clamped_wake_at(epoch), UTC).isoformat(timespec="seconds")
+
+
+def calendar_time(epoch: float) -> datetime | None:
+    """`epoch` as an aware `datetime` in UTC; None for a time the calendar does not hold
+    (before year 1 or after 9999): a stored time (an operator request's, a file's modified
+    time on a filesystem of 64-bit times) is anyone's to write, and never fails a reader."""
+    try:
+        return datetime.fromtimestamp(epoch, UTC)
+    except (ValueError, OverflowError, OSError):
+        return None

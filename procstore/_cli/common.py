@@ -22,7 +22,7 @@ from procstore._text import TEXT_LIMIT, bounded, storable, terminal_text
 from procstore.errors import OperationRefused, ProcedureNotFound, StoreError
 from procstore.ids import ProcedureId
 from procstore.store import open_state_store
-from procstore.store.keys import KeysByProcedure
+from procstore.store.keys import KeysByProcedure, parent_folder
 from procstore.store.local import LocalDirStore
 from procstore.store.procedure_store import ProcedureStore
 
@@ -124,9 +124,19 @@ def store_options(fn: Callable[P, T]) -> Callable[P, T]:
     fn = click.option(
         "--parent-path",
         default="",
+        callback=_folder_in_store,
         help="Folder inside the store that holds `procedure/` (the manager's parent_path).",
     )(fn)
     return click.argument("url")(storage_option_flags(fn))
+
+
+def _folder_in_store(_ctx: click.Context, _param: click.Parameter, parent_path: str) -> str:
+    """`--parent-path` names a folder inside the store (see `parent_folder`), else a usage error."""
+    try:
+        parent_folder(parent_path)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    return parent_path
 
 
 def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:

@@ -30,9 +30,10 @@ from procstore._cli.common import (
 )
 from procstore._cli.listing import OUR_FOLDERS, load_inventory, procedures_table, row_json
 from procstore._cli.output import chosen_format, emit, error_console, output_console, output_options, plain, plural
-from procstore._client.inventory import StoredProcedure
+from procstore._client.inventory import Inventory, StoredProcedure
 from procstore._client.operations import stoppable, write_stop_request
 from procstore._text import terminal_text
+from procstore.ids import ProcedureId
 from procstore.store.folder import StoredStatus
 from procstore.store.history import HistoryStore, iso, record_from_keys
 from procstore.store.local import TEMP_PREFIX, Leftovers, LocalDirStore
@@ -150,6 +151,21 @@ async def gc(
         rows="deleted",
         warnings=warnings,
     )
+
+
+def _parent_not_ended(inventory: Inventory, p: StoredProcedure, doomed: set[ProcedureId]) -> str | None:
+    """The nearest ancestor of `p` that has not ended, or may not have, in words (`{id}, which
+    is unfinished`); None if all have. One whose latest value cannot be read (`unreadable`),
+    or in a parent cycle, has not ended: restored, it runs on. One whose folder cannot be
+    listed may not have. The ancestors being deleted with `p` (a cycle it is in) do not count."""
+    ancestors = inventory.ancestors(p)
+    for a in ancestors:
+        if a.is_alive and a.procedure_id not in doomed:
+            return f"{a.procedure_id}, which is {inventory.word(a)}"
+    top = ancestors[-1] if ancestors else p
+    if top.parent_id in inventory.unlisted_ids and top.parent_id not in inventory.procedures:
+        return f"{top.parent_id}, whose folder cannot be listed (it may not have ended)"
+    return None
 
 
 async def record_ends(store: ProcedureStore, procedures: list[StoredProcedure]) -> None:
@@ -276,14 +292,12 @@ async def delete(
         p = inventory.procedures[resolve_id(inventory.procedures, procedure_id, inventory.unlisted_ids)]
         doomed = [*inventory.descendants(p.procedure_id), p]
         alive = [d for d in doomed if d.status in (StoredStatus.UNFINISHED, StoredStatus.ROLLING_BACK)]
-        waiting = [
-            a for a in inventory.ancestors(p) if a.status in (StoredStatus.UNFINISHED, StoredStatus.ROLLING_BACK)
-        ]
-        if waiting and not force:
+        waiting = _parent_not_ended(inventory, p, {d.procedure_id for d in doomed})
+        if waiting is not None and not force:
             raise CommandError(
-                f"procedure {p.procedure_id} is a subprocedure of {waiting[0].procedure_id}, which is "
-                f"{waiting[0].status.value}: it reads this one's end when it goes on, and without it would run it "
-                f"again. Delete the root once it has ended, or pass --force if no manager runs on this store",
+                f"procedure {p.procedure_id} is a subprocedure of {waiting}: it reads this one's end when it goes "
+                "on, and without it would run it again. Delete the root once it has ended, or pass --force if no "
+                "manager runs on this store",
                 ExitCode.REFUSED,
             )
         if alive and not force:

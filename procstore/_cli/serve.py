@@ -12,6 +12,7 @@ from procstore._cli.common import (
     open_existing_store,
     parse_storage_options,
     run_command,
+    storable_text,
     store_options,
 )
 from procstore._cli.output import warn
@@ -19,7 +20,7 @@ from procstore._cli.output import warn
 
 @click.command()
 @store_options
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--host", default="127.0.0.1", show_default=True, callback=storable_text, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8600, show_default=True, help="Port to listen on.")
 @click.option(
     "--refresh", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between page updates."

@@ -30,7 +30,7 @@ from procstore._client.client import Client
 from procstore._client.inventory import ENDINGS, endings, read_history
 from procstore._client.status import ProcedureStatus, from_record
 from procstore._client.words import status_word
-from procstore._text import bounded
+from procstore._text import TEXT_LIMIT, bounded, cut_text
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
 from procstore.store.folder import StoredStatus
@@ -54,42 +54,101 @@ class NotShown:
 
 
 def flatten(
-    value: Any, path: str = "", limit: int | None = FIELDS_SHOWN, elements: int | None = ELEMENTS_SHOWN
+    value: Any,
+    path: str = "",
+    limit: int | None = FIELDS_SHOWN,
+    elements: int | None = ELEMENTS_SHOWN,
+    names: int | None = TEXT_LIMIT,
+    budget: int | None = None,
 ) -> dict[str, Any]:
     """Nested JSON as `{"a.b[0].c": leaf}`: a state machine's context and state become fields.
 
     Bounded, as a value may be hostile or just large: an array lists its first `elements`
     elements then `NotShown`, and at most `limit` fields come out, then a `NotShown` (None:
     all of them, for an output that has every value whole). A loop, not a recursion: orjson
-    reads values nested up to 1,024 deep, deeper than Python's recursion goes."""
+    reads values nested up to 1,024 deep, deeper than Python's recursion goes.
+
+    A field's name is its path, and a path repeats every key above it: one long key over
+    many fields would be copied once per field. So a path longer than `names` characters
+    (None: no limit) is never made whole: its name is its first characters and how many
+    more there are (as `bounded` cuts text), `names` in all, and `budget` (None: none) caps
+    the characters of all names together, then a `NotShown`: the work is linear in the value."""
     out: dict[str, Any] = {}
-    stack: list[tuple[str, Any]] = [(path, value)]  # the next item last: fields in document order
-    while stack:
-        if limit is not None and len(out) >= limit:
-            out["…"] = NotShown(len(stack), "fields or groups of fields")
+    repeats: dict[str, int] = {}
+    spent = 0
+    # Each level: its path's first `names` characters and its length, its members (the
+    # segment each adds to the path, its value) and the index of the next; innermost last.
+    levels: list[tuple[str, int, list[tuple[str, Any]], int]] = [("", 0, [(path, value)], 0)]
+    while levels:
+        where, length, members, at = levels[-1]
+        if at == len(members):
+            levels.pop()
+            continue
+        if (limit is not None and len(out) >= limit) or (budget is not None and spent > budget):
+            left = sum(len(m) - i for _, _, m, i in levels)
+            out["…"] = NotShown(left, "fields or groups of fields")
             break
-        where, item = stack.pop()
+        levels[-1] = (where, length, members, at + 1)
+        segment, item = members[at]
+        if names is None:
+            prefix, size = where + segment, length + len(segment)
+        else:  # never made whole: its first characters, and how long it is
+            head = names - _SAYS_HOW_MANY_MORE  # with what `cut_text` adds, at most `names`
+            prefix = where if length >= head else (where + segment[: head - length])
+            size = length + len(segment)
+        spent += len(prefix)
         if isinstance(item, dict) and item:
-            stack += reversed([(f"{where}.{key}" if where else str(key), inner) for key, inner in item.items()])
+            dot = "." if size else ""
+            levels.append((prefix, size, [(f"{dot}{key}", inner) for key, inner in item.items()], 0))
         elif isinstance(item, list) and item:
-            shown = [(f"{where}[{i}]", inner) for i, inner in enumerate(item[:elements])]
+            shown: list[tuple[str, Any]] = [(f"[{i}]", inner) for i, inner in enumerate(item[:elements])]
             if elements is not None and len(item) > elements:
-                shown.append((f"{where}[…]", NotShown(len(item) - elements, "elements")))
-            stack += reversed(shown)
+                shown.append(("[…]", NotShown(len(item) - elements, "elements")))
+            levels.append((prefix, size, shown, 0))
         else:
-            out[where or "(value)"] = item
+            out[_unused(cut_text(prefix, size) or "(value)", out, repeats)] = item
     return out
+
+
+_SAYS_HOW_MANY_MORE = 40
+"""Characters `cut_text` adds at most (`… {n} more characters`): a cut name stays within
+`names`, so that a view bounding it to as many shows it whole, its count right."""
+
+
+def _unused(name: str, out: dict[str, Any], repeats: dict[str, int]) -> str:
+    """`name`, or `name (2)`, `name (3)`... if fields hold it already: two paths may read
+    alike (`{"a.b": 1, "a": {"b": 2}}`, or two long ones cut alike), and each is a field.
+    `repeats` keeps the next number of each name, so many alike cost one look each."""
+    if name not in out:
+        return name
+    n = repeats.get(name, 2)
+    while f"{name} ({n})" in out:
+        n += 1
+    repeats[name] = n + 1
+    return f"{name} ({n})"
+
+
+WHOLE_NAME_TEXT = 16
+"""Characters of field names `data_fields(whole=True)` makes per character of the data (and
+4,096 more): a usual state's names are a few times its size, and a value shaped to name
+many fields by one long path stops there (`names_cut` says so; its data is whole as stored)."""
 
 
 def data_fields(message: ProcedureMessage, *, whole: bool = False) -> dict[str, Any] | None:
     """The message's `data` as fields if it is JSON (it usually is), else None; `whole`:
-    every field and element."""
+    every field and element, named by whole paths, up to `WHOLE_NAME_TEXT`."""
     try:
         if whole:
-            return flatten(orjson.loads(message.data), limit=None, elements=None)
+            budget = WHOLE_NAME_TEXT * len(message.data) + 4096
+            return flatten(orjson.loads(message.data), limit=None, elements=None, names=None, budget=budget)
         return flatten(orjson.loads(message.data))
     except orjson.JSONDecodeError:
         return None
+
+
+def names_cut(fields: dict[str, Any]) -> bool:
+    """Whether `flatten` stopped before the last field (`limit` or `budget`)."""
+    return isinstance(fields.get("…"), NotShown)
 
 
 def field_changes(

@@ -168,11 +168,11 @@ async def carry_out_resume(store: ProcedureStore, prepared: PreparedRestart, rea
     """Write the resume's nudge (`reason` is kept for the new run's history record)."""
     plan = prepared.plan
     pid = plan.procedure_id
+    nudge = OperatorRequest.new("resume", reason, plan.latest.step)  # the reason checked before any change
     if not plan.ended and not plan.copy_pending:
         # `--force` on one its manager could not load: the operator's word is newer than
         # any request stored for it. (A request stored after a restart's copy stands.)
         await store.requests.delete([pid])
-    nudge = OperatorRequest.new("resume", reason, plan.latest.step)
     nudged = await _nudge(store, pid, nudge, wrote_copy=False)
     if plan.ended and prepared.record is None:
         nudged.notes.append(
@@ -211,11 +211,12 @@ async def carry_out_rewind(store: ProcedureStore, prepared: PreparedRestart, rea
     another operator restarted it first (nothing of this one written but the deletion)."""
     plan = prepared.plan
     pid = plan.procedure_id
+    # Checked (the reason) before anything changes: a refused restart keeps the request.
+    asked = OperatorRequest.new("resume", reason, to_step=prepared.to_step)
     # The old request first: left in place, it would fail the rewound run at once. Read
     # before: the ended run's record, if written with the copy, names it.
     stop_request = await store.requests.get(pid)
     await store.requests.delete([pid])
-    asked = OperatorRequest.new("resume", reason, to_step=prepared.to_step)
     # An ended run's record the copy may write is kept as long as the store's settings say.
     retention = (await SettingsStore(store.store, store.parent_path).read()).history(History()).retention
     try:

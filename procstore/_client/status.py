@@ -18,6 +18,7 @@ from procstore.store.activity import Activity
 from procstore.store.history import Action, HistoryRecord
 from procstore.store.keys import KeyType
 from procstore.store.requests import OperatorRequest
+from procstore.wake_time import calendar_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +97,7 @@ class ProcedureStatus:
 
 
 def _time(stamp: float | None) -> datetime | None:
-    return None if stamp is None else datetime.fromtimestamp(stamp, UTC)
+    return None if stamp is None else calendar_time(stamp)
 
 
 def _parsed(text: str | None) -> datetime | None:

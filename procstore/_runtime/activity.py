@@ -54,8 +54,9 @@ class ActivityPublisher:
         """Activities to write at the next flush, the latest of each procedure."""
         self._shown: set[ProcedureId] = set()
         """Procedures with an activity written (or being written): deleted once they end."""
-        self._gone: set[ProcedureId] = set()
-        """Ended procedures whose activity the next flush deletes (after any write of it)."""
+        self._gone: dict[ProcedureId, None] = {}
+        """Ended procedures whose activity the next flush deletes (after any write of it), in
+        the order they ended (a dict: one deletion names them alike at every replay of a seed)."""
         self._retries: dict[ProcedureId, list[Retry]] = {}
         self._flusher: asyncio.Task[None] | None = None
 
@@ -94,11 +95,11 @@ class ActivityPublisher:
         self._retries.pop(meta.id, None)
         if meta.id in self._shown:
             self._shown.discard(meta.id)
-            self._gone.add(meta.id)
+            self._gone[meta.id] = None
             self._flush_soon()
 
     def _publish(self, meta: ProcedureMeta, doing: Doing, step: int, **fields: Any) -> None:
-        self._gone.discard(meta.id)
+        self._gone.pop(meta.id, None)
         retries = list(self._retries.get(meta.id, ()))
         self._pending[meta.id] = Activity(
             run=meta.run, doing=doing, since=_iso(time.time()), step=step, manager=self._manager, retries=retries,
@@ -116,7 +117,7 @@ class ActivityPublisher:
         try:
             while self._pending or self._gone:
                 pending, self._pending = self._pending, {}
-                gone, self._gone = self._gone, set()
+                gone, self._gone = self._gone, {}
                 self._shown.update(pending)
                 writes = [self._store.put(pid, activity) for pid, activity in pending.items()]
                 results = await asyncio.gather(*writes, self._store.delete(gone), return_exceptions=True)

@@ -27,7 +27,8 @@ class Lifecycle:
         """The lock that orders start() and stop() calls on the running loop."""
         self._stops: set[asyncio.Task[None]] = set()
         """Shutdowns under way: each stop() call's, queued on the lock."""
-        self._outside_terms: set[asyncio.Task[Any]] = set()
+        self._outside_terms: dict[asyncio.Task[Any], None] = {}
+        """Writes of no term, in the order begun: cancelled in that order (see `Term._tasks`)."""
 
     async def stop(self, shutdown: Callable[[], Awaitable[None]]) -> None:
         """Run `shutdown` under the lock in a task of its own; return once it has run."""
@@ -43,8 +44,8 @@ class Lifecycle:
 
     def own(self, task: asyncio.Task[Any]) -> None:
         """Track a write that belongs to no term, for `cancel_outside_terms`."""
-        self._outside_terms.add(task)
-        task.add_done_callback(self._outside_terms.discard)
+        self._outside_terms[task] = None
+        task.add_done_callback(lambda done: self._outside_terms.pop(done, None))
 
     async def cancel_outside_terms(self) -> None:
         """Cancel the tracked writes and wait until each has stopped."""

@@ -163,6 +163,7 @@ class ProcedureManager:
         keep_failed: bool = False,
         telemetry: bool | TelemetrySettings = True,
     ) -> None:
+        parent_folder(parent_path)  # a path outside the store raises ValueError now, not at start()
         self._given_store = url if isinstance(url, StateStore) else None
         self._state_store: StateStore | None = None
         budget = retry_budget if retry_budget is not None else RetryBudget()

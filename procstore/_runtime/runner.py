@@ -432,7 +432,9 @@ class Runner:
         """Its lock keys were taken for it already (see `KeyRwLock.acquire_all_now`)."""
         self._wait = wait if wait is not None and wait.waits else None
         """The durable wait its last stored step ended with, until it is over (see `waits.py`)."""
-        self._skip_signals: tuple[str, ...] = () if wait is None else wait.consumed
+        self._skip_signals: tuple[str, ...] = (
+            () if wait is None or not wait.consumed else ctx.store.signals.own(meta.id, wait.consumed)
+        )
         """Signal keys consumed by a stored step and not known to be deleted yet: never
         delivered again, and named in every message it stores until they are deleted."""
         self._signals: dict[str, object] = {}

@@ -124,7 +124,9 @@ class Term:
             history=settings.history,
             deletes_in_doubt=deletes_in_doubt,
         )
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: dict[asyncio.Task[Any], None] = {}
+        """The term's tasks, in the order spawned (a dict, not a set: cancelled in an order
+        that does not depend on where they sit in memory, so a seeded simulation replays)."""
         self.running = False
         self.fenced: Fenced | None = None
         """Set when another manager was found writing this store's step keys: nothing runs any more."""
@@ -204,12 +206,12 @@ class Term:
 
     def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
+        self._tasks[task] = None
         task.add_done_callback(self._task_done)
         return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
+        self._tasks.pop(task, None)
         if not task.cancelled() and (exc := task.exception()) is not None:
             # Only a BaseException gets here (the runner turns errors into FAILED): a
             # simulated crash or an interpreter exit. The task is simply gone, as in a kill.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import heapq
 import itertools
 import json
 import time
@@ -38,7 +39,7 @@ from starlette.routing import Route
 from procstore._cli.history import record_json
 from procstore._cli.listing import row_json
 from procstore._cli.output import SHORT_ID, iso_time, table_time
-from procstore._cli.show import data_fields, field_changes, status_json
+from procstore._cli.show import data_fields, field_changes, names_cut, status_json
 from procstore._client.client import Client
 from procstore._client.inventory import (
     ENDINGS,
@@ -53,7 +54,7 @@ from procstore._client.leader import lease_state, read_lease
 from procstore._client.status import ProcedureStatus
 from procstore._client.words import STATUS_WORDS, StatusWord, status_word
 from procstore._runtime.lease import LEASE_KEY, LeaseRecord
-from procstore._text import bounded, terminal_text, valid_unicode
+from procstore._text import bounded, json_inert, terminal_text, valid_unicode
 from procstore._web.actions import ACTIONS, Actions
 from procstore._web.headers import SecurityHeaders
 from procstore._web.links import procedure_link
@@ -234,7 +235,8 @@ _JSON_PIECE = 1 << 20
 
 def _json_pieces(content: Any) -> list[bytes]:
     """JSON of any stored text, in pieces of about `_JSON_PIECE` bytes: a lone surrogate (a
-    name that is not UTF-8) is escaped.
+    name that is not UTF-8) is escaped, and so is what a terminal obeys (`json_inert`: DEL,
+    C1, the bidirectional overrides; JSON escapes C0 itself), for a twin read with `curl`.
 
     Encoded value by value, not in one call: a thread that runs one C call over megabytes
     holds the GIL, and so the event loop, that long."""
@@ -243,7 +245,7 @@ def _json_pieces(content: Any) -> list[bytes]:
     pending: list[bytes] = []
     size = 0
     for text in encoder.iterencode(content):
-        pending.append(valid_unicode(text).encode())
+        pending.append(json_inert(valid_unicode(text)).encode())
         size += len(pending[-1])
         if size >= _JSON_PIECE:
             pieces.append(b"".join(pending))
@@ -351,7 +353,7 @@ def _overview_of(
         "store": f"{store.store.url}{store.proc_path}",
         "counts": counts,
         "total": len(inventory.procedures),
-        "types": sorted({p.type_name for p in inventory.procedures.values() if p.type_name}),
+        **_types(inventory, filters, shown),
         "filters": msgspec.to_builtins(filters),
         "matching": len(chosen),
         "page": page,
@@ -363,6 +365,23 @@ def _overview_of(
         "lease": lease,
         "read_at": iso_time(now),
     }
+
+
+TYPES_SHOWN = 100
+"""Types the overview's type filter offers, the most common first (its JSON twin lists them
+all): one hostile key per type, each of a type of its own, must not make the page long."""
+
+
+def _types(inventory: Inventory, filters: Filters, shown: int | None) -> dict[str, Any]:
+    """The types to filter by, sorted (`TYPES_SHOWN` of them on a page: the most common,
+    and the one chosen), and how many others there are."""
+    counts = collections.Counter(p.type_name for p in inventory.procedures.values() if p.type_name)
+    if shown is None:
+        return {"types": sorted(counts), "types_not_shown": 0}
+    common = {t for t, _ in heapq.nsmallest(TYPES_SHOWN, counts.items(), key=lambda tn: (-tn[1], tn[0]))}
+    if filters.type is not None and filters.type in counts:
+        common.add(filters.type)
+    return {"types": sorted(common), "types_not_shown": len(counts) - len(common)}
 
 
 async def _lease(store: ProcedureStore, now: float) -> dict[str, Any] | None:
@@ -483,6 +502,8 @@ def _procedure_of(
                 else:
                     budget = 0
                     step["fields_not_shown"] = len(rows)
+                if whole and names_cut(fields):
+                    step["raw"] = message.data  # the twin has every value whole: as stored
         steps.append(step)
     return {
         "store": f"{store.store.url}{store.proc_path}",

@@ -322,9 +322,16 @@ class HistoryStore:
         out: list[HistoryRecord | None] = [None] * len(runs)
         for (i, _), record in zip(known, await self.read_each([key for _, key in known]), strict=True):
             out[i] = record
-        for i, (pid, run) in enumerate(runs):
-            if run is None:
-                out[i] = await self.find_newest_run(pid)
+        unnamed = [(i, pid) for i, (pid, run) in enumerate(runs) if run is None]
+        if len(unnamed) == 1:
+            out[unnamed[0][0]] = await self.find_newest_run(unnamed[0][1])
+        elif unnamed:
+            # One listing for all: each `find_newest_run` may list the whole history, and
+            # anyone who can write the store can leave thousands of folders of a `.commit` alone.
+            latest = await self.latest_keys()
+            named = [(i, key) for i, pid in unnamed if (key := latest.get(str(pid))) is not None]
+            for (i, _), record in zip(named, await self.read_each([key for _, key in named]), strict=True):
+                out[i] = record
         return out
 
     async def read_each(self, keys: Sequence[str]) -> list[HistoryRecord | None]:

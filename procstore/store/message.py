@@ -30,6 +30,9 @@ from procstore.wake_time import clamped_wake_at, wake_at_text
 
 _U32_MAX = 2**32 - 1
 
+MAX_RUN = _U32_MAX
+"""The highest run a stored message can carry (GreptimeDB's u32): no restart goes past it."""
+
 
 @dataclass(frozen=True, slots=True)
 class StepWait:

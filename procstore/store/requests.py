@@ -30,7 +30,6 @@ import getpass
 import socket
 import time
 from collections.abc import Collection, Mapping
-from datetime import UTC, datetime
 from typing import Literal
 
 import msgspec
@@ -42,6 +41,7 @@ from procstore.ids import ProcedureId
 from procstore.store.history import Action, iso
 from procstore.store.message import UNDECODABLE
 from procstore.store.state_store import KeyPerProcedure, StateStore, walk_readable
+from procstore.wake_time import calendar_time
 
 logger = get_logger("procstore.store")
 
@@ -85,7 +85,7 @@ class OperatorRequest(msgspec.Struct, frozen=True, kw_only=True):
     def action(self) -> Action:
         """The request as history keeps it: `cancel`, `fail`, or for a nudge `resume` or `rewind`."""
         kind = "rewind" if self.kind == "resume" and self.to_step is not None else self.kind
-        at = iso(datetime.fromtimestamp(self.requested_at, UTC))
+        at = iso(calendar_time(self.requested_at))  # None for a stored time no calendar holds
         return Action(kind=kind, by=self.requested_by, at=at, reason=self.reason, to_step=self.to_step)
 
     def describe(self) -> str:

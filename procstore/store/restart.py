@@ -34,7 +34,7 @@ from procstore.ids import ProcedureId
 from procstore.store.folder import ProcedureKeys, StoredStatus, decode_or_problem
 from procstore.store.history import Action, History, HistoryStore, iso, record_from_keys
 from procstore.store.keys import MAX_STEP, KeyType, ParsedKey, procedure_dir
-from procstore.store.message import ProcedureMessage, StepWait
+from procstore.store.message import MAX_RUN, ProcedureMessage, StepWait
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import OperatorRequest, ended_by
 from procstore.store.run_origin import run_origin, with_run_origin
@@ -121,7 +121,21 @@ async def check_restart(store: ProcedureStore, plan: RestartPlan) -> ProcedureMe
         raise ProcedureError(
             f"procedure {plan.procedure_id} is a subprocedure of {message.parent_id}: restart its root instead"
         )
+    # The copy's run is one above the last run's: read here too (the copy reads it again),
+    # so that an unreadable one or a run at the limit refuses before any change.
+    if plan.source is not None and max(message.run, (await _last_run(store, plan, message)).run) >= MAX_RUN:
+        raise ProcedureError(
+            f"procedure {plan.procedure_id} is at run {MAX_RUN}, the highest a stored message can carry: a new "
+            "run's copy could not be read by any manager"
+        )
     return message
+
+
+async def _last_run(store: ProcedureStore, plan: RestartPlan, source: ProcedureMessage) -> ProcedureMessage:
+    """The newest message (the last run's), `source` itself when it is that one."""
+    if plan.newest_message in (None, plan.source):
+        return source
+    return await _read(store, plan.newest_message, plan.procedure_id)
 
 
 async def apply_restart(
@@ -146,11 +160,7 @@ async def apply_restart(
         return message
     step = plan.latest.step + 1
     # A new run: one above the last run's (a rewind's source may be an older run's step).
-    last = (
-        message
-        if plan.newest_message in (None, plan.source)
-        else await _read(store, plan.newest_message, plan.procedure_id)
-    )
+    last = await _last_run(store, plan, message)
     run = max(message.run, last.run) + 1
     if plan.ended and plan.newest_message is not None and plan.newest_message.key_type is KeyType.ROLLBACK:
         # The ended run's end record, if whoever ended it did not get to write it (killed
@@ -180,7 +190,8 @@ async def apply_restart(
     # run resumed after a crash does; and the signals the step consumed stay consumed, with
     # those the last run's newest message names (a failed step's, a later step's for a
     # rewind) whose deletion was cut short: the new run deletes them, never delivers them.
-    if later := tuple(key for key in last.consumed if key not in message.consumed):
+    copied = frozenset(message.consumed)  # a set: a stored list is anyone's to make long
+    if later := tuple(key for key in dict.fromkeys(last.consumed) if key not in copied):
         message = dataclasses.replace(message, consumed=message.consumed + later)
     wait = StepWait.of(message)
     try:

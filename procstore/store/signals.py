@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import orjson
 
+from procstore._logs import get_logger
 from procstore._text import storable
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
@@ -36,6 +37,8 @@ from procstore.store.state_store import StateStore, walk_readable
 
 if TYPE_CHECKING:
     from procstore.store.procedure_store import ProcedureStore
+
+logger = get_logger("procstore.store")
 
 SIGNALS_PATH = f"{REQUESTS_PATH}signals/"
 """The folder of signals, under a store's root."""
@@ -107,9 +110,30 @@ class SignalStore:
             raise ProcedureError(f"the signal key {key} is taken; send the signal again")
         return key
 
+    def own(self, procedure_id: ProcedureId, consumed: Collection[str]) -> tuple[str, ...]:
+        """The keys of `consumed` (a stored step's: the signals it consumed, which are deleted)
+        that name a signal of this procedure: one name, ending `.json`, in its folder. A stored
+        message is anyone's to write who can write the store, and a key elsewhere (another
+        procedure's step or signal, the store's settings, `../` out of a local store's folder)
+        is none of its signals: never deleted, logged."""
+        folder = self.folder(procedure_id)
+        mine = tuple(k for k in consumed if k.startswith(folder) and _signal_name(k[len(folder) :]))
+        if len(mine) < len(consumed):
+            kept = set(mine)
+            others = [k for k in consumed if k not in kept]
+            logger.warning(
+                "procedure %s: its stored step names %d key(s) as consumed signals that are none of its signals "
+                "(never deleted): %s",
+                procedure_id,
+                len(others),
+                ", ".join(repr(k) for k in others[:3]),
+            )
+        return mine
+
     async def keys(self, procedure_id: ProcedureId, skip: Collection[str] = ()) -> list[str]:
         """The keys of the procedure's signals, in the order sent, but those in `skip` (consumed already)."""
-        return sorted(k for k in await walk_readable(self.store, self.folder(procedure_id)) if k not in skip)
+        skipped = set(skip)  # a stored step's `consumed` is anyone's to make long: one look each
+        return sorted(k for k in await walk_readable(self.store, self.folder(procedure_id)) if k not in skipped)
 
     async def read(self, key: str) -> Signal | None:
         """The signal stored under `key`; None if it is gone, or unreadable (a torn write is no signal)."""
@@ -154,6 +178,12 @@ async def send_signal(store: ProcedureStore, procedure_id: ProcedureId, name: st
     encoded_payload(name, payload)
     await store.check_unfinished(procedure_id, "signal")
     return await store.signals.put(procedure_id, name, payload)
+
+
+def _signal_name(name: str) -> bool:
+    """Whether `name` (a key's part in a procedure's signal folder) is a signal's: one name,
+    neither hidden nor a folder's, ending `.json`."""
+    return "/" not in name and not name.startswith(".") and name.endswith(".json")
 
 
 def sent_at(key: str) -> float | None:

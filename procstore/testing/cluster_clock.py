@@ -34,9 +34,11 @@ DATETIME_READERS: tuple[ModuleType, ...] = (meta, recovery, runner, restart, mai
 class VirtualClocks:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        # The real wall clock at virtual time 0: history records carry `datetime.now()`,
-        # which cannot be replaced, and their retention is measured on `time.time()`.
-        self.epoch = time.time()
+        # The real wall clock at virtual time 0, in whole seconds: history records carry
+        # `datetime.now()`, and their retention is measured on `time.time()`. Whole, so
+        # that times rounded to milliseconds (a request's, an end's) tie or differ alike at
+        # every replay of a seed.
+        self.epoch = float(int(time.time()))
         self.wall_offset = 0.0
 
     def monotonic(self) -> float:

@@ -174,3 +174,27 @@ def test_a_parent_chain_deeper_than_recursion_goes_is_listed(tmp_path: Path) -> 
     assert run("tree", str(tmp_path), "-o", "json").exit_code == 0
     declined = run("delete", str(tmp_path), ids[0], "--force", input="n\n")
     assert declined.exit_code == ExitCode.REFUSED and "1099 subprocedures" in inert(declined)
+
+
+def test_show_makes_no_copy_of_a_long_key_per_field_below_it(tmp_path: Path) -> None:
+    """One key of 20,000 characters holding 8,000 fields (about 120 KB stored): each field's
+    name was built whole before the first 200 were kept, 160 MB for a view of 200 rows
+    (8,000 names of 20,000 characters), quadratic in the value's size."""
+    import tracemalloc
+
+    pid = "11111111-1111-4111-8111-111111111111"
+    data = json.dumps({"k" * 20_000: {str(i): i for i in range(8_000)}})
+    value = json.dumps({"type_name": "t", "data": data, "parent_id": None, "step": 0}).encode()
+    folder = tmp_path / "procedure" / pid
+    folder.mkdir(parents=True)
+    (folder / "0000000000.step").write_bytes(value)
+    tracemalloc.start()
+    try:
+        result = CliRunner().invoke(cli, ["show", str(tmp_path), pid])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.exit_code == 0, result.output
+    assert "more fields or groups of fields" in result.output
+    # About 12 MB now, most of it the table; the names alone were 160 MB.
+    assert peak < 200 * len(value), f"{peak:,} bytes at the peak for a value of {len(value):,}"

@@ -43,6 +43,26 @@ async def test_a_refused_forced_rewind_keeps_the_cancel_request(tmp_path: Path) 
     assert len(await store.procedure_keys(child)) == 1
 
 
+async def test_a_reason_or_signal_name_that_is_not_utf8_is_a_usage_error_that_changes_nothing(tmp_path: Path) -> None:
+    """A shell passes bytes that are not UTF-8 (`--reason $'\\xff'`) as lone surrogates: each
+    command stopped with an internal error (exit 1), and a forced rewind deleted the cancel
+    request before it did."""
+    store, child = await a_child_with_a_cancel_request(tmp_path)
+    url, bad = str(tmp_path), "because \udcff"
+    for args in [
+        ("cancel", url, str(child), "--reason", bad, "--yes"),
+        ("fail", url, str(child), "--reason", bad, "--yes"),
+        ("resume", url, str(child), "--reason", bad, "--force"),
+        ("rewind", url, str(child), "--to-step", "0", "--reason", bad, "--force", "--yes"),
+        ("signal", url, str(child), "\udcff"),
+    ]:
+        result = await asyncio.to_thread(run, *args)
+        assert result.exit_code == ExitCode.USAGE and "valid Unicode" in result.output, (args, result.output)
+    assert (await store.requests.get(child)) is not None, "the cancel request stands"
+    assert len(await store.procedure_keys(child)) == 1
+    assert not await store.signals.keys(child)
+
+
 async def test_a_refused_rewind_in_the_manager_keeps_the_cancel_request(tmp_path: Path) -> None:
     async with manager_on(str(tmp_path), keep_failed=True) as manager:
         procedure, _ = flaky(fail_at=2)

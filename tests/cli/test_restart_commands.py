@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -108,3 +109,49 @@ async def test_an_operator_reads_the_history_of_ended_procedures(target: StoreTa
     assert shown.exit_code == 0 and "its history record" in shown.output and "broke at step 2" in shown.output
     missing = await procstore(target, "show", "abcdef12")
     assert missing.exit_code == ExitCode.NOT_FOUND and "neither in the store nor in its history" in missing.output
+
+
+def test_a_failed_root_at_the_last_run_number_is_refused_a_restart_and_keeps_its_request(tmp_path: Path) -> None:
+    """Its messages carry run 4294967295 (u32's largest, which readers take): a rewind wrote
+    a copy at run 4294967296, which no reader can decode (the procedure turned unreadable).
+    Refused now, exit code 6, nothing written, its cancel request kept; the API refuses too."""
+    from procstore import Client, OperationRefused
+
+    pid = "aaaaaaaa-0000-4000-8000-000000000001"
+    folder = tmp_path / "procedure" / pid
+    folder.mkdir(parents=True)
+    message = {"type_name": "t", "data": "{}", "parent_id": None, "step": 0, "run": 2**32 - 1}
+    (folder / "0000000000.step").write_text(json.dumps(message))
+    (folder / "0000000001.rollback").write_text(json.dumps({**message, "step": 1, "error": "boom"}))
+    (folder / "0000000002.commit").write_bytes(b"")
+    (tmp_path / "requests").mkdir()
+    (tmp_path / "requests" / f"{pid}.json").write_text('{"kind": "cancel", "reason": "r", "requested_at": 1.0}')
+    for args in (["rewind", "--to-step", "0", "--yes"], ["resume"]):
+        result = CliRunner().invoke(cli, [args[0], str(tmp_path), pid, *args[1:]])
+        assert result.exit_code == ExitCode.REFUSED and "at run 4294967295" in result.output, result.output
+
+    async def through_the_api() -> None:
+        async with Client(str(tmp_path)) as client:
+            with pytest.raises(OperationRefused, match="at run 4294967295"):
+                await client.rewind(pid, 0)
+
+    asyncio.run(through_the_api())
+    assert sorted(p.name for p in folder.iterdir()) == ["0000000000.step", "0000000001.rollback", "0000000002.commit"]
+    assert (tmp_path / "requests" / f"{pid}.json").exists() and not (tmp_path / "requests" / "resume").exists()
+
+
+def test_a_rewind_whose_last_runs_message_cannot_be_read_is_refused_and_keeps_the_request(tmp_path: Path) -> None:
+    """The `.rollback` the last run ended with is torn: the rewind deleted the procedure's
+    cancel request, then stopped with an internal error reading it (exit code 1)."""
+    pid = "aaaaaaaa-0000-4000-8000-000000000001"
+    folder = tmp_path / "procedure" / pid
+    folder.mkdir(parents=True)
+    (folder / "0000000000.step").write_text(json.dumps({"type_name": "t", "data": "{}", "parent_id": None, "step": 0}))
+    (folder / "0000000001.rollback").write_text('{"type_name": "t", "da')
+    (folder / "0000000002.commit").write_bytes(b"")
+    (tmp_path / "requests").mkdir()
+    (tmp_path / "requests" / f"{pid}.json").write_text('{"kind": "cancel", "reason": "r", "requested_at": 1.0}')
+    result = CliRunner().invoke(cli, ["rewind", str(tmp_path), pid, "--to-step", "0", "--yes"])
+    assert result.exit_code == ExitCode.REFUSED and "0000000001.rollback cannot be read" in result.output
+    assert (tmp_path / "requests" / f"{pid}.json").exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["0000000000.step", "0000000001.rollback", "0000000002.commit"]

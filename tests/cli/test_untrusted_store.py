@@ -212,3 +212,35 @@ def test_emoji_codes_in_a_stored_value_are_shown_as_written(tmp_path: Path) -> N
     for args in (["ls", "--wide"], ["tree"], ["show", PID]):
         out = CliRunner(env={"COLUMNS": "200"}).invoke(cli, [args[0], str(tmp_path), *args[1:]]).stdout
         assert ":white_heavy_check_mark:" in out and "\u2705" not in out, args
+
+
+def _child_message(step: int, parent: str | None) -> bytes:
+    return json.dumps({"type_name": "app::T", "data": "{}", "parent_id": parent, "step": step}).encode()
+
+
+def test_delete_refuses_a_child_whose_parent_cannot_be_read_and_deletes_a_parent_cycle(tmp_path: Path) -> None:
+    """A finished child of a parent whose latest step cannot be read: the parent has not
+    ended (restored, it runs on and reads its child's end), so `delete` refuses the child as
+    for an unfinished parent, and as `gc` keeps it. It deleted it. A parent cycle, which
+    nothing runs, is deleted whole from any member without `--force`."""
+    parent, child = "aaaaaaaa-0000-4000-8000-000000000001", "aaaaaaaa-0000-4000-8000-000000000002"
+    for pid, name, value in [
+        (parent, "0000000000.step", _child_message(0, None)),
+        (parent, "0000000001.step", b'{"type_name": "app::T", "da'),  # a torn write
+        (child, "0000000000.step", _child_message(0, parent)),
+        (child, "0000000001.commit", b""),
+    ]:
+        (tmp_path / "procedure" / pid).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "procedure" / pid / name).write_bytes(value)
+    runner = CliRunner()
+    assert "would delete 0" in runner.invoke(cli, ["gc", str(tmp_path), "--dry-run"]).output
+    refused = runner.invoke(cli, ["delete", str(tmp_path), child, "--yes"])
+    assert refused.exit_code == 6 and f"subprocedure of {parent}, which is unreadable" in refused.stderr
+    assert (tmp_path / "procedure" / child / "0000000001.commit").exists()
+    assert runner.invoke(cli, ["delete", str(tmp_path), parent, "--yes"]).exit_code == 0  # the hint's way
+    assert not (tmp_path / "procedure" / child).exists()
+
+    cycle = _written(tmp_path, lambda s: write_parent_cycle(s, 3))
+    deleted = runner.invoke(cli, ["delete", str(tmp_path), str(cycle[1]), "--yes"])
+    assert deleted.exit_code == 0, deleted.output
+    assert not any((tmp_path / "procedure" / str(pid)).exists() for pid in cycle)

@@ -393,3 +393,22 @@ async def test_a_look_for_requests_and_resume_nudges_is_one_listing(tmp_path: Pa
             await asyncio.sleep(0.01)
         assert watcher is not None
         assert await watcher.wait() == name
+
+
+async def test_a_cancel_whose_time_no_calendar_holds_is_honoured_and_recorded_as_a_cancel(tmp_path: Path) -> None:
+    """A request stored by other hands with `requested_at` 1e300: the runner failed the
+    procedure with an `OverflowError` (history said `failed`, the error that) while
+    recording who ended it. It is cancelled, its record says so, with no time."""
+    from tests.procedures import Parked
+
+    procedure = ProcedureWithId.new(Parked({}))
+    async with manager_for(tmp_path, request_poll_interval=0.05) as manager:
+        watcher = await manager.submit(procedure)
+        while len(await manager.store.procedure_keys(procedure.id)) < 2:
+            await asyncio.sleep(0.01)
+        request = {"kind": "cancel", "reason": "stored by hand", "requested_at": 1e300}
+        await manager.store.store.put(f"requests/{procedure.id}.json", json.dumps(request).encode())
+        with pytest.raises(ProcedureFailed, match="cancelled by an operator: stored by hand"):
+            await asyncio.wait_for(watcher.wait(), 10)
+        (record,) = await HistoryStore(manager.store.store).list()
+    assert record.outcome == "cancelled" and record.ended_by is not None and record.ended_by.at is None

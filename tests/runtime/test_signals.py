@@ -232,6 +232,51 @@ def test_a_crash_after_the_step_is_stored_never_delivers_the_signal_again() -> N
     run_simulated(main())
 
 
+def test_a_stored_step_naming_keys_that_are_not_its_signals_as_consumed_deletes_none_of_them(tmp_path: Path) -> None:
+    """Anyone who can write the store writes a step's `consumed`: the manager resuming it
+    deleted every key it named, another procedure's step, the store's settings, a signal of
+    another procedure, and on a local store a file outside the store's folder. Only its own
+    signals are deleted; its consumed signal still is."""
+    root, outside = tmp_path / "store", tmp_path / "outside.txt"
+    outside.write_text("not the store's")
+    other = waiter(waits=1)
+
+    async def main() -> None:
+        async with manager_for(root, Waiter) as first:
+            await first.submit(other)
+            while len(await first.store.procedure_keys(other.id)) < 2:
+                await asyncio.sleep(0.01)
+            await first.signal(other.id, "later", 1)  # another name: it keeps waiting, its signal stays
+        other_signal = (await stored_signals_at(root, other.id))[0]
+        (root / "settings.json").write_text('{"keep_failed": true}')
+        hostile = ProcedureId.random()
+        own = f"{SIGNALS_PATH}{hostile}/00000000000000000001-0.json"
+        (root / own).parent.mkdir(parents=True)
+        (root / own).write_text('{"name": "go"}')
+        consumed = ["../outside.txt", f"procedure/{other.id}/0000000000.step", "settings.json", other_signal, own]
+        data = json.dumps({"waits": 0, "got": []})
+        message = {"type_name": "test::Waiter", "data": data, "parent_id": None, "step": 0, "consumed": consumed}
+        (root / "procedure" / str(hostile)).mkdir(parents=True)
+        (root / "procedure" / str(hostile) / "0000000000.step").write_text(json.dumps(message))
+        async with manager_for(root, Waiter) as second:
+            watcher = second.procedure_watcher(hostile)
+            assert watcher is not None
+            await asyncio.wait_for(watcher.wait(), 10)
+        assert outside.exists() and (root / "settings.json").exists() and (root / other_signal).exists()
+        assert (root / "procedure" / str(other.id) / "0000000000.step").exists()
+        assert not (root / own).exists()
+
+    asyncio.run(main())
+
+
+async def stored_signals_at(root: Path, pid: ProcedureId) -> list[str]:
+    store = open_state_store(str(root))
+    try:
+        return sorted(await store.walk(f"{SIGNALS_PATH}{pid}/"))
+    finally:
+        await store.close()
+
+
 real_store = store_targets("memory", "local", "s3")
 
 

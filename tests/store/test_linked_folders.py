@@ -66,3 +66,22 @@ def test_the_commands_name_a_linked_procedure_folder_and_delete_nothing_through_
     # Only that id (in any form, or 4 characters of it or more) is refused for its folder.
     assert "cannot be listed" in runner.invoke(cli, ["show", str(store), str(linked).upper()]).output
     assert "cannot be listed" not in runner.invoke(cli, ["show", str(store), str(linked)[:2]]).output
+
+
+def test_delete_refuses_a_child_whose_parents_folder_is_a_link(tmp_path: Path) -> None:
+    """A finished child whose parent's folder is a link (not listed: whether the parent has
+    ended is unknown) is kept by `gc`, and `delete` refuses it as for an unfinished parent."""
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    parent, child = "aaaaaaaa-0000-4000-8000-000000000001", "aaaaaaaa-0000-4000-8000-000000000002"
+    message = '{{"type_name": "app::T", "data": "{{}}", "parent_id": {}, "step": 0}}'
+    (elsewhere / parent).mkdir(parents=True)
+    (elsewhere / parent / "0000000000.step").write_text(message.format("null"))
+    (store / "procedure" / child).mkdir(parents=True)
+    (store / "procedure" / child / "0000000000.step").write_text(message.format(f'"{parent}"'))
+    (store / "procedure" / child / "0000000001.commit").write_bytes(b"")
+    (store / "procedure" / parent).symlink_to(elsewhere / parent, target_is_directory=True)
+    runner = CliRunner()
+    assert "would delete 0" in runner.invoke(cli, ["gc", str(store), "--dry-run"]).output
+    refused = runner.invoke(cli, ["delete", str(store), child, "--yes"])
+    assert refused.exit_code == 6 and "whose folder cannot be listed" in refused.stderr, refused.output
+    assert (store / "procedure" / child / "0000000001.commit").exists()

@@ -107,6 +107,30 @@ def test_a_seed_replays_the_same_run() -> None:
     assert _replayed(5) == first
 
 
+_EVERY_STEP = """
+import hashlib, re, sys
+from procstore.testing.simulate import simulation_for
+for seed in range(1, 21):
+    result = simulation_for("ledger").run(seed)
+    ops = (f"{op.at:.6f} {op.process} {op.kind} {op.key} {op.landed} {op.created}" for op in result.log)
+    steps = re.sub(sys.argv[1], "", "\\n".join([*result.actions, *ops]))
+    print(seed, len(result.log), hashlib.sha256(steps.encode()).hexdigest())
+"""
+
+
+def test_twenty_seeds_in_two_processes_take_the_same_steps() -> None:
+    """Every action and store operation of twenty seeds, run one after another in each of two
+    processes at once, is the same in both: nothing a seed does depends on where objects sit
+    in memory (a set of tasks cancelled in its order), on the real clock's fraction of a
+    second at its start, or on the seeds run before it in the process."""
+    unseeded = r"probe-[0-9a-f]+|[0-9]{20}-[0-9a-f]{8}|history/[0-9]+-|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z?"
+    command = [sys.executable, "-c", _EVERY_STEP, unseeded]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    first, second = (run.communicate(timeout=300)[0].splitlines() for run in runs)
+    assert len(first) == 20 and all(int(line.split()[1]) > 50 for line in first), first
+    assert first == second, [a.split()[0] for a, b in zip(first, second, strict=True) if a != b]
+
+
 def test_a_failure_names_the_seed_the_schedule_and_the_replay() -> None:
     result = ClusterSimulation(Complaining, actions=8, replay="replay {seed}").run(3)
     assert not result.ok

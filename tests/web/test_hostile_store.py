@@ -248,3 +248,18 @@ def test_a_long_parent_chain_makes_bounded_pages(tmp_path: Path) -> None:
         assert "99 more descendants" in client.get(f"/p/{ids[0]}").text
         assert "99 more ancestors" in client.get(f"/p/{ids[-1]}").text
         assert len(client.get(f"/api/procedures/{ids[0]}").json()["descendants"]) == 299
+
+
+def test_the_json_twins_escape_what_a_terminal_obeys_and_read_back_the_same(hostile: tuple[str, HostileStore]) -> None:
+    """`curl .../api/procedures` in a terminal, as `procstore ls -o json`: DEL, C1 (`\\x9b` is
+    a CSI) and the bidirectional overrides were sent raw (JSON escapes C0 only); now as
+    `\\u009b`, `\\u202e`, which read back as the same values."""
+    url, written = hostile
+    raw = re.compile("[\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+    twins = ["/api/procedures", "/api/history", *(f"/api/procedures/{pid}" for pid in written.procedures)]
+    with TestClient(create_app(url)) as client:
+        for path in twins:
+            answer = client.get(path)
+            assert answer.status_code == 200 and raw.search(answer.text) is None, (path, raw.search(answer.text))
+        types = {p["type"] for p in client.get("/api/procedures").json()["procedures"]}
+    assert "\x9b31mC1 CSI\x9b0m" in types and "\u202eright-to-left override" in types

@@ -317,3 +317,11 @@ def test_a_person_sees_the_store_in_a_browser_and_it_updates_live(
         finally:
             browser.close()
     assert (tmp_path / "procstore-serve.png").stat().st_size > 1000
+
+
+def test_serve_on_a_host_that_is_not_utf8_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--host $'\\xff'` (a shell passes the byte as a lone surrogate) was an internal error."""
+    (tmp_path / "procedure").mkdir()
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("the server started"))
+    result = CliRunner().invoke(cli, ["serve", str(tmp_path), "--host", "\udcff"])
+    assert result.exit_code == 2 and "valid Unicode" in result.output, result.output
