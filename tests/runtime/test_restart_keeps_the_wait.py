@@ -9,7 +9,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 
@@ -174,7 +174,7 @@ async def test_a_signal_a_cancelled_step_saw_stays_consumed_when_the_first_delet
     store = FaultyStore(MemoryStore(f"restart-seen-{uuid.uuid4().hex[:8]}"), faults=[once])
     procedure = ProcedureWithId.new(Approval())
     pid = str(procedure.id)
-    options: dict[str, float] = {"retry_delay": 0.2, "max_retry_delay": 0.2, "max_retry_times": 1000}
+    options: dict[str, Any] = {"retry_delay": 0.2, "max_retry_delay": 0.2, "max_retry_times": 1000}
     async with (
         manager_for(store, Approval, keep_failed=True, request_poll_interval=0.02, **options) as manager,
         Client(store.inner, poll_interval=0.02) as client,

@@ -566,7 +566,8 @@ def test_a_signal_consumed_before_a_cancel_cut_its_deletions_short_never_reaches
             await asyncio.sleep(1)
             await manager.signal(procedure.id, "go", 2)
             await manager.signal(procedure.id, "go", 3)
-            got: list[dict[str, object]] = await rewound.wait()
+            got = await rewound.wait()
+            assert isinstance(got, list)
             return got
 
     assert run_simulated(main()) == [{"go": 2}, {"go": 3}]
