@@ -236,7 +236,9 @@ class FlowControl:
         """The times of the starts of `type_name` in the last `rate.per` seconds."""
         now = self._clock()
         window = self._starts.get(type_name, deque())  # none read yet: none counted
-        while window and window[0] <= now - rate.per:
+        # The same sum as `_window_moves_in`'s: `window[0] <= now - per` can disagree with it
+        # in the last bit, and a start kept here would be due in 0 seconds for ever.
+        while window and window[0] + rate.per <= now:
             window.popleft()
         return window
 
@@ -264,11 +266,21 @@ class FlowControl:
             if len(window) >= rate.starts:
                 return (
                     f"waiting for the rate limit of {admission.type_name!r} ({rate.starts} starts per {rate.per:g}s)",
-                    window[0] + rate.per - now,
+                    _window_moves_in(window, rate, now),
                 )
             ahead = bisect.bisect_left(self._by_type[admission.type_name], waiter.order, key=_order)
             if len(window) + ahead >= rate.starts:
                 # Those ahead may wait for a slot instead: look again when the window moves.
-                retry_in = window[0] + rate.per - now if window else None
+                retry_in = _window_moves_in(window, rate, now) if window else None
                 return f"waiting behind {ahead} procedures of higher priority of {admission.type_name!r}", retry_in
         return None, None
+
+
+_SOONEST_LOOK = 0.001
+"""The shortest wait for a rate's window to move: a wait of less than the clock's resolution
+(a start due within a few ulps of now) would not move a simulated loop's clock at all."""
+
+
+def _window_moves_in(window: deque[float], rate: RateLimit, now: float) -> float:
+    """Seconds until the oldest start in `window` leaves it (at least `_SOONEST_LOOK`)."""
+    return max(window[0] + rate.per - now, _SOONEST_LOOK)

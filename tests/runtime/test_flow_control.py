@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from typing import Any, ClassVar
 
 import pytest
@@ -21,6 +22,8 @@ from procstore import (
     RateLimit,
     Status,
 )
+from procstore._runtime.flow_control import Admission, FlowControl
+from procstore.ids import ProcedureId
 from procstore.store.activity import ActivityStore
 from procstore.store.rate_starts import RateStartsStore
 from procstore.testing import kill_manager, run_simulated
@@ -388,3 +391,58 @@ def test_stored_starts_ahead_of_the_clock_hold_a_type_back_one_period_at_most() 
         assert [at for _, at in STARTED] == [pytest.approx(3600, abs=1)]
 
     run_simulated(main())
+
+
+class _NoStarts:
+    """No stored starts, and none kept: the rate counts this flow control's own."""
+
+    async def get(self, type_name: str) -> list[float]:
+        return []
+
+    async def put(self, type_name: str, starts: object) -> None:
+        pass
+
+
+def test_a_rate_whose_window_moves_in_the_last_bit_of_the_clock_waits_and_does_not_spin() -> None:
+    """Sixty procedures of three types, with a shared slot and two rates, come and go at
+    seeded times. At one moment the oldest start in a rate's window was due in exactly 0
+    seconds by one sum and not yet gone by another: the waiter behind it looked again at once,
+    on a simulated clock that never moved, for ever. Every one is admitted, in a bounded
+    number of looks."""
+    rnd = random.Random(3)
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        looks = 0
+
+        class Counted(FlowControl):
+            __slots__ = ()
+
+            def _blocked(self, waiter: Any) -> tuple[str | None, float | None]:
+                nonlocal looks
+                looks += 1
+                if looks > 20_000:
+                    raise AssertionError(f"{looks} looks at virtual time {loop.time():.3f}: a waiter spins")
+                return super()._blocked(waiter)
+
+        flow = Counted(_NoStarts(), clock=loop.time)  # type: ignore[arg-type]
+        limit = rnd.randint(1, 3)
+        rates = {"A": RateLimit(rnd.randint(1, 3), rnd.choice([1.0, 5.0, 30.0])), "B": None, "C": RateLimit(1, 10.0)}
+        admitted = 0
+
+        async def one() -> None:
+            nonlocal admitted
+            await asyncio.sleep(rnd.random() * 20)
+            kind = rnd.choice("ABC")
+            slot = Concurrency("K", limit) if rnd.random() < 0.9 else None
+            admission = Admission(kind, slot, rates[kind], rnd.randint(0, 2))
+            pid = ProcedureId.random()
+            assert await flow.admit(pid, admission, started=False, unless=asyncio.Event(), report=lambda _: None)
+            admitted += 1
+            await asyncio.sleep(rnd.random() * 10)
+            flow.release(pid)
+
+        await asyncio.gather(*(one() for _ in range(60)))
+        return admitted
+
+    assert run_simulated(main()) == 60
