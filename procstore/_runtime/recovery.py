@@ -154,8 +154,18 @@ class StoredProcedures:
         else:
             state = resumed_state(message, rolling_back=rolling_back)
         meta = ctx.metas.register(child_id, message.type_name, parent_id, procedure, state, lock_key, message.run)
-        start(meta, procedure, message.step + 1, message.data, NO_WAIT if rolling_back else StepWait.of(message))
+        start(meta, procedure, message.step + 1, message.data, resumed_wait(message, rolling_back=rolling_back))
         return True
+
+
+def resumed_wait(message: ProcedureMessage, *, rolling_back: bool) -> StepWait:
+    """The durable wait a stored procedure resumes with. A rolling-back one waits for
+    nothing, but the signals its `.rollback` names as consumed (its failed step saw them)
+    are still to be deleted: a crash came before, and a subprocedure created again under
+    its id by its parent's resume or rewind would get them."""
+    if rolling_back:
+        return StepWait(consumed=message.consumed) if message.consumed else NO_WAIT
+    return StepWait.of(message)
 
 
 def resumed_state(message: ProcedureMessage, *, rolling_back: bool) -> ProcedureState:
@@ -226,6 +236,7 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
             to_delete = []
         else:
             await _delete_signals(ctx, ended)
+    await _delete_consumed_of_kept(ctx, loaded, set(to_delete))
     await _forget_requests(ctx, requested, loaded, to_delete)
 
     with collector_paused():
@@ -333,6 +344,27 @@ async def _delete_signals(ctx: ManagerContext, procedure_ids: list[ProcedureId])
         )
     except ProcedureError as e:
         logger.warning("could not delete the signals of finished procedures (%s); the request poll will", e)
+
+
+async def _delete_consumed_of_kept(ctx: ManagerContext, loaded: ProcedureMessages, deleted: set[ProcedureId]) -> None:
+    """Delete the signals that the ended procedures kept here (a child for its parent, a
+    failed root for an operator) consumed, as their last message names them (a failure's
+    `.rollback`): a crash between the `.commit` and their deletion left them, and a child
+    its parent's resume or rewind creates again under the same id would get them. One that
+    fails is logged; the request poll's sweep deletes it once the procedure has gone."""
+    signals = ctx.store.signals
+    consumed = [
+        key
+        for pid in loaded.finished_ids
+        if pid not in deleted and (m := loaded.finished_messages.get(pid)) is not None and m.consumed
+        for key in signals.own(pid, frozenset(m.consumed))
+    ]
+    if not consumed:
+        return
+    try:
+        await ctx.settings.policy.call(lambda _n: signals.delete(consumed))
+    except ProcedureError as e:
+        logger.warning("could not delete the signals consumed by ended procedures (%s); the request poll will", e)
 
 
 def _plan_finished(
@@ -525,7 +557,7 @@ def _resume_roots(
         # that a procedure queued behind it cannot overtake it and run over that half-done step.
         keys = lock_key.keys_to_lock()
         holds = (message.step > 0 or rolling_back) and (not keys or take_all_now(pid, keys))
-        wait = NO_WAIT if rolling_back else StepWait.of(message)
+        wait = resumed_wait(message, rolling_back=rolling_back)
         runners.append(
             Runner(
                 ctx, meta, procedure, message.step + 1, message.data,

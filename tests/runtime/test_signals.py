@@ -687,3 +687,90 @@ def test_delivering_n_queued_signals_costs_about_n_reads() -> None:
             assert store.reads <= 3 * n
 
     run_simulated(main())
+
+
+class Picky(Procedure):
+    """Waits for one signal "go" and ends with its value; fails, having seen it, on "boom"."""
+
+    type_name = "test::Picky"
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def dump(self) -> str:
+        return json.dumps(self.state)
+
+    async def execute(self, ctx: Context) -> Status:
+        if not self.state.get("waiting"):
+            self.state["waiting"] = True
+            return Status.wait_for_signal("go")
+        if ctx.signals.get("go") == "boom":
+            raise ValueError("boom")
+        return Status.done(ctx.signals.get("go"))
+
+
+class PickyParent(Procedure):
+    """Runs one `Picky` child under the id it stores; fails if the child failed."""
+
+    type_name = "test::PickyParent"
+
+    def __init__(self, child: str) -> None:
+        self.child = child
+
+    def dump(self) -> str:
+        return self.child
+
+    @classmethod
+    def load(cls, data: str) -> PickyParent:
+        return cls(data)
+
+    async def execute(self, ctx: Context) -> Status:
+        child = ProcedureId.parse(self.child)
+        state = ctx.provider.procedure_state(child)
+        if state is None:
+            return Status.suspended([ProcedureWithId(child, Picky({}))])
+        if state.error is not None:
+            raise RuntimeError(f"its child failed: {state.error}")
+        return Status.done(state.output)
+
+
+@pytest.mark.parametrize("crash", ["rollback", "commit"])
+def test_a_signal_a_failed_child_saw_never_reaches_the_child_its_rewound_parent_creates_after_a_crash(
+    crash: str,
+) -> None:
+    """A child's step sees a signal and fails: its `.rollback` names it, and it is deleted
+    after the `.commit`. Killed before that deletion (after the `.rollback`, or after the
+    `.commit`), the next start finished the child and never deleted the signal: the child
+    its kept parent's rewind creates again under the same id got it a second time."""
+
+    async def main() -> object:
+        url = f"memory://signals-failed-child-crash-{crash}/"
+        child = ProcedureId.random()
+        # Killed as the child writes its `.commit` (the `.rollback` is stored), or as it
+        # deletes the signal its failed step saw (the `.commit` is stored).
+        writes, deletes = frozenset({"put", "put_if_absent"}), frozenset({"batch_delete", "delete"})
+        point = (
+            Fault("crash", kinds=writes, key=f"*{child}*.commit")
+            if crash == "rollback"
+            else Fault("crash", kinds=deletes, key=f"{SIGNALS_PATH}*")
+        )
+        store = FaultyStore(open_state_store(url), faults=[point])
+        parent = ProcedureWithId.new(PickyParent(str(child)))
+        manager = manager_for(store, Picky, PickyParent, keep_failed=True)
+        await manager.start()
+        await manager.submit(parent)
+        await asyncio.sleep(1)
+        await manager.signal(child, "go", "boom")
+        await asyncio.wait_for(store.crashed.wait(), 5)
+        await manager.stop()
+        async with manager_for(url, Picky, PickyParent, keep_failed=True) as again:
+            watcher = again.procedure_watcher(parent.id)
+            assert watcher is not None
+            with pytest.raises(ProcedureFailed, match="its child failed"):
+                await watcher.wait()
+            rewound = await again.rewind(parent.id, 0, reason="again")
+            await asyncio.sleep(1)
+            await again.signal(child, "go", "fine")
+            return await rewound.wait()
+
+    assert run_simulated(main()) == "fine"
