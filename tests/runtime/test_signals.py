@@ -232,11 +232,16 @@ def test_a_crash_after_the_step_is_stored_never_delivers_the_signal_again() -> N
     run_simulated(main())
 
 
-def test_a_stored_step_naming_keys_that_are_not_its_signals_as_consumed_deletes_none_of_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize("named_by", ["step", "rollback", "ended"])
+def test_a_stored_step_naming_keys_that_are_not_its_signals_as_consumed_deletes_none_of_them(
+    tmp_path: Path, named_by: str
+) -> None:
     """Anyone who can write the store writes a step's `consumed`: the manager resuming it
     deleted every key it named, another procedure's step, the store's settings, a signal of
     another procedure, and on a local store a file outside the store's folder. Only its own
-    signals are deleted; its consumed signal still is."""
+    signals are deleted; its consumed signal still is. So too for a `.rollback` naming them,
+    whose rollback the manager resumes (`rollback`) or that ended under a `.commit` and is
+    kept for an operator (`ended`): recovery deletes the signals such a message names."""
     root, outside = tmp_path / "store", tmp_path / "outside.txt"
     outside.write_text("not the store's")
     other = waiter(waits=1)
@@ -256,12 +261,26 @@ def test_a_stored_step_naming_keys_that_are_not_its_signals_as_consumed_deletes_
         consumed = ["../outside.txt", f"procedure/{other.id}/0000000000.step", "settings.json", other_signal, own]
         data = json.dumps({"waits": 0, "got": []})
         message = {"type_name": "test::Waiter", "data": data, "parent_id": None, "step": 0, "consumed": consumed}
-        (root / "procedure" / str(hostile)).mkdir(parents=True)
-        (root / "procedure" / str(hostile) / "0000000000.step").write_text(json.dumps(message))
+        folder = root / "procedure" / str(hostile)
+        folder.mkdir(parents=True)
+        if named_by == "step":
+            (folder / "0000000000.step").write_text(json.dumps(message))
+        else:
+            (folder / "0000000000.step").write_text(json.dumps({**message, "consumed": []}))
+            failed = {**message, "step": 1, "error": "failed by hand"}
+            (folder / "0000000001.rollback").write_text(json.dumps(failed))
+        if named_by == "ended":
+            (folder / "0000000002.commit").write_text("")
         async with manager_for(root, Waiter) as second:
             watcher = second.procedure_watcher(hostile)
-            assert watcher is not None
-            await asyncio.wait_for(watcher.wait(), 10)
+            if named_by == "step":
+                assert watcher is not None
+                await asyncio.wait_for(watcher.wait(), 10)
+            elif named_by == "rollback":
+                assert watcher is not None
+                with pytest.raises(ProcedureFailed, match="failed by hand"):
+                    await asyncio.wait_for(watcher.wait(), 10)
+            # `ended`: its start's recovery keeps it for an operator, and is over.
         assert outside.exists() and (root / "settings.json").exists() and (root / other_signal).exists()
         assert (root / "procedure" / str(other.id) / "0000000000.step").exists()
         assert not (root / own).exists()
