@@ -267,11 +267,12 @@ class HistoryStore:
 
     async def latest_keys(self) -> dict[str, str]:
         """Each recorded id's newest record key (its highest run; a record of an earlier
-        release counts below any run), from one listing and no read."""
-        newest: dict[str, tuple[int, str]] = {}
+        release counts below any run, the latest of them by its end in its name, as `find`
+        has it), from one listing and no read."""
+        newest: dict[str, tuple[tuple[int, int], str]] = {}
         for key in await self._listed():
             shape = _shape(key)
-            rank = shape[1] if isinstance(shape, tuple) else 0
+            rank = (1, shape[1]) if isinstance(shape, tuple) else (0, shape or 0)
             if (known := newest.get(pid := _id_of(key))) is None or known[0] < rank:
                 newest[pid] = (rank, key)
         return {pid: key for pid, (_, key) in newest.items()}
