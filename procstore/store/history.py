@@ -21,7 +21,7 @@ and swept as before, but are no end records (their run is not known).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
@@ -269,13 +269,32 @@ class HistoryStore:
         """Each recorded id's newest record key (its highest run; a record of an earlier
         release counts below any run, the latest of them by its end in its name, as `find`
         has it), from one listing and no read."""
-        newest: dict[str, tuple[tuple[int, int], str]] = {}
+        return {pid: keys[-1] for pid, keys in (await self._ranked_keys()).items()}
+
+    async def _ranked_keys(self, ids: Collection[str] | None = None) -> dict[str, list[str]]:
+        """The record keys of each id (of `ids`, None: all), oldest first (`_rank`), from one listing."""
+        ranked: dict[str, list[tuple[tuple[int, int], str]]] = {}
         for key in await self._listed():
-            shape = _shape(key)
-            rank = (1, shape[1]) if isinstance(shape, tuple) else (0, shape or 0)
-            if (known := newest.get(pid := _id_of(key))) is None or known[0] < rank:
-                newest[pid] = (rank, key)
-        return {pid: key for pid, (_, key) in newest.items()}
+            pid = _id_of(key)
+            if ids is None or pid in ids:
+                ranked.setdefault(pid, []).append((_rank(key), key))
+        return {pid: [key for _, key in sorted(keys)] for pid, keys in ranked.items()}
+
+    async def newest_readable(self, ids: Collection[str]) -> dict[str, HistoryRecord]:
+        """Each of `ids`' newest record that can be read (as `find` has it), from one listing
+        of the history: the newest of each is read, and for those that cannot be, the rest
+        of theirs at once (two rounds of reads, each record read once at most)."""
+        ranked = await self._ranked_keys(set(ids))
+        out: dict[str, HistoryRecord] = {}
+        newest = [(pid, keys[-1]) for pid, keys in ranked.items()]
+        for (pid, _), record in zip(newest, await self.read_each([key for _, key in newest]), strict=True):
+            if record is not None:
+                out[pid] = record
+        rest = [(pid, key) for pid, keys in ranked.items() if pid not in out for key in keys[:-1]]
+        for (pid, _), record in zip(rest, await self.read_each([key for _, key in rest]), strict=True):
+            if record is not None:
+                out[pid] = record  # oldest first: the newest readable is the last one kept
+        return out
 
     async def recorded_ids(self) -> set[str]:
         """The ids with a record (of any run, or of an earlier release)."""
@@ -329,10 +348,9 @@ class HistoryStore:
         elif unnamed:
             # One listing for all: each `find_newest_run` may list the whole history, and
             # anyone who can write the store can leave thousands of folders of a `.commit` alone.
-            latest = await self.latest_keys()
-            named = [(i, key) for i, pid in unnamed if (key := latest.get(str(pid))) is not None]
-            for (i, _), record in zip(named, await self.read_each([key for _, key in named]), strict=True):
-                out[i] = record
+            newest = await self.newest_readable({str(pid) for _, pid in unnamed})
+            for i, pid in unnamed:
+                out[i] = newest.get(str(pid))
         return out
 
     async def read_each(self, keys: Sequence[str]) -> list[HistoryRecord | None]:
@@ -444,6 +462,13 @@ def ended_run(key: str) -> tuple[str, int] | None:
     """The procedure id and run an end record's key names; None for any other key."""
     shape = _shape(key)
     return shape if isinstance(shape, tuple) else None
+
+
+def _rank(key: str) -> tuple[int, int]:
+    """A record key's place among its id's records: runs by number above the records of an
+    earlier release, those by the end in their names."""
+    shape = _shape(key)
+    return (1, shape[1]) if isinstance(shape, tuple) else (0, shape or 0)
 
 
 def _id_of(key: str) -> str:

@@ -80,3 +80,21 @@ async def test_folders_at_their_last_commit_read_the_latest_record_of_an_earlier
     async with Client(str(tmp_path)) as client:
         assert [s.status for s in await client.list()] == ["done", "done"]
         assert (await client.get(ids[0])).status == "done"
+
+
+async def test_folders_at_their_last_commit_read_the_newest_record_that_can_be_read(tmp_path: Path) -> None:
+    """Each id's newest end record torn (`{torn`): a folder at its last `.commit` reads as
+    the run below it, whether one folder is read (`find_newest_run`) or many from one
+    listing of the history (they read as no record: `done` by their keys)."""
+    (tmp_path / "history").mkdir()
+    for i in range(2):
+        pid = str(uuid.UUID(int=(1 << 100) + i, version=4))
+        (tmp_path / "procedure" / pid).mkdir(parents=True)
+        (tmp_path / "procedure" / pid / "0000000000.commit").write_bytes(b"")
+        for run, outcome in ((1, "failed"), (2, "cancelled")):
+            record = {"id": pid, "type_name": "t", "parent_id": None, "outcome": outcome, "run": run,
+                      "ended_at": "2023-11-14T22:13:20.000Z"}  # fmt: skip
+            (tmp_path / "history" / f"{pid}.{run:010d}.json").write_text(json.dumps(record))
+        (tmp_path / "history" / f"{pid}.0000000003.json").write_text("{torn")
+    async with Client(str(tmp_path)) as client:
+        assert [s.status for s in await client.list()] == ["cancelled", "cancelled"]
