@@ -21,7 +21,7 @@ and swept as before, but are no end records (their run is not known).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
@@ -265,32 +265,29 @@ class HistoryStore:
         """Every record's key, oldest first."""
         return [key for _, key in await self._by_end()]
 
-    async def latest_keys(self) -> dict[str, str]:
-        """Each recorded id's newest record key (its highest run; a record of an earlier
-        release counts below any run, the latest of them by its end in its name, as `find`
-        has it), from one listing and no read."""
-        return {pid: keys[-1] for pid, keys in (await self._ranked_keys()).items()}
-
-    async def _ranked_keys(self, ids: Collection[str] | None = None) -> dict[str, list[str]]:
-        """The record keys of each id (of `ids`, None: all), oldest first (`_rank`), from one listing."""
+    async def ranked_keys(self) -> dict[str, list[str]]:
+        """Each recorded id's record keys, oldest first: its runs by number above its records
+        of an earlier release, those by the end in their names (as `find` has them), from one
+        listing and no read. The newest is last."""
         ranked: dict[str, list[tuple[tuple[int, int], str]]] = {}
         for key in await self._listed():
-            pid = _id_of(key)
-            if ids is None or pid in ids:
-                ranked.setdefault(pid, []).append((_rank(key), key))
+            ranked.setdefault(_id_of(key), []).append((_rank(key), key))
         return {pid: [key for _, key in sorted(keys)] for pid, keys in ranked.items()}
 
-    async def newest_readable(self, ids: Collection[str]) -> dict[str, HistoryRecord]:
-        """Each of `ids`' newest record that can be read (as `find` has it), from one listing
-        of the history: the newest of each is read, and for those that cannot be, the rest
-        of theirs at once (two rounds of reads, each record read once at most)."""
-        ranked = await self._ranked_keys(set(ids))
+    async def newest_readable(
+        self, ids: Collection[str], ranked: Mapping[str, Sequence[str]] | None = None
+    ) -> dict[str, HistoryRecord]:
+        """Each of `ids`' newest record that can be read (as `find` has it), from `ranked`
+        (`ranked_keys`), or one listing of the history: the newest of each is read, and for
+        those that cannot be, the rest of theirs at once (each record read once at most)."""
+        ranked = await self.ranked_keys() if ranked is None else ranked
+        mine = {pid: keys for pid in ids if (keys := ranked.get(pid))}
         out: dict[str, HistoryRecord] = {}
-        newest = [(pid, keys[-1]) for pid, keys in ranked.items()]
+        newest = [(pid, keys[-1]) for pid, keys in mine.items()]
         for (pid, _), record in zip(newest, await self.read_each([key for _, key in newest]), strict=True):
             if record is not None:
                 out[pid] = record
-        rest = [(pid, key) for pid, keys in ranked.items() if pid not in out for key in keys[:-1]]
+        rest = [(pid, key) for pid, keys in mine.items() if pid not in out for key in keys[:-1]]
         for (pid, _), record in zip(rest, await self.read_each([key for _, key in rest]), strict=True):
             if record is not None:
                 out[pid] = record  # oldest first: the newest readable is the last one kept
@@ -333,22 +330,27 @@ class HistoryStore:
             newest, run = record, run + 1
         return newest if newest is not None else await self.find(procedure_id)
 
-    async def read_ends(self, runs: Sequence[tuple[ProcedureId | str, int | None]]) -> list[HistoryRecord | None]:
+    async def read_ends(
+        self,
+        runs: Sequence[tuple[ProcedureId | str, int | None]],
+        ranked: Mapping[str, Sequence[str]] | None = None,
+    ) -> list[HistoryRecord | None]:
         """The end record of each (procedure, run), None where there is none (one read each).
         A run of None is the procedure's newest recorded one: a finished folder with no
         message left (its deletion under way, at its last `.commit`) does not say which run
-        ended, and one that ran again ended last."""
+        ended, and one that ran again ended last. `ranked`: `ranked_keys`, listed already by
+        a caller that reads many such runs a chunk at a time (else one listing a chunk)."""
         known = [(i, self.run_key(pid, run)) for i, (pid, run) in enumerate(runs) if run is not None]
         out: list[HistoryRecord | None] = [None] * len(runs)
         for (i, _), record in zip(known, await self.read_each([key for _, key in known]), strict=True):
             out[i] = record
         unnamed = [(i, pid) for i, (pid, run) in enumerate(runs) if run is None]
-        if len(unnamed) == 1:
+        if len(unnamed) == 1 and ranked is None:
             out[unnamed[0][0]] = await self.find_newest_run(unnamed[0][1])
         elif unnamed:
             # One listing for all: each `find_newest_run` may list the whole history, and
             # anyone who can write the store can leave thousands of folders of a `.commit` alone.
-            newest = await self.newest_readable({str(pid) for _, pid in unnamed})
+            newest = await self.newest_readable({str(pid) for _, pid in unnamed}, ranked)
             for i, pid in unnamed:
                 out[i] = newest.get(str(pid))
         return out
