@@ -271,7 +271,9 @@ class HistoryStore:
         listing and no read. The newest is last."""
         ranked: dict[str, list[tuple[tuple[int, int], str]]] = {}
         for key in await self._listed():
-            ranked.setdefault(_id_of(key), []).append((_rank(key), key))
+            shape = _shape(key)  # once: it parses the id, and a history may hold millions
+            pid, rank = (shape[0], (1, shape[1])) if isinstance(shape, tuple) else (_id_of(key), (0, shape or 0))
+            ranked.setdefault(pid, []).append((rank, key))
         return {pid: [key for _, key in sorted(keys)] for pid, keys in ranked.items()}
 
     async def newest_readable(
@@ -464,13 +466,6 @@ def ended_run(key: str) -> tuple[str, int] | None:
     """The procedure id and run an end record's key names; None for any other key."""
     shape = _shape(key)
     return shape if isinstance(shape, tuple) else None
-
-
-def _rank(key: str) -> tuple[int, int]:
-    """A record key's place among its id's records: runs by number above the records of an
-    earlier release, those by the end in their names."""
-    shape = _shape(key)
-    return (1, shape[1]) if isinstance(shape, tuple) else (0, shape or 0)
 
 
 def _id_of(key: str) -> str:
