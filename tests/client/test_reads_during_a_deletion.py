@@ -66,19 +66,21 @@ def _options(target: StoreTarget) -> list[str]:
 
 async def test_folders_at_their_last_commit_read_the_latest_record_of_an_earlier_release(tmp_path: Path) -> None:
     """Ids an earlier release recorded twice (`history/{ms}-{id}.json`, ended twice), each
-    folder at its last `.commit`: every one reads as its later end, whether one folder is
-    read (`find`) or many from one listing of the history (they read as the earlier end)."""
-    ids = [str(uuid.UUID(int=(1 << 100) + i, version=4)) for i in range(2)]
+    folder at its last `.commit`, or gone: every one reads as its later end, whether one
+    folder is read (`find`) or many from one listing of the history (they read as the
+    earlier end, and so did an id of no folder)."""
+    ids = [str(uuid.UUID(int=(1 << 100) + i, version=4)) for i in range(3)]
     (tmp_path / "history").mkdir()
     for pid in ids:
-        (tmp_path / "procedure" / pid).mkdir(parents=True)
-        (tmp_path / "procedure" / pid / "0000000000.commit").write_bytes(b"")
+        if pid != ids[-1]:
+            (tmp_path / "procedure" / pid).mkdir(parents=True)
+            (tmp_path / "procedure" / pid / "0000000000.commit").write_bytes(b"")
         for ended_ms, outcome in ((1_700_000_000_000, "failed"), (1_700_000_009_000, "done")):
             record = {"id": pid, "type_name": "t", "parent_id": None, "outcome": outcome,
                       "ended_at": "2023-11-14T22:13:20.000Z"}  # fmt: skip
             (tmp_path / "history" / f"{ended_ms}-{pid}.json").write_text(json.dumps(record))
     async with Client(str(tmp_path)) as client:
-        assert [s.status for s in await client.list()] == ["done", "done"]
+        assert [s.status for s in await client.list()] == ["done", "done", "done"]
         assert (await client.get(ids[0])).status == "done"
 
 
