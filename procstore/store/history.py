@@ -325,10 +325,12 @@ class HistoryStore:
         """`find`, without listing the whole history: reads run 1, 2, ... while each has a
         record (runs are numbered one after another, and each ended run is recorded), so
         two or three reads for most ids. With no record of run 1 (a record of an earlier
-        release, or none at all), `find`."""
+        release, or none at all), or a run's that cannot be read (a later one may be), `find`."""
         newest = None
         run = 1
-        while (record := (await self.read_each([self.run_key(procedure_id, run)]))[0]) is not None:
+        while (raw := (await self.store.get_many([key := self.run_key(procedure_id, run)]))[0]) is not None:
+            if (record := _decoded(key, raw)) is None:
+                return await self.find(procedure_id)
             newest, run = record, run + 1
         return newest if newest is not None else await self.find(procedure_id)
 
@@ -360,16 +362,10 @@ class HistoryStore:
     async def read_each(self, keys: Sequence[str]) -> list[HistoryRecord | None]:
         """The record under each key, in order: None for a key deleted since or a value
         that is not a record (logged)."""
-        out: list[HistoryRecord | None] = []
-        for key, raw in zip(keys, await self.store.get_many([*keys]), strict=True):
-            record = None
-            if isinstance(raw, bytes):
-                try:
-                    record = _decoder.decode(raw)
-                except UNDECODABLE as e:
-                    logger.warning("skipping the history record at %s: %s; delete the key", key, e)
-            out.append(record)
-        return out
+        return [
+            None if raw is None else _decoded(key, raw)
+            for key, raw in zip(keys, await self.store.get_many([*keys]), strict=True)
+        ]
 
     async def newest(
         self, keep: Callable[[HistoryRecord], bool], limit: int, procedure_id: str | None = None
@@ -445,6 +441,17 @@ def _ms(text: str) -> int:
 
 def _name(key: str) -> str:
     return key.rsplit("/", 1)[-1].removesuffix(".json")
+
+
+def _decoded(key: str, raw: bytes | Exception) -> HistoryRecord | None:
+    """The record read from `key` (its value, or why it could not be read); None for one
+    that is not a record, logged."""
+    if isinstance(raw, bytes):
+        try:
+            return _decoder.decode(raw)
+        except UNDECODABLE as e:
+            logger.warning("skipping the history record at %s: %s; delete the key", key, e)
+    return None
 
 
 def _shape(key: str) -> int | tuple[str, int] | None:

@@ -100,3 +100,20 @@ async def test_folders_at_their_last_commit_read_the_newest_record_that_can_be_r
         (tmp_path / "history" / f"{pid}.0000000003.json").write_text("{torn")
     async with Client(str(tmp_path)) as client:
         assert [s.status for s in await client.list()] == ["cancelled", "cancelled"]
+
+
+async def test_a_folder_at_its_last_commit_reads_past_a_record_that_cannot_be_read(tmp_path: Path) -> None:
+    """Run 2's end record torn, run 3's whole: one folder at its last `.commit` reads as run
+    3's end, as many read at once do (it stopped at run 2 and read as run 1's)."""
+    pid = str(uuid.UUID(int=1 << 100, version=4))
+    (tmp_path / "procedure" / pid).mkdir(parents=True)
+    (tmp_path / "procedure" / pid / "0000000000.commit").write_bytes(b"")
+    (tmp_path / "history").mkdir()
+    for run, outcome in ((1, "failed"), (3, "cancelled")):
+        record = {"id": pid, "type_name": "t", "parent_id": None, "outcome": outcome, "run": run,
+                  "ended_at": "2023-11-14T22:13:20.000Z"}  # fmt: skip
+        (tmp_path / "history" / f"{pid}.{run:010d}.json").write_text(json.dumps(record))
+    (tmp_path / "history" / f"{pid}.0000000002.json").write_text("{torn")
+    async with Client(str(tmp_path)) as client:
+        assert (await client.get(pid)).status == "cancelled"
+        assert [s.status for s in await client.list()] == ["cancelled"]
