@@ -169,7 +169,8 @@ class Client:
         nudges = await self._store.resumes.list_all()  # before the keys: see `_read`
         inventory = await read_inventory(self._store)
         held = {str(pid): p for pid, p in inventory.procedures.items()}
-        latest = await self._history.latest_keys()
+        ranked = await self._history.ranked_keys()  # one listing for every chunk's reads below
+        latest = {pid: keys[-1] for pid, keys in ranked.items()}
         ids = sorted(
             text
             for text in held.keys() | {i for i in latest if ProcedureId.parse_canonical(i) is not None}
@@ -187,7 +188,7 @@ class Client:
             chunk = ids[at : at + max(limit, _LIST_CHUNK)]
             finished = [held[i] for i in chunk if i in held and held[i].is_finished]
             runs = await self._history.read_ends(
-                [(p.procedure_id, p.message.run if p.message else None) for p in finished]
+                [(p.procedure_id, p.message.run if p.message else None) for p in finished], ranked
             )
             ends = {str(p.procedure_id): record for p, record in zip(finished, runs, strict=True)}
             gone = [i for i in chunk if i not in held]

@@ -21,7 +21,7 @@ and swept as before, but are no end records (their run is not known).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
@@ -265,16 +265,35 @@ class HistoryStore:
         """Every record's key, oldest first."""
         return [key for _, key in await self._by_end()]
 
-    async def latest_keys(self) -> dict[str, str]:
-        """Each recorded id's newest record key (its highest run; a record of an earlier
-        release counts below any run), from one listing and no read."""
-        newest: dict[str, tuple[int, str]] = {}
+    async def ranked_keys(self) -> dict[str, list[str]]:
+        """Each recorded id's record keys, oldest first: its runs by number above its records
+        of an earlier release, those by the end in their names (as `find` has them), from one
+        listing and no read. The newest is last."""
+        ranked: dict[str, list[tuple[tuple[int, int], str]]] = {}
         for key in await self._listed():
-            shape = _shape(key)
-            rank = shape[1] if isinstance(shape, tuple) else 0
-            if (known := newest.get(pid := _id_of(key))) is None or known[0] < rank:
-                newest[pid] = (rank, key)
-        return {pid: key for pid, (_, key) in newest.items()}
+            shape = _shape(key)  # once: it parses the id, and a history may hold millions
+            pid, rank = (shape[0], (1, shape[1])) if isinstance(shape, tuple) else (_id_of(key), (0, shape or 0))
+            ranked.setdefault(pid, []).append((rank, key))
+        return {pid: [key for _, key in sorted(keys)] for pid, keys in ranked.items()}
+
+    async def newest_readable(
+        self, ids: Collection[str], ranked: Mapping[str, Sequence[str]] | None = None
+    ) -> dict[str, HistoryRecord]:
+        """Each of `ids`' newest record that can be read (as `find` has it), from `ranked`
+        (`ranked_keys`), or one listing of the history: the newest of each is read, and for
+        those that cannot be, the rest of theirs at once (each record read once at most)."""
+        ranked = await self.ranked_keys() if ranked is None else ranked
+        mine = {pid: keys for pid in ids if (keys := ranked.get(pid))}
+        out: dict[str, HistoryRecord] = {}
+        newest = [(pid, keys[-1]) for pid, keys in mine.items()]
+        for (pid, _), record in zip(newest, await self.read_each([key for _, key in newest]), strict=True):
+            if record is not None:
+                out[pid] = record
+        rest = [(pid, key) for pid, keys in mine.items() if pid not in out for key in keys[:-1]]
+        for (pid, _), record in zip(rest, await self.read_each([key for _, key in rest]), strict=True):
+            if record is not None:
+                out[pid] = record  # oldest first: the newest readable is the last one kept
+        return out
 
     async def recorded_ids(self) -> set[str]:
         """The ids with a record (of any run, or of an earlier release)."""
@@ -306,47 +325,47 @@ class HistoryStore:
         """`find`, without listing the whole history: reads run 1, 2, ... while each has a
         record (runs are numbered one after another, and each ended run is recorded), so
         two or three reads for most ids. With no record of run 1 (a record of an earlier
-        release, or none at all), `find`."""
+        release, or none at all), or a run's that cannot be read (a later one may be), `find`."""
         newest = None
         run = 1
-        while (record := (await self.read_each([self.run_key(procedure_id, run)]))[0]) is not None:
+        while (raw := (await self.store.get_many([key := self.run_key(procedure_id, run)]))[0]) is not None:
+            if (record := _decoded(key, raw)) is None:
+                return await self.find(procedure_id)
             newest, run = record, run + 1
         return newest if newest is not None else await self.find(procedure_id)
 
-    async def read_ends(self, runs: Sequence[tuple[ProcedureId | str, int | None]]) -> list[HistoryRecord | None]:
+    async def read_ends(
+        self,
+        runs: Sequence[tuple[ProcedureId | str, int | None]],
+        ranked: Mapping[str, Sequence[str]] | None = None,
+    ) -> list[HistoryRecord | None]:
         """The end record of each (procedure, run), None where there is none (one read each).
         A run of None is the procedure's newest recorded one: a finished folder with no
         message left (its deletion under way, at its last `.commit`) does not say which run
-        ended, and one that ran again ended last."""
+        ended, and one that ran again ended last. `ranked`: `ranked_keys`, listed already by
+        a caller that reads many such runs a chunk at a time (else one listing a chunk)."""
         known = [(i, self.run_key(pid, run)) for i, (pid, run) in enumerate(runs) if run is not None]
         out: list[HistoryRecord | None] = [None] * len(runs)
         for (i, _), record in zip(known, await self.read_each([key for _, key in known]), strict=True):
             out[i] = record
         unnamed = [(i, pid) for i, (pid, run) in enumerate(runs) if run is None]
-        if len(unnamed) == 1:
+        if len(unnamed) == 1 and ranked is None:
             out[unnamed[0][0]] = await self.find_newest_run(unnamed[0][1])
         elif unnamed:
             # One listing for all: each `find_newest_run` may list the whole history, and
             # anyone who can write the store can leave thousands of folders of a `.commit` alone.
-            latest = await self.latest_keys()
-            named = [(i, key) for i, pid in unnamed if (key := latest.get(str(pid))) is not None]
-            for (i, _), record in zip(named, await self.read_each([key for _, key in named]), strict=True):
-                out[i] = record
+            newest = await self.newest_readable({str(pid) for _, pid in unnamed}, ranked)
+            for i, pid in unnamed:
+                out[i] = newest.get(str(pid))
         return out
 
     async def read_each(self, keys: Sequence[str]) -> list[HistoryRecord | None]:
         """The record under each key, in order: None for a key deleted since or a value
         that is not a record (logged)."""
-        out: list[HistoryRecord | None] = []
-        for key, raw in zip(keys, await self.store.get_many([*keys]), strict=True):
-            record = None
-            if isinstance(raw, bytes):
-                try:
-                    record = _decoder.decode(raw)
-                except UNDECODABLE as e:
-                    logger.warning("skipping the history record at %s: %s; delete the key", key, e)
-            out.append(record)
-        return out
+        return [
+            None if raw is None else _decoded(key, raw)
+            for key, raw in zip(keys, await self.store.get_many([*keys]), strict=True)
+        ]
 
     async def newest(
         self, keep: Callable[[HistoryRecord], bool], limit: int, procedure_id: str | None = None
@@ -422,6 +441,17 @@ def _ms(text: str) -> int:
 
 def _name(key: str) -> str:
     return key.rsplit("/", 1)[-1].removesuffix(".json")
+
+
+def _decoded(key: str, raw: bytes | Exception) -> HistoryRecord | None:
+    """The record read from `key` (its value, or why it could not be read); None for one
+    that is not a record, logged."""
+    if isinstance(raw, bytes):
+        try:
+            return _decoder.decode(raw)
+        except UNDECODABLE as e:
+            logger.warning("skipping the history record at %s: %s; delete the key", key, e)
+    return None
 
 
 def _shape(key: str) -> int | tuple[str, int] | None:

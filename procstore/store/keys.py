@@ -156,12 +156,13 @@ _UNSEEN: StepAndType | None = (-1, KeyType.STEP)
 def parent_folder(parent_path: str) -> str:
     """A manager's `parent_path` as the folder every key it writes is under: `region-a` and
     `region-a/` are the same folder; empty is the store's root. Raises `ValueError` for one
-    that names no folder inside the store (a leading `/`, a `.`, `..` or empty part): on a
-    local directory, `..` would read and write outside it."""
-    if parent_path and any(part in ("", ".", "..") for part in parent_path.removesuffix("/").split("/")):
+    that may name a folder outside the store (a leading `/`, a `.` or `..` part): on a local
+    directory, it would read and write outside it. An empty part (`a//b`) is a prefix of
+    its own on an object store, and stays allowed."""
+    if parent_path.startswith("/") or any(part in (".", "..") for part in parent_path.split("/")):
         raise ValueError(
-            f"parent_path {parent_path!r} is no folder inside the store: use parts separated by single '/', "
-            "none of them '.' or '..', and no leading '/'"
+            f"parent_path {parent_path!r} is no folder inside the store: use a relative path with no '.' or '..' "
+            "part (the store's root is the empty path)"
         )
     return parent_path if not parent_path or parent_path.endswith("/") else f"{parent_path}/"
 

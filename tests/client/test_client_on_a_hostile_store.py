@@ -7,11 +7,12 @@ import asyncio
 import contextlib
 import json
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 from procstore import Client, ProcedureError, ProcedureId
-from procstore.store import open_state_store
+from procstore.store import WrappingStore, open_state_store
 from procstore.testing import write_hostile_store
 
 
@@ -71,31 +72,47 @@ async def test_folders_of_a_commit_alone_list_the_history_once_not_once_each(tmp
     is looked for: each such folder listed the whole history (a run 1 record missing), and
     `Client.list`, `procstore ls` and the web overview took folders x records. One listing
     of the history now, however many such folders (ended records still found)."""
-    import uuid
-
-    from procstore.store import WrappingStore
-
-    class Counting(WrappingStore):
-        history_listings = 0
-
-        def around(self, kind: str, key: str, call: Any, value: bytes | None = None) -> Any:
-            if kind == "walk" and key.startswith("history/"):
-                Counting.history_listings += 1
-            return call()
-
-    for i in range(30):
-        pid = uuid.UUID(int=(1 << 100) + i, version=4)
-        (tmp_path / "procedure" / str(pid)).mkdir(parents=True)
-        (tmp_path / "procedure" / str(pid) / "0000000000.commit").write_bytes(b"")
+    _folders_of_a_commit_alone(tmp_path, 30)
     recorded = str(uuid.UUID(int=(1 << 100) + 3, version=4))
     (tmp_path / "history").mkdir()
     record = {"id": recorded, "type_name": "t", "parent_id": None, "outcome": "cancelled", "run": 2,
               "ended_at": "2026-01-01T00:00:00.000Z"}  # fmt: skip
     (tmp_path / "history" / f"{recorded}.0000000002.json").write_text(json.dumps(record))
-    async with Client(Counting(open_state_store(str(tmp_path)))) as client:
+    counting = CountingHistoryListings(open_state_store(str(tmp_path)))
+    async with Client(counting) as client:
         listed = await client.list(limit=100)
     assert len(listed) == 30 and {s.id: s.status for s in listed}[ProcedureId.parse(recorded)] == "cancelled"
-    assert Counting.history_listings <= 3, f"{Counting.history_listings} listings of history for 30 folders"
+    assert counting.history_listings <= 3, f"{counting.history_listings} listings of history for 30 folders"
+
+
+async def test_a_list_read_a_chunk_at_a_time_lists_the_history_once(tmp_path: Path) -> None:
+    """`Client.list` with a status no procedure has reads every chunk of 100: the folders of
+    a `.commit` alone of each chunk looked for their records in a listing of the history of
+    their own, chunks x records in all. One listing now, whatever the chunks."""
+    _folders_of_a_commit_alone(tmp_path, 500)
+    counting = CountingHistoryListings(open_state_store(str(tmp_path)))
+    async with Client(counting) as client:
+        assert await client.list(status="failed", limit=100) == []
+    assert counting.history_listings <= 2, f"{counting.history_listings} listings of history for 5 chunks"
+
+
+class CountingHistoryListings(WrappingStore):
+    """Counts the listings of `history/`."""
+
+    history_listings = 0
+
+    def around(self, kind: str, key: str, call: Any, value: bytes | None = None) -> Any:
+        if kind == "walk" and key.startswith("history/"):
+            self.history_listings += 1
+        return call()
+
+
+def _folders_of_a_commit_alone(root: Path, count: int) -> None:
+    """`count` procedure folders holding only a `.commit`, as a deletion leaves them at its end."""
+    for i in range(count):
+        pid = uuid.UUID(int=(1 << 100) + i, version=4)
+        (root / "procedure" / str(pid)).mkdir(parents=True)
+        (root / "procedure" / str(pid) / "0000000000.commit").write_bytes(b"")
 
 
 async def test_a_request_time_no_calendar_holds_is_answered_without_a_time(tmp_path: Path) -> None:

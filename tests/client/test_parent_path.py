@@ -31,10 +31,10 @@ async def test_a_client_finds_what_a_manager_ended_under_a_parent_path_without_a
         assert [record.id for record in await client.history()] == [str(handle.procedure_id)]
 
 
-@pytest.mark.parametrize("parent_path", ["../outside", "a/../../b", "/abs", "a//b", "./a", "a/./b", "/", "a/.."])
+@pytest.mark.parametrize("parent_path", ["../outside", "a/../../b", "/abs", "./a", "a/./b", "/", "a/..", "a/../"])
 def test_a_parent_path_outside_the_store_is_refused_before_anything_is_read(parent_path: str) -> None:
-    """A `parent_path` with a leading `/`, or a `.`, `..` or empty part names no folder inside
-    the store: on a local directory, `..` would read and write outside it. The manager and
+    """A `parent_path` with a leading `/`, or a `.` or `..` part, may name a folder outside the
+    store: on a local directory, it would read and write outside it. The manager and
     the client raise `ValueError` where they are made, the CLI refuses it as a usage error."""
     with pytest.raises(ValueError, match="no folder inside the store"):
         ProcedureManager(MemoryStore(f"outside-{ProcedureId.random()}"), parent_path=parent_path)

@@ -6,7 +6,10 @@ CLI test showed it). The newest end record says which run ended."""
 from __future__ import annotations
 
 import asyncio
+import json
+import uuid
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 from click.testing import CliRunner
@@ -59,3 +62,58 @@ async def test_a_resumed_run_read_at_its_last_commit_is_that_runs_end(target: St
 
 def _options(target: StoreTarget) -> list[str]:
     return [arg for key, value in target.storage_options.items() for arg in ("-s", f"{key}={value}")]
+
+
+async def test_folders_at_their_last_commit_read_the_latest_record_of_an_earlier_release(tmp_path: Path) -> None:
+    """Ids an earlier release recorded twice (`history/{ms}-{id}.json`, ended twice), each
+    folder at its last `.commit`, or gone: every one reads as its later end, whether one
+    folder is read (`find`) or many from one listing of the history (they read as the
+    earlier end, and so did an id of no folder)."""
+    ids = [str(uuid.UUID(int=(1 << 100) + i, version=4)) for i in range(3)]
+    (tmp_path / "history").mkdir()
+    for pid in ids:
+        if pid != ids[-1]:
+            (tmp_path / "procedure" / pid).mkdir(parents=True)
+            (tmp_path / "procedure" / pid / "0000000000.commit").write_bytes(b"")
+        for ended_ms, outcome in ((1_700_000_000_000, "failed"), (1_700_000_009_000, "done")):
+            record = {"id": pid, "type_name": "t", "parent_id": None, "outcome": outcome,
+                      "ended_at": "2023-11-14T22:13:20.000Z"}  # fmt: skip
+            (tmp_path / "history" / f"{ended_ms}-{pid}.json").write_text(json.dumps(record))
+    async with Client(str(tmp_path)) as client:
+        assert [s.status for s in await client.list()] == ["done", "done", "done"]
+        assert (await client.get(ids[0])).status == "done"
+
+
+async def test_folders_at_their_last_commit_read_the_newest_record_that_can_be_read(tmp_path: Path) -> None:
+    """Each id's newest end record torn (`{torn`): a folder at its last `.commit` reads as
+    the run below it, whether one folder is read (`find_newest_run`) or many from one
+    listing of the history (they read as no record: `done` by their keys)."""
+    (tmp_path / "history").mkdir()
+    for i in range(2):
+        pid = str(uuid.UUID(int=(1 << 100) + i, version=4))
+        (tmp_path / "procedure" / pid).mkdir(parents=True)
+        (tmp_path / "procedure" / pid / "0000000000.commit").write_bytes(b"")
+        for run, outcome in ((1, "failed"), (2, "cancelled")):
+            record = {"id": pid, "type_name": "t", "parent_id": None, "outcome": outcome, "run": run,
+                      "ended_at": "2023-11-14T22:13:20.000Z"}  # fmt: skip
+            (tmp_path / "history" / f"{pid}.{run:010d}.json").write_text(json.dumps(record))
+        (tmp_path / "history" / f"{pid}.0000000003.json").write_text("{torn")
+    async with Client(str(tmp_path)) as client:
+        assert [s.status for s in await client.list()] == ["cancelled", "cancelled"]
+
+
+async def test_a_folder_at_its_last_commit_reads_past_a_record_that_cannot_be_read(tmp_path: Path) -> None:
+    """Run 2's end record torn, run 3's whole: one folder at its last `.commit` reads as run
+    3's end, as many read at once do (it stopped at run 2 and read as run 1's)."""
+    pid = str(uuid.UUID(int=1 << 100, version=4))
+    (tmp_path / "procedure" / pid).mkdir(parents=True)
+    (tmp_path / "procedure" / pid / "0000000000.commit").write_bytes(b"")
+    (tmp_path / "history").mkdir()
+    for run, outcome in ((1, "failed"), (3, "cancelled")):
+        record = {"id": pid, "type_name": "t", "parent_id": None, "outcome": outcome, "run": run,
+                  "ended_at": "2023-11-14T22:13:20.000Z"}  # fmt: skip
+        (tmp_path / "history" / f"{pid}.{run:010d}.json").write_text(json.dumps(record))
+    (tmp_path / "history" / f"{pid}.0000000002.json").write_text("{torn")
+    async with Client(str(tmp_path)) as client:
+        assert (await client.get(pid)).status == "cancelled"
+        assert [s.status for s in await client.list()] == ["cancelled"]
