@@ -180,8 +180,10 @@ async def _restart_by_cli_during_the_grace(target: StoreTarget, *command: str) -
     world = World.new()
     flaky = ProcedureWithId.new(Flaky({"world": world.name, "name": "f", "fail_times": 1}))
     await _inherited(target, flaky)
-    lease = Lease(ttl=TTL, holder="cp-2", late_write_grace=2.0)
-    async with manager_for(target, Flaky, Family, lease=lease, max_retry_times=0, request_poll_interval=2.5) as manager:
+    # A grace long enough for the CLI's process to start and write under load (it took over
+    # two seconds beside a simulator soak); the look at requests comes after it.
+    lease = Lease(ttl=TTL, holder="cp-2", late_write_grace=5.0)
+    async with manager_for(target, Flaky, Family, lease=lease, max_retry_times=0, request_poll_interval=5.5) as manager:
         await manager.wait_until_leading()
         watcher = manager.procedure_watcher(flaky.id)
         assert watcher is not None
