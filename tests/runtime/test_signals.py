@@ -14,7 +14,7 @@ import time
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import pytest
 from click.testing import CliRunner
@@ -74,7 +74,7 @@ def waiter(**state: Any) -> ProcedureWithId:
 
 class WaiterParent(Procedure):
     """Runs one `Waiter` child (waiting for two signals) under the id it stores, and ends
-    with what the child got."""
+    with what the child got; fails if the child failed."""
 
     type_name = "test::WaiterParent"
 
@@ -85,14 +85,19 @@ class WaiterParent(Procedure):
         return self.child
 
     @classmethod
-    def load(cls, data: str) -> WaiterParent:
+    def load(cls, data: str) -> Self:
         return cls(data)
+
+    def new_child(self) -> Procedure:
+        return Waiter({"waits": 2})
 
     async def execute(self, ctx: Context) -> Status:
         child = ProcedureId.parse(self.child)
         state = ctx.provider.procedure_state(child)
         if state is None:
-            return Status.suspended([ProcedureWithId(child, Waiter({"waits": 2}))])
+            return Status.suspended([ProcedureWithId(child, self.new_child())])
+        if state.error is not None:
+            raise RuntimeError(f"its child failed: {state.error}")
         return Status.done(state.output)
 
 
@@ -728,29 +733,13 @@ class Picky(Procedure):
         return Status.done(ctx.signals.get("go"))
 
 
-class PickyParent(Procedure):
+class PickyParent(WaiterParent):
     """Runs one `Picky` child under the id it stores; fails if the child failed."""
 
     type_name = "test::PickyParent"
 
-    def __init__(self, child: str) -> None:
-        self.child = child
-
-    def dump(self) -> str:
-        return self.child
-
-    @classmethod
-    def load(cls, data: str) -> PickyParent:
-        return cls(data)
-
-    async def execute(self, ctx: Context) -> Status:
-        child = ProcedureId.parse(self.child)
-        state = ctx.provider.procedure_state(child)
-        if state is None:
-            return Status.suspended([ProcedureWithId(child, Picky({}))])
-        if state.error is not None:
-            raise RuntimeError(f"its child failed: {state.error}")
-        return Status.done(state.output)
+    def new_child(self) -> Procedure:
+        return Picky({})
 
 
 @pytest.mark.parametrize("crash", ["rollback", "commit"])
