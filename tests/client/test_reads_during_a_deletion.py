@@ -84,20 +84,25 @@ async def test_folders_at_their_last_commit_read_the_latest_record_of_an_earlier
         assert (await client.get(ids[0])).status == "done"
 
 
+def _at_its_last_commit(root: Path, pid: str, *ends: str | None) -> None:
+    """`pid`'s folder holding only its `.commit`, and the end record of each run in `ends`
+    (run 1 first): an outcome, or None for a record torn in its write."""
+    (root / "procedure" / pid).mkdir(parents=True)
+    (root / "procedure" / pid / "0000000000.commit").write_bytes(b"")
+    (root / "history").mkdir(exist_ok=True)
+    for run, outcome in enumerate(ends, start=1):
+        record = {"id": pid, "type_name": "t", "parent_id": None, "outcome": outcome, "run": run,
+                  "ended_at": "2023-11-14T22:13:20.000Z"}  # fmt: skip
+        text = "{torn" if outcome is None else json.dumps(record)
+        (root / "history" / f"{pid}.{run:010d}.json").write_text(text)
+
+
 async def test_folders_at_their_last_commit_read_the_newest_record_that_can_be_read(tmp_path: Path) -> None:
     """Each id's newest end record torn (`{torn`): a folder at its last `.commit` reads as
     the run below it, whether one folder is read (`find_newest_run`) or many from one
     listing of the history (they read as no record: `done` by their keys)."""
-    (tmp_path / "history").mkdir()
     for i in range(2):
-        pid = str(uuid.UUID(int=(1 << 100) + i, version=4))
-        (tmp_path / "procedure" / pid).mkdir(parents=True)
-        (tmp_path / "procedure" / pid / "0000000000.commit").write_bytes(b"")
-        for run, outcome in ((1, "failed"), (2, "cancelled")):
-            record = {"id": pid, "type_name": "t", "parent_id": None, "outcome": outcome, "run": run,
-                      "ended_at": "2023-11-14T22:13:20.000Z"}  # fmt: skip
-            (tmp_path / "history" / f"{pid}.{run:010d}.json").write_text(json.dumps(record))
-        (tmp_path / "history" / f"{pid}.0000000003.json").write_text("{torn")
+        _at_its_last_commit(tmp_path, str(uuid.UUID(int=(1 << 100) + i, version=4)), "failed", "cancelled", None)
     async with Client(str(tmp_path)) as client:
         assert [s.status for s in await client.list()] == ["cancelled", "cancelled"]
 
@@ -106,14 +111,7 @@ async def test_a_folder_at_its_last_commit_reads_past_a_record_that_cannot_be_re
     """Run 2's end record torn, run 3's whole: one folder at its last `.commit` reads as run
     3's end, as many read at once do (it stopped at run 2 and read as run 1's)."""
     pid = str(uuid.UUID(int=1 << 100, version=4))
-    (tmp_path / "procedure" / pid).mkdir(parents=True)
-    (tmp_path / "procedure" / pid / "0000000000.commit").write_bytes(b"")
-    (tmp_path / "history").mkdir()
-    for run, outcome in ((1, "failed"), (3, "cancelled")):
-        record = {"id": pid, "type_name": "t", "parent_id": None, "outcome": outcome, "run": run,
-                  "ended_at": "2023-11-14T22:13:20.000Z"}  # fmt: skip
-        (tmp_path / "history" / f"{pid}.{run:010d}.json").write_text(json.dumps(record))
-    (tmp_path / "history" / f"{pid}.0000000002.json").write_text("{torn")
+    _at_its_last_commit(tmp_path, pid, "failed", None, "cancelled")
     async with Client(str(tmp_path)) as client:
         assert (await client.get(pid)).status == "cancelled"
         assert [s.status for s in await client.list()] == ["cancelled"]
