@@ -566,61 +566,39 @@ def test_a_cancel_ends_the_backoff_of_a_failing_deletion_of_consumed_signals() -
     assert run_simulated(main()) < 1
 
 
-def test_a_signal_consumed_before_a_cancel_cut_its_deletions_short_never_reaches_a_rewound_run() -> None:
+@pytest.mark.parametrize("signalled", ["root", "child"])
+def test_a_signal_consumed_before_a_cancel_cut_its_deletions_short_never_reaches_a_rewound_run(signalled: str) -> None:
     """The step that read a signal is stored; its deletion fails, a cancel ends that backoff,
     and the deletion after the failure's `.commit` fails too, so the signal stays in the
-    store, named as consumed by the ended run's messages. A rewind to the first wait copies
-    a message from before it: the rewound run must still never get it (it got it again)."""
-
-    async def main() -> list[dict[str, object]]:
-        twice = Fault("transient", kinds=frozenset({"batch_delete", "delete"}), key=f"{SIGNALS_PATH}*", times=2)
-        store = FaultyStore(open_state_store("memory://signals-cancel-rewind/"), faults=[twice])
-        options: dict[str, Any] = {"retry_delay": 5.0, "max_retry_delay": 5.0, "max_retry_times": 5}
-        async with manager_for(store, Waiter, keep_failed=True, **options) as manager:
-            procedure = waiter(waits=2)
-            watcher = await manager.submit(procedure)
-            await asyncio.sleep(1)
-            await manager.signal(procedure.id, "go", 1)
-            await asyncio.sleep(1)  # its deletion backs off
-            await manager.cancel(procedure.id, "cancelled while a deletion backs off")
-            with pytest.raises(ProcedureFailed, match="cancelled while a deletion backs off"):
-                await watcher.wait()
-            assert twice.fired == 2
-            rewound = await manager.rewind(procedure.id, 1, reason="ask again")
-            await asyncio.sleep(1)
-            await manager.signal(procedure.id, "go", 2)
-            await manager.signal(procedure.id, "go", 3)
-            got = await rewound.wait()
-            assert isinstance(got, list)
-            return got
-
-    assert run_simulated(main()) == [{"go": 2}, {"go": 3}]
-
-
-def test_a_signal_a_cancelled_child_consumed_never_reaches_the_child_its_rewound_parent_creates() -> None:
-    """As above for a child, whose cancel its parent's brings: its messages go with its
-    tree, so the deletion at its `.commit` is retried in full. The parent's rewind creates
-    the child again under the same id, and that run must not get the signal (it did)."""
+    store. A rewind to the first wait copies a message from before it: the rewound run must
+    still never get it (it got it again). For a child, whose cancel its parent's brings, its
+    messages go with its tree, so the deletion at its `.commit` is retried in full; the
+    parent's rewind creates the child again under the same id, and that run must not get
+    the signal (it did)."""
 
     async def main() -> object:
         twice = Fault("transient", kinds=frozenset({"batch_delete", "delete"}), key=f"{SIGNALS_PATH}*", times=2)
-        store = FaultyStore(open_state_store("memory://signals-cancel-child-rewind/"), faults=[twice])
+        store = FaultyStore(open_state_store(f"memory://signals-cancel-rewind-{signalled}/"), faults=[twice])
         options: dict[str, Any] = {"retry_delay": 5.0, "max_retry_delay": 5.0, "max_retry_times": 5}
         async with manager_for(store, Waiter, WaiterParent, keep_failed=True, **options) as manager:
-            child = ProcedureId.random()
-            parent = ProcedureWithId.new(WaiterParent(str(child)))
-            watcher = await manager.submit(parent)
+            if signalled == "root":
+                root, to_step = waiter(waits=2), 1
+                waits = root.id
+            else:
+                waits, to_step = ProcedureId.random(), 0
+                root = ProcedureWithId.new(WaiterParent(str(waits)))
+            watcher = await manager.submit(root)
             await asyncio.sleep(1)
-            await manager.signal(child, "go", 1)
+            await manager.signal(waits, "go", 1)
             await asyncio.sleep(1)  # its deletion backs off
-            await manager.cancel(parent.id, "cancelled while a deletion backs off")
+            await manager.cancel(root.id, "cancelled while a deletion backs off")
             with pytest.raises(ProcedureFailed, match="cancelled while a deletion backs off"):
                 await watcher.wait()
             assert twice.fired == 2
-            rewound = await manager.rewind(parent.id, 0, reason="again")
+            rewound = await manager.rewind(root.id, to_step, reason="ask again")
             await asyncio.sleep(1)
-            await manager.signal(child, "go", 2)
-            await manager.signal(child, "go", 3)
+            await manager.signal(waits, "go", 2)
+            await manager.signal(waits, "go", 3)
             return await rewound.wait()
 
     assert run_simulated(main()) == [{"go": 2}, {"go": 3}]
