@@ -170,10 +170,9 @@ class Client:
         inventory = await read_inventory(self._store)
         held = {str(pid): p for pid, p in inventory.procedures.items()}
         ranked = await self._history.ranked_keys()  # one listing for every chunk's reads below
-        latest = {pid: keys[-1] for pid, keys in ranked.items()}
         ids = sorted(
             text
-            for text in held.keys() | {i for i in latest if ProcedureId.parse_canonical(i) is not None}
+            for text in held.keys() | {i for i in ranked if ProcedureId.parse_canonical(i) is not None}
             if text > start and text.startswith(prefix)
         )
         if not ids:
@@ -192,7 +191,7 @@ class Client:
             )
             ends = {str(p.procedure_id): record for p, record in zip(finished, runs, strict=True)}
             gone = [i for i in chunk if i not in held]
-            records = dict(zip(gone, await self._history.read_each([latest[i] for i in gone]), strict=True))
+            records = await self._history.newest_readable(gone, ranked)  # past a torn newest, as `get`
             alive = [held[i].procedure_id for i in chunk if i in held and held[i].procedure_id in active]
             activities = dict(zip(alive, await self._activities.get_many(alive), strict=True))
             for text in chunk:
@@ -201,7 +200,7 @@ class Client:
                         None if p.is_finished else requests.get(p.procedure_id), nudges.get(p.procedure_id)
                     )
                     found = from_keys(p, {}, ends.get(text), pending, activities.get(p.procedure_id), leaderless)
-                elif (record := records[text]) is not None:
+                elif (record := records.get(text)) is not None:
                     found = from_record(ProcedureId.parse(text), record)
                 else:
                     continue  # deleted since the listing, or not a record (logged)

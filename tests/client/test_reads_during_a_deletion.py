@@ -89,6 +89,12 @@ def _at_its_last_commit(root: Path, pid: str, *ends: str | None) -> None:
     (run 1 first): an outcome, or None for a record torn in its write."""
     (root / "procedure" / pid).mkdir(parents=True)
     (root / "procedure" / pid / "0000000000.commit").write_bytes(b"")
+    _recorded(root, pid, *ends)
+
+
+def _recorded(root: Path, pid: str, *ends: str | None) -> None:
+    """The end record of each of `pid`'s runs in `ends` (run 1 first): an outcome, or None
+    for a record torn in its write."""
     (root / "history").mkdir(exist_ok=True)
     for run, outcome in enumerate(ends, start=1):
         record = {"id": pid, "type_name": "t", "parent_id": None, "outcome": outcome, "run": run,
@@ -115,3 +121,13 @@ async def test_a_folder_at_its_last_commit_reads_past_a_record_that_cannot_be_re
     async with Client(str(tmp_path)) as client:
         assert (await client.get(pid)).status == "cancelled"
         assert [s.status for s in await client.list()] == ["cancelled"]
+
+
+async def test_an_id_of_no_folder_lists_as_its_newest_record_that_can_be_read(tmp_path: Path) -> None:
+    """Its keys gone, run 2's end record torn: the id lists as run 1's end, as `get` reads
+    it (list read the newest record alone and left the id out)."""
+    pid = str(uuid.UUID(int=1 << 100, version=4))
+    _recorded(tmp_path, pid, "failed", None)
+    async with Client(str(tmp_path)) as client:
+        assert ((await client.get(pid)).status, (await client.get(pid)).run) == ("failed", 1)
+        assert [(s.status, s.run) for s in await client.list()] == [("failed", 1)]
