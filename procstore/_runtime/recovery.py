@@ -236,7 +236,11 @@ async def recover(ctx: ManagerContext) -> list[LoadProblem]:
             to_delete = []
         else:
             await _delete_signals(ctx, ended)
-    await _delete_consumed_of_kept(ctx, loaded, set(to_delete))
+    # Those deleted above had all their signals deleted, but the finished children of a
+    # parent's earlier run (set apart): its new run creates them again.
+    deleted = set(to_delete)
+    kept = [pid for pid in loaded.finished_ids if pid not in deleted]
+    await delete_consumed_of_ended(ctx, loaded, [*kept, *finished_runs])
     await _forget_requests(ctx, requested, loaded, to_delete)
 
     with collector_paused():
@@ -346,17 +350,19 @@ async def _delete_signals(ctx: ManagerContext, procedure_ids: list[ProcedureId])
         logger.warning("could not delete the signals of finished procedures (%s); the request poll will", e)
 
 
-async def _delete_consumed_of_kept(ctx: ManagerContext, loaded: ProcedureMessages, deleted: set[ProcedureId]) -> None:
-    """Delete the signals that the ended procedures kept here (a child for its parent, a
-    failed root for an operator) consumed, as their last message names them (a failure's
-    `.rollback`): a crash between the `.commit` and their deletion left them, and a child
-    its parent's resume or rewind creates again under the same id would get them. One that
-    fails is logged; the request poll's sweep deletes it once the procedure has gone."""
+async def delete_consumed_of_ended(ctx: ManagerContext, loaded: ProcedureMessages, ids: Iterable[ProcedureId]) -> None:
+    """Delete the signals that the ended procedures `ids` consumed, as their last message
+    names them (a failure's `.rollback`): a crash or a failed deletion between the `.commit`
+    and theirs left them, and a child its parent's resume or rewind creates again under the
+    same id would get them. Those kept here (a child for its parent, a failed root for an
+    operator) and the finished children of a parent's earlier run, deleted before its new
+    run creates them again. One that fails is logged; the request poll's sweep deletes it
+    once the procedure has gone."""
     signals = ctx.store.signals
     consumed = [
         key
-        for pid in loaded.finished_ids
-        if pid not in deleted and (m := loaded.finished_messages.get(pid)) is not None and m.consumed
+        for pid in ids
+        if (m := loaded.finished_messages.get(pid)) is not None and m.consumed
         for key in signals.own(pid, frozenset(m.consumed))
     ]
     if not consumed:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from procstore._runtime.recovery import record_recovered, stored_tree
+from procstore._runtime.recovery import delete_consumed_of_ended, record_recovered, stored_tree
 from procstore._runtime.runner import record_known_ends
 from procstore.errors import ProcedureError
 from procstore.ids import ProcedureId
@@ -58,3 +58,4 @@ async def take_stored_tree(ctx: ManagerContext, root_id: ProcedureId, run: int) 
                 f"procedure {root_id}: its run {run} is stored, but the subprocedures its earlier run left "
                 f"could not be deleted ({e}); the next start deletes them and runs it"
             ) from e
+        await delete_consumed_of_ended(ctx, loaded, earlier)

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from procstore import (
     Client,
     Context,
+    EndNotRecorded,
     Lease,
     Procedure,
     ProcedureError,
@@ -758,5 +759,56 @@ def test_a_signal_a_failed_child_saw_never_reaches_the_child_its_rewound_parent_
             await asyncio.sleep(1)
             await again.signal(child, "go", "fine")
             return await rewound.wait()
+
+    assert run_simulated(main()) == "fine"
+
+
+@pytest.mark.parametrize("rewound", ["before the next start", "in its term"])
+def test_a_signal_a_failed_child_saw_never_reaches_the_child_of_its_parents_rewound_run_when_its_deletion_failed(
+    rewound: str,
+) -> None:
+    """The deletion of the signal a failed child's step saw fails past its retries, and the
+    child's keys stay with its kept parent's: its manager killed as it deletes them, the
+    parent rewound before the next start; or the parent's end refused by the store, and it
+    rewound on the same manager. The rewind's run (at that start, or at once) deletes the
+    child of the earlier run, and deleted none of the signals its `.rollback` names: the
+    child the new run creates under the same id got it a second time."""
+
+    async def main() -> object:
+        url = f"memory://signals-failed-child-rewound-{rewound.replace(' ', '-')}/"
+        child = ProcedureId.random()
+        parent = ProcedureWithId.new(PickyParent(str(child)))
+        deletes, writes = frozenset({"batch_delete", "delete"}), frozenset({"put", "put_if_absent"})
+        kept = (
+            Fault("crash", kinds=deletes, key=f"*{child}*")
+            if rewound == "before the next start"
+            else Fault("error", kinds=writes, key=f"*{parent.id}*.commit")
+        )
+        store = FaultyStore(open_state_store(url), faults=[Fault("error", kinds=deletes, key=f"{SIGNALS_PATH}*"), kept])
+        manager = manager_for(store, Picky, PickyParent, keep_failed=True)
+        await manager.start()
+        first = await manager.submit(parent)
+        await asyncio.sleep(1)
+        await manager.signal(child, "go", "boom")
+        if rewound == "before the next start":
+            await asyncio.wait_for(store.crashed.wait(), 5)
+            await manager.stop()
+            async with Client(url) as client:
+                await client.rewind(parent.id, 0, reason="again")
+            manager = manager_for(url, Picky, PickyParent, keep_failed=True)
+            await manager.start()
+            watcher = manager.procedure_watcher(parent.id)
+            assert watcher is not None
+        else:
+            with pytest.raises(EndNotRecorded):
+                await first.wait()
+            store.plan.faults.clear()
+            watcher = await manager.rewind(parent.id, 0, reason="again")
+        try:
+            await asyncio.sleep(1)
+            await manager.signal(child, "go", "fine")
+            return await watcher.wait()
+        finally:
+            await manager.stop()
 
     assert run_simulated(main()) == "fine"
