@@ -23,7 +23,6 @@ import os
 import re
 import sys
 from collections.abc import Callable, Collection, Iterable
-from datetime import UTC, datetime
 from typing import Any, Literal, ParamSpec, TypeVar
 
 import click
@@ -37,6 +36,7 @@ from rich.text import Text
 
 from procstore._text import bounded, has_control, json_inert, terminal_text, valid_unicode
 from procstore.ids import ProcedureId
+from procstore.wake_time import calendar_time
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -116,12 +116,8 @@ def iso_time(timestamp: float | None) -> str | None:
     """ISO 8601 in UTC, to the second: what JSON and YAML carry. None for a time the
     calendar does not hold (a stored end time of `9999-12-31T23:59:59-23:59` is year 10000
     in UTC): a stored value never makes a command fail."""
-    if timestamp is None:
-        return None
-    try:
-        return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    except (ValueError, OverflowError, OSError):
-        return None
+    moment = None if timestamp is None else calendar_time(timestamp)
+    return None if moment is None else moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def table_time(timestamp: float | None, fmt: TimeFormat, now: float) -> str:

@@ -13,7 +13,6 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from procstore._aio import gather_settled
@@ -31,6 +30,7 @@ from procstore.store.message import NO_WAIT, ProcedureMessage, StepWait
 from procstore.store.procedure_store import LoadProblem, ProcedureMessages
 from procstore.store.run_origin import run_origin
 from procstore.store.tree import descendants, stuck_chains
+from procstore.wake_time import calendar_time
 
 if TYPE_CHECKING:
     from procstore._runtime.context import ManagerContext
@@ -698,7 +698,7 @@ async def record_recovered(
             ended = max((t for t in modified.values() if t is not None), default=now)
             if now - ended > ctx.store.history.settings.retention:
                 continue
-        at = iso(datetime.fromtimestamp(ended, UTC)) or ""
+        at = iso(calendar_time(ended)) or ""  # a key's modified time is the store's to say
         records.append(
             record_from_keys(
                 pid,

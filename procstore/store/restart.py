@@ -38,6 +38,7 @@ from procstore.store.message import MAX_RUN, ProcedureMessage, StepWait
 from procstore.store.procedure_store import ProcedureStore
 from procstore.store.requests import OperatorRequest, ended_by
 from procstore.store.run_origin import run_origin, with_run_origin
+from procstore.wake_time import calendar_time
 
 
 class RestartedMeanwhile(ProcedureError):
@@ -172,7 +173,7 @@ async def apply_restart(
         now = datetime.now(UTC).timestamp()
         ended = modified.get(str(plan.latest)) or now
         if now - ended <= retention:
-            at = iso(datetime.fromtimestamp(ended, UTC)) or ""
+            at = iso(calendar_time(ended)) or ""  # a key's modified time is the store's to say
             record = record_from_keys(
                 plan.procedure_id,
                 last,
