@@ -267,7 +267,7 @@ class HistoryStore:
 
     async def ranked_keys(self) -> dict[str, list[str]]:
         """Each recorded id's record keys, oldest first: its runs by number above its records
-        of an earlier release, those by the end in their names (as `find` has them), from one
+        of an earlier release, those by the end in their names, from one
         listing and no read. The newest is last."""
         ranked: dict[str, list[tuple[tuple[int, int], str]]] = {}
         for key in await self._listed():
@@ -279,7 +279,7 @@ class HistoryStore:
     async def newest_readable(
         self, ids: Collection[str], ranked: Mapping[str, Sequence[str]] | None = None
     ) -> dict[str, HistoryRecord]:
-        """Each of `ids`' newest record that can be read (as `find` has it), from `ranked`
+        """Each of `ids`' newest record that can be read, from `ranked`
         (`ranked_keys`), or one listing of the history: the newest of each is read, and for
         those that cannot be, the rest of theirs at once (each record read once at most)."""
         ranked = await self.ranked_keys() if ranked is None else ranked
@@ -395,15 +395,9 @@ class HistoryStore:
         return await self.read(await self.keys())
 
     async def find(self, procedure_id: ProcedureId | str) -> HistoryRecord | None:
-        """The record of the procedure's latest ended run, or None."""
+        """The record of the procedure's latest ended run that can be read, or None."""
         wanted = str(procedure_id)
-        mine = [key for key in await self.keys() if _id_of(key) == wanted]
-        # The highest run is the latest; a record of an earlier release comes before any run's.
-        mine.sort(key=lambda k: run[1] if isinstance(run := _shape(k), tuple) else 0)
-        for record in reversed(await self.read_each(mine)):
-            if record is not None:
-                return record
-        return None
+        return (await self.newest_readable([wanted])).get(wanted)
 
     async def sweep(self, now: float | None = None) -> int:
         """Delete records past the retention, then the oldest beyond `max_records`; returns how many.
