@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import pytest
 
@@ -24,12 +24,10 @@ from procstore import (
     RetryLater,
     Status,
 )
-from procstore.store import StateStore, WrappingStore
 from procstore.store.signals import SIGNALS_PATH
 from procstore.testing import Fault, FaultyStore, MemoryStore
+from tests.runtime.helpers import HeldOnce
 from tests.support import manager_for
-
-T = TypeVar("T")
 
 
 class Approval(Procedure):
@@ -126,29 +124,13 @@ async def test_a_rewind_to_a_sleep_keeps_its_stored_wake_up_time() -> None:
         assert status.waiting == slept.waiting and (slept.waiting or "").startswith("sleeping until"), status
 
 
-class _HeldSignalRead(WrappingStore):
-    """Holds the first listing of a procedure's signals until `release`."""
-
-    def __init__(self, inner: StateStore, procedure_id: ProcedureId) -> None:
-        super().__init__(inner)
-        self.folder = f"requests/signals/{procedure_id}"
-        self.reached = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
-        if kind == "walk" and key.startswith(self.folder) and not self.reached.is_set():
-            self.reached.set()
-            await self.release.wait()
-        return await call()
-
-
 async def test_a_signal_read_for_a_step_that_a_cancel_ends_before_it_runs_stays_for_a_resume() -> None:
     """The waiter reads its signal, and meets a cancel stored during that read before its
     step runs: no step saw the signal, so the failure's `.commit` leaves it in the store, and
     the run an operator's resume starts gets it at once (it was deleted as consumed, and the
     resumed run waited for a signal already sent)."""
     procedure = ProcedureWithId.new(Approval())
-    store = _HeldSignalRead(MemoryStore(f"restart-unseen-{uuid.uuid4().hex[:8]}"), procedure.id)
+    store = HeldOnce(MemoryStore(f"restart-unseen-{uuid.uuid4().hex[:8]}"), "walk", f"requests/signals/{procedure.id}")
     async with (
         manager_for(store, Approval, keep_failed=True, request_poll_interval=0.02) as manager,
         Client(store.inner, poll_interval=0.02) as client,

@@ -10,9 +10,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -27,17 +26,16 @@ from procstore import (
     ProcedureWithId,
     Status,
 )
-from procstore.store import StateStore, open_state_store
+from procstore.store import open_state_store
 from procstore.store.history import HistoryRecord, HistoryStore, iso
 from procstore.store.message import ProcedureMessage
 from procstore.testing import Fault, FaultyStore
 from tests.procedures import JsonProcedure, Steps, World
-from tests.runtime.helpers import blocker, eventually
+from tests.runtime.helpers import HeldOnce, blocker, eventually
 from tests.runtime.test_runs import Family, Flaky
 from tests.support import StoreTarget, manager_for
 
 TTL = 1.0
-T = TypeVar("T")
 
 
 async def _inherited(target: StoreTarget, procedure: ProcedureWithId) -> None:
@@ -366,22 +364,6 @@ async def test_a_restart_never_writes_back_an_end_record_retention_swept(local_t
         assert [r.run for r in await history.list()] == [2]
 
 
-class _HeldFirstDeletion(FaultyStore):
-    """A `FaultyStore` whose first deletion of keys in `folder` waits for `release`."""
-
-    def __init__(self, inner: StateStore, folder: str, faults: list[Fault]) -> None:
-        super().__init__(inner, faults=faults)
-        self.folder = folder
-        self.reached = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def around(self, kind: str, key: str, call: Callable[[], Awaitable[T]], value: bytes | None = None) -> T:
-        if kind == "batch_delete" and key.startswith(self.folder) and not self.reached.is_set():
-            self.reached.set()
-            await self.release.wait()
-        return await super().around(kind, key, call, value)
-
-
 async def test_a_rewind_written_while_a_start_deletes_the_ended_run_survives_the_deletions_retry(
     local_target: StoreTarget,
 ) -> None:
@@ -400,7 +382,7 @@ async def test_a_rewind_written_while_a_start_deletes_the_ended_run_survives_the
         history = HistoryStore(first.store.store)
         assert await _end_records(history, proc.id) == [1]
     folder_fails_once = Fault("transient", kinds=frozenset({"delete"}), key=folder, times=1)
-    store = _HeldFirstDeletion(open_state_store(local_target.url), folder, [folder_fails_once])
+    store = HeldOnce(open_state_store(local_target.url), "batch_delete", folder, [folder_fails_once])
     next_start = manager_for(store, request_poll_interval=0.02)
     async with Client(local_target.url, poll_interval=0.02) as client:
         starting = asyncio.create_task(next_start.start())
