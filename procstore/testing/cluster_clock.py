@@ -22,12 +22,12 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from procstore._cli import maintenance
-from procstore._runtime import meta, recovery, runner
+from procstore._runtime import meta, runner
 from procstore.store import restart, signals
 
 T = TypeVar("T")
 
-DATETIME_READERS: tuple[ModuleType, ...] = (meta, recovery, runner, restart, maintenance)
+DATETIME_READERS: tuple[ModuleType, ...] = (meta, runner, restart, maintenance)
 """The runtime's modules that call `datetime.now()` (each through its own name `datetime`)."""
 
 
